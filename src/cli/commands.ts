@@ -1,0 +1,6 @@
+/** The list of subcommands; each entry adds one command to the program. */
+import type { Command } from 'commander';
+
+export type RegisterCommand = (program: Command) => void;
+
+export const commands: RegisterCommand[] = [];

@@ -1,0 +1,8 @@
+/**
+ * kvdrive public API. Everything a user may import is exported here, and only here.
+ */
+export { KvdriveError, isKvdriveError, ErrorCodes } from './errors.js';
+export type { ErrorCode } from './errors.js';
+export type { Dtype, DtypeArray, KvTensor, ModelShape } from './types.js';
+export { cpuFeatures, setSimdLevel } from './native.js';
+export type { CpuFeatures, SimdLevel } from './native.js';

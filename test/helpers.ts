@@ -1,0 +1,62 @@
+/** Shared test helpers: fixtures lookup, seeded randomness, error assertions. */
+import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'vitest';
+import { isKvdriveError, type ErrorCode } from '../src/errors.js';
+
+const here = dirname(fileURLToPath(import.meta.url));
+
+/**
+ * The shared fixtures folder: $KVDRIVE_FIXTURES, else ../shared/fixtures beside the repository.
+ * Returns undefined (and prints a visible notice once) when absent, so tests can skip.
+ */
+export function fixturesDir(): string | undefined {
+  const candidates = [process.env.KVDRIVE_FIXTURES, resolve(here, '..', '..', 'shared', 'fixtures')].filter(
+    (p): p is string => !!p,
+  );
+  for (const c of candidates) if (existsSync(join(c, 'stories260K', 'stories260K.bin'))) return c;
+  if (!warned) {
+    warned = true;
+    console.warn(`NOTICE: stories260K fixture not found (looked in ${candidates.join(', ')}); tests that need it are skipped`);
+  }
+  return undefined;
+}
+let warned = false;
+
+/** Mulberry32: small deterministic PRNG for tests. */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Float32Array of n standard-normal-ish values. */
+export function randn(n: number, seed: number): Float32Array {
+  const r = rng(seed);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    const u = Math.max(r(), 1e-12);
+    out[i] = Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * r());
+  }
+  return out;
+}
+
+/** Asserts that fn throws (or rejects with) a KvdriveError of `code` whose message matches. */
+export async function expectKvdError(fn: () => unknown, code: ErrorCode, message?: RegExp): Promise<void> {
+  let caught: unknown;
+  try {
+    await fn();
+  } catch (e) {
+    caught = e;
+  }
+  expect(caught, `expected a KvdriveError ${code}, but nothing was thrown`).toBeDefined();
+  if (!isKvdriveError(caught)) throw new Error(`expected KvdriveError ${code}, got ${String(caught)}`);
+  expect(caught.code).toBe(code);
+  if (message) expect(caught.message).toMatch(message);
+}
