@@ -54,9 +54,15 @@ inline ArrayArg<T> GetArray(const Napi::Value& v, napi_typedarray_type want, con
     Throw("E_DTYPE", what + ": expected a " + std::string(TypedArrayName(want)) + ", got a " +
                          TypedArrayName(ta.TypedArrayType()));
   ArrayArg<T> a;
-  Napi::ArrayBuffer ab = ta.ArrayBuffer();
-  a.data = reinterpret_cast<T*>(static_cast<uint8_t*>(ab.Data()) + ta.ByteOffset());
-  a.length = ta.ElementLength();
+  // napi_get_typedarray_info's data pointer already includes the byte offset and works for
+  // SharedArrayBuffer-backed arrays too (pipeline workers share KV and arenas that way).
+  napi_typedarray_type type;
+  size_t length = 0;
+  void* data = nullptr;
+  napi_status st = napi_get_typedarray_info(v.Env(), v, &type, &length, &data, nullptr, nullptr);
+  if (st != napi_ok) Throw("E_TYPE", what + ": could not read the TypedArray");
+  a.data = static_cast<T*>(data);
+  a.length = length;
   a.object = ta;
   return a;
 }
