@@ -7,5 +7,13 @@ export type { Dtype, DtypeArray, KvTensor, ModelShape } from './types.js';
 export { cpuFeatures, setSimdLevel } from './native.js';
 export type { CpuFeatures, SimdLevel } from './native.js';
 // Reference host: llama2.c checkpoints, tokenizer, forward pass with a pluggable attention backend.
-export { loadCheckpoint, loadTokenizer, generate, Transformer, DenseTsAttention, registerBackend, createBackend } from './model/index.js';
-export type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions, Checkpoint, ModelConfig, Tokenizer, GenerateOptions, GenerateResult } from './model/index.js';
+export { loadCheckpoint } from './model/checkpoint.js';
+export type { Checkpoint, ModelConfig } from './model/checkpoint.js';
+export { loadTokenizer } from './model/tokenizer.js';
+export type { Tokenizer } from './model/tokenizer.js';
+export type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './model/attention-backend.js';
+export { registerBackend, createBackend } from './model/backends.js';
+export { DenseTsAttention } from './model/dense-attention.js';
+export { Transformer } from './model/forward.js';
+export { generate } from './model/generate.js';
+export type { GenerateOptions, GenerateResult } from './model/generate.js';
