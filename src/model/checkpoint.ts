@@ -22,6 +22,7 @@
  */
 import { readFileSync, statSync } from 'node:fs';
 import { KvdriveError, fail } from '../errors.js';
+import { failFormat } from './format-error.js';
 
 /** Model hyper-parameters from the checkpoint header, plus the values derived from them. */
 export interface ModelConfig {
@@ -102,7 +103,7 @@ export function readModelFile(path: string, what: string): Buffer {
   if (typeof path !== 'string' || path.length === 0) fail('E_CONFIG', `${what} path`, 'a non-empty string', path);
   try {
     const st = statSync(path);
-    if (!st.isFile()) fail('E_MODEL_FORMAT', `${what} ${path}`, 'a regular file', st.isDirectory() ? 'a directory' : 'a special file');
+    if (!st.isFile()) failFormat('E_MODEL_FORMAT', `${what} ${path}`, 'a regular file', st.isDirectory() ? 'a directory' : 'a special file');
     return readFileSync(path);
   } catch (e) {
     if (e instanceof KvdriveError) throw e;
@@ -115,7 +116,7 @@ export function readModelFile(path: string, what: string): Buffer {
 /** Parses and validates the 7-int32 header. */
 export function parseCheckpointHeader(buf: Uint8Array, path = '<buffer>'): ModelConfig {
   if (buf.byteLength < HEADER_BYTES)
-    fail('E_MODEL_FORMAT', `checkpoint ${path} header`, `at least ${HEADER_BYTES} bytes`, `${buf.byteLength} bytes`);
+    failFormat('E_MODEL_FORMAT', `checkpoint ${path} header`, `at least ${HEADER_BYTES} bytes`, `${buf.byteLength} bytes`);
   const dv = new DataView(buf.buffer, buf.byteOffset, HEADER_BYTES);
   const names = ['dim', 'hidden_dim', 'n_layers', 'n_heads', 'n_kv_heads', 'vocab_size', 'seq_len'] as const;
   const h = {} as Record<(typeof names)[number], number>;
@@ -128,9 +129,9 @@ export function parseCheckpointHeader(buf: Uint8Array, path = '<buffer>'): Model
       fail('E_MODEL_FORMAT', `checkpoint ${path} header field ${n}`, `an integer in [1, ${LIMITS[n]}]`, h[n]);
   }
   if (h.n_heads % h.n_kv_heads !== 0)
-    fail('E_MODEL_FORMAT', `checkpoint ${path} header`, `n_heads divisible by n_kv_heads`, `n_heads ${h.n_heads}, n_kv_heads ${h.n_kv_heads}`);
+    failFormat('E_MODEL_FORMAT', `checkpoint ${path} header`, `n_heads divisible by n_kv_heads`, `n_heads ${h.n_heads}, n_kv_heads ${h.n_kv_heads}`);
   if (h.dim % h.n_heads !== 0)
-    fail('E_MODEL_FORMAT', `checkpoint ${path} header`, `dim divisible by n_heads`, `dim ${h.dim}, n_heads ${h.n_heads}`);
+    failFormat('E_MODEL_FORMAT', `checkpoint ${path} header`, `dim divisible by n_heads`, `dim ${h.dim}, n_heads ${h.n_heads}`);
   const headSize = h.dim / h.n_heads;
   // RoPE rotates (even, odd) pairs inside each head.
   if (headSize % 2 !== 0)
@@ -186,7 +187,7 @@ export function loadCheckpoint(path: string): Checkpoint {
       buf.byteLength === otherVariant
         ? ` (that is the size with ${config.sharedClassifier ? 'a separate' : 'a shared'} classifier; the sign of vocab_size says otherwise)`
         : '';
-    fail(
+    failFormat(
       'E_MODEL_FORMAT',
       `checkpoint ${path} size`,
       `${expected} bytes for dim ${config.dim}, hidden_dim ${config.hiddenDim}, n_layers ${config.nLayers}, n_heads ${config.nHeads}, n_kv_heads ${config.nKvHeads}, vocab_size ${config.vocabSize} (${config.sharedClassifier ? 'shared' : 'separate'} classifier), seq_len ${config.seqLen}`,

@@ -6,6 +6,7 @@
  */
 import { z } from 'zod';
 import { describe, fail, KvdriveError } from '../errors.js';
+import { failFormat } from './format-error.js';
 import type { AttentionBackend } from './attention-backend.js';
 import type { Checkpoint } from './checkpoint.js';
 import { DenseTsAttention } from './dense-attention.js';
@@ -125,7 +126,7 @@ export function generate(options: GenerateOptions): GenerateResult {
 
   const prompt = tokenizer.encode(o.prompt ?? '', { bos: true });
   if (prompt.length > steps)
-    fail('E_RANGE', 'generate prompt', `at most ${steps} tokens including BOS (steps)`, `${prompt.length} tokens`);
+    failFormat('E_RANGE', 'generate prompt', `at most ${steps} tokens including BOS (steps)`, `${prompt.length} tokens`);
 
   const sampler = new Sampler({ temperature: o.temperature ?? 1, topP: o.topP ?? 0.9, seed: o.seed ?? 0 });
   const ownBackend = o.backend === undefined;

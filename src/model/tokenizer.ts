@@ -14,6 +14,7 @@
  */
 import { KvdriveError, fail } from '../errors.js';
 import { readModelFile } from './checkpoint.js';
+import { failFormat } from './format-error.js';
 
 export const BOS = 1;
 export const EOS = 2;
@@ -152,7 +153,7 @@ export class Tokenizer {
     return Array.from(piece, (b) => {
       const t = b + BYTE_TOKEN_OFFSET;
       if (t >= this.pieces.length || this.byteOf[t] !== b)
-        fail('E_RANGE', `tokenizer encode: byte 0x${b.toString(16).padStart(2, '0')}`, 'a vocabulary piece or a byte-fallback token <0xXX> at id byte+3', `none in a ${this.pieces.length}-token vocabulary`);
+        failFormat('E_RANGE', `tokenizer encode: byte 0x${b.toString(16).padStart(2, '0')}`, 'a vocabulary piece or a byte-fallback token <0xXX> at id byte+3', `none in a ${this.pieces.length}-token vocabulary`);
       return t;
     });
   }
@@ -169,7 +170,7 @@ export function parseTokenizer(buf: Uint8Array, options: LoadTokenizerOptions = 
   if (vocabSize !== undefined && (!Number.isInteger(vocabSize) || vocabSize < 1))
     fail('E_CONFIG', 'tokenizer vocabSize', 'an integer ≥ 1', vocabSize);
   const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  if (buf.byteLength < 4) fail('E_MODEL_FORMAT', `tokenizer ${path}`, 'at least 4 bytes (max_token_length)', `${buf.byteLength} bytes`);
+  if (buf.byteLength < 4) failFormat('E_MODEL_FORMAT', `tokenizer ${path}`, 'at least 4 bytes (max_token_length)', `${buf.byteLength} bytes`);
   const maxTokenLength = dv.getInt32(0, true);
   if (maxTokenLength < 1 || maxTokenLength > 1 << 16)
     fail('E_MODEL_FORMAT', `tokenizer ${path} max_token_length`, 'an integer in [1, 65536]', maxTokenLength);
@@ -180,7 +181,7 @@ export function parseTokenizer(buf: Uint8Array, options: LoadTokenizerOptions = 
   while (vocabSize === undefined ? off < buf.byteLength : pieces.length < vocabSize) {
     const id = pieces.length;
     if (off + 8 > buf.byteLength)
-      fail('E_MODEL_FORMAT', `tokenizer ${path} token ${id}`, `8 bytes (score, length) at offset ${off}`, `${buf.byteLength - off} bytes (file truncated${vocabSize !== undefined ? `; vocab size ${vocabSize}` : ''})`);
+      failFormat('E_MODEL_FORMAT', `tokenizer ${path} token ${id}`, `8 bytes (score, length) at offset ${off}`, `${buf.byteLength - off} bytes (file truncated${vocabSize !== undefined ? `; vocab size ${vocabSize}` : ''})`);
     const score = dv.getFloat32(off, true);
     const len = dv.getInt32(off + 4, true);
     off += 8;
@@ -188,14 +189,14 @@ export function parseTokenizer(buf: Uint8Array, options: LoadTokenizerOptions = 
     if (len < 0 || len > maxTokenLength)
       fail('E_MODEL_FORMAT', `tokenizer ${path} token ${id} length`, `an integer in [0, ${maxTokenLength}] (max_token_length)`, len);
     if (off + len > buf.byteLength)
-      fail('E_MODEL_FORMAT', `tokenizer ${path} token ${id} bytes`, `${len} bytes at offset ${off}`, `${buf.byteLength - off} bytes (file truncated)`);
+      failFormat('E_MODEL_FORMAT', `tokenizer ${path} token ${id} bytes`, `${len} bytes at offset ${off}`, `${buf.byteLength - off} bytes (file truncated)`);
     pieces.push(buf.slice(off, off + len));
     scores.push(score);
     off += len;
   }
   if (off !== buf.byteLength)
-    fail('E_MODEL_FORMAT', `tokenizer ${path}`, `exactly ${vocabSize} tokens (the model's vocab size) ending at byte ${off}`, `${buf.byteLength} bytes (${buf.byteLength - off} trailing)`);
-  if (pieces.length <= EOS) fail('E_MODEL_FORMAT', `tokenizer ${path}`, 'at least 3 tokens (<unk>, BOS, EOS)', `${pieces.length} tokens`);
+    failFormat('E_MODEL_FORMAT', `tokenizer ${path}`, `exactly ${vocabSize} tokens (the model's vocab size) ending at byte ${off}`, `${buf.byteLength} bytes (${buf.byteLength - off} trailing)`);
+  if (pieces.length <= EOS) failFormat('E_MODEL_FORMAT', `tokenizer ${path}`, 'at least 3 tokens (<unk>, BOS, EOS)', `${pieces.length} tokens`);
   return new Tokenizer(pieces, Float32Array.from(scores), maxTokenLength);
 }
 
