@@ -104,9 +104,13 @@ function parseOptions(options: unknown): z.infer<typeof optionsSchema> {
   const r = optionsSchema.safeParse(options);
   if (r.success) return r.data;
   const issue = r.error.issues[0]!;
+  if (issue.code === 'unrecognized_keys')
+    failFormat('E_CONFIG', 'generate options', `only ${Object.keys(optionsSchema.shape).join(', ')}`, `unknown ${issue.keys.join(', ')}`);
   const key = issue.path.join('.');
   const given = key && typeof options === 'object' && options !== null ? (options as Record<string, unknown>)[String(issue.path[0])] : options;
-  throw new KvdriveError('E_CONFIG', `generate option ${key || '(options)'}: expected ${issue.message.replace(/^Invalid input: /, '')}, got ${describe(given)}`);
+  // zod says e.g. "Too small: expected number to be >=1" or "Invalid input: expected int, received number".
+  const expected = issue.message.replace(/^[^:]*: expected /, '').replace(/, received \w+$/, '');
+  throw new KvdriveError('E_CONFIG', `generate option ${key || '(options)'}: expected ${expected}, got ${describe(given)}`);
 }
 
 /** Generates text; see {@link GenerateOptions}. */
