@@ -24,10 +24,10 @@ const tinyModel = loadCheckpoint(writeTmp(tmpDir(), 'tiny.bin', checkpointBytes(
 const tinyTok = parseTokenizer(tokenizerBytes(byteVocab([' ', ...'abcdefghijklmnopqrstuvwxyz', ...'ABCDEFGHIJKLMN'])));
 
 describe('generate with stories260K', () => {
-  it('greedy decoding from BOS tells the story of Lily', (ctx) => {
+  it('greedy decoding from BOS tells the story of Lily', async (ctx) => {
     const s = stories();
     if (!s) return ctx.skip();
-    const r = generate({ ...s, steps: 40, temperature: 0 });
+    const r = await generate({ ...s, steps: 40, temperature: 0 });
     expect(r.text.startsWith(LILY)).toBe(true);
     expect(r.tokens[0]).toBe(1);
     expect(r.positions).toBe(40);
@@ -36,44 +36,44 @@ describe('generate with stories260K', () => {
     expect(r.timings.tokensPerSecond).toBeGreaterThan(0);
   });
 
-  it('continues a prompt, streaming pieces that add up to the text', (ctx) => {
+  it('continues a prompt, streaming pieces that add up to the text', async (ctx) => {
     const s = stories();
     if (!s) return ctx.skip();
     const pieces: string[] = [];
-    const r = generate({ ...s, prompt: 'Tom had a big dog', steps: 30, temperature: 0, onToken: (t) => pieces.push(t) });
+    const r = await generate({ ...s, prompt: 'Tom had a big dog', steps: 30, temperature: 0, onToken: (t) => pieces.push(t) });
     expect(r.text.startsWith('Tom had a big dog')).toBe(true);
     expect(r.text.length).toBeGreaterThan('Tom had a big dog'.length + 10);
     expect(pieces.join('')).toBe(r.text);
     expect(r.tokens.slice(0, r.promptTokens)).toEqual(s.tokenizer.encode('Tom had a big dog'));
   });
 
-  it('sampling is reproducible for a seed and differs between seeds', (ctx) => {
+  it('sampling is reproducible for a seed and differs between seeds', async (ctx) => {
     const s = stories();
     if (!s) return ctx.skip();
-    const a = generate({ ...s, steps: 40, temperature: 1, seed: 7 });
-    const b = generate({ ...s, steps: 40, temperature: 1, seed: 7 });
-    const c = generate({ ...s, steps: 40, temperature: 1, seed: 8 });
+    const a = await generate({ ...s, steps: 40, temperature: 1, seed: 7 });
+    const b = await generate({ ...s, steps: 40, temperature: 1, seed: 7 });
+    const c = await generate({ ...s, steps: 40, temperature: 1, seed: 8 });
     expect(b.tokens).toEqual(a.tokens);
     expect(c.tokens).not.toEqual(a.tokens);
   });
 
-  it('a user backend sees every layer and position and gives the same tokens as the default', (ctx) => {
+  it('a user backend sees every layer and position and gives the same tokens as the default', async (ctx) => {
     const s = stories();
     if (!s) return ctx.skip();
     const dense = new DenseTsAttention(attentionShape(s.model.config));
     let calls = 0;
     const backend: AttentionBackend = { attend: (...args) => (calls++, dense.attend(...args)) };
-    const r = generate({ ...s, steps: 12, temperature: 0, backend });
+    const r = await generate({ ...s, steps: 12, temperature: 0, backend });
     expect(calls).toBe(12 * s.model.config.nLayers);
-    expect(r.tokens).toEqual(generate({ ...s, steps: 12, temperature: 0 }).tokens);
+    expect(r.tokens).toEqual((await generate({ ...s, steps: 12, temperature: 0 })).tokens);
   });
 });
 
 describe('generate option validation', () => {
   const base: GenerateOptions = { model: tinyModel, tokenizer: tinyTok, steps: 4 };
 
-  it('runs on a fixture-free model', () => {
-    const r = generate({ ...base, temperature: 0 });
+  it('runs on a fixture-free model', async () => {
+    const r = await generate({ ...base, temperature: 0 });
     expect(r.positions).toBeLessThanOrEqual(4);
     expect(r.tokens.every((t) => t >= 0 && t < 300)).toBe(true);
   });

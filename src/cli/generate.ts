@@ -63,7 +63,7 @@ export function register(program: Command): void {
     )
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integer('--trace-prompt', 1))
-    .action((opts: GenerateCliOptions) => {
+    .action(async (opts: GenerateCliOptions) => {
       const model = loadCheckpoint(opts.model);
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
@@ -72,7 +72,7 @@ export function register(program: Command): void {
         process.stderr.write(`note: --budget ${opts.budget} applies to the kvdrive sparse backend; the dense backend attends every position\n`);
       const backend = createBackend(opts.backend, attentionShape(model.config), { budget: opts.budget });
       try {
-        const r = generate({
+        const r = await generate({
           model,
           tokenizer,
           prompt: opts.prompt,

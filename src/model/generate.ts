@@ -13,7 +13,8 @@ import { DenseTsAttention } from './dense-attention.js';
 import { attentionShape, Transformer } from './forward.js';
 import { Sampler } from './sampler.js';
 import { BOS, EOS, Tokenizer } from './tokenizer.js';
-import { TraceRecorder, type TraceMetadata } from './trace-recorder.js';
+import type { TraceMeta } from '../trace/trace.js';
+import { TraceRecorder } from './trace-recorder.js';
 
 /** Options of {@link generate}. */
 export interface GenerateOptions {
@@ -76,7 +77,7 @@ export interface GenerateResult {
     tokensPerSecond: number;
   };
   /** The trace's metadata when traceOut was given. */
-  trace?: TraceMetadata;
+  trace?: TraceMeta;
 }
 
 const optionsSchema = z.strictObject({
@@ -113,8 +114,11 @@ function parseOptions(options: unknown): z.infer<typeof optionsSchema> {
   throw new KvdriveError('E_CONFIG', `generate option ${key || '(options)'}: expected ${expected}, got ${describe(given)}`);
 }
 
-/** Generates text; see {@link GenerateOptions}. */
-export function generate(options: GenerateOptions): GenerateResult {
+/**
+ * Generates text; see {@link GenerateOptions}. The forward passes run synchronously on the calling
+ * thread (this is the reference host); the promise settles after the optional trace is written.
+ */
+export async function generate(options: GenerateOptions): Promise<GenerateResult> {
   const o = parseOptions(options);
   const { model, tokenizer } = o;
   const config = model.config;
@@ -178,7 +182,7 @@ export function generate(options: GenerateOptions): GenerateResult {
       stoppedBy,
       timings: { totalMs, promptMs, tokensPerSecond: pos / (totalMs / 1000) },
     };
-    if (recorder && o.traceOut !== undefined) result.trace = recorder.write(o.traceOut, o.tracePromptTokens);
+    if (recorder && o.traceOut !== undefined) result.trace = await recorder.write(o.traceOut, o.tracePromptTokens);
     return result;
   } finally {
     if (ownBackend) backend.close?.();

@@ -10,18 +10,7 @@
 import { fail } from '../errors.js';
 import type { ModelConfig } from './checkpoint.js';
 import type { ForwardObserver } from './forward.js';
-import { writeSafetensors, type F32Tensor } from './trace-writer.js';
-
-/** The JSON stored under the safetensors metadata key "kvdrive". */
-export interface TraceMetadata {
-  version: 1;
-  layers: number;
-  qHeads: number;
-  kvHeads: number;
-  headDim: number;
-  promptTokens: number;
-  decodeSteps: number;
-}
+import { writeTrace, type TraceLayerData, type TraceMeta } from '../trace/trace.js';
 
 export class TraceRecorder implements ForwardObserver {
   /** Per layer, position-major: q maxPositions × dim, k/v maxPositions × kvDim. */
@@ -61,30 +50,30 @@ export class TraceRecorder implements ForwardObserver {
   }
 
   /**
-   * Writes the trace to `path`. `promptTokens` (default: half the recorded positions, rounded
-   * down) must leave at least one position on each side.
+   * Writes the trace to `path` (F32, via the trace module's writer). `promptTokens` (default: half
+   * the recorded positions, rounded down) must leave at least one position on each side.
    */
-  write(path: string, promptTokens?: number): TraceMetadata {
+  async write(path: string, promptTokens?: number): Promise<TraceMeta> {
     const P = this.positions;
     const T = promptTokens ?? Math.floor(P / 2);
     if (!Number.isInteger(T) || T < 1 || T >= P)
       fail('E_RANGE', 'trace prompt tokens', `an integer in [1, ${P - 1}] (${P} positions were generated)`, T);
     const { nLayers, nHeads, nKvHeads, headSize, dim, kvDim } = this.config;
-    const S = P - T;
-    const tensors: F32Tensor[] = [];
+    const meta: TraceMeta = { version: 1, layers: nLayers, qHeads: nHeads, kvHeads: nKvHeads, headDim: headSize, promptTokens: T, decodeSteps: P - T };
+    // Views into the recorded arrays, position-major like the trace layout: no copies.
+    const layers: TraceLayerData[] = [];
     for (let l = 0; l < nLayers; l++) {
       const k = this.k[l]!;
       const v = this.v[l]!;
-      tensors.push(
-        { name: `layers.${l}.k`, dtype: 'F32', shape: [T, nKvHeads, headSize], data: k.subarray(0, T * kvDim) },
-        { name: `layers.${l}.v`, dtype: 'F32', shape: [T, nKvHeads, headSize], data: v.subarray(0, T * kvDim) },
-        { name: `layers.${l}.q`, dtype: 'F32', shape: [S, nHeads, headSize], data: this.q[l]!.subarray(T * dim, P * dim) },
-        { name: `layers.${l}.k_new`, dtype: 'F32', shape: [S, nKvHeads, headSize], data: k.subarray(T * kvDim, P * kvDim) },
-        { name: `layers.${l}.v_new`, dtype: 'F32', shape: [S, nKvHeads, headSize], data: v.subarray(T * kvDim, P * kvDim) },
-      );
+      layers.push({
+        k: k.subarray(0, T * kvDim),
+        v: v.subarray(0, T * kvDim),
+        q: this.q[l]!.subarray(T * dim, P * dim),
+        kNew: k.subarray(T * kvDim, P * kvDim),
+        vNew: v.subarray(T * kvDim, P * kvDim),
+      });
     }
-    const meta: TraceMetadata = { version: 1, layers: nLayers, qHeads: nHeads, kvHeads: nKvHeads, headDim: headSize, promptTokens: T, decodeSteps: S };
-    writeSafetensors(path, tensors, { kvdrive: JSON.stringify(meta) });
+    await writeTrace(path, meta, 'f32', layers);
     return meta;
   }
 }
