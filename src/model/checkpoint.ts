@@ -21,6 +21,7 @@
  * The weights are exposed as Float32Array views of one buffer (no per-tensor copies).
  */
 import { readFileSync, statSync } from 'node:fs';
+import { endianness } from 'node:os';
 import { KvdriveError, fail } from '../errors.js';
 import { failFormat } from './format-error.js';
 
@@ -174,9 +175,11 @@ export function expectedCheckpointBytes(c: ModelConfig): number {
 /**
  * Loads a llama2.c checkpoint. Throws E_NOT_FOUND when the file is missing and E_MODEL_FORMAT when
  * it is shorter than the header, has an invalid header, or its size differs from what the header
- * implies. Assumes a little-endian host (as llama2.c does).
+ * implies. The file is read whole into memory (Node reads at most 2 GiB at once; larger files are
+ * E_IO). The weights are little-endian f32 viewed in place, so the host must be little-endian.
  */
 export function loadCheckpoint(path: string): Checkpoint {
+  if (endianness() !== 'LE') fail('E_INTERNAL', 'host byte order', 'little-endian (llama2.c checkpoints are little-endian)', endianness());
   const buf = readModelFile(path, 'checkpoint');
   const config = parseCheckpointHeader(buf, path);
   const expected = expectedCheckpointBytes(config);

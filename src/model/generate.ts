@@ -60,7 +60,10 @@ export interface GenerateOptions {
 export interface GenerateResult {
   /** Decoded text of all tokens after BOS (the prompt and the generated continuation). */
   text: string;
-  /** All token ids, BOS first, prompt included; the stop token (BOS/EOS) is not included. */
+  /**
+   * All token ids, BOS first, prompt included; the last one was sampled but not run through the
+   * model. A stop token (BOS/EOS) is not included.
+   */
   tokens: number[];
   /** Prompt tokens including BOS. */
   promptTokens: number;
