@@ -67,6 +67,14 @@ describe('loadCheckpoint', () => {
     await expectKvdError(() => loadCheckpoint(p), 'E_MODEL_FORMAT', msg);
   });
 
+  it('a versioned llama2.c export ("ak42" magic) → E_VERSION', async () => {
+    const b = Buffer.alloc(256);
+    b.writeUInt32LE(0x616b3432, 0);
+    b.writeInt32LE(2, 4);
+    const p = writeTmp(dir, 'v2.bin', b);
+    await expectKvdError(() => loadCheckpoint(p), 'E_VERSION', /expected the legacy llama2.c format .* got the "ak42" format version 2/);
+  });
+
   it('truncated weights → E_MODEL_FORMAT with expected vs given size', async () => {
     const good = checkpointBytes();
     const p = writeTmp(dir, 'trunc.bin', good.subarray(0, good.length - 100));

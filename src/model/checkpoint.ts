@@ -84,6 +84,8 @@ export interface Checkpoint {
 }
 
 const HEADER_BYTES = 7 * 4;
+/** "ak42" read as a little-endian uint32: the magic of llama2.c's versioned export formats. */
+const LLAMA2C_MAGIC = 0x616b3432;
 
 /**
  * Upper bounds for header fields. They are far above any llama2.c-format model (Llama-2 70B has
@@ -119,6 +121,9 @@ export function parseCheckpointHeader(buf: Uint8Array, path = '<buffer>'): Model
   if (buf.byteLength < HEADER_BYTES)
     failFormat('E_MODEL_FORMAT', `checkpoint ${path} header`, `at least ${HEADER_BYTES} bytes`, `${buf.byteLength} bytes`);
   const dv = new DataView(buf.buffer, buf.byteOffset, HEADER_BYTES);
+  // llama2.c's newer exports (export.py --version 1/2) start with the magic "ak42" and a version.
+  if (dv.getUint32(0, true) === LLAMA2C_MAGIC)
+    failFormat('E_VERSION', `checkpoint ${path}`, 'the legacy llama2.c format (export.py --version 0: a 7-int32 header)', `the "ak42" format version ${dv.getInt32(4, true)}`);
   const names = ['dim', 'hidden_dim', 'n_layers', 'n_heads', 'n_kv_heads', 'vocab_size', 'seq_len'] as const;
   const h = {} as Record<(typeof names)[number], number>;
   names.forEach((n, i) => (h[n] = dv.getInt32(i * 4, true)));
