@@ -13,6 +13,7 @@
  * add_dummy_prefix) and decoding drops the leading space of the piece that follows BOS.
  */
 import { KvdriveError, fail } from '../errors.js';
+import { bpeMerge } from './bpe.js';
 import { readModelFile } from './checkpoint.js';
 import { failFormat } from './format-error.js';
 
@@ -78,6 +79,12 @@ export class Tokenizer {
     return this.pieceBytes[token]!;
   }
 
+  /** A token's merge score (higher merges first). */
+  score(token: number): number {
+    this.checkToken(token);
+    return this.scores[token]!;
+  }
+
   /**
    * Encodes text to token ids like llama2.c's `encode`: dummy-space prefix, UTF-8 code points looked
    * up whole (unknown ones fall back to byte tokens), then repeated merging of the adjacent pair
@@ -100,23 +107,14 @@ export class Tokenizer {
       start = i + 1;
     }
 
-    // Greedy BPE: merge the best-scoring adjacent pair until none is in the vocabulary.
-    const first = bos ? 1 : 0; // never merge across BOS
-    for (;;) {
-      let bestScore = -Infinity;
-      let bestId = -1;
-      let bestIdx = -1;
-      for (let i = first; i < tokens.length - 1; i++) {
-        const id = this.lookup.get(this.pieces[tokens[i]!]! + this.pieces[tokens[i + 1]!]!);
-        if (id !== undefined && this.scores[id]! > bestScore) {
-          bestScore = this.scores[id]!;
-          bestId = id;
-          bestIdx = i;
-        }
-      }
-      if (bestIdx < 0) break;
-      tokens.splice(bestIdx, 2, bestId);
-    }
+    // Greedy BPE (never across BOS): merge the best-scoring adjacent pair until none is a piece.
+    const first = bos ? 1 : 0;
+    const merged = bpeMerge(tokens.slice(first), (a, b) => {
+      const id = this.lookup.get(this.pieces[a]! + this.pieces[b]!);
+      return id === undefined ? undefined : { id, score: this.scores[id]! };
+    });
+    tokens.length = first;
+    for (const t of merged) tokens.push(t);
     if (eos) tokens.push(EOS);
     return tokens;
   }
