@@ -178,5 +178,7 @@ describe('Transformer.forward', () => {
     const t = new Transformer(ck, new DenseTsAttention(attentionShape(cfg)));
     await expectKvdError(() => t.forward(300, 0), 'E_RANGE', /forward token: expected an integer in \[0, 300\), got 300/);
     await expectKvdError(() => t.forward(1, 32), 'E_RANGE', /forward pos: expected an integer in \[0, 32\) \(seq_len\), got 32/);
+    await expectKvdError(() => new Transformer(ck, {} as AttentionBackend), 'E_CONFIG', /Transformer backend: expected an AttentionBackend/);
+    await expectKvdError(() => new Transformer({} as Checkpoint, new DenseTsAttention(attentionShape(cfg))), 'E_CONFIG', /Transformer checkpoint/);
   });
 });

@@ -96,6 +96,10 @@ export class Transformer {
     readonly backend: AttentionBackend,
     private readonly observer?: ForwardObserver,
   ) {
+    if (typeof checkpoint !== 'object' || checkpoint === null || !('config' in checkpoint) || !Array.isArray(checkpoint.layers))
+      fail('E_CONFIG', 'Transformer checkpoint', 'a checkpoint from loadCheckpoint()', checkpoint);
+    if (typeof backend !== 'object' || backend === null || typeof backend.attend !== 'function')
+      fail('E_CONFIG', 'Transformer backend', 'an AttentionBackend (an object with attend())', backend);
     const c = (this.config = checkpoint.config);
     this.kCache = Array.from({ length: c.nLayers }, () => new Float32Array(c.seqLen * c.kvDim));
     this.vCache = Array.from({ length: c.nLayers }, () => new Float32Array(c.seqLen * c.kvDim));
