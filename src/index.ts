@@ -25,3 +25,14 @@ export type {
   SparseAttentionResult,
   AttentionWeightsOptions,
 } from './attention/kernels.js';
+// Reference host: llama2.c checkpoints, tokenizer, forward pass with a pluggable attention backend.
+export { loadCheckpoint } from './model/checkpoint.js';
+export type { Checkpoint, ModelConfig } from './model/checkpoint.js';
+export { loadTokenizer } from './model/tokenizer.js';
+export type { Tokenizer } from './model/tokenizer.js';
+export type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './model/attention-backend.js';
+export { registerBackend, createBackend } from './model/backends.js';
+export { DenseTsAttention } from './model/dense-attention.js';
+export { Transformer } from './model/forward.js';
+export { generate } from './model/generate.js';
+export type { GenerateOptions, GenerateResult } from './model/generate.js';
