@@ -1,7 +1,9 @@
 /** The list of subcommands; each entry adds one command to the program. */
 import type { Command } from 'commander';
 import { register as registerGenerate } from './generate.js';
+import { register as registerEval } from './eval.js';
+import { register as registerDemo } from './demo.js';
 
 export type RegisterCommand = (program: Command) => void;
 
-export const commands: RegisterCommand[] = [registerGenerate];
+export const commands: RegisterCommand[] = [registerDemo, registerGenerate, registerEval];
