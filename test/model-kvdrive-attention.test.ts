@@ -189,6 +189,41 @@ describe('KvdriveAttention lifecycle', () => {
   });
 });
 
+describe('KvdriveAttention.prefill', () => {
+  it('indexes a prefilled prompt off the JS thread; decoding then matches a backend that built synchronously', async () => {
+    const { nHeads, nKvHeads, headSize, seqLen } = tinyShape;
+    const k = randn(seqLen * nKvHeads * headSize, 21);
+    const v = randn(seqLen * nKvHeads * headSize, 22);
+    for (const policy of POLICIES) {
+      const opts = { budget: 8, policy, policyOptions: { local: 8 } };
+      const a = new KvdriveAttention(tinyShape, opts);
+      const b = new KvdriveAttention(tinyShape, opts);
+      await a.prefill(1, k, 60);
+      b.attend(1, 59, randn(nHeads * headSize, 1), k, v); // first call: buildSync over 60 tokens
+      for (let p = 60; p < seqLen; p++) {
+        const q = randn(nHeads * headSize, 100 + p);
+        expect(a.attend(1, p, q, k, v)).toEqual(b.attend(1, p, q, k, v));
+      }
+      await expectKvdError(() => a.attend(1, 30, randn(nHeads * headSize, 1), k, v), 'E_RANGE', /expected > 95/);
+    }
+  });
+
+  it('rejects bad input with typed errors', async () => {
+    const kv = new KvdriveAttention(tinyShape, { budget: 8 });
+    const { nKvHeads, headSize, seqLen } = tinyShape;
+    const k = randn(seqLen * nKvHeads * headSize, 23);
+    await expectKvdError(() => kv.prefill(2, k, 10), 'E_RANGE', /prefill layer: expected an integer in \[0, 2\), got 2/);
+    await expectKvdError(() => kv.prefill(0, k, 0), 'E_RANGE', /prefill tokens: expected an integer in \[1, 96\], got 0/);
+    await expectKvdError(() => kv.prefill(0, k.subarray(1), 10), 'E_SHAPE', /prefill kCache: expected length 768, got 767/);
+    const bad = k.slice();
+    bad[(70 * nKvHeads + 0) * headSize + 2] = NaN; // token 70, kv head 0: inside the indexed part of a 90-token prompt (local 8)
+    const long = new KvdriveAttention(tinyShape, { budget: 8, policyOptions: { local: 8 } });
+    await expectKvdError(() => long.prefill(0, bad, 90), 'E_NONFINITE', /kv head 0, tokens \[68, 72\)/);
+    long.close();
+    await expectKvdError(() => long.prefill(0, k, 10), 'E_CLOSED', /prefill\(\) after close\(\)/);
+  });
+});
+
 describe('KvdriveAttention options and inputs', () => {
   const ok: KvdriveAttentionOptions = { budget: 16 };
   const make = (o: unknown) => () => new KvdriveAttention(tinyShape, o as KvdriveAttentionOptions);

@@ -11,12 +11,14 @@
  *   Then `select(q, budget)` and `attendSparse` over the selection.
  * Positions must arrive in increasing order per layer (the host runs them in order); a position at
  * or before the last one seen, other than 0, is an E_RANGE error rather than a silent re-index.
+ * A host that prefilled a long prompt in one go calls {@link KvdriveAttention.prefill} per layer
+ * first: the index build (k-means over the whole prompt) then runs off the JS thread.
  */
 import { z } from 'zod';
 import { describe, fail, KvdriveError } from '../errors.js';
 import { attendSparse } from '../attention/kernels.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
-import { resolvePolicyOptions, type PolicyOptions } from '../index/options.js';
+import type { PolicyOptions } from '../index/options.js';
 import type { PolicyName, Selection } from '../index/selection.js';
 import type { KvTensor } from '../types.js';
 import type { AttentionBackend, AttentionShape } from './attention-backend.js';
@@ -138,9 +140,8 @@ export class KvdriveAttention implements AttentionBackend {
     for (const [k, v] of Object.entries(model))
       if (given[k] !== undefined && given[k] !== v)
         fail('E_CONFIG', `kvdrive attention policyOptions.${k}`, `${v} (the model's) or nothing`, given[k]);
-    // Validate once up front (E_CONFIG naming the option), then one policy per layer.
+    // createPolicy validates the options (E_CONFIG naming the option) before any layer exists.
     const policyOptions = { ...given, ...model } as PolicyOptions;
-    resolvePolicyOptions(this.policy, policyOptions);
     this.layers = Array.from({ length: nLayers }, () => ({ policy: createPolicy(this.policy, policyOptions), tokens: 0 }));
     this.totals = this.emptyStats();
   }
@@ -190,6 +191,27 @@ export class KvdriveAttention implements AttentionBackend {
     for (const n of attendedTokensPerHead(selection, nKvHeads)) s.attendedTokens += n;
     s.contextTokens += tokens * nKvHeads;
     return r.out;
+  }
+
+  /**
+   * Indexes the first `tokens` positions of one layer's host cache off the JS thread (for a host
+   * that prefilled a prompt in one go), replacing that layer's sequence state; decoding continues
+   * with attend() at positions ≥ tokens. Rejects with the policy's typed errors (E_NONFINITE for a
+   * NaN/Inf key, ...). Do not write cache positions < tokens until it settles.
+   */
+  async prefill(layer: number, kCache: Float32Array, tokens: number): Promise<void> {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'kvdrive attention: expected an open backend, got prefill() after close()');
+    const { nLayers, seqLen } = this.shape;
+    if (!Number.isInteger(layer) || layer < 0 || layer >= nLayers) fail('E_RANGE', 'prefill layer', `an integer in [0, ${nLayers})`, layer);
+    if (!(kCache instanceof Float32Array)) fail('E_TYPE', 'prefill kCache', 'a Float32Array', kCache);
+    if (kCache.length !== seqLen * this.kvDim) fail('E_SHAPE', 'prefill kCache', `length ${seqLen * this.kvDim}`, kCache.length);
+    if (!Number.isInteger(tokens) || tokens < 1 || tokens > seqLen) fail('E_RANGE', 'prefill tokens', `an integer in [1, ${seqLen}]`, tokens);
+    const st = this.layers[layer]!;
+    const t0 = performance.now();
+    st.tokens = 0; // a failed build leaves the layer to start over at its next attend()
+    await st.policy.build(this.view(kCache, tokens), tokens);
+    st.tokens = tokens;
+    this.totals.indexMs += performance.now() - t0;
   }
 
   /** Cost since construction or the last reset(); a copy. */
