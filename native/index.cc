@@ -151,7 +151,8 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "SelectionIndex",
-                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("extend", &SelectionIndex::Extend),
+                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("buildSync", &SelectionIndex::BuildSync),
+                        InstanceMethod("extend", &SelectionIndex::Extend),
                         InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
                         InstanceMethod("geometry", &SelectionIndex::Geometry)});
@@ -256,6 +257,24 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       busy_ = true;
       w->Queue();
       return p;
+    });
+  }
+
+  // buildSync(k, tokens): build() on the calling thread, for synchronous hosts (an attention
+  // backend called once per layer and position) that start the index from a short or empty
+  // context and grow it with extend(). Same checks and typed errors as build(); the previous index
+  // is replaced only once the new one is complete, so a failed build leaves it untouched.
+  Napi::Value BuildSync(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("buildSync");
+      KvView kv = GetKvView(info[0], "buildSync k");
+      const int64_t tokens = ArgInt(info, 1, "buildSync tokens", 0, int64_t(1) << 40);
+      if (tokens > kv.tokens)
+        Throw("E_SHAPE", "buildSync tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
+      auto next = std::make_unique<LayerIndex>(cfg_);
+      next->Build(kv, tokens);
+      index_ = std::move(next);
+      return info.Env().Undefined();
     });
   }
 

@@ -159,7 +159,9 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
 
   auto buildHead = [&](int h) {
     ComputeReps(kv, h, c0, c1);
-    if (cfg_.policy != PolicyKind::Kvdrive) return;
+    // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
+    // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
+    if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
     HeadIndex& H = heads_data_[h];
     for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
       Segment seg;
