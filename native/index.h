@@ -37,6 +37,10 @@ void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx,
 
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);
+// out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out);
+// out[i] = DotFixed(x_i, x_i).
+void RowNormsFixed(const float* x, size_t n, int dim, float* out);
 
 // For each point i < n: best[i] = argmin_j (cnorm[j] - 2 x_i·c_j) over k centroids (ties: lowest j),
 // dist[i] = max(0, xnorm[i] + that minimum). Points x (n x dim) and centroids c (k x dim) row-major.

@@ -92,6 +92,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   KMeansOptions o;
   o.k = int(std::min<int64_t>(int64_t(n), std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster)));
   o.maxIters = cfg_.kmeansIters;
+  o.trials = cfg_.kmeansTrials;
   o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
   KMeansResult r = KMeans(H.reps.data() + size_t(seg.c0 - firstChunk()) * dim_, n, dim_, o);
   seg.k = o.k;
