@@ -100,29 +100,35 @@ KVD_INLINE void RowNormsBody(const float* x, size_t n, int dim, float* out) {
   for (size_t i = 0; i < n; ++i) out[i] = DotBody(x + i * dim, x + i * dim, dim);
 }
 
-KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim) {
+// max_j (q_j·row + coef[j] * var); coef == nullptr means no variance term.
+KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim, const float* coef, float var) {
   float best = -std::numeric_limits<float>::infinity();
   float out[4];
   int j = 0;
   for (; j + 4 <= group; j += 4) {
     const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
     Dots<4>(qs, row, dim, out);
+    if (coef)
+      for (int t = 0; t < 4; ++t) out[t] += coef[j + t] * var;
     for (int t = 0; t < 4; ++t) best = out[t] > best ? out[t] : best;
   }
   for (; j < group; ++j) {
     float s = DotBody(q + size_t(j) * dim, row, dim);
+    if (coef) s += coef[j] * var;
     best = s > best ? s : best;
   }
   return best;
 }
 
-KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim);
+KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                                 const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim, var ? coef : nullptr, var ? var[i] : 0.f);
 }
 
 KVD_INLINE void ScoreRowsMaxGatherBody(const float* q, int group, const float* rows, const int32_t* ids, size_t n,
-                                       int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim);
+                                       int dim, float* out, const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i)
+    out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim, var ? coef : nullptr, var ? var[ids[i]] : 0.f);
 }
 
 KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, int dim) {
@@ -207,8 +213,9 @@ struct Table {
   float (*dot)(const float*, const float*, int);
   void (*dotsMany)(const float*, size_t, int, const float*, float*);
   void (*rowNorms)(const float*, size_t, int, float*);
-  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*);
-  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*);
+  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*, const float*,
+                             const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
 };
@@ -219,12 +226,13 @@ struct Table {
     DotsManyBody(x, n, dim, c, out);                                                                            \
   }                                                                                                             \
   ATTR void RowNorms##NAME(const float* x, size_t n, int dim, float* out) { RowNormsBody(x, n, dim, out); }     \
-  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out) {      \
-    ScoreRowsMaxBody(q, g, rows, n, dim, out);                                                                  \
+  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out,        \
+                                const float* var, const float* coef) {                                         \
+    ScoreRowsMaxBody(q, g, rows, n, dim, out, var, coef);                                                       \
   }                                                                                                             \
   ATTR void ScoreRowsMaxGather##NAME(const float* q, int g, const float* rows, const int32_t* ids, size_t n,   \
-                                     int dim, float* out) {                                                    \
-    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out);                                                       \
+                                     int dim, float* out, const float* var, const float* coef) {               \
+    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out, var, coef);                                            \
   }                                                                                                             \
   ATTR void ScoreMinMax##NAME(const float* q, int g, const float* mn, const float* mx, size_t n, int dim,      \
                               float* out) {                                                                    \
@@ -288,12 +296,13 @@ float DotFixed(const float* a, const float* b, int dim) { return Active().dot(a,
 void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out) { Active().dotsMany(x, n, dim, c, out); }
 void RowNormsFixed(const float* x, size_t n, int dim, float* out) { Active().rowNorms(x, n, dim, out); }
 
-void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  Active().scoreRowsMax(q, group, rows, n, dim, out);
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out, const float* var,
+                  const float* coef) {
+  Active().scoreRowsMax(q, group, rows, n, dim, out, var, coef);
 }
 void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
-                        float* out) {
-  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out);
+                        float* out, const float* var, const float* coef) {
+  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out, var, coef);
 }
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
