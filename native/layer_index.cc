@@ -119,6 +119,11 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.var.assign(seg.k, 0.f);
   for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
   seg.clusteredFull = seg.c1 == seg.cEnd;
+  if (seg.clusteredFull) {
+    // A full segment never grows again: the running sums (k x dim doubles) are no longer needed.
+    std::vector<double>().swap(seg.sums);
+    std::vector<double>().swap(seg.sumSq);
+  }
   RebuildCsr(seg);
 }
 

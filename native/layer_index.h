@@ -56,12 +56,14 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim
-  std::vector<double> sums;       // k x dim member sums (running means for chunks added online)
+  std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
+                                  // released once the segment is full
   std::vector<int32_t> counts;    // k
   std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
-  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²)
+  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
+                                  // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
   double inertia = 0;             // of the last k-means run
 };

@@ -21,10 +21,11 @@ export interface KMeansResult {
 }
 
 /**
- * Seeded, deterministic k-means (k-means++ init, Lloyd iterations until stable or `iters`).
+ * Seeded, deterministic k-means (greedy k-means++ init with `trials` draws per centre, default
+ * 2 + ln k; Lloyd iterations until stable or `iters`).
  * points: n x dim row-major f32. Same seed + data give an identical result at every SIMD level.
  */
-export function kmeans(points: Float32Array, dim: number, opts: { k: number; iters?: number; seed?: number }): KMeansResult {
+export function kmeans(points: Float32Array, dim: number, opts: { k: number; iters?: number; seed?: number; trials?: number }): KMeansResult {
   return native.kmeans(points, dim, opts) as KMeansResult;
 }
 
