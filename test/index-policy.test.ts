@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { createPolicy, type KvTensor, type PolicyName, type Selection } from '../src/index.js';
 import { NativeSelectionPolicy } from '../src/index/policy.js';
-import { chunkMeans, scoreCentroids } from '../src/index/kernels.js';
+import { chunkMeans, indexKernelLevel, scoreCentroids } from '../src/index/kernels.js';
 import { structuredCase } from './index-data.js';
 import { expectKvdError, randn } from './helpers.js';
 
@@ -188,6 +188,26 @@ describe('selection policies', () => {
     const p = createPolicy('kvdrive');
     await p.build({ ...kv(), data: half, dtype: 'f16' }, C.tokens);
     expect(chunkMeans({ ...kv(), data: half, dtype: 'f16' }, { start: 4, end: 12 })[0]).toBe(1);
+  });
+
+  it('kvdrive clusters and selections are bit-identical at every index-kernel SIMD level, and for the htd layout', async () => {
+    const run = async (level: 'scalar' | 'avx2' | 'avx512' | 'best', k: KvTensor) => {
+      indexKernelLevel(level);
+      try {
+        const p = createPolicy('kvdrive', { segmentTokens: 512 }) as NativeSelectionPolicy;
+        await p.build(k, C.tokens);
+        return { clusters: p.clusters(1), sel: p.select(C.queries[0]!, 300, { pool: 400 }) };
+      } finally {
+        indexKernelLevel('best');
+      }
+    };
+    const ref = await run('scalar', kv());
+    for (const level of ['avx2', 'avx512', 'best'] as const) expect(await run(level, kv())).toEqual(ref);
+    // The same keys stored head-major ([H, T, D]).
+    const htd = new Float32Array(C.keys.length);
+    for (let t = 0; t < C.tokens; t++)
+      for (let h = 0; h < 2; h++) htd.set(C.keys.subarray((t * 2 + h) * 16, (t * 2 + h + 1) * 16), (h * C.tokens + t) * 16);
+    expect(await run('best', { ...kv(), data: htd, layout: 'htd' })).toEqual(ref);
   });
 
   it('index build of a layer runs off the JS thread (the event loop keeps turning)', async () => {
