@@ -35,6 +35,18 @@ struct Ranked {
 };
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
 
+// Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
+// Elements before `sorted` are already final, so growing the prefix in steps gives the same order
+// as one full sort (the comparators are strict total orders).
+template <typename T, typename Cmp>
+size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
+  next = std::min(next, v.size());
+  if (next <= sorted) return sorted;
+  if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
+  std::sort(v.begin() + sorted, v.begin() + next, cmp);
+  return next;
+}
+
 }  // namespace
 
 int64_t LayerIndex::SealedEnd(int64_t tokens) const {
@@ -317,12 +329,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       double candTokens = 0;
       size_t sorted = 0, i = 0;
+      // First guess: enough clusters of average size for the target, plus a quarter.
+      const double avgTokens = order.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(order.size());
+      size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
       while (i < order.size() && candTokens < target) {
-        if (i == sorted) {
-          size_t next = std::min(order.size(), std::max<size_t>(16, sorted * 2));
-          std::partial_sort(order.begin() + sorted, order.begin() + next, order.end(), better);
-          sorted = next;
-        }
+        if (i == sorted) sorted = ExtendSorted(order, sorted, std::max(guess, sorted * 2), better);
         const auto [s, c] = where[order[i++]];
         const Segment& seg = H.segments[s];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
@@ -353,12 +364,9 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
     size_t sorted = 0;
+    const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) {
-        size_t next = std::min(ranked.size(), std::max<size_t>(i + 1, std::max<size_t>(64, sorted * 2)));
-        std::partial_sort(ranked.begin() + sorted, ranked.begin() + next, ranked.end(), Better);
-        sorted = next;
-      }
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
     const int64_t shortLen = ChunkTokens(firstChunk());
