@@ -41,6 +41,34 @@ function checkShape(sel: Selection, heads: number): void {
   }
 }
 
+describe('index kernels', () => {
+  it('scoreCentroids = max over the group of q·c, and chunkMeans = mean keys (vs plain TS), odd sizes', () => {
+    for (const [g, dim] of [[3, 37], [4, 16], [5, 8], [1, 130]] as const) {
+      const n = 29;
+      const q = randn(g * dim, g);
+      const c = randn(n * dim, dim);
+      const got = scoreCentroids(q, g, c, n, dim);
+      for (let i = 0; i < n; i++) {
+        let want = -Infinity;
+        for (let j = 0; j < g; j++) {
+          let s = 0;
+          for (let d = 0; d < dim; d++) s += q[j * dim + d]! * c[i * dim + d]!;
+          want = Math.max(want, s);
+        }
+        expect(got[i]!).toBeCloseTo(want, 4);
+      }
+    }
+    const m = chunkMeans(kv(), { start: 8, end: 20, chunkSize: 3, head: 1 });
+    expect(m.length).toBe(4 * 16);
+    for (let j = 0; j < 4; j++)
+      for (let d = 0; d < 16; d++) {
+        let s = 0;
+        for (let t = 8 + 3 * j; t < 11 + 3 * j; t++) s += C.keys[(t * 2 + 1) * 16 + d]!;
+        expect(m[j * 16 + d]!).toBeCloseTo(s / 3, 5);
+      }
+  });
+});
+
 describe('selection policies', () => {
   it.each(POLICIES)('%s: geometry, every chunk at a budget >= context, budget respected below', async (name) => {
     const p = createPolicy(name, { qHeads: 4, kvHeads: 2, headDim: 16 });
@@ -286,6 +314,10 @@ describe('selection policies reject bad input with typed errors', () => {
     await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 4, 16), 'E_SHAPE', /centroids \(n\*dim\): expected 64 elements, got 48/);
     await expectKvdError(() => scoreCentroids(q, 3, new Float32Array(48), 3, 16), 'E_SHAPE', /q \(groupSize\*dim\): expected 48 elements, got 32/);
     await expectKvdError(() => scoreCentroids(q, 0, new Float32Array(48), 3, 16), 'E_RANGE', /groupSize: expected an integer in \[1, 4096\], got 0/);
+    const inf = q.slice();
+    inf[3] = -Infinity;
+    await expectKvdError(() => scoreCentroids(inf, 2, new Float32Array(48), 3, 16), 'E_NONFINITE', /scoreCentroids q: expected finite values, got Inf at element 3/);
+    await expectKvdError(() => scoreCentroids(q, 2, new Uint16Array(48) as never, 3, 16), 'E_DTYPE', /Float32Array, got a Uint16Array/);
     await expectKvdError(() => chunkMeans(kv(), { chunkSize: 0 }), 'E_RANGE', /chunkSize: expected an integer in \[1, 1048576\], got 0/);
     await expectKvdError(() => chunkMeans(kv(), { start: 0, end: 10, chunkSize: 4 }), 'E_SHAPE', /multiple of chunkSize 4, got 10/);
     await expectKvdError(() => chunkMeans(kv(), { head: 2 }), 'E_RANGE', /head: expected an integer in \[0, 1\], got 2/);
