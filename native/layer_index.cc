@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -193,6 +194,30 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   else RebuildCsr(seg);
 }
 
+// Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
+// exception (main thread's first) is rethrown after both finish.
+void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
+  std::exception_ptr helperError, mainError;
+  std::thread helper;
+  const bool split = cfg_.threads > 1 && heads_ > 1;
+  if (split)
+    helper = std::thread([&] {
+      try {
+        for (int h = 1; h < heads_; h += 2) fn(h);
+      } catch (...) {
+        helperError = std::current_exception();
+      }
+    });
+  try {
+    for (int h = 0; h < heads_; h += split ? 2 : 1) fn(h);
+  } catch (...) {
+    mainError = std::current_exception();
+  }
+  if (split) helper.join();
+  if (mainError) std::rethrow_exception(mainError);
+  if (helperError) std::rethrow_exception(helperError);
+}
+
 void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   if (cfg_.segmentTokens % cfg_.chunk != 0)
     Throw("E_CONFIG", "segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) + ", got " +
@@ -219,27 +244,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       H.segments.push_back(std::move(seg));
     }
   };
-  // Heads are independent; split them over threads (odd heads on the helper thread).
-  std::exception_ptr helperError;
-  std::thread helper;
-  const bool split = cfg_.threads > 1 && heads_ > 1;
-  if (split)
-    helper = std::thread([&] {
-      try {
-        for (int h = 1; h < heads_; h += 2) buildHead(h);
-      } catch (...) {
-        helperError = std::current_exception();
-      }
-    });
-  std::exception_ptr mainError;
-  try {
-    for (int h = 0; h < heads_; h += split ? 2 : 1) buildHead(h);
-  } catch (...) {
-    mainError = std::current_exception();
-  }
-  if (split) helper.join();
-  if (mainError) std::rethrow_exception(mainError);
-  if (helperError) std::rethrow_exception(helperError);
+  ForEachHead(buildHead);
   endChunk_ = c1;
   built_ = true;
 }
@@ -267,7 +272,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
     }
     if (cfg_.policy == PolicyKind::Kvdrive) {
       const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
-      for (int h = 0; h < heads_; ++h) {
+      // Usually one chunk per head; when a segment fills, its k-means runs here (heads split over
+      // threads like the build).
+      const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
+      auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
         for (int64_t j = c0; j < c1; ++j) {
           if (H.segments.empty() || H.segments.back().cEnd <= j) {
@@ -278,7 +286,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
           }
           AddChunkOnline(h, H.segments.back(), j);
         }
-      }
+      };
+      if (fills) ForEachHead(extendHead);
+      else
+        for (int h = 0; h < heads_; ++h) extendHead(h);
     }
     endChunk_ = c1;
   }

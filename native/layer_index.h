@@ -17,6 +17,7 @@
 // Ranking ties break towards the lower chunk id, so selections are deterministic.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "index.h"
@@ -117,6 +118,7 @@ class LayerIndex {
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ClusterVariance(int h, Segment& seg, int c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
+  void ForEachHead(const std::function<void(int)>& fn) const;
 
   IndexConfig cfg_;
   bool built_ = false;
