@@ -39,7 +39,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 4.0;
+  double candidateFactor = 2.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
