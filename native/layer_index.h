@@ -56,7 +56,8 @@ struct Segment {
   int64_t cEnd = 0;        // where the segment ends once full
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
-  std::vector<float> centroids;   // k x dim
+  std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
+  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
@@ -107,6 +108,8 @@ class LayerIndex {
   int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
   int64_t endChunk() const { return endChunk_; }
   const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index (representatives, centroids, running sums, membership lists).
   int64_t Bytes() const;
 
