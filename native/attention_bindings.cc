@@ -7,6 +7,7 @@
 // (ObjectReference) to every array they touch until the promise settles.
 #include <napi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <memory>
@@ -110,13 +111,17 @@ void RunHeads(const AttnJob& job, int h0, int h1, AttnScratch& scratch) {
   hs.reserve(n);
   std::vector<std::vector<float>> mass(n);
   std::vector<HeadAttn> heads(n);
+  // Outputs accumulate in this thread's own buffer (the kernel updates them once per tile) and are
+  // copied out at the end: no cache line of the shared output array is written by two threads.
+  const size_t headOut = size_t(job.group) * size_t(job.dim);
+  std::vector<float> out(n * headOut);
   for (size_t i = 0; i < n; ++i) {
     const int h = h0 + int(i);
     hs.push_back(BuildSpans(job, h));
     if (job.sparse) mass[i].resize(hs[i].spans.size());
     const size_t qOff = size_t(h) * size_t(job.group);
-    heads[i] = HeadAttn{job.q + qOff * size_t(job.dim), hs[i].spans.data(), hs[i].spans.size(),
-                        job.out + qOff * size_t(job.dim), job.lse + qOff, job.sparse ? mass[i].data() : nullptr};
+    heads[i] = HeadAttn{job.q + qOff * size_t(job.dim), hs[i].spans.data(), hs[i].spans.size(), out.data() + i * headOut,
+                        job.lse + qOff, job.sparse ? mass[i].data() : nullptr};
   }
   try {
     AttendHeadsSpans(heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, scratch);
@@ -129,6 +134,7 @@ void RunHeads(const AttnJob& job, int h0, int h1, AttnScratch& scratch) {
                              std::to_string(token) + ": NaN/Inf in the " + (e.inValue ? "value" : "key") +
                              " row (attention " + (e.inValue ? "output" : "logit") + " is not finite)");
   }
+  std::copy(out.begin(), out.end(), job.out + size_t(h0) * headOut);
   if (job.sparse) {
     for (size_t i = 0; i < n; ++i) {
       const int h = h0 + int(i);
