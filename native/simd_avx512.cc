@@ -258,44 +258,75 @@ KVD_AVX512 inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-// Logits of a tile of rows for NQ queries: per row the NQ dot products as in DotRowsN, then one
-// Reduce4 per 4 queries, written group-major (L[j*ldL + r]).
-template <Dtype DT, int NQ, int U>
-KVD_AVX512 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
-                        const void* const* next, size_t nNext) {
-  const size_t rowBytes = n * DtypeSize(DT);
-  for (size_t r = 0; r < nrows; ++r) {
-    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
-    const void* row = rows[r];
-    __m512 acc[NQ][U];
-    for (int j = 0; j < NQ; ++j)
-      for (int u = 0; u < U; ++u) acc[j][u] = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 * U <= n; i += 16 * U) {
-      for (int u = 0; u < U; ++u) {
-        __m512 k = Load16<DT>(row, i + 16 * u);
-        for (int j = 0; j < NQ; ++j) acc[j][u] = _mm512_fmadd_ps(_mm512_loadu_ps(qs + j * n + i + 16 * u), k, acc[j][u]);
-      }
-    }
-    for (; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : TailMask(n - i);
-      __m512 k = LoadMasked16<DT>(row, i, m);
-      for (int j = 0; j < NQ; ++j) acc[j][0] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qs + j * n + i), k, acc[j][0]);
-    }
-    __m512 sum[NQ];
+// Logits of R rows (rows[0..R)) for NQ queries, written group-major (L[j*ldL + r]). Each 16-lane
+// block of q_j is loaded once for the R rows and each row block once for the NQ queries; the NQ*R
+// accumulators are independent FMA chains. Every (j, r) logit is a single accumulator summed over
+// the blocks in order and reduced by the same Reduce4 tree whatever R is, so a row's logit does
+// not depend on how rows are blocked.
+template <Dtype DT, int NQ, int R>
+KVD_AVX512 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
+  __m512 acc[NQ][R];
+  for (int j = 0; j < NQ; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 k[R];
+    for (int r = 0; r < R; ++r) k[r] = Load16<DT>(rows[r], i);
     for (int j = 0; j < NQ; ++j) {
-      sum[j] = acc[j][0];
-      for (int u = 1; u < U; ++u) sum[j] = _mm512_add_ps(sum[j], acc[j][u]);
-    }
-    const __m512 z = _mm512_setzero_ps();
-    for (int j0 = 0; j0 < NQ; j0 += 4) {
-      alignas(16) float s4[4];
-      _mm_store_ps(s4, Reduce4(sum[j0], j0 + 1 < NQ ? sum[j0 + 1] : z, j0 + 2 < NQ ? sum[j0 + 2] : z,
-                               j0 + 3 < NQ ? sum[j0 + 3] : z));
-      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL + r] = s4[t];
+      const __m512 q = _mm512_loadu_ps(qs + j * n + i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(q, k[r], acc[j][r]);
     }
   }
-  for (size_t r = nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    __m512 k[R];
+    for (int r = 0; r < R; ++r) k[r] = LoadMasked16<DT>(rows[r], i, m);
+    for (int j = 0; j < NQ; ++j) {
+      const __m512 q = _mm512_maskz_loadu_ps(m, qs + j * n + i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(q, k[r], acc[j][r]);
+    }
+  }
+  const __m512 z = _mm512_setzero_ps();
+  if constexpr (R == 4) {
+    for (int j = 0; j < NQ; ++j) _mm_storeu_ps(L + size_t(j) * ldL, Reduce4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+  } else if constexpr (R == 2) {
+    for (int j = 0; j < NQ; j += 2) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j][0], acc[j][1], j + 1 < NQ ? acc[j + 1][0] : z, j + 1 < NQ ? acc[j + 1][1] : z));
+      L[size_t(j) * ldL] = s4[0];
+      L[size_t(j) * ldL + 1] = s4[1];
+      if (j + 1 < NQ) {
+        L[size_t(j + 1) * ldL] = s4[2];
+        L[size_t(j + 1) * ldL + 1] = s4[3];
+      }
+    }
+  } else {
+    static_assert(R == 1, "row blocks of 1, 2 or 4");
+    for (int j0 = 0; j0 < NQ; j0 += 4) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j0][0], j0 + 1 < NQ ? acc[j0 + 1][0] : z, j0 + 2 < NQ ? acc[j0 + 2][0] : z,
+                               j0 + 3 < NQ ? acc[j0 + 3][0] : z));
+      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL] = s4[t];
+    }
+  }
+}
+
+// Logits of a tile of rows: blocks of R rows, then single rows.
+template <Dtype DT, int NQ, int R>
+KVD_AVX512 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
+                            const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  size_t r = 0;
+  for (; r + R <= nrows; r += R) {
+    for (int t = 0; t < R; ++t)
+      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes);
+    LogitsBlock<DT, NQ, R>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nrows; ++r) {
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    LogitsBlock<DT, NQ, 1>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
 }
 
 using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
@@ -307,13 +338,13 @@ KVD_AVX512 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows
   static constexpr LogitsRowsFn kByGroup[9] = {
       nullptr,
       LogitsRowsN<DT, 1, 4>,
-      LogitsRowsN<DT, 2, 2>,
-      LogitsRowsN<DT, 3, 2>,
-      LogitsRowsN<DT, 4, 1>,
-      LogitsRowsN<DT, 5, 1>,
-      LogitsRowsN<DT, 6, 1>,
-      LogitsRowsN<DT, 7, 1>,
-      LogitsRowsN<DT, 8, 1>,
+      LogitsRowsN<DT, 2, 4>,
+      LogitsRowsN<DT, 3, 4>,
+      LogitsRowsN<DT, 4, 4>,
+      LogitsRowsN<DT, 5, 2>,
+      LogitsRowsN<DT, 6, 2>,
+      LogitsRowsN<DT, 7, 2>,
+      LogitsRowsN<DT, 8, 2>,
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
@@ -331,7 +362,9 @@ KVD_AVX512 void LogitsRows(const float* qs, size_t nq, const void* const* rows, 
 }
 
 // acc[j][d] += sum_r w[j][r] * rows[r][d] for NQ queries, DB 16-lane blocks of d at a time
-// (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries).
+// (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries, each
+// weight broadcast once per DB blocks). Per element the rows are summed in order r = 0, 1, ...
+// whatever DB is.
 template <Dtype DT, int NQ, int DB>
 KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
                               size_t n, const void* const* next, size_t nNext) {
@@ -379,9 +412,9 @@ KVD_AVX512 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wSt
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
-      WeightedRowsN<DT, 2, 2>,
-      WeightedRowsN<DT, 3, 2>,
-      WeightedRowsN<DT, 4, 2>,
+      WeightedRowsN<DT, 2, 4>,
+      WeightedRowsN<DT, 3, 4>,
+      WeightedRowsN<DT, 4, 4>,
       WeightedRowsN<DT, 5, 1>,
       WeightedRowsN<DT, 6, 1>,
       WeightedRowsN<DT, 7, 1>,
