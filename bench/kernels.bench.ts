@@ -1,6 +1,7 @@
 /**
  * Attention kernel benchmarks at real shapes (head dim 128, GQA 32/8, f16 KV, one layer):
- *   - dense attention at 32K and 128K tokens, threads 1 and 2;
+ *   - dense attention at 32K and 128K tokens, threads 1 and 2, token-major cache ('thd', the trace
+ *     layout), and at 32K also head-major ('htd');
  *   - sparse attention at budget 2048 (1.56% of 128K) plus 4 sinks and a 64-token tail: over a
  *     compact per-head arena (the hot tier's layout; 8.7 MB, cache-resident), scattered over the
  *     128K cache with the same selection every call (cache-resident, but every chunk on another
@@ -141,6 +142,27 @@ async function main(): Promise<void> {
         attendDense({ q, qHeads: Q_HEADS, k, v, tokens, threads }),
       );
     }
+  }
+
+  // The same 32K tokens head-major ('htd': each kv head's rows contiguous, as in a per-head arena).
+  // Threads split kv heads; in a token-major cache every thread still streams a part of every token
+  // row, here each thread streams its own contiguous region.
+  {
+    const tokens = 32 * 1024;
+    const elems = tokens * KV_HEADS * DIM;
+    const toHtd = (src: Uint16Array): Uint16Array => {
+      const dst = new Uint16Array(elems);
+      for (let t = 0; t < tokens; t++)
+        for (let h = 0; h < KV_HEADS; h++) dst.set(src.subarray((t * KV_HEADS + h) * DIM, (t * KV_HEADS + h + 1) * DIM), (h * tokens + t) * DIM);
+      return dst;
+    };
+    const kh: KvTensor = { data: toHtd(kData), dtype: 'f16', tokens, heads: KV_HEADS, dim: DIM, layout: 'htd' };
+    const vh: KvTensor = { data: toHtd(vData), dtype: 'f16', tokens, heads: KV_HEADS, dim: DIM, layout: 'htd' };
+    for (const threads of [1, 2])
+      add(
+        { name: `dense 32K head-major (${threads}T)`, bytes: 2 * elems * 2, flops: flopsFor(tokens), baseline: `memoryRead 32K K+V (${threads}T)` },
+        () => attendDense({ q, qHeads: Q_HEADS, k: kh, v: vh, threads }),
+      );
   }
 
   // Sparse: tokens read per kv head = sinks + budget + tail.
