@@ -375,6 +375,14 @@ Napi::Value AttendAsync(const Napi::CallbackInfo& info, bool sparse) {
     auto d = Napi::Promise::Deferred::New(env);
     d.Reject(e.Value());
     return d.Promise();
+  } catch (const std::bad_alloc&) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(ToJsError(env, "E_NOMEM", what + ": native allocation failed: not enough memory for the outputs").Value());
+    return d.Promise();
+  } catch (const std::exception& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(ToJsError(env, "E_INTERNAL", what + ": internal error: " + e.what()).Value());
+    return d.Promise();
   }
 }
 

@@ -122,6 +122,36 @@ describe('attendDense / attendSparse', () => {
   });
 });
 
+describe('async variants', () => {
+  it('run concurrently and keep their inputs alive until they settle', async () => {
+    const kvHeads = 4;
+    const qHeads = 8;
+    const dim = 32;
+    const tokens = 512;
+    const make = (seed: number) => ({
+      q: randn(qHeads * dim, seed),
+      k: randomKv(tokens, kvHeads, dim, 'bf16', seed + 1).tensor,
+      v: randomKv(tokens, kvHeads, dim, 'bf16', seed + 2).tensor,
+    });
+    // The inputs exist only inside the calls (no JS reference survives), then garbage is made
+    // while the workers run; the results must still equal the synchronous ones.
+    const pending = [1, 2, 3, 4].map((seed) => {
+      const { q, k, v } = make(seed * 10);
+      return attendDenseAsync({ q, qHeads, k, v, threads: 1 + (seed % 2) });
+    });
+    let junk = 0;
+    for (let i = 0; i < 40; i++) junk += new Float64Array(1 << 18).length;
+    expect(junk).toBeGreaterThan(0);
+    const results = await Promise.all(pending);
+    results.forEach((r, i) => {
+      const { q, k, v } = make((i + 1) * 10);
+      const want = attendDense({ q, qHeads, k, v });
+      expect(Array.from(r.out)).toEqual(Array.from(want.out));
+      expect(Array.from(r.lse)).toEqual(Array.from(want.lse));
+    });
+  });
+});
+
 describe('determinism contract', () => {
   it('the same tokens in the same order from another place give bit-identical results', () => {
     // Sparse attention over a token-major cache vs the same rows gathered into a compact
