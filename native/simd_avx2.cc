@@ -275,47 +275,72 @@ KVD_AVX2 inline __m128 Reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-// Logits of a tile of rows for NQ queries: per row the NQ dot products as in DotRowsN, then one
-// Reduce4 per 4 queries, written group-major (L[j*ldL + r]).
-template <Dtype DT, int NQ, int U>
-KVD_AVX2 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
-                        const void* const* next, size_t nNext) {
-  const size_t rowBytes = n * DtypeSize(DT);
-  for (size_t r = 0; r < nrows; ++r) {
-    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
-    const void* row = rows[r];
-    __m256 acc[NQ][U];
-    for (int j = 0; j < NQ; ++j)
-      for (int u = 0; u < U; ++u) acc[j][u] = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 8 * U <= n; i += 8 * U) {
-      for (int u = 0; u < U; ++u) {
-        __m256 k = Load8<DT>(row, i + 8 * u);
-        for (int j = 0; j < NQ; ++j) acc[j][u] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * n + i + 8 * u), k, acc[j][u]);
-      }
-    }
-    for (; i + 8 <= n; i += 8) {
-      __m256 k = Load8<DT>(row, i);
-      for (int j = 0; j < NQ; ++j) acc[j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * n + i), k, acc[j][0]);
-    }
-    if (i < n) {
-      __m256 k = LoadTail8<DT>(row, i, n - i);
-      for (int j = 0; j < NQ; ++j) acc[j][0] = _mm256_fmadd_ps(LoadTail8<Dtype::F32>(qs + j * n, i, n - i), k, acc[j][0]);
-    }
-    __m256 sum[NQ];
+// Logits of R rows (rows[0..R)) for NQ queries, written group-major (L[j*ldL + r]). Each 8-lane
+// block of q_j is loaded once for the R rows and each row block once for the NQ queries; the NQ*R
+// accumulators are independent FMA chains (16 ymm registers: NQ*R <= 8). Every (j, r) logit is a
+// single accumulator summed over the blocks in order and reduced by the same Reduce4 tree whatever
+// R is, so a row's logit does not depend on how rows are blocked.
+template <Dtype DT, int NQ, int R>
+KVD_AVX2 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
+  __m256 acc[NQ][R];
+  for (int j = 0; j < NQ; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 k[R];
+    for (int r = 0; r < R; ++r) k[r] = Load8<DT>(rows[r], i);
     for (int j = 0; j < NQ; ++j) {
-      sum[j] = acc[j][0];
-      for (int u = 1; u < U; ++u) sum[j] = _mm256_add_ps(sum[j], acc[j][u]);
-    }
-    const __m256 z = _mm256_setzero_ps();
-    for (int j0 = 0; j0 < NQ; j0 += 4) {
-      alignas(16) float s4[4];
-      _mm_store_ps(s4, Reduce4(sum[j0], j0 + 1 < NQ ? sum[j0 + 1] : z, j0 + 2 < NQ ? sum[j0 + 2] : z,
-                               j0 + 3 < NQ ? sum[j0 + 3] : z));
-      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL + r] = s4[t];
+      const __m256 q = _mm256_loadu_ps(qs + j * n + i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm256_fmadd_ps(q, k[r], acc[j][r]);
     }
   }
-  for (size_t r = nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  if (i < n) {
+    __m256 k[R];
+    for (int r = 0; r < R; ++r) k[r] = LoadTail8<DT>(rows[r], i, n - i);
+    for (int j = 0; j < NQ; ++j) {
+      const __m256 q = LoadTail8<Dtype::F32>(qs + j * n, i, n - i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm256_fmadd_ps(q, k[r], acc[j][r]);
+    }
+  }
+  const __m256 z = _mm256_setzero_ps();
+  if constexpr (R == 2) {
+    for (int j = 0; j < NQ; j += 2) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j][0], acc[j][1], j + 1 < NQ ? acc[j + 1][0] : z, j + 1 < NQ ? acc[j + 1][1] : z));
+      L[size_t(j) * ldL] = s4[0];
+      L[size_t(j) * ldL + 1] = s4[1];
+      if (j + 1 < NQ) {
+        L[size_t(j + 1) * ldL] = s4[2];
+        L[size_t(j + 1) * ldL + 1] = s4[3];
+      }
+    }
+  } else {
+    static_assert(R == 1, "row blocks of 1 or 2");
+    for (int j0 = 0; j0 < NQ; j0 += 4) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j0][0], j0 + 1 < NQ ? acc[j0 + 1][0] : z, j0 + 2 < NQ ? acc[j0 + 2][0] : z,
+                               j0 + 3 < NQ ? acc[j0 + 3][0] : z));
+      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL] = s4[t];
+    }
+  }
+}
+
+// Logits of a tile of rows: blocks of R rows, then single rows.
+template <Dtype DT, int NQ, int R>
+KVD_AVX2 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
+                          const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  size_t r = 0;
+  for (; r + R <= nrows; r += R) {
+    for (int t = 0; t < R; ++t)
+      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes);
+    LogitsBlock<DT, NQ, R>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nrows; ++r) {
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    LogitsBlock<DT, NQ, 1>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
 }
 
 using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
@@ -326,10 +351,10 @@ KVD_AVX2 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, 
                            size_t ldL, const void* const* next, size_t nNext) {
   static constexpr LogitsRowsFn kByGroup[9] = {
       nullptr,
-      LogitsRowsN<DT, 1, 4>,
+      LogitsRowsN<DT, 1, 2>,
       LogitsRowsN<DT, 2, 2>,
       LogitsRowsN<DT, 3, 2>,
-      LogitsRowsN<DT, 4, 1>,
+      LogitsRowsN<DT, 4, 2>,
       LogitsRowsN<DT, 5, 1>,
       LogitsRowsN<DT, 6, 1>,
       LogitsRowsN<DT, 7, 1>,
