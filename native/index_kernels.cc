@@ -173,6 +173,42 @@ KVD_INLINE void ScoreMinMaxBody(const float* q, int group, const float* mn, cons
   }
 }
 
+// Centroid scoring from tiles of 16 transposed centroids (ct: tiles x dim x 16): each lane is one
+// centroid, accumulated sequentially over d for each query head (no horizontal reductions), four
+// query heads per pass over a tile. out[i] = max_j (q_j·c_i + coef[j] * var[i]).
+KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                                  const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16;
+  for (size_t t = 0; t < tiles; ++t) {
+    const float* c = ct + t * size_t(dim) * 16;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    v16 vv = v16{};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
+    v16 best = v16{} - std::numeric_limits<float>::infinity();
+    for (int j0 = 0; j0 < group; j0 += 4) {
+      const int nj = group - j0 < 4 ? group - j0 : 4;
+      const float* qj[4];
+      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim;
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+      for (int d = 0; d < dim; ++d) {
+        v16 cv = Load16(c + size_t(d) * 16);
+        a0 += cv * qj[0][d];
+        a1 += cv * qj[1][d];
+        a2 += cv * qj[2][d];
+        a3 += cv * qj[3][d];
+      }
+      v16* acc[4] = {&a0, &a1, &a2, &a3};
+      for (int r = 0; r < nj; ++r) {
+        v16 s = *acc[r];
+        if (var) s += vv * coef[j0 + r];
+        best = s > best ? s : best;
+      }
+    }
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+  }
+}
+
 // Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
 // zero-padded); R points share every centroid load and 16 centroids every point load. Output
 // (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
@@ -223,6 +259,7 @@ struct Table {
   void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*, const float*,
                              const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
+  void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
 };
 
@@ -244,11 +281,16 @@ struct Table {
                               float* out) {                                                                    \
     ScoreMinMaxBody(q, g, mn, mx, n, dim, out);                                                                 \
   }                                                                                                             \
+  ATTR void ScoreTilesMax##NAME(const float* q, int g, const float* ct, size_t k, int dim, float* out,         \
+                                 const float* var, const float* coef) {                                        \
+    ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);                                                        \
+  }                                                                                                             \
   ATTR void Nearest##NAME(const float* x, const float* xn, size_t n, const float* ct, const float* cn, size_t k, \
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
-  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, Nearest##NAME};
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, \
+                           Nearest##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4)
 KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2"))), 4)
@@ -314,12 +356,28 @@ void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx,
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
 }
 
+void TransposeTiles(const float* c, size_t k, int dim, float* ct) {
+  const size_t tiles = (k + 15) / 16;
+  std::fill(ct, ct + tiles * size_t(dim) * 16, 0.f);
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = c[j * dim + d];
+}
+
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) c[j * dim + d] = ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)];
+}
+
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out, const float* var,
+                   const float* coef) {
+  Active().scoreTilesMax(q, group, ct, k, dim, out, var, coef);
+}
+
 void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,
                       int dim, int32_t* best, float* dist) {
   const size_t tiles = (k + 15) / 16;
-  std::vector<float> ct(tiles * size_t(dim) * 16, 0.f);
-  for (size_t j = 0; j < k; ++j)
-    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = c[j * dim + d];
+  std::vector<float> ct(tiles * size_t(dim) * 16);
+  TransposeTiles(c, k, dim, ct.data());
   // The kernel reads centroid norms 16 at a time: pad them (the padded lanes are never compared).
   std::vector<float> cn(tiles * 16, 0.f);
   std::copy(cnorm, cnorm + k, cn.begin());

@@ -132,10 +132,14 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.var.assign(seg.k, 0.f);
   for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
   seg.clusteredFull = seg.c1 == seg.cEnd;
+  seg.tiles.resize(TileFloats(seg.k, dim_));
+  TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
   if (seg.clusteredFull) {
-    // A full segment never grows again: the running sums (k x dim doubles) are no longer needed.
+    // A full segment never grows again: the running sums (k x dim doubles) and the row-major
+    // centroids are no longer needed (select reads the tiles).
     std::vector<double>().swap(seg.sums);
     std::vector<double>().swap(seg.sumSq);
+    std::vector<float>().swap(seg.centroids);
   }
   RebuildCsr(seg);
 }
@@ -190,8 +194,13 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   ClusterVariance(h, seg, c);
   seg.assign.push_back(c);
   seg.c1 = j + 1;
-  if (seg.c1 == seg.cEnd) ClusterSegment(h, seg);
-  else RebuildCsr(seg);
+  if (seg.c1 == seg.cEnd) {
+    ClusterSegment(h, seg);
+  } else {
+    seg.tiles.resize(TileFloats(seg.k, dim_));
+    TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    RebuildCsr(seg);
+  }
 }
 
 // Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
@@ -233,7 +242,9 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
 
   auto buildHead = [&](int h) {
     ComputeReps(kv, h, c0, c1);
-    if (cfg_.policy != PolicyKind::Kvdrive) return;
+    // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
+    // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
+    if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
     HeadIndex& H = heads_data_[h];
     for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
       Segment seg;
@@ -322,8 +333,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
-                     coef.data());
+        ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
+                      coef.data());
         out.vectorsScored += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
@@ -408,12 +419,19 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   return out;
 }
 
+std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
+  if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
+  std::vector<float> c(size_t(seg.k) * dim_);
+  UntransposeTiles(seg.tiles.data(), seg.k, dim_, c.data());
+  return c;
+}
+
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

@@ -39,7 +39,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 4.0;
+  double candidateFactor = 2.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -56,7 +56,8 @@ struct Segment {
   int64_t cEnd = 0;        // where the segment ends once full
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
-  std::vector<float> centroids;   // k x dim
+  std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
+  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
@@ -107,6 +108,8 @@ class LayerIndex {
   int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
   int64_t endChunk() const { return endChunk_; }
   const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index (representatives, centroids, running sums, membership lists).
   int64_t Bytes() const;
 

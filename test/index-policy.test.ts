@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { createPolicy, type KvTensor, type PolicyName, type Selection } from '../src/index.js';
 import { NativeSelectionPolicy } from '../src/index/policy.js';
-import { chunkMeans, indexKernelLevel, scoreCentroids } from '../src/index/kernels.js';
+import { centroidTiles, chunkMeans, indexKernelLevel, scoreCentroids } from '../src/index/kernels.js';
 import { structuredCase } from './index-data.js';
 import { expectKvdError, randn } from './helpers.js';
 
@@ -48,6 +48,7 @@ describe('index kernels', () => {
       const q = randn(g * dim, g);
       const c = randn(n * dim, dim);
       const got = scoreCentroids(q, g, c, n, dim);
+      expect(scoreCentroids(q, g, centroidTiles(c, n, dim), n, dim, 'tiles')).toEqual(got);
       for (let i = 0; i < n; i++) {
         let want = -Infinity;
         for (let j = 0; j < g; j++) {
@@ -133,7 +134,7 @@ describe('selection policies', () => {
       let best = 0;
       for (let j = 1; j < s.length; j++) if (s[j]! > s[best]!) best = j;
       expect(sel.poolIds![sel.poolOffsets![h]!]).toBe(best);
-      expect(sel.poolScores![sel.poolOffsets![h]!]).toBe(s[best]);
+      expect(sel.poolScores![sel.poolOffsets![h]!]).toBeCloseTo(s[best]!, 3);
     }
   });
 
@@ -318,6 +319,8 @@ describe('selection policies reject bad input with typed errors', () => {
     inf[3] = -Infinity;
     await expectKvdError(() => scoreCentroids(inf, 2, new Float32Array(48), 3, 16), 'E_NONFINITE', /scoreCentroids q: expected finite values, got Inf at element 3/);
     await expectKvdError(() => scoreCentroids(q, 2, new Uint16Array(48) as never, 3, 16), 'E_DTYPE', /Float32Array, got a Uint16Array/);
+    await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'tiles'), 'E_SHAPE', /tiles: ceil\(n\/16\)\*16\*dim\): expected 256 elements, got 48/);
+    await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'cols' as never), 'E_CONFIG', /expected 'rows' or 'tiles', got 'cols'/);
     await expectKvdError(() => chunkMeans(kv(), { chunkSize: 0 }), 'E_RANGE', /chunkSize: expected an integer in \[1, 1048576\], got 0/);
     await expectKvdError(() => chunkMeans(kv(), { start: 0, end: 10, chunkSize: 4 }), 'E_SHAPE', /multiple of chunkSize 4, got 10/);
     await expectKvdError(() => chunkMeans(kv(), { head: 2 }), 'E_RANGE', /head: expected an integer in \[0, 1\], got 2/);

@@ -1,6 +1,10 @@
 /** The list of subcommands; each entry adds one command to the program. */
 import type { Command } from 'commander';
+import { register as registerDemo } from './demo.js';
+import { register as registerGenerate } from './generate.js';
+import { register as registerEval } from './eval.js';
+import { register as registerSynth } from './synth.js';
 
 export type RegisterCommand = (program: Command) => void;
 
-export const commands: RegisterCommand[] = [];
+export const commands: RegisterCommand[] = [registerDemo, registerGenerate, registerEval, registerSynth];
