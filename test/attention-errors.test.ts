@@ -44,6 +44,9 @@ describe('attention input validation', () => {
     await expectKvdError(() => attendDense({ q, qHeads, k, v: { ...v, dtype: 'bf16' } }), 'E_DTYPE', /v\.dtype: expected the dtype of k \('f16'\), got 'bf16'/);
     await expectKvdError(() => attendDense({ q, qHeads, k: { ...k, dtype: 'f8' as never }, v }), 'E_DTYPE', /expected dtype 'f32', 'f16' or 'bf16', got 'f8'/);
     await expectKvdError(() => attendDense(q as never), 'E_TYPE', /expected an options object/);
+    await expectKvdError(() => attendDense({ q, qHeads, k: undefined as never, v }), 'E_TYPE', /k: expected a KV tensor object/);
+    await expectKvdError(() => attendDense({ q, qHeads, k: { ...k, layout: 'dht' as never }, v }), 'E_CONFIG', /k\.layout: expected 'thd' or 'htd', got 'dht'/);
+    await expectKvdError(() => attendSparse({ q, qHeads, k, v, selection: undefined as never }), 'E_TYPE', /selection: expected a Selection object/);
   });
 
   it('rejects NaN in q naming the head', async () => {

@@ -122,6 +122,74 @@ describe('attendDense / attendSparse', () => {
   });
 });
 
+describe('async variants', () => {
+  it('run concurrently and keep their inputs alive until they settle', async () => {
+    const kvHeads = 4;
+    const qHeads = 8;
+    const dim = 32;
+    const tokens = 512;
+    const make = (seed: number) => ({
+      q: randn(qHeads * dim, seed),
+      k: randomKv(tokens, kvHeads, dim, 'bf16', seed + 1).tensor,
+      v: randomKv(tokens, kvHeads, dim, 'bf16', seed + 2).tensor,
+    });
+    // The inputs exist only inside the calls (no JS reference survives), then garbage is made
+    // while the workers run; the results must still equal the synchronous ones.
+    const pending = [1, 2, 3, 4].map((seed) => {
+      const { q, k, v } = make(seed * 10);
+      return attendDenseAsync({ q, qHeads, k, v, threads: 1 + (seed % 2) });
+    });
+    let junk = 0;
+    for (let i = 0; i < 40; i++) junk += new Float64Array(1 << 18).length;
+    expect(junk).toBeGreaterThan(0);
+    const results = await Promise.all(pending);
+    results.forEach((r, i) => {
+      const { q, k, v } = make((i + 1) * 10);
+      const want = attendDense({ q, qHeads, k, v });
+      expect(Array.from(r.out)).toEqual(Array.from(want.out));
+      expect(Array.from(r.lse)).toEqual(Array.from(want.lse));
+    });
+  });
+});
+
+describe('determinism contract', () => {
+  it('the same tokens in the same order from another place give bit-identical results', () => {
+    // Sparse attention over a token-major cache vs the same rows gathered into a compact
+    // head-major arena (as the hot tier holds them), attended as "every chunk" there.
+    const kvHeads = 4;
+    const qHeads = 16;
+    const dim = 64;
+    const tokens = 700;
+    const k = randomKv(tokens, kvHeads, dim, 'f16', 81, 1.5);
+    const v = randomKv(tokens, kvHeads, dim, 'f16', 82);
+    const q = randn(qHeads * dim, 83);
+    const perHead = range(kvHeads).map((h) => range(40).map((i) => 2 + i * 3 + (h % 3)));
+    const sel = selectionOf(perHead, tokens, 4, 4, tokens - 32);
+    const direct = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel });
+
+    const slots = 4 + 40 * 4 + 32;
+    const gather = (src: Uint16Array): Uint16Array => {
+      const out = new Uint16Array(kvHeads * slots * dim);
+      for (let h = 0; h < kvHeads; h++)
+        selectedTokens(sel, h).forEach((t, slot) => out.set(src.subarray((t * kvHeads + h) * dim, (t * kvHeads + h + 1) * dim), (h * slots + slot) * dim));
+      return out;
+    };
+    const arena = (data: Uint16Array) => ({ data, dtype: 'f16' as const, tokens: slots, heads: kvHeads, dim, layout: 'htd' as const });
+    const arenaSel = selectionOf(range(kvHeads).map(() => range(40).map((i) => i + 1)), slots, 4, 4, slots - 32);
+    const viaArena = attendSparse({
+      q,
+      qHeads,
+      k: arena(gather(k.tensor.data as Uint16Array)),
+      v: arena(gather(v.tensor.data as Uint16Array)),
+      selection: arenaSel,
+      threads: 2,
+    });
+    expect(Array.from(viaArena.out)).toEqual(Array.from(direct.out));
+    expect(Array.from(viaArena.lse)).toEqual(Array.from(direct.lse));
+    expect(Array.from(viaArena.chunkMass)).toEqual(Array.from(direct.chunkMass));
+  });
+});
+
 describe('mergeAttention', () => {
   it('merging two disjoint halves equals attention over the whole', () => {
     const kvHeads = 2;

@@ -35,7 +35,11 @@ export interface AttendDenseOptions {
   tokens?: number;
   /** Softmax scale, finite and > 0; default `1/sqrt(dim)`. */
   scale?: number;
-  /** Threads the kv heads are split across, integer in `[1, 8]`, default 1. Results do not depend on it. */
+  /**
+   * Threads the kv heads are split across, integer in `[1, 8]`, default 1. Results do not depend on
+   * it. Scales best on head-major (`'htd'`) tensors; on token-major ones every thread streams a part
+   * of every token row.
+   */
   threads?: number;
 }
 
