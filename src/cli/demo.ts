@@ -28,7 +28,7 @@ export const DEMO_DEFAULTS = {
   headDim: 128,
   dtype: 'f16' as const,
   seed: 1,
-  threads: 2,
+  threads: 1,
 };
 
 interface DemoCliOptions {
