@@ -10,7 +10,7 @@
  * stages) and slotBytes is a multiple of 64. The layout is plain data ({@link ArenaLayout}), so a
  * worker re-creates identical views from (buffer, layout) with {@link SharedArena.attach}.
  */
-import { fail } from '../errors.js';
+import { KvdriveError, fail } from '../errors.js';
 import type { ModelShape } from '../types.js';
 
 /** Element type of a region: f32 → Float32Array, i32 → Int32Array, f64 → Float64Array. */
@@ -63,7 +63,7 @@ export function planArena<R extends Record<string, RegionSpec>>(slots: number, r
   }
   const slotBytes = Math.max(ALIGN, offset);
   if (slotBytes * slots > maxBytes)
-    fail('E_NOMEM', 'shared arena size', `at most ${maxBytes} bytes`, `${slots} slots x ${slotBytes} bytes = ${slotBytes * slots} bytes`);
+    throw new KvdriveError('E_NOMEM', `shared arena size: expected at most ${maxBytes} bytes, got ${slots} slots x ${slotBytes} bytes = ${slotBytes * slots} bytes`);
   return { slots, slotBytes, regions: placed as ArenaLayout<R>['regions'] };
 }
 
