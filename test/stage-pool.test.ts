@@ -2,7 +2,8 @@
 // `npm run build:ts` before these tests.
 import { describe, expect, it } from 'vitest';
 import { readdirSync } from 'node:fs';
-import { Pipeline } from '../src/pipeline/pipeline.js';
+import { availableParallelism } from 'node:os';
+import { Pipeline, resolveSpinMicros } from '../src/pipeline/pipeline.js';
 import { StagePool } from '../src/pipeline/stage-pool.js';
 import { RingQueue } from '../src/pipeline/ring-queue.js';
 import { expectKvdError } from './helpers.js';
@@ -127,6 +128,14 @@ describe('Pipeline of stage pools', () => {
 });
 
 describe('validation', () => {
+  it("spinMicros 'auto' spins only when every thread can have its own core", async () => {
+    expect(resolveSpinMicros('auto', availableParallelism())).toBe(50);
+    expect(resolveSpinMicros('auto', availableParallelism() + 1)).toBe(0);
+    expect(resolveSpinMicros(7, 1000)).toBe(7);
+    await expectKvdError(() => resolveSpinMicros(-1, 1), 'E_CONFIG', /spinMicros: expected 'auto' or a number/);
+    await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0)], words: 4, spinMicros: 'fast' as never }), 'E_CONFIG', /spinMicros/);
+  });
+
   it('rejects bad pipeline and stage options with typed errors', async () => {
     await expectKvdError(() => Pipeline.start({ stages: [], words: 4 }), 'E_CONFIG', /stages: expected a non-empty array/);
     await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0)], words: 0 }), 'E_CONFIG', /words/);

@@ -9,6 +9,7 @@
  * are outstanding. A batch that fails in any stage is rejected with E_WORKER and does not reach
  * later stages; the other batches carry on.
  */
+import { availableParallelism } from 'node:os';
 import { KvdriveError, fail } from '../errors.js';
 import { RingQueue } from './ring-queue.js';
 import { StagePool, type StageSpec, type StageStats } from './stage-pool.js';
@@ -21,8 +22,14 @@ export interface PipelineOptions {
   words: number;
   /** Slots per ring (power of two, default 16): how many micro-batches may wait between stages. */
   capacity?: number;
-  /** Spin budget (µs) of every ring endpoint before sleeping; default 50. 0 = pure wait. */
-  spinMicros?: number;
+  /**
+   * Spin budget (µs) of every ring endpoint before sleeping; 0 = pure wait. Default 'auto': 50 µs
+   * when every pipeline thread (all stage workers + the main thread) can have a core of its own
+   * (os.availableParallelism()), else 0 — on an oversubscribed machine a spinning thread takes the
+   * core the thread it waits for needs, and hand-offs get 5–10x slower than sleeping
+   * (bench/pipeline.md).
+   */
+  spinMicros?: number | 'auto';
 }
 
 export interface PipelineStats {
@@ -30,6 +37,13 @@ export interface PipelineStats {
   /** Batches completed / rejected since start. */
   completed: number;
   failed: number;
+}
+
+/** Spin budget that 'auto' picks for `threads` busy threads on this machine. */
+export function resolveSpinMicros(spin: number | 'auto', threads: number): number {
+  if (spin === 'auto') return threads <= availableParallelism() ? 50 : 0;
+  if (typeof spin !== 'number' || !(spin >= 0 && spin <= 100_000)) fail('E_CONFIG', 'pipeline spinMicros', "'auto' or a number of µs in [0, 100000]", spin);
+  return spin;
 }
 
 interface Pending {
@@ -62,7 +76,8 @@ export class Pipeline {
     if (!Array.isArray(opts.stages) || opts.stages.length === 0) fail('E_CONFIG', 'pipeline stages', 'a non-empty array of stage specs', opts.stages);
     if (!Number.isInteger(opts.words) || opts.words < 1 || opts.words > 1023) fail('E_CONFIG', 'pipeline words', 'an integer in [1, 1023]', opts.words);
     const capacity = opts.capacity ?? 16;
-    const spinMicros = opts.spinMicros ?? 50;
+    const threads = opts.stages.reduce((n, s) => n + (s?.threads ?? 1), 1);
+    const spinMicros = resolveSpinMicros(opts.spinMicros ?? 'auto', threads);
     const rings: RingQueue[] = [];
     for (let i = 0; i <= opts.stages.length; i++) rings.push(RingQueue.create({ capacity, words: opts.words + 1, spinMicros }));
     const p = new Pipeline(rings, opts.words);
