@@ -10,3 +10,18 @@ export { createPolicy } from './index/policy.js';
 export type { SelectionPolicy, SelectStats } from './index/policy.js';
 export type { PolicyOptions } from './index/options.js';
 export type { Selection, PolicyName } from './index/selection.js';
+export {
+  attendDense,
+  attendDenseAsync,
+  attendSparse,
+  attendSparseAsync,
+  attentionWeights,
+  mergeAttention,
+} from './attention/kernels.js';
+export type {
+  AttendDenseOptions,
+  AttendSparseOptions,
+  AttentionResult,
+  SparseAttentionResult,
+  AttentionWeightsOptions,
+} from './attention/kernels.js';
