@@ -127,6 +127,30 @@ describe('Pipeline of stage pools', () => {
   });
 });
 
+describe('control requests', () => {
+  it('reach every worker, finish before the next batch runs, and keep handler error codes', async () => {
+    const p = await Pipeline.start({ stages: [{ ...stage('a', 1, 0), threads: 2 }], words: 4 });
+    expect((await p.submit([0, 5, 0, 0]))[3]).toBe(5);
+    const replies = (await p.control(0, { set: 100 })) as { worker: number; add: number }[];
+    expect(replies).toEqual([
+      { worker: 0, add: 100 },
+      { worker: 1, add: 100 },
+    ]);
+    const after = await Promise.all([1, 2, 3, 4].map((i) => p.submit([0, i, 0, 0])));
+    expect(after.map((r) => r[3])).toEqual([101, 102, 103, 104]);
+    await expectKvdError(() => p.control(0, { fail: 'E_SHAPE' }), 'E_SHAPE', /refused E_SHAPE/);
+    await expectKvdError(() => p.control(0, { fail: 'E_WHATEVER' }), 'E_WORKER', /control: E_WHATEVER/);
+    await expectKvdError(() => p.control(3, {}), 'E_RANGE', /stage: expected an index in \[0, 1\)/);
+    await p.close();
+  });
+
+  it('a stage without a control handler answers E_CONFIG', async () => {
+    const p = await Pipeline.start({ stages: [stage('a', 1, 0, { plain: true })], words: 4 });
+    await expectKvdError(() => p.control(0, {}), 'E_CONFIG', /without/);
+    await p.close();
+  });
+});
+
 describe('validation', () => {
   it("spinMicros 'auto' spins only when every thread can have its own core", async () => {
     expect(resolveSpinMicros('auto', availableParallelism())).toBe(50);

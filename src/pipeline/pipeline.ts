@@ -141,6 +141,14 @@ export class Pipeline {
     return { stages: await Promise.all(this.pools.map((p) => p.stats())), completed: this.completed, failed: this.failed };
   }
 
+  /** Sends a control request to every worker of stage `stage` (index); see StagePool.control. */
+  async control(stage: number, request: unknown): Promise<unknown[]> {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'pipeline control: expected an open pipeline, got one that was closed');
+    const pool = this.pools[stage];
+    if (!pool) fail('E_RANGE', 'pipeline control stage', `an index in [0, ${this.pools.length})`, stage);
+    return pool.control(request);
+  }
+
   /** Changes the spin budget of every worker endpoint (µs). */
   configure(opts: { spinMicros: number }): void {
     for (const p of this.pools) p.configure(opts);

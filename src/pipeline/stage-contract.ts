@@ -24,7 +24,20 @@ export interface StageContext {
  */
 export type StageFn = (desc: Int32Array) => void | Promise<void>;
 
-export type CreateStage = (init: unknown, ctx: StageContext) => StageFn | Promise<StageFn>;
+/**
+ * Handles a control-plane request sent with `StagePool.control()` (e.g. "build the index of this
+ * sequence"). Runs on the worker's event loop between micro-batches: the worker takes no descriptor
+ * until the returned promise settles, so a handler never races the stage function.
+ */
+export type ControlFn = (request: unknown) => unknown;
+
+/** A stage with a control handler. */
+export interface StageHandlers {
+  run: StageFn;
+  control?: ControlFn;
+}
+
+export type CreateStage = (init: unknown, ctx: StageContext) => StageFn | StageHandlers | Promise<StageFn | StageHandlers>;
 
 /** Per-worker counters reported over the control plane. Times in milliseconds. */
 export interface StageWorkerStats {
@@ -76,7 +89,11 @@ export type WorkerMessage =
   | { type: 'ready' }
   | { type: 'initError'; code: string; message: string }
   | { type: 'batchError'; ticket: number; code: string; message: string }
-  | { type: 'stats'; id: number; stats: StageWorkerStats };
+  | { type: 'stats'; id: number; stats: StageWorkerStats }
+  | { type: 'controlResult'; id: number; ok: boolean; value?: unknown; code?: string; message?: string };
 
 /** Messages pool → worker (each one is announced by incrementing CW_POSTED). */
-export type PoolMessage = { type: 'stats'; id: number } | { type: 'config'; spinMicros: number };
+export type PoolMessage =
+  | { type: 'stats'; id: number }
+  | { type: 'config'; spinMicros: number }
+  | { type: 'control'; id: number; request: unknown };

@@ -20,7 +20,7 @@ import { Worker } from 'node:worker_threads';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { KvdriveError, fail } from '../errors.js';
+import { ErrorCodes, KvdriveError, fail, type ErrorCode } from '../errors.js';
 import { RingQueue } from './ring-queue.js';
 import {
   CTRL_STOP,
@@ -96,6 +96,8 @@ interface Slot {
   ready: Promise<void>;
   /** Outstanding stats requests id → resolver. */
   statsWaiters: Map<number, (s: StageWorkerStats | undefined) => void>;
+  /** Outstanding control requests id → settle. */
+  controlWaiters: Map<number, { resolve: (v: unknown) => void; reject: (e: KvdriveError) => void }>;
   exited: Promise<void>;
   lastError?: Error;
 }
@@ -104,7 +106,7 @@ export class StagePool {
   readonly name: string;
   readonly threads: number;
   private readonly opts: StagePoolOptions;
-  private readonly control: Int32Array;
+  private readonly ctrl: Int32Array;
   private readonly moduleUrl: string;
   private readonly workerPath: string;
   private readonly slots: Slot[] = [];
@@ -120,7 +122,7 @@ export class StagePool {
     this.name = opts.name;
     this.threads = threads;
     this.spinMicros = spinMicros;
-    this.control = new Int32Array(new SharedArrayBuffer(controlWords(threads) * 4));
+    this.ctrl = new Int32Array(new SharedArrayBuffer(controlWords(threads) * 4));
     this.moduleUrl = opts.module.startsWith('file:') ? opts.module : pathToFileURL(opts.module).href;
     this.workerPath = stageWorkerPath();
   }
@@ -164,8 +166,8 @@ export class StagePool {
 
   private spawn(index: number): Slot {
     const rec = workerRecord(index);
-    Atomics.store(this.control, rec + CW_POSTED, 0);
-    Atomics.store(this.control, rec + CW_BUSY, 0);
+    Atomics.store(this.ctrl, rec + CW_POSTED, 0);
+    Atomics.store(this.ctrl, rec + CW_BUSY, 0);
     const data: StageWorkerData = {
       stage: this.name,
       index,
@@ -173,7 +175,7 @@ export class StagePool {
       init: this.opts.init,
       input: this.opts.input.buffer,
       output: this.opts.output.buffer,
-      control: this.control.buffer as SharedArrayBuffer,
+      control: this.ctrl.buffer as SharedArrayBuffer,
       spinMicros: this.spinMicros,
     };
     const worker = new Worker(this.workerPath, { workerData: data });
@@ -185,7 +187,7 @@ export class StagePool {
     });
     ready.catch(() => {}); // observed by start() or the respawn path
     let isReady = false;
-    const slot: Slot = { worker, ready, statsWaiters: new Map(), exited: undefined as unknown as Promise<void> };
+    const slot: Slot = { worker, ready, statsWaiters: new Map(), controlWaiters: new Map(), exited: undefined as unknown as Promise<void> };
     worker.on('message', (m: WorkerMessage) => {
       switch (m.type) {
         case 'ready':
@@ -207,6 +209,18 @@ export class StagePool {
           w?.(m.stats);
           break;
         }
+        case 'controlResult': {
+          const w = slot.controlWaiters.get(m.id);
+          slot.controlWaiters.delete(m.id);
+          if (!w) break;
+          if (m.ok) w.resolve(m.value);
+          else {
+            // keep the handler's own error code (e.g. E_SHAPE from an index build)
+            const code = (ErrorCodes as readonly string[]).includes(m.code!) ? (m.code as ErrorCode) : 'E_WORKER';
+            w.reject(new KvdriveError(code, code === 'E_WORKER' ? `stage '${this.name}' worker ${index} control: ${m.code}: ${m.message}` : m.message!));
+          }
+          break;
+        }
       }
     });
     worker.on('error', (e) => (slot.lastError = e));
@@ -214,6 +228,9 @@ export class StagePool {
       worker.on('exit', (code) => {
         for (const w of slot.statsWaiters.values()) w(undefined);
         slot.statsWaiters.clear();
+        for (const w of slot.controlWaiters.values())
+          w.reject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected a control reply, got the worker exiting (code ${code})`));
+        slot.controlWaiters.clear();
         if (!isReady) readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to start, got exit code ${code}${slot.lastError ? ` (${slot.lastError.message})` : ''}`));
         if (!this.closing && this.slots[index] === slot) this.onDeath(index, slot, code);
         resolve();
@@ -227,9 +244,9 @@ export class StagePool {
   private onDeath(index: number, slot: Slot, code: number): void {
     const rec = workerRecord(index);
     const why = slot.lastError ? `uncaught ${slot.lastError.name}: ${slot.lastError.message}` : `exit code ${code}`;
-    if (Atomics.load(this.control, rec + CW_BUSY) === 1) {
-      const ticket = Atomics.load(this.control, rec + CW_TICKET);
-      Atomics.store(this.control, rec + CW_BUSY, 0);
+    if (Atomics.load(this.ctrl, rec + CW_BUSY) === 1) {
+      const ticket = Atomics.load(this.ctrl, rec + CW_TICKET);
+      Atomics.store(this.ctrl, rec + CW_BUSY, 0);
       this.opts.onBatchError(ticket, new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to finish batch ${ticket}, got the worker dying (${why})`));
     }
     this.restarts++;
@@ -244,7 +261,7 @@ export class StagePool {
   /** Sends a control message to worker `index` and wakes it so its loop yields to its event loop. */
   private post(index: number, m: PoolMessage): void {
     this.slots[index]!.worker.postMessage(m);
-    Atomics.add(this.control, workerRecord(index) + CW_POSTED, 1);
+    Atomics.add(this.ctrl, workerRecord(index) + CW_POSTED, 1);
     this.opts.input.wakeConsumers();
   }
 
@@ -254,6 +271,24 @@ export class StagePool {
     if (typeof s !== 'number' || !(s >= 0 && s <= 100_000)) fail('E_CONFIG', `stage '${this.name}' spinMicros`, 'a number in [0, 100000]', s);
     this.spinMicros = s;
     for (let i = 0; i < this.slots.length; i++) this.post(i, { type: 'config', spinMicros: s });
+  }
+
+  /**
+   * Sends `request` to every worker's control handler (see ControlFn) and resolves with their
+   * replies in worker order. A handler error rejects with its own error code (or E_WORKER).
+   */
+  async control(request: unknown): Promise<unknown[]> {
+    if (this.closing) throw new KvdriveError('E_CLOSED', `stage '${this.name}' control: expected an open pool, got one that was closed`);
+    return Promise.all(
+      this.slots.map(
+        (slot, i) =>
+          new Promise<unknown>((resolve, reject) => {
+            const id = this.nextStatsId++;
+            slot.controlWaiters.set(id, { resolve, reject });
+            this.post(i, { type: 'control', id, request });
+          }),
+      ),
+    );
   }
 
   /** Collects the workers' counters over the control plane. */
@@ -291,7 +326,7 @@ export class StagePool {
    */
   async close(): Promise<void> {
     this.closing = true;
-    Atomics.store(this.control, CTRL_STOP, 1);
+    Atomics.store(this.ctrl, CTRL_STOP, 1);
     this.opts.input.wakeConsumers();
     const all = Promise.all(this.allExits);
     let timer: NodeJS.Timeout | undefined;

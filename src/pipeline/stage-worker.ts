@@ -11,13 +11,14 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
 import { RingQueue } from './ring-queue.js';
-import { isKvdriveError } from '../errors.js';
+import { KvdriveError, isKvdriveError } from '../errors.js';
 import {
   CTRL_STOP,
   CW_BUSY,
   CW_POSTED,
   CW_TICKET,
   workerRecord,
+  type ControlFn,
   type CreateStage,
   type PoolMessage,
   type StageFn,
@@ -37,17 +38,38 @@ const input = RingQueue.attach(data.input, { spinMicros: data.spinMicros });
 const output = RingQueue.attach(data.output, { spinMicros: data.spinMicros });
 const stats: StageWorkerStats = { worker: data.index, items: 0, errors: 0, busyMs: 0, waitInputMs: 0, waitOutputMs: 0 };
 let handled = 0;
+let control: ControlFn | undefined;
+// Control messages are handled strictly one after another (an async handler finishes before the
+// next starts) and `handled` counts finished ones; the loop takes no descriptor while behind.
+let controlChain: Promise<void> = Promise.resolve();
+let caughtUp: (() => void) | undefined;
 
 const send = (m: WorkerMessage) => port.postMessage(m);
 
-port.on('message', (m: PoolMessage) => {
+async function handle(m: PoolMessage): Promise<void> {
   if (m.type === 'stats') send({ type: 'stats', id: m.id, stats: { ...stats } });
   else if (m.type === 'config') {
     input.spinMicros = m.spinMicros;
     output.spinMicros = m.spinMicros;
+  } else if (m.type === 'control') {
+    try {
+      if (!control) throw new KvdriveError('E_CONFIG', `stage '${data.stage}' control: expected a stage with a control handler, got one without`);
+      send({ type: 'controlResult', id: m.id, ok: true, value: await control(m.request) });
+    } catch (e) {
+      send({ type: 'controlResult', id: m.id, ok: false, ...errorInfo(e) });
+    }
   }
-  handled++;
+}
+
+port.on('message', (m: PoolMessage) => {
+  controlChain = controlChain.then(() => handle(m)).then(() => {
+    handled++;
+    caughtUp?.();
+  });
 });
+
+/** Resolves once some control message finished (the loop then re-checks the count). */
+const controlProgress = () => new Promise<void>((r) => (caughtUp = r));
 
 function errorInfo(e: unknown): { code: string; message: string } {
   if (isKvdriveError(e)) return { code: e.code, message: e.message };
@@ -55,15 +77,15 @@ function errorInfo(e: unknown): { code: string; message: string } {
   return { code: 'Error', message: String(e) };
 }
 
-const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
-
 async function run(fn: StageFn): Promise<void> {
   const desc = new Int32Array(input.words);
   const user = desc.subarray(1); // word 0 is the pipeline's ticket
   for (;;) {
     if (Atomics.load(ctrl, CTRL_STOP) !== 0) return;
     if (Atomics.load(ctrl, rec + CW_POSTED) !== handled) {
-      await yieldToEventLoop();
+      // Behind on the control plane: wait (on the event loop, so messages arrive) for a message to
+      // finish; a short timer covers a message posted but not yet delivered.
+      await Promise.race([controlProgress(), new Promise<void>((r) => setTimeout(r, 1))]);
       continue;
     }
     let t = performance.now();
@@ -112,8 +134,12 @@ async function main(): Promise<void> {
       createStage?: CreateStage;
     };
     if (typeof mod.createStage !== 'function') throw new Error(`${data.moduleUrl} does not export a function createStage(init, ctx)`);
-    fn = await mod.createStage(data.init, { stage: data.stage, worker: data.index });
-    if (typeof fn !== 'function') throw new Error(`createStage of ${data.moduleUrl} returned ${typeof fn}, not a function`);
+    const made = await mod.createStage(data.init, { stage: data.stage, worker: data.index });
+    if (typeof made === 'function') fn = made;
+    else if (made !== null && typeof made === 'object' && typeof made.run === 'function') {
+      fn = made.run;
+      control = made.control;
+    } else throw new Error(`createStage of ${data.moduleUrl} returned ${typeof made}, not a function or { run, control? }`);
   } catch (e) {
     send({ type: 'initError', ...errorInfo(e) });
     port.close();

@@ -11,7 +11,15 @@ export function createStage(init, ctx) {
     if (init.failOnRespawn && n > 0) throw new Error('replacement refused');
   }
   const arena = init?.arena ? new Float64Array(init.arena) : undefined;
-  return (desc) => {
+  // control: {set: n} changes `add` after an async delay (the loop must not run batches meanwhile);
+  // {fail: code} throws an error carrying that code.
+  const control = async (req) => {
+    if (req.fail) throw Object.assign(new Error(`refused ${req.fail}`), { name: 'KvdriveError', code: req.fail });
+    await new Promise((r) => setTimeout(r, 20));
+    init.add = req.set;
+    return { worker: ctx.worker, add: init.add };
+  };
+  const run = (desc) => {
     switch (desc[0]) {
       case 1:
         throw new Error(`boom ${desc[1]}`);
@@ -29,4 +37,5 @@ export function createStage(init, ctx) {
         if (arena) arena[desc[2]] += desc[3];
     }
   };
+  return init?.plain ? run : { run, control };
 }
