@@ -25,3 +25,7 @@ export type {
   SparseAttentionResult,
   AttentionWeightsOptions,
 } from './attention/kernels.js';
+export { openRuntime } from './pipeline/runtime.js';
+export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry } from './pipeline/runtime.js';
+export type { StageStats } from './pipeline/stage-pool.js';
+export type { StageWorkerStats } from './pipeline/stage-contract.js';
