@@ -2,18 +2,17 @@
 // context reproduces dense attention, stats, and typed errors. Pipelined mode starts workers from
 // dist/: run `npm run build:ts` first.
 import { describe, expect, it } from 'vitest';
-import { readdirSync } from 'node:fs';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
 import { attendDense } from '../src/attention/kernels.js';
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
+import { osThreads } from './threads.js';
 import { distPath } from './dist.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
 const PROMPT = 300;
 const SEQS = 3;
 const STEPS = 5;
-const osThreads = () => readdirSync('/proc/self/task').length;
 
 const kvt = (data: Float32Array, tokens: number): KvTensor => ({ data, dtype: 'f32', tokens, heads: shape.kvHeads, dim: shape.headDim });
 
@@ -50,7 +49,7 @@ const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLeng
 describe('Runtime', () => {
   it('pipelined outputs are bit-identical to sequential ones (kvdrive policy, micro-batches of 2)', async () => {
     distPath('src/pipeline/decode-stages.js');
-    const before = osThreads();
+    const before = await osThreads();
     const opts: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
     const seq = await openRuntime({ ...opts, mode: 'sequential' });
     const a = await decode(seq, 11);
@@ -78,7 +77,7 @@ describe('Runtime', () => {
     expect(ps.stallMs).toBeGreaterThanOrEqual(0);
     await seq.close();
     await pip.close();
-    expect(osThreads()).toBe(before);
+    expect(await osThreads()).toBe(before);
   });
 
   it.each(['sequential', 'pipelined'] as const)('%s: a budget covering the context reproduces dense attention exactly', async (mode) => {

@@ -1,12 +1,12 @@
 // Stage pools and pipelines over real worker threads. Workers load compiled code: run
 // `npm run build:ts` before these tests.
 import { describe, expect, it } from 'vitest';
-import { readdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { Pipeline, resolveSpinMicros } from '../src/pipeline/pipeline.js';
 import { StagePool } from '../src/pipeline/stage-pool.js';
 import { RingQueue } from '../src/pipeline/ring-queue.js';
 import { expectKvdError } from './helpers.js';
+import { osThreads } from './threads.js';
 import { distPath, testWorker } from './dist.js';
 
 distPath('src/pipeline/stage-worker.js'); // fail early with the build hint
@@ -16,12 +16,10 @@ const stage = (name: string, mul: number, add: number, extra: Record<string, unk
   module: fixture,
   init: { mul, add, ...extra },
 });
-/** OS threads of this process (Linux): a closed pool must give back every thread it started. */
-const osThreads = () => readdirSync('/proc/self/task').length;
 
 describe('Pipeline of stage pools', () => {
   it('runs many batches through two stages over shared memory, nothing over postMessage per batch', async () => {
-    const before = osThreads();
+    const before = await osThreads();
     const arena = new SharedArrayBuffer(8 * 8);
     const p = await Pipeline.start({ stages: [stage('a', 2, 1), stage('b', 3, 0, { arena })], words: 4, capacity: 8 });
     const n = 2000;
@@ -41,7 +39,7 @@ describe('Pipeline of stage pools', () => {
       ['b', n, 0],
     ]);
     await p.close();
-    expect(osThreads()).toBe(before);
+    expect(await osThreads()).toBe(before);
   });
 
   it('a throwing stage function rejects only its batch with E_WORKER; the next batch succeeds', async () => {
@@ -60,14 +58,14 @@ describe('Pipeline of stage pools', () => {
   });
 
   it('a worker that calls process.exit rejects its batch with E_WORKER, is replaced, and the next batch succeeds', async () => {
-    const before = osThreads();
+    const before = await osThreads();
     const p = await Pipeline.start({ stages: [stage('a', 1, 0), stage('b', 1, 1)], words: 4 });
     await expectKvdError(() => p.submit([2, 0, 0, 0]), 'E_WORKER', /stage 'a' worker 0: expected it to finish batch \d+, got the worker dying \(exit code 3\)/);
     expect((await p.submit([0, 10, 0, 0]))[3]).toBe(11);
     const st = await p.stats();
     expect(st.stages[0]!.restarts).toBe(1);
     await p.close();
-    expect(osThreads()).toBe(before);
+    expect(await osThreads()).toBe(before);
   });
 
   it('an uncaught error inside a worker rejects its batch with E_WORKER and the pool recovers', async () => {
@@ -99,9 +97,9 @@ describe('Pipeline of stage pools', () => {
   });
 
   it('close rejects outstanding batches with E_CLOSED, leaves no threads, and later use fails', async () => {
-    const before = osThreads();
+    const before = await osThreads();
     const p = await Pipeline.start({ stages: [stage('a', 1, 0), stage('b', 1, 0)], words: 4, capacity: 2 });
-    expect(osThreads()).toBeGreaterThan(before);
+    expect(await osThreads()).toBeGreaterThan(before);
     // settle() observes each rejection now, so none is unhandled while close() runs
     const settle = (x: Promise<Int32Array>) => x.then(() => undefined, (e: unknown) => e);
     const stuck = settle(p.submit([4, 0, 0, 0])); // spins forever inside stage a
@@ -112,7 +110,7 @@ describe('Pipeline of stage pools', () => {
     for (const q of queued) await expectKvdError(async () => { throw await q; }, 'E_CLOSED');
     await expectKvdError(() => p.submit([0, 1, 0, 0]), 'E_CLOSED', /expected an open pipeline/);
     await expectKvdError(() => p.stats(), 'E_CLOSED');
-    expect(osThreads()).toBe(before);
+    expect(await osThreads()).toBe(before);
   });
 
   it('control plane: stats and configure reach sleeping workers', async () => {
@@ -172,9 +170,9 @@ describe('validation', () => {
   });
 
   it('a stage whose createStage throws fails start with E_WORKER and leaves no threads', async () => {
-    const before = osThreads();
+    const before = await osThreads();
     await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { failInit: true })], words: 4 }), 'E_WORKER', /expected createStage to succeed, got Error: Error: init refused/);
-    expect(osThreads()).toBe(before);
+    expect(await osThreads()).toBe(before);
   });
 
   it('StagePool.close terminates a worker stuck in its stage function after closeTimeoutMs', async () => {
