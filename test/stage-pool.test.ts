@@ -142,6 +142,19 @@ describe('control requests', () => {
     await p.close();
   });
 
+  it('a replacement worker replays the control requests of `replay` before taking batches', async () => {
+    let add = 0;
+    const p = await Pipeline.start({ stages: [{ ...stage('a', 1, 0), replay: () => [{ set: add }] }], words: 4 });
+    await p.control(0, { set: 50 });
+    add = 50; // what the host records as the stage's state
+    expect((await p.submit([0, 1, 0, 0]))[3]).toBe(51);
+    await expectKvdError(() => p.submit([2, 0, 0, 0]), 'E_WORKER', /dying/);
+    // the replacement starts with init.add = 0 but must see the replayed {set: 50} first
+    expect((await p.submit([0, 2, 0, 0]))[3]).toBe(52);
+    expect((await p.stats()).stages[0]!.restarts).toBe(1);
+    await p.close();
+  });
+
   it('a stage without a control handler answers E_CONFIG', async () => {
     const p = await Pipeline.start({ stages: [stage('a', 1, 0, { plain: true })], words: 4 });
     await expectKvdError(() => p.control(0, {}), 'E_CONFIG', /without/);

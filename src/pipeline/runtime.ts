@@ -14,7 +14,7 @@ import { KvdriveError, describe, fail } from '../errors.js';
 import { resolvePolicyOptions, type PolicyOptions } from '../index/options.js';
 import type { PolicyName } from '../index/selection.js';
 import type { KvTensor, ModelShape } from '../types.js';
-import { DecodeState, TIMING_COMPUTE, TIMING_SELECTION, type DecodeInit, type DecodeRegions } from './decode-stages.js';
+import { DecodeState, TIMING_COMPUTE, TIMING_SELECTION, type DecodeControl, type DecodeInit, type DecodeRegions } from './decode-stages.js';
 import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
@@ -170,11 +170,14 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     arena: { buffer: arena.buffer, layout: arena.layout },
   };
   let pipeline: Pipeline | undefined;
+  // The selection worker owns the indexes; if it dies, its replacement rebuilds every index from
+  // the shared store (up to each layer's current length) before it takes a micro-batch.
+  let replay: () => unknown[] = () => [];
   if (mode === 'pipelined') {
     const module = decodeStagesModule();
     pipeline = await Pipeline.start({
       stages: [
-        { name: 'selection', module, init: { ...init, role: 'selection' } },
+        { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
         { name: 'compute', module, init: { ...init, role: 'compute' } },
       ],
       words: 3,
@@ -182,7 +185,9 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       spinMicros: o.spinMicros,
     });
   }
-  return new Runtime(init, store, arena, mode, microBatch, pipeline);
+  const rt = new Runtime(init, store, arena, mode, microBatch, pipeline);
+  replay = () => rt.indexRebuildRequests();
+  return rt;
 }
 
 /** See {@link openRuntime}. Calls to attend/prefill/closeSequence run one at a time, in call order. */
@@ -220,6 +225,19 @@ export class Runtime {
     this.tokens = new Int32Array(maxSequences * init.shape.layers).fill(-1);
     this.open = new Uint8Array(maxSequences);
     this.freeSlots = Array.from({ length: arena.layout.slots }, (_, i) => i);
+  }
+
+  /** @internal Build requests recreating every index at its current length (selection worker replacement). */
+  indexRebuildRequests(): DecodeControl[] {
+    const L = this.shape.layers;
+    const out: DecodeControl[] = [];
+    for (let seq = 0; seq < this.open.length; seq++)
+      if (this.open[seq] === 1)
+        for (let l = 0; l < L; l++) {
+          const tokens = this.tokens[seq * L + l]!;
+          if (tokens >= 0) out.push({ type: 'build', seq, layer: l, tokens });
+        }
+    return out;
   }
 
   private serial<T>(fn: () => Promise<T> | T): Promise<T> {
@@ -395,9 +413,9 @@ export class Runtime {
   /** Stops the workers (pipelined) and frees the runtime; later calls fail with E_CLOSED. */
   async close(): Promise<void> {
     if (this.closed) return;
-    await this.queue; // let the operation in progress finish
-    this.closed = true;
-    await this.pipeline?.close();
+    this.closed = true; // later calls, and calls queued behind the current one, fail with E_CLOSED
+    await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
+    await this.queue;
   }
 }
 

@@ -49,6 +49,12 @@ export interface StageSpec {
   init?: unknown;
   /** Worker threads of this stage, 1..16 (default 1: the targets have 2 cores). */
   threads?: number;
+  /**
+   * For stages with per-worker state (e.g. the selection indexes): called when a worker died and a
+   * replacement is starting; returns control requests that the replacement handles, in order,
+   * before it takes any descriptor (so it rebuilds its state first). A failing replay is fatal.
+   */
+  replay?: () => unknown[];
 }
 
 /** Options of {@link StagePool.start}. */
@@ -252,10 +258,14 @@ export class StagePool {
     this.restarts++;
     const fresh = this.spawn(index);
     this.slots[index] = fresh;
-    fresh.ready.catch((e: KvdriveError) => {
+    const fatal = (e: KvdriveError) => {
       if (this.closing) return;
       this.opts.onFatal?.(new KvdriveError('E_WORKER', `stage '${this.name}': expected a replacement worker after a death (${why}), got: ${e.message}`));
-    });
+    };
+    fresh.ready.catch(fatal);
+    // Posted now, before the replacement runs its loop: its loop handles every announced control
+    // message before it pops a descriptor.
+    for (const request of this.opts.replay?.() ?? []) this.controlOne(index, request).catch(fatal);
   }
 
   /** Sends a control message to worker `index` and wakes it so its loop yields to its event loop. */
@@ -279,16 +289,16 @@ export class StagePool {
    */
   async control(request: unknown): Promise<unknown[]> {
     if (this.closing) throw new KvdriveError('E_CLOSED', `stage '${this.name}' control: expected an open pool, got one that was closed`);
-    return Promise.all(
-      this.slots.map(
-        (slot, i) =>
-          new Promise<unknown>((resolve, reject) => {
-            const id = this.nextStatsId++;
-            slot.controlWaiters.set(id, { resolve, reject });
-            this.post(i, { type: 'control', id, request });
-          }),
-      ),
-    );
+    return Promise.all(this.slots.map((_, i) => this.controlOne(i, request)));
+  }
+
+  private controlOne(index: number, request: unknown): Promise<unknown> {
+    const slot = this.slots[index]!;
+    return new Promise<unknown>((resolve, reject) => {
+      const id = this.nextStatsId++;
+      slot.controlWaiters.set(id, { resolve, reject });
+      this.post(index, { type: 'control', id, request });
+    });
   }
 
   /** Collects the workers' counters over the control plane. */

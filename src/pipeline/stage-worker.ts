@@ -41,7 +41,10 @@ let handled = 0;
 let control: ControlFn | undefined;
 // Control messages are handled strictly one after another (an async handler finishes before the
 // next starts) and `handled` counts finished ones; the loop takes no descriptor while behind.
-let controlChain: Promise<void> = Promise.resolve();
+// Messages can arrive before createStage has finished (a replacement's replay is posted at spawn):
+// the chain starts behind initialization.
+let initDone!: () => void;
+let controlChain: Promise<void> = new Promise<void>((r) => (initDone = r));
 let caughtUp: (() => void) | undefined;
 
 const send = (m: WorkerMessage) => port.postMessage(m);
@@ -145,6 +148,7 @@ async function main(): Promise<void> {
     port.close();
     return;
   }
+  initDone();
   send({ type: 'ready' });
   await run(fn);
   port.close(); // nothing else keeps the thread alive: it exits
