@@ -125,6 +125,22 @@ describe('Runtime', () => {
 });
 
 describe('Runtime errors', () => {
+  it('pipelined close rejects queued calls with E_CLOSED and leaves no threads', async () => {
+    const before = await osThreads();
+    const rt = await openRuntime({ shape, budget: 8, mode: 'pipelined', maxSequences: 1, maxTokens: 400 });
+    const c = makeCase(4);
+    const s = rt.createSequence();
+    await rt.prefill(s, 0, kvt(c.prompt(0, 0, 0), PROMPT), kvt(c.prompt(0, 0, 1), PROMPT));
+    const entry = { seq: s, q: c.step(0, 0, 0, 0, 64), kNew: c.step(0, 0, 0, 1, 32), vNew: c.step(0, 0, 0, 2, 32) };
+    const settle = (x: Promise<unknown>) => x.then(() => undefined, (e: unknown) => e);
+    const queued = [settle(rt.attend(0, [entry])), settle(rt.attend(0, [entry]))];
+    await rt.close();
+    for (const q of queued) await expectKvdError(async () => { throw await q; }, 'E_CLOSED', /closed/);
+    await expectKvdError(() => rt.prefill(s, 0, kvt(c.prompt(0, 0, 0), PROMPT), kvt(c.prompt(0, 0, 1), PROMPT)), 'E_CLOSED');
+    expect(() => rt.createSequence()).toThrow(/closed/);
+    expect(await osThreads()).toBe(before);
+  });
+
   it('rejects bad options', async () => {
     await expectKvdError(() => openRuntime({ shape, budget: 0 }), 'E_CONFIG', /options.budget: expected an integer >= 1, got 0/);
     await expectKvdError(() => openRuntime({ shape: { ...shape, qHeads: 3 }, budget: 8 }), 'E_CONFIG', /options.shape: expected .* multiple of kvHeads/);
