@@ -158,7 +158,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
-  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, threads })
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
     try {
       if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
@@ -183,6 +183,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
         cfg_.candidateFactor = v;
+      }
+      Napi::Value vw = o.Get("varianceWeight");
+      if (!vw.IsUndefined()) {
+        double v = vw.IsNumber() ? vw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.varianceWeight = v;
       }
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +

@@ -65,29 +65,70 @@ KVD_INLINE float DotBody(const float* a, const float* b, int dim) {
   return out;
 }
 
-KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim) {
+// Four rows at a time against one vector: independent accumulators hide the add latency; each
+// row's sum still runs in DotBody's order, so out[i] == DotBody(x_i, c) exactly.
+KVD_INLINE void DotsManyBody(const float* x, size_t n, int dim, const float* c, float* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* r0 = x + i * dim;
+    const float* r1 = r0 + dim;
+    const float* r2 = r1 + dim;
+    const float* r3 = r2 + dim;
+    v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      v16 cv = Load16(c + d);
+      a0 += Load16(r0 + d) * cv;
+      a1 += Load16(r1 + d) * cv;
+      a2 += Load16(r2 + d) * cv;
+      a3 += Load16(r3 + d) * cv;
+    }
+    v16* acc[4] = {&a0, &a1, &a2, &a3};
+    const float* rows[4] = {r0, r1, r2, r3};
+    for (int r = 0; r < 4; ++r) {
+      float l[16];
+      std::memcpy(l, acc[r], sizeof(l));
+      for (int t = 0; d + t < dim; ++t) l[t] += rows[r][d + t] * c[d + t];
+      std::memcpy(acc[r], l, sizeof(l));
+      out[i + r] = Reduce16(*acc[r]);
+    }
+  }
+  for (; i < n; ++i) out[i] = DotBody(x + i * dim, c, dim);
+}
+
+KVD_INLINE void RowNormsBody(const float* x, size_t n, int dim, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = DotBody(x + i * dim, x + i * dim, dim);
+}
+
+// max_j (q_j·row + coef[j] * var); coef == nullptr means no variance term.
+KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim, const float* coef, float var) {
   float best = -std::numeric_limits<float>::infinity();
   float out[4];
   int j = 0;
   for (; j + 4 <= group; j += 4) {
     const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
     Dots<4>(qs, row, dim, out);
+    if (coef)
+      for (int t = 0; t < 4; ++t) out[t] += coef[j + t] * var;
     for (int t = 0; t < 4; ++t) best = out[t] > best ? out[t] : best;
   }
   for (; j < group; ++j) {
     float s = DotBody(q + size_t(j) * dim, row, dim);
+    if (coef) s += coef[j] * var;
     best = s > best ? s : best;
   }
   return best;
 }
 
-KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim);
+KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                                 const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim, var ? coef : nullptr, var ? var[i] : 0.f);
 }
 
 KVD_INLINE void ScoreRowsMaxGatherBody(const float* q, int group, const float* rows, const int32_t* ids, size_t n,
-                                       int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim);
+                                       int dim, float* out, const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i)
+    out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim, var ? coef : nullptr, var ? var[ids[i]] : 0.f);
 }
 
 KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, int dim) {
@@ -170,20 +211,28 @@ KVD_INLINE void NearestBody(const float* x, const float* xnorm, size_t n, const 
 
 struct Table {
   float (*dot)(const float*, const float*, int);
-  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*);
-  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*);
+  void (*dotsMany)(const float*, size_t, int, const float*, float*);
+  void (*rowNorms)(const float*, size_t, int, float*);
+  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*, const float*,
+                             const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
 };
 
 #define KVD_INDEX_LEVEL(NAME, ATTR)                                                                             \
   ATTR float Dot##NAME(const float* a, const float* b, int dim) { return DotBody(a, b, dim); }                  \
-  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out) {      \
-    ScoreRowsMaxBody(q, g, rows, n, dim, out);                                                                  \
+  ATTR void DotsMany##NAME(const float* x, size_t n, int dim, const float* c, float* out) {                    \
+    DotsManyBody(x, n, dim, c, out);                                                                            \
+  }                                                                                                             \
+  ATTR void RowNorms##NAME(const float* x, size_t n, int dim, float* out) { RowNormsBody(x, n, dim, out); }     \
+  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out,        \
+                                const float* var, const float* coef) {                                         \
+    ScoreRowsMaxBody(q, g, rows, n, dim, out, var, coef);                                                       \
   }                                                                                                             \
   ATTR void ScoreRowsMaxGather##NAME(const float* q, int g, const float* rows, const int32_t* ids, size_t n,   \
-                                     int dim, float* out) {                                                    \
-    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out);                                                       \
+                                     int dim, float* out, const float* var, const float* coef) {               \
+    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out, var, coef);                                            \
   }                                                                                                             \
   ATTR void ScoreMinMax##NAME(const float* q, int g, const float* mn, const float* mx, size_t n, int dim,      \
                               float* out) {                                                                    \
@@ -193,7 +242,7 @@ struct Table {
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody(x, xn, n, ct, cn, k, dim, best, dist);                                                          \
   }                                                                                                             \
-  const Table k##NAME = {Dot##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, Nearest##NAME};
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, Nearest##NAME};
 
 KVD_INDEX_LEVEL(Scalar, )
 KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2"))))
@@ -244,13 +293,16 @@ void SetIndexKernelCap(SimdLevel cap) { g_cap = cap; }
 SimdLevel IndexKernelCap() { return g_cap; }
 
 float DotFixed(const float* a, const float* b, int dim) { return Active().dot(a, b, dim); }
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out) { Active().dotsMany(x, n, dim, c, out); }
+void RowNormsFixed(const float* x, size_t n, int dim, float* out) { Active().rowNorms(x, n, dim, out); }
 
-void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  Active().scoreRowsMax(q, group, rows, n, dim, out);
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out, const float* var,
+                  const float* coef) {
+  Active().scoreRowsMax(q, group, rows, n, dim, out, var, coef);
 }
 void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
-                        float* out) {
-  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out);
+                        float* out, const float* var, const float* coef) {
+  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out, var, coef);
 }
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);

@@ -71,7 +71,12 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1) {
     H.maxs.resize(base + n);
     ChunkMinMax(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, H.maxs.data() + base);
   } else {
-    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base);
+    float* var = nullptr;
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      H.var.resize(size_t(c1 - firstChunk()));
+      var = H.var.data() + (c0 - firstChunk());
+    }
+    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, var);
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
@@ -92,6 +97,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   KMeansOptions o;
   o.k = int(std::min<int64_t>(int64_t(n), std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster)));
   o.maxIters = cfg_.kmeansIters;
+  o.trials = cfg_.kmeansTrials;
   o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
   KMeansResult r = KMeans(H.reps.data() + size_t(seg.c0 - firstChunk()) * dim_, n, dim_, o);
   seg.k = o.k;
@@ -100,14 +106,35 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.inertia = r.inertia;
   seg.counts.assign(seg.k, 0);
   seg.sums.assign(size_t(seg.k) * dim_, 0.0);
+  seg.sumSq.assign(seg.k, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const float* p = H.reps.data() + size_t(seg.c0 - firstChunk() + int64_t(i)) * dim_;
+    const size_t row = size_t(seg.c0 - firstChunk() + int64_t(i));
+    const float* p = H.reps.data() + row * dim_;
     double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
-    for (int d = 0; d < dim_; ++d) s[d] += p[d];
+    double sq = double(H.var[row]) * dim_;
+    for (int d = 0; d < dim_; ++d) s[d] += p[d], sq += double(p[d]) * p[d];
+    seg.sumSq[seg.assign[i]] += sq;
     ++seg.counts[seg.assign[i]];
   }
+  seg.var.assign(seg.k, 0.f);
+  for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
   seg.clusteredFull = seg.c1 == seg.cEnd;
   RebuildCsr(seg);
+}
+
+// Variance of the member tokens around the centroid c, per dimension:
+// (E_members[mean_t |k_t|²] - 2 c·m + |c|²) / dim with m the mean of the member chunk means.
+void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
+  if (seg.counts[c] == 0) {
+    seg.var[c] = 0.f;
+    return;
+  }
+  const double n = seg.counts[c];
+  const float* cc = seg.centroids.data() + size_t(c) * dim_;
+  const double* s = seg.sums.data() + size_t(c) * dim_;
+  double v = seg.sumSq[c] / n;
+  for (int d = 0; d < dim_; ++d) v += double(cc[d]) * cc[d] - 2.0 * double(cc[d]) * (s[d] / n);
+  seg.var[c] = float(std::max(0.0, v) / dim_);
 }
 
 // Online step for a segment that is not full yet: the chunk opens a new cluster while the segment
@@ -125,6 +152,8 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     seg.centroids.insert(seg.centroids.end(), x, x + dim_);
     seg.sums.resize(size_t(seg.k) * dim_, 0.0);
     seg.counts.push_back(0);
+    seg.sumSq.push_back(0.0);
+    seg.var.push_back(0.f);
   } else {
     float best = 0;
     c = -1;
@@ -135,9 +164,12 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     }
   }
   double* s = seg.sums.data() + size_t(c) * dim_;
-  for (int d = 0; d < dim_; ++d) s[d] += x[d];
+  double sq = double(H.var[size_t(j - firstChunk())]) * dim_;
+  for (int d = 0; d < dim_; ++d) s[d] += x[d], sq += double(x[d]) * x[d];
+  seg.sumSq[c] += sq;
   ++seg.counts[c];
   for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
+  ClusterVariance(h, seg, c);
   seg.assign.push_back(c);
   seg.c1 = j + 1;
   if (seg.c1 == seg.cEnd) ClusterSegment(h, seg);
@@ -211,6 +243,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
         for (int r = 0; r <= h; ++r) {
           heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
+          if (cfg_.policy == PolicyKind::Kvdrive) heads_data_[r].var.resize(size_t(c0 - firstChunk()));
         }
         throw;
       }
@@ -249,13 +282,20 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
     if (cfg_.policy == PolicyKind::Kvdrive) {
+      // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
+      std::vector<float> coef(g);
+      for (int j = 0; j < g; ++j)
+        coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
+                        double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const bool useVar = cfg_.varianceWeight > 0;
       // Level 1: every centroid, max over the GQA group.
       std::vector<Ranked> clusters;
       std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data());
+        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
+                     coef.data());
         out.vectorsScored += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
@@ -289,7 +329,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<int32_t> rows(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
       scores.resize(ids.size());
-      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data());
+      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
+                         useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
     } else {
@@ -346,9 +387,9 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size()) * 4;
+    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size()) * 4 + int64_t(s.sums.size()) * 8 +
+      b += int64_t(s.centroids.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;
