@@ -24,10 +24,10 @@ function makeCase(seed: number) {
   return { prompt, step, row };
 }
 
-/** Runs STEPS decode steps over all layers for SEQS sequences; returns every output in order. */
-async function decode(rt: Runtime, seed: number): Promise<Float32Array[]> {
+/** Runs STEPS decode steps over all layers for `n` sequences; returns every output in order. */
+async function decode(rt: Runtime, seed: number, n = SEQS): Promise<Float32Array[]> {
   const c = makeCase(seed);
-  const seqs = Array.from({ length: SEQS }, () => rt.createSequence());
+  const seqs = Array.from({ length: n }, () => rt.createSequence());
   for (const [i, s] of seqs.entries())
     for (let l = 0; l < shape.layers; l++) await rt.prefill(s, l, kvt(c.prompt(i, l, 0), PROMPT), kvt(c.prompt(i, l, 1), PROMPT));
   const outs: Float32Array[] = [];
@@ -78,6 +78,18 @@ describe('Runtime', () => {
     await seq.close();
     await pip.close();
     expect(await osThreads()).toBe(before);
+  });
+
+  it('more micro-batches than arena slots (7 x 1, 4 slots): still bit-identical, quest policy', async () => {
+    const opts: RuntimeOptions = { shape, budget: 48, policy: 'quest', microBatch: 1, maxSequences: 7, maxTokens: 400 };
+    const seq = await openRuntime({ ...opts, mode: 'sequential' });
+    const pip = await openRuntime({ ...opts, mode: 'pipelined' });
+    const a = await decode(seq, 21, 7);
+    const b = await decode(pip, 21, 7);
+    expect(b.map(bits)).toEqual(a.map(bits));
+    expect((await pip.stats()).microBatches).toBe(STEPS * shape.layers * 7);
+    await seq.close();
+    await pip.close();
   });
 
   it.each(['sequential', 'pipelined'] as const)('%s: a budget covering the context reproduces dense attention exactly', async (mode) => {
