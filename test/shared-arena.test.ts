@@ -59,8 +59,9 @@ describe('SharedArena', () => {
         parentPort.postMessage('done');
       });`;
     const w = new Worker(code, { eval: true, workerData: { buffer: arena.buffer, layout: arena.layout } });
+    const exited = new Promise((r) => w.once('exit', r)); // listen before it can happen
     await new Promise((r) => w.once('message', r));
-    await new Promise((r) => w.once('exit', r));
+    await exited;
     expect(arena.view(1, 'out')[0]).toBe(4);
     expect(arena.view(0, 'out')[0]).toBe(0);
   });

@@ -113,6 +113,9 @@ export class RingQueue {
   private readonly i32: Int32Array;
   private readonly mask: number;
   private readonly slotWords: number;
+  // Bound once: spin predicates are on the hand-off path and should not allocate.
+  private readonly spaceReady = () => this.hasSpace();
+  private readonly itemReady = () => this.hasItemOrEnd();
 
   private constructor(buffer: SharedArrayBuffer, spinMicros: number) {
     this.buffer = buffer;
@@ -191,7 +194,7 @@ export class RingQueue {
     if (this.pushOnce(desc)) return;
     const i32 = this.i32;
     for (;;) {
-      if (this.spinUntil(() => this.hasSpace()) && this.pushOnce(desc)) return;
+      if (this.spinUntil(this.spaceReady) && this.pushOnce(desc)) return;
       Atomics.add(i32, H_PRODUCERS_WAITING, 1);
       const epoch = Atomics.load(i32, H_SPACE_EPOCH);
       let pushed = false;
@@ -211,7 +214,7 @@ export class RingQueue {
     if (this.pushOnce(desc)) return;
     const i32 = this.i32;
     for (;;) {
-      if (this.spinUntil(() => this.hasSpace()) && this.pushOnce(desc)) return;
+      if (this.spinUntil(this.spaceReady) && this.pushOnce(desc)) return;
       Atomics.add(i32, H_PRODUCERS_WAITING, 1);
       let pushed = false;
       try {
@@ -261,7 +264,7 @@ export class RingQueue {
     const i32 = this.i32;
     let s = this.popOnce(out);
     if (s !== 'idle') return s;
-    if (this.spinUntil(() => this.hasItemOrEnd())) {
+    if (this.spinUntil(this.itemReady)) {
       s = this.popOnce(out);
       if (s !== 'idle') return s;
     }
@@ -283,7 +286,7 @@ export class RingQueue {
     const i32 = this.i32;
     for (;;) {
       let s = this.popOnce(out);
-      if (s === 'idle' && this.spinUntil(() => this.hasItemOrEnd())) s = this.popOnce(out);
+      if (s === 'idle' && this.spinUntil(this.itemReady)) s = this.popOnce(out);
       if (s !== 'idle') return s === 'item';
       Atomics.add(i32, H_CONSUMERS_WAITING, 1);
       try {
