@@ -154,6 +154,25 @@ describe('RingQueue between threads (compiled dist/)', () => {
     expect(sums).toEqual({ 1: (count * (count - 1)) / 2, 2: (count * (count - 1)) / 2 });
   });
 
+  it('close racing two producers: every push that returned is consumed exactly once, the others throw E_CLOSED', async () => {
+    for (let round = 0; round < 3; round++) {
+      const q = RingQueue.create({ capacity: 16, words: 3, spinMicros: 0 });
+      const data = { ringModule: ringModule(), buffer: q.buffer };
+      const consumer = startWorker('ring-peer.mjs', { ...data, role: 'consume', strict: true });
+      const producers = [1, 2].map((id) => startWorker('ring-peer.mjs', { ...data, role: 'produce', count: -1, id }));
+      for (const p of producers) expect(await p.next()).toEqual({ started: true });
+      await sleep(5 + 10 * round); // close while both are pushing
+      q.close();
+      const done = (await Promise.all(producers.map((p) => p.next()))) as { done: number; closedCode: string }[];
+      const r = await consumer.next();
+      expect(r.errors).toEqual([]);
+      for (const d of done) expect(d.closedCode).toBe('E_CLOSED');
+      expect(r.received).toBe(done[0]!.done + done[1]!.done);
+      for (const d of done) expect(d.done).toBeGreaterThan(0);
+      expect(r.seqSums).toEqual({ 1: (done[0]!.done * (done[0]!.done - 1)) / 2, 2: (done[1]!.done * (done[1]!.done - 1)) / 2 });
+    }
+  });
+
   it('back-pressure: a worker pushing into a full queue blocks until the main thread pops', async () => {
     const q = RingQueue.create({ capacity: 4, words: 1, spinMicros: 0 });
     for (let i = 0; i < 4; i++) q.tryPush([i]);

@@ -10,14 +10,24 @@ const q = RingQueue.attach(workerData.buffer, { spinMicros: workerData.spinMicro
 const words = q.words;
 
 if (workerData.role === 'produce') {
+  // count < 0: push until the queue is closed; report how many pushes returned normally
   const d = new Int32Array(words);
-  for (let i = 0; i < workerData.count; i++) {
+  const n = workerData.count < 0 ? Infinity : workerData.count;
+  let i = 0;
+  let closedCode;
+  for (; i < n; i++) {
     d[0] = workerData.id;
     d[1] = i;
     for (let w = 2; w < words; w++) d[w] = (i * 31 + workerData.id + w) | 0;
-    q.push(d);
+    try {
+      q.push(d);
+    } catch (e) {
+      closedCode = e.code;
+      break;
+    }
+    if (i === 0 && n === Infinity) parentPort.postMessage({ started: true }); // after one real push
   }
-  parentPort.postMessage({ done: workerData.count });
+  parentPort.postMessage(closedCode ? { done: i, closedCode } : { done: i });
 } else {
   const out = new Int32Array(words);
   const next = new Map();
