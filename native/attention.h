@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "errors.h"
 
 namespace kvd {
 
@@ -37,8 +38,31 @@ struct AttnScratch {
 //                          disjoint token sets merge exactly (see MergeAttention)
 //   spanMass nSpans        (optional, may be null) attention probability mass per span, averaged
 //                          over the group's query heads
+// Spans with len 0 are allowed (mass 0). With no tokens at all, out = 0 and lse = -inf (the
+// identity of MergeAttention). Throws NonFiniteRowError on NaN/Inf in an attended k or v row.
 void AttendHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans,
                      size_t nSpans, float* out, float* lse, float* spanMass, AttnScratch& scratch);
+
+// Raised (code E_NONFINITE) by AttendHeadSpans / AttentionProbsHeadSpans when a scaled logit is
+// NaN/Inf (NaN/Inf in a key row, or q·k overflow) or an output is (NaN/Inf in a value row). It
+// names the row as (span index, row within span) so callers that know which kv head and tokens the
+// spans are can re-throw naming those. The check costs nothing on the normal path: logits are
+// tested while the max is taken, outputs once per head; the culprit row is searched for only
+// after a failure.
+struct NonFiniteRowError : Error {
+  size_t span;
+  int64_t row;
+  bool inValue;  // true: a value row (output not finite); false: a key row (logit not finite)
+  NonFiniteRowError(size_t s, int64_t r, bool v, const std::string& msg)
+      : Error("E_NONFINITE", msg), span(s), row(r), inValue(v) {}
+};
+
+// Softmax probabilities only (no values): probs[j * total + t] = softmax_t(q_j·k_t * scale) for the
+// group's query heads j over the concatenated spans (total = sum of span lengths), same arithmetic
+// and order as AttendHeadSpans. For evaluation (recall of attention mass, oracle top-K) and
+// importance scoring.
+void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans,
+                             size_t nSpans, float* probs);
 
 // Merges partial attention (outB, lseB) into (outA, lseA) for `heads` heads of `dim`; both must be
 // over disjoint token sets. Result equals attention over the union up to float rounding.

@@ -6,3 +6,18 @@ export type { ErrorCode } from './errors.js';
 export type { Dtype, DtypeArray, KvTensor, ModelShape } from './types.js';
 export { cpuFeatures, setSimdLevel } from './native.js';
 export type { CpuFeatures, SimdLevel } from './native.js';
+export {
+  attendDense,
+  attendDenseAsync,
+  attendSparse,
+  attendSparseAsync,
+  attentionWeights,
+  mergeAttention,
+} from './attention/kernels.js';
+export type {
+  AttendDenseOptions,
+  AttendSparseOptions,
+  AttentionResult,
+  SparseAttentionResult,
+  AttentionWeightsOptions,
+} from './attention/kernels.js';

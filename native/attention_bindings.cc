@@ -1,0 +1,451 @@
+// JS bindings of the attention kernels: attendDense / attendSparse (sync and Promise-returning
+// async), attentionWeights and mergeAttention.
+//
+// Every argument is validated on the JS thread before any kernel runs (typed errors naming what was
+// expected and what was given). Inputs are viewed without copies; outputs are JS Float32Arrays
+// allocated up front and filled by the kernel, so the async variants only hold references
+// (ObjectReference) to every array they touch until the promise settles.
+#include <napi.h>
+
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "args.h"
+#include "attention.h"
+#include "errors.h"
+#include "registry.h"
+
+namespace kvd {
+namespace {
+
+constexpr int kMaxThreads = 8;
+
+// One attention call, fully validated, with raw pointers into JS memory (kept alive by the caller).
+struct AttnJob {
+  std::string what;  // binding name, for messages
+  const float* q = nullptr;
+  int qHeads = 0, kvHeads = 0, group = 0, dim = 0, threads = 1;
+  float scale = 1.f;
+  KvView k, v;
+  int64_t tokens = 0;  // attend [0, tokens) (dense) / the selection's context length (sparse)
+  bool sparse = false;
+  // Selection (sparse only), see src/index/selection.ts.
+  int64_t chunkSize = 0, sinkEnd = 0, tailStart = 0;
+  const int32_t* offsets = nullptr;
+  const int32_t* chunkIds = nullptr;
+  size_t nChunks = 0;
+  // Outputs.
+  float* out = nullptr;        // qHeads x dim
+  float* lse = nullptr;        // qHeads
+  float* chunkMass = nullptr;  // nChunks (sparse only)
+};
+
+// Scratch buffers survive between calls so the logits buffer (group x tokens floats) is not
+// re-allocated and re-faulted on every decode step. Oversized buffers are dropped on release.
+class ScratchPool {
+ public:
+  std::unique_ptr<AttnScratch> Acquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) return std::make_unique<AttnScratch>();
+    auto s = std::move(free_.back());
+    free_.pop_back();
+    return s;
+  }
+  void Release(std::unique_ptr<AttnScratch> s) {
+    if (s->logits.capacity() > (size_t(64) << 20)) return;  // > 256 MiB of logits: give it back
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < size_t(kMaxThreads)) free_.push_back(std::move(s));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<AttnScratch>> free_;
+};
+
+ScratchPool& Pool() {
+  static ScratchPool pool;
+  return pool;
+}
+
+// ---- running ----
+
+// The spans one kv head attends, in token order, with each span's first token.
+struct HeadSpans {
+  std::vector<Span> spans;
+  std::vector<int64_t> start;
+  size_t firstChunkSpan = 0;  // spans[firstChunkSpan + i] is chunkIds[offsets[h] + i] (sparse)
+};
+
+HeadSpans BuildSpans(const AttnJob& job, int h) {
+  HeadSpans hs;
+  auto add = [&](int64_t a, int64_t b) {
+    const int64_t len = b > a ? b - a : 0;
+    const int64_t at = len ? a : 0;  // empty spans point at a valid row; nothing is read
+    hs.spans.push_back(Span{job.k.Row(at, h), job.v.Row(at, h), len, job.k.tokenStride, job.v.tokenStride});
+    hs.start.push_back(at);
+  };
+  if (!job.sparse) {
+    add(0, job.tokens);
+    return hs;
+  }
+  if (job.sinkEnd > 0) add(0, job.sinkEnd);
+  hs.firstChunkSpan = hs.spans.size();
+  for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+    const int64_t c = job.chunkIds[i];
+    add(std::max(c * job.chunkSize, job.sinkEnd), std::min((c + 1) * job.chunkSize, job.tailStart));
+  }
+  if (job.tokens > job.tailStart) add(job.tailStart, job.tokens);
+  return hs;
+}
+
+void RunHead(const AttnJob& job, int h, AttnScratch& scratch) {
+  HeadSpans hs = BuildSpans(job, h);
+  std::vector<float> mass(job.sparse ? hs.spans.size() : 0);
+  const size_t qOff = size_t(h) * size_t(job.group);
+  try {
+    AttendHeadSpans(job.q + qOff * size_t(job.dim), job.group, job.dim, job.k.dtype, job.scale, hs.spans.data(),
+                    hs.spans.size(), job.out + qOff * size_t(job.dim), job.lse + qOff,
+                    job.sparse ? mass.data() : nullptr, scratch);
+  } catch (const NonFiniteRowError& e) {
+    if (e.span >= hs.spans.size()) Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
+    const int64_t token = hs.start[e.span] + e.row;
+    Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(h) + ", token " +
+                             std::to_string(token) + ": NaN/Inf in the " + (e.inValue ? "value" : "key") +
+                             " row (attention " + (e.inValue ? "output" : "logit") + " is not finite)");
+  }
+  if (job.sparse) {
+    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
+      job.chunkMass[i] = mass[hs.firstChunkSpan + size_t(i - job.offsets[h])];
+  }
+}
+
+// Runs every kv head; with threads > 1 the heads are split into contiguous blocks, one per
+// std::thread. Per-head arithmetic does not depend on the split, so results are identical for
+// any thread count; the error of the lowest failing head block is the one reported.
+void RunJob(const AttnJob& job) {
+  const int nThreads = std::min(job.threads, job.kvHeads);
+  if (nThreads <= 1) {
+    auto scratch = Pool().Acquire();
+    for (int h = 0; h < job.kvHeads; ++h) RunHead(job, h, *scratch);
+    Pool().Release(std::move(scratch));
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(nThreads));
+  std::vector<std::thread> workers;
+  workers.reserve(size_t(nThreads));
+  for (int t = 0; t < nThreads; ++t) {
+    workers.emplace_back([&, t] {
+      try {
+        auto scratch = Pool().Acquire();
+        const int h0 = job.kvHeads * t / nThreads, h1 = job.kvHeads * (t + 1) / nThreads;
+        for (int h = h0; h < h1; ++h) RunHead(job, h, *scratch);
+        Pool().Release(std::move(scratch));
+      } catch (...) {
+        errors[size_t(t)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// ---- parsing ----
+
+Napi::Object GetOptions(const Napi::CallbackInfo& info, const std::string& what) {
+  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
+    Throw("E_TYPE", what + ": expected an options object { q, qHeads, k, v, ... }");
+  return info[0].As<Napi::Object>();
+}
+
+float GetScale(const Napi::Object& o, const std::string& what, int dim) {
+  Napi::Value s = o.Get("scale");
+  if (s.IsUndefined()) return 1.f / std::sqrt(float(dim));
+  if (!s.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number, got a non-number");
+  const double d = s.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || d <= 0 || float(d) == 0.f)
+    Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
+  return float(d);
+}
+
+void CheckQueryFinite(const float* q, int qHeads, int dim, const std::string& what) {
+  for (int h = 0; h < qHeads; ++h)
+    for (int d = 0; d < dim; ++d)
+      if (!std::isfinite(q[size_t(h) * size_t(dim) + size_t(d)]))
+        Throw("E_NONFINITE", what + ".q: query head " + std::to_string(h) + " holds NaN/Inf (at element " +
+                                 std::to_string(d) + "); expected finite values");
+}
+
+// q, qHeads, k (and v when withValues), scale, threads: everything but the token range.
+void ParseCommon(const Napi::Object& o, AttnJob& job, bool withValues, std::vector<Napi::Object>& keep) {
+  const std::string& what = job.what;
+  job.k = GetKvView(o.Get("k"), what + ".k");
+  job.kvHeads = job.k.heads;
+  job.dim = job.k.dim;
+  if (withValues) {
+    job.v = GetKvView(o.Get("v"), what + ".v");
+    if (job.v.tokens != job.k.tokens || job.v.heads != job.k.heads || job.v.dim != job.k.dim)
+      Throw("E_SHAPE", what + ".v: expected the shape of k (tokens " + std::to_string(job.k.tokens) + ", heads " +
+                           std::to_string(job.k.heads) + ", dim " + std::to_string(job.k.dim) + "), got tokens " +
+                           std::to_string(job.v.tokens) + ", heads " + std::to_string(job.v.heads) + ", dim " +
+                           std::to_string(job.v.dim));
+    if (job.v.dtype != job.k.dtype)
+      Throw("E_DTYPE", what + ".v.dtype: expected the dtype of k ('" + DtypeName(job.k.dtype) + "'), got '" +
+                           DtypeName(job.v.dtype) + "'");
+    keep.push_back(job.v.array);
+  }
+  keep.push_back(job.k.array);
+  job.qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
+  if (job.qHeads % job.kvHeads != 0)
+    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(job.kvHeads) +
+                         "), got " + std::to_string(job.qHeads));
+  job.group = job.qHeads / job.kvHeads;
+  auto q = GetF32(o.Get("q"), what + ".q");
+  ExpectLength(q.length, size_t(job.qHeads) * size_t(job.dim), what + ".q (qHeads*dim)");
+  CheckQueryFinite(q.data, job.qHeads, job.dim, what);
+  job.q = q.data;
+  keep.push_back(q.object);
+  job.scale = GetScale(o, what, job.dim);
+  job.threads = int(GetIntOr(o, "threads", what, 1, kMaxThreads, 1));
+}
+
+void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Object>& keep) {
+  const std::string what = job.what + ".selection";
+  Napi::Value sv = o.Get("selection");
+  if (!sv.IsObject()) Throw("E_TYPE", what + ": expected a Selection object { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds }");
+  Napi::Object sel = sv.As<Napi::Object>();
+  job.chunkSize = GetInt(sel, "chunkSize", what, 1, int64_t(1) << 30);
+  job.tokens = GetInt(sel, "tokens", what, 0, job.k.tokens);
+  job.sinkEnd = GetInt(sel, "sinkEnd", what, 0, job.tokens);
+  job.tailStart = GetInt(sel, "tailStart", what, job.sinkEnd, job.tokens);
+  auto offsets = GetI32(sel.Get("offsets"), what + ".offsets");
+  auto ids = GetI32(sel.Get("chunkIds"), what + ".chunkIds");
+  ExpectLength(offsets.length, size_t(job.kvHeads) + 1, what + ".offsets (kvHeads+1)");
+  if (offsets.data[0] != 0) Throw("E_RANGE", what + ".offsets[0]: expected 0, got " + std::to_string(offsets.data[0]));
+  for (int h = 0; h < job.kvHeads; ++h)
+    if (offsets.data[h + 1] < offsets.data[h])
+      Throw("E_RANGE", what + ".offsets: expected non-decreasing offsets, got offsets[" + std::to_string(h + 1) +
+                           "] = " + std::to_string(offsets.data[h + 1]) + " < offsets[" + std::to_string(h) +
+                           "] = " + std::to_string(offsets.data[h]));
+  if (size_t(offsets.data[job.kvHeads]) != ids.length)
+    Throw("E_SHAPE", what + ".offsets[kvHeads]: expected chunkIds.length (" + std::to_string(ids.length) + "), got " +
+                         std::to_string(offsets.data[job.kvHeads]));
+  const int64_t maxChunks = (job.tokens + job.chunkSize - 1) / job.chunkSize;
+  for (int h = 0; h < job.kvHeads; ++h) {
+    for (int32_t i = offsets.data[h]; i < offsets.data[h + 1]; ++i) {
+      const int64_t c = ids.data[i];
+      if (c < 0 || c >= maxChunks)
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ") for " +
+                             std::to_string(job.tokens) + " tokens of chunk size " + std::to_string(job.chunkSize) +
+                             ", got " + std::to_string(c));
+      if (i > offsets.data[h] && c <= ids.data[i - 1])
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
+                             std::to_string(ids.data[i - 1]));
+    }
+  }
+  job.offsets = offsets.data;
+  job.chunkIds = ids.data;
+  job.nChunks = ids.length;
+  keep.push_back(offsets.object);
+  keep.push_back(ids.object);
+}
+
+// Parses the call and allocates its outputs (JS arrays, written by the kernel). `result` is the
+// object the call returns / resolves to.
+AttnJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool sparse, std::vector<Napi::Object>& keep,
+                Napi::Object& result) {
+  Napi::Env env = info.Env();
+  Napi::Object o = GetOptions(info, what);
+  AttnJob job;
+  job.what = what;
+  job.sparse = sparse;
+  ParseCommon(o, job, true, keep);
+  if (sparse) ParseSelection(o, job, keep);
+  else job.tokens = GetIntOr(o, "tokens", what, 0, job.k.tokens, job.k.tokens);
+
+  auto out = Napi::Float32Array::New(env, size_t(job.qHeads) * size_t(job.dim));
+  auto lse = Napi::Float32Array::New(env, size_t(job.qHeads));
+  job.out = out.Data();
+  job.lse = lse.Data();
+  result = Napi::Object::New(env);
+  result.Set("out", out);
+  result.Set("lse", lse);
+  keep.push_back(out);
+  keep.push_back(lse);
+  if (sparse) {
+    auto mass = Napi::Float32Array::New(env, job.nChunks);
+    job.chunkMass = mass.Data();
+    result.Set("chunkMass", mass);
+    keep.push_back(mass);
+  }
+  return job;
+}
+
+// ---- bindings ----
+
+Napi::Value AttendSync(const Napi::CallbackInfo& info, bool sparse) {
+  return Guard(info, [&]() -> Napi::Value {
+    std::vector<Napi::Object> keep;
+    Napi::Object result;
+    AttnJob job = Prepare(info, sparse ? "attendSparse" : "attendDense", sparse, keep, result);
+    RunJob(job);
+    return result;
+  });
+}
+
+// Runs an AttnJob on the libuv pool. Holds a reference to every typed array the job points into
+// (inputs and outputs) until the promise settles; typed kvd errors keep their code.
+class AttnWorker : public Napi::AsyncWorker {
+ public:
+  AttnWorker(Napi::Env env, AttnJob job, const std::vector<Napi::Object>& keep, Napi::Object result)
+      : Napi::AsyncWorker(env, "kvdrive:attend"), deferred_(Napi::Promise::Deferred::New(env)), job_(std::move(job)) {
+    for (const auto& o : keep) refs_.push_back(Napi::Persistent(o));
+    result_ = Napi::Persistent(result);
+  }
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+
+  void Execute() override {
+    try {
+      RunJob(job_);
+    } catch (const Error& e) {
+      code_ = e.code;
+      SetError(e.what());
+    } catch (const std::bad_alloc&) {
+      code_ = "E_NOMEM";
+      SetError("native allocation failed: not enough memory for the attention scratch buffers");
+    } catch (const std::exception& e) {
+      code_ = "E_INTERNAL";
+      SetError(std::string("internal error: ") + e.what());
+    }
+  }
+  void OnOK() override { deferred_.Resolve(result_.Value()); }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value()); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  AttnJob job_;
+  std::vector<Napi::ObjectReference> refs_;
+  Napi::ObjectReference result_;
+  std::string code_ = "E_INTERNAL";
+};
+
+Napi::Value AttendAsync(const Napi::CallbackInfo& info, bool sparse) {
+  const std::string what = sparse ? "attendSparseAsync" : "attendDenseAsync";
+  Napi::Env env = info.Env();
+  // Validation errors reject the promise (never throw synchronously from an async API).
+  try {
+    std::vector<Napi::Object> keep;
+    Napi::Object result;
+    AttnJob job = Prepare(info, what, sparse, keep, result);
+    auto* worker = new AttnWorker(env, std::move(job), keep, result);
+    Napi::Promise p = worker->Promise();
+    worker->Queue();
+    return p;
+  } catch (const Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(ToJsError(env, e.code, e.what()).Value());
+    return d.Promise();
+  } catch (const Napi::Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(e.Value());
+    return d.Promise();
+  }
+}
+
+Napi::Value AttendDense(const Napi::CallbackInfo& info) { return AttendSync(info, false); }
+Napi::Value AttendSparse(const Napi::CallbackInfo& info) { return AttendSync(info, true); }
+Napi::Value AttendDenseAsync(const Napi::CallbackInfo& info) { return AttendAsync(info, false); }
+Napi::Value AttendSparseAsync(const Napi::CallbackInfo& info) { return AttendAsync(info, true); }
+
+// attentionWeights({ q, qHeads, k, tokens?, scale? }) -> Float32Array(qHeads * tokens), row h =
+// softmax probabilities of query head h over tokens [0, tokens).
+Napi::Value AttentionWeights(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "attentionWeights";
+    Napi::Object o = GetOptions(info, what);
+    std::vector<Napi::Object> keep;
+    AttnJob job;
+    job.what = what;
+    ParseCommon(o, job, false, keep);
+    job.tokens = GetIntOr(o, "tokens", what, 0, job.k.tokens, job.k.tokens);
+    const size_t T = size_t(job.tokens);
+    auto probs = Napi::Float32Array::New(info.Env(), size_t(job.qHeads) * T);
+    for (int h = 0; h < job.kvHeads; ++h) {
+      const size_t qOff = size_t(h) * size_t(job.group);
+      Span span{job.k.Row(0, h), job.k.Row(0, h), job.tokens, job.k.tokenStride, job.k.tokenStride};
+      try {
+        AttentionProbsHeadSpans(job.q + qOff * size_t(job.dim), job.group, job.dim, job.k.dtype, job.scale, &span, 1,
+                                probs.Data() + qOff * T);
+      } catch (const NonFiniteRowError& e) {
+        Throw("E_NONFINITE", what + ": k: kv head " + std::to_string(h) + ", token " + std::to_string(e.row) +
+                                 ": NaN/Inf in the key row (attention logit is not finite)");
+      }
+    }
+    return probs;
+  });
+}
+
+// mergeAttention(outA, lseA, outB, lseB, heads, dim): (outA, lseA) becomes attention over the union
+// of the two disjoint token sets.
+Napi::Value MergeAttentionBinding(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "mergeAttention";
+    if (info.Length() < 6) Throw("E_TYPE", what + ": expected (outA, lseA, outB, lseB, heads, dim), got " + std::to_string(info.Length()) + " arguments");
+    auto intArg = [&](size_t i, const char* name) -> int {
+      if (!info[i].IsNumber()) Throw("E_TYPE", what + ": " + name + ": expected an integer, got a non-number");
+      const double d = info[i].As<Napi::Number>().DoubleValue();
+      if (d != std::floor(d) || d < 1 || d > double(1 << 30))
+        Throw("E_RANGE", what + ": " + name + ": expected an integer in [1, 2^30], got " + Num(d));
+      return int(d);
+    };
+    const int heads = intArg(4, "heads"), dim = intArg(5, "dim");
+    auto outA = GetF32(info[0], what + ": outA");
+    auto lseA = GetF32(info[1], what + ": lseA");
+    auto outB = GetF32(info[2], what + ": outB");
+    auto lseB = GetF32(info[3], what + ": lseB");
+    const size_t n = size_t(heads) * size_t(dim);
+    ExpectLength(outA.length, n, what + ": outA (heads*dim)");
+    ExpectLength(outB.length, n, what + ": outB (heads*dim)");
+    ExpectLength(lseA.length, size_t(heads), what + ": lseA (heads)");
+    ExpectLength(lseB.length, size_t(heads), what + ": lseB (heads)");
+    // lse = -inf is a valid partial (attention over no tokens); NaN and +inf are not.
+    auto checkLse = [&](const float* l, const char* name) {
+      for (int h = 0; h < heads; ++h)
+        if (std::isnan(l[h]) || l[h] == INFINITY)
+          Throw("E_NONFINITE", what + ": " + name + "[" + std::to_string(h) + "]: expected a finite log-sum-exp or -Infinity, got " + Num(l[h]));
+    };
+    checkLse(lseA.data, "lseA");
+    checkLse(lseB.data, "lseB");
+    auto checkOut = [&](const float* o, const char* name) {
+      for (size_t i = 0; i < n; ++i)
+        if (!std::isfinite(o[i]))
+          Throw("E_NONFINITE", what + ": " + name + ": head " + std::to_string(i / size_t(dim)) + " holds NaN/Inf (at element " + std::to_string(i % size_t(dim)) + ")");
+    };
+    checkOut(outA.data, "outA");
+    checkOut(outB.data, "outB");
+    MergeAttention(outA.data, lseA.data, outB.data, lseB.data, heads, dim);
+    return info.Env().Undefined();
+  });
+}
+
+void InitAttention(Napi::Env env, Napi::Object exports) {
+  exports.Set("attendDense", Napi::Function::New(env, AttendDense));
+  exports.Set("attendSparse", Napi::Function::New(env, AttendSparse));
+  exports.Set("attendDenseAsync", Napi::Function::New(env, AttendDenseAsync));
+  exports.Set("attendSparseAsync", Napi::Function::New(env, AttendSparseAsync));
+  exports.Set("attentionWeights", Napi::Function::New(env, AttentionWeights));
+  exports.Set("mergeAttention", Napi::Function::New(env, MergeAttentionBinding));
+}
+
+}  // namespace
+
+KVD_REGISTER_MODULE(InitAttention);
+
+}  // namespace kvd

@@ -1,0 +1,185 @@
+import { describe, expect, it } from 'vitest';
+import {
+  attendDense,
+  attendDenseAsync,
+  attendSparse,
+  attendSparseAsync,
+  attentionWeights,
+  mergeAttention,
+  type Dtype,
+} from '../src/index.js';
+import { randn } from './helpers.js';
+import {
+  allChunks,
+  randomKv,
+  range,
+  referenceAttention,
+  relErr,
+  selectedTokens,
+  selectionOf,
+  toHtd,
+} from './attention-reference.js';
+
+const DTYPES: Dtype[] = ['f32', 'f16', 'bf16'];
+const RATIOS = [1, 2, 4, 8];
+
+describe('attendDense / attendSparse', () => {
+  for (const dtype of DTYPES) {
+    for (const ratio of RATIOS) {
+      it(`sparse over every chunk equals dense and the reference (${dtype}, GQA ${ratio})`, () => {
+        const kvHeads = 2;
+        const qHeads = kvHeads * ratio;
+        const dim = 40;
+        const tokens = 203; // not a multiple of the chunk size: the last chunk is partial
+        const k = randomKv(tokens, kvHeads, dim, dtype, 11 + ratio, 1.5);
+        const v = randomKv(tokens, kvHeads, dim, dtype, 23 + ratio);
+        const q = randn(qHeads * dim, 5 + ratio);
+        const dense = attendDense({ q, qHeads, k: k.tensor, v: v.tensor });
+        const sel = allChunks(tokens, kvHeads, 4, 4, tokens - 64);
+        const sparse = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel });
+        // Same tokens, same order: identical arithmetic (the determinism contract), so well
+        // inside the required relative error of 1e-5.
+        expect(relErr(sparse.out, dense.out)).toBeLessThan(1e-5);
+        expect(Array.from(sparse.out)).toEqual(Array.from(dense.out));
+        expect(Array.from(sparse.lse)).toEqual(Array.from(dense.lse));
+
+        const ref = referenceAttention(q, qHeads, k, v, () => range(tokens));
+        expect(relErr(dense.out, ref.out)).toBeLessThan(1e-5);
+        expect(relErr(dense.lse, ref.lse)).toBeLessThan(1e-5);
+      });
+    }
+  }
+
+  it('attends exactly the selected tokens and reports per-chunk mass', () => {
+    const kvHeads = 4;
+    const qHeads = 8;
+    const dim = 32;
+    const tokens = 160;
+    const k = randomKv(tokens, kvHeads, dim, 'f16', 3, 2);
+    const v = randomKv(tokens, kvHeads, dim, 'f16', 4);
+    const q = randn(qHeads * dim, 9);
+    // Chunk 0 lies inside the sinks and chunk 39 inside the tail: both clip to nothing.
+    const perHead = [[0, 2, 5, 30], [], [1, 3, 4, 39], [7]];
+    const sel = selectionOf(perHead, tokens, 4, 6, 140);
+    const res = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel });
+    const ref = referenceAttention(q, qHeads, k, v, (h) => selectedTokens(sel, h));
+    expect(relErr(res.out, ref.out)).toBeLessThan(1e-5);
+    expect(relErr(res.lse, ref.lse)).toBeLessThan(1e-5);
+
+    const group = qHeads / kvHeads;
+    expect(res.chunkMass.length).toBe(sel.chunkIds.length);
+    for (let h = 0; h < kvHeads; h++) {
+      for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) {
+        const c = sel.chunkIds[i]!;
+        let mass = 0;
+        for (let j = 0; j < group; j++) {
+          const p = ref.probs[h * group + j]!;
+          for (let t = Math.max(c * 4, sel.sinkEnd); t < Math.min(c * 4 + 4, sel.tailStart); t++) mass += p.get(t)!;
+        }
+        expect(res.chunkMass[i]).toBeCloseTo(mass / group, 6);
+      }
+    }
+    expect(res.chunkMass[0]).toBe(0); // chunk 0 of head 0 is inside the sinks
+    expect(res.chunkMass[sel.offsets[2]! + 3]).toBe(0); // chunk 39 of head 2 is inside the tail
+  });
+
+  it('honours tokens, scale and the head-major layout', () => {
+    const kvHeads = 2;
+    const qHeads = 4;
+    const dim = 24;
+    const k = randomKv(100, kvHeads, dim, 'bf16', 31);
+    const v = randomKv(100, kvHeads, dim, 'bf16', 32);
+    const q = randn(qHeads * dim, 33);
+    const res = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, tokens: 70, scale: 0.3 });
+    const ref = referenceAttention(q, qHeads, k, v, () => range(70), 0.3);
+    expect(relErr(res.out, ref.out)).toBeLessThan(1e-5);
+    expect(relErr(res.lse, ref.lse)).toBeLessThan(1e-5);
+    const htd = attendDense({ q, qHeads, k: toHtd(k.tensor), v: toHtd(v.tensor), tokens: 70, scale: 0.3 });
+    expect(Array.from(htd.out)).toEqual(Array.from(res.out));
+  });
+
+  it('gives identical results for any thread count and for the async variants', async () => {
+    const kvHeads = 8;
+    const qHeads = 32;
+    const dim = 64;
+    const tokens = 300;
+    const k = randomKv(tokens, kvHeads, dim, 'f16', 41);
+    const v = randomKv(tokens, kvHeads, dim, 'f16', 42);
+    const q = randn(qHeads * dim, 43);
+    const one = attendDense({ q, qHeads, k: k.tensor, v: v.tensor });
+    const two = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, threads: 2 });
+    const three = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, threads: 3 });
+    const asyncRes = await attendDenseAsync({ q, qHeads, k: k.tensor, v: v.tensor, threads: 2 });
+    for (const r of [two, three, asyncRes]) {
+      expect(Array.from(r.out)).toEqual(Array.from(one.out));
+      expect(Array.from(r.lse)).toEqual(Array.from(one.lse));
+    }
+    const sel = selectionOf(range(kvHeads).map((h) => [h, h + 10, h + 20]), tokens, 4, 4, tokens - 64);
+    const s1 = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel });
+    const s2 = await attendSparseAsync({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel, threads: 2 });
+    expect(Array.from(s2.out)).toEqual(Array.from(s1.out));
+    expect(Array.from(s2.chunkMass)).toEqual(Array.from(s1.chunkMass));
+  });
+});
+
+describe('mergeAttention', () => {
+  it('merging two disjoint halves equals attention over the whole', () => {
+    const kvHeads = 2;
+    const qHeads = 8;
+    const dim = 48;
+    const tokens = 256;
+    const k = randomKv(tokens, kvHeads, dim, 'f32', 51, 1.5);
+    const v = randomKv(tokens, kvHeads, dim, 'f32', 52);
+    const q = randn(qHeads * dim, 53);
+    const whole = attendDense({ q, qHeads, k: k.tensor, v: v.tensor });
+    const first = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, tokens: 100 });
+    // Second part: a selection with no chunks and the tail starting at 100 attends [100, 256).
+    const tail = selectionOf([[], []], tokens, 4, 0, 100);
+    const second = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: tail });
+    mergeAttention(first.out, first.lse, second.out, second.lse, qHeads, dim);
+    expect(relErr(first.out, whole.out)).toBeLessThan(1e-5);
+    expect(relErr(first.lse, whole.lse)).toBeLessThan(1e-5);
+  });
+
+  it('treats attention over no tokens (lse -Infinity) as the identity', () => {
+    const kvHeads = 1;
+    const qHeads = 2;
+    const dim = 8;
+    const k = randomKv(20, kvHeads, dim, 'f32', 61);
+    const v = randomKv(20, kvHeads, dim, 'f32', 62);
+    const q = randn(qHeads * dim, 63);
+    const empty = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, tokens: 0 });
+    expect(Array.from(empty.lse)).toEqual([-Infinity, -Infinity]);
+    expect(Array.from(empty.out).every((x) => x === 0)).toBe(true);
+    const full = attendDense({ q, qHeads, k: k.tensor, v: v.tensor });
+    const out = full.out.slice();
+    const lse = full.lse.slice();
+    mergeAttention(out, lse, empty.out, empty.lse, qHeads, dim);
+    expect(Array.from(out)).toEqual(Array.from(full.out));
+    mergeAttention(empty.out, empty.lse, full.out, full.lse, qHeads, dim);
+    expect(relErr(empty.out, full.out)).toBeLessThan(1e-6);
+  });
+});
+
+describe('attentionWeights', () => {
+  it('returns per-head softmax probabilities matching the reference', () => {
+    const kvHeads = 2;
+    const qHeads = 4;
+    const dim = 16;
+    const tokens = 90;
+    const k = randomKv(tokens, kvHeads, dim, 'f16', 71, 2);
+    const v = randomKv(tokens, kvHeads, dim, 'f16', 72);
+    const q = randn(qHeads * dim, 73);
+    const w = attentionWeights({ q, qHeads, k: k.tensor, tokens: 80 });
+    expect(w.length).toBe(qHeads * 80);
+    const ref = referenceAttention(q, qHeads, k, v, () => range(80));
+    for (let h = 0; h < qHeads; h++) {
+      let sum = 0;
+      for (let t = 0; t < 80; t++) {
+        sum += w[h * 80 + t]!;
+        expect(Math.abs(w[h * 80 + t]! - ref.probs[h]!.get(t)!)).toBeLessThan(1e-6);
+      }
+      expect(sum).toBeCloseTo(1, 5);
+    }
+  });
+});
