@@ -21,3 +21,7 @@ export type {
   SparseAttentionResult,
   AttentionWeightsOptions,
 } from './attention/kernels.js';
+export { createPolicy } from './index/policy.js';
+export type { SelectionPolicy, SelectStats } from './index/policy.js';
+export type { PolicyOptions } from './index/options.js';
+export type { Selection, PolicyName } from './index/selection.js';

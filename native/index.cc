@@ -1,0 +1,375 @@
+// Bindings of the centroid index: chunkMeans, kmeans, scoreCentroids, indexKernelLevel and the
+// SelectionIndex class (one layer's index for one policy; build runs in a Napi::AsyncWorker).
+//
+// Every input is validated here, on the JS thread, with typed errors naming what was expected and
+// what was given; the kernels behind (index_*.cc, layer_index.cc) assume valid input.
+#include <napi.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "args.h"
+#include "errors.h"
+#include "index.h"
+#include "layer_index.h"
+#include "registry.h"
+
+namespace kvd {
+namespace {
+
+const char* LevelName(SimdLevel l) {
+  return l == SimdLevel::Avx512 ? "avx512" : l == SimdLevel::Avx2 ? "avx2" : "scalar";
+}
+
+void CheckFinite(const float* p, size_t n, const std::string& what) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      Throw("E_NONFINITE", what + ": expected finite values, got " + (std::isnan(p[i]) ? "NaN" : "Inf") +
+                               " at element " + std::to_string(i));
+}
+
+int64_t ArgInt(const Napi::CallbackInfo& info, size_t i, const std::string& what, int64_t min, int64_t max,
+               const char* code = "E_RANGE") {
+  Napi::Value v = info[i];
+  if (!v.IsNumber()) Throw("E_TYPE", what + ": expected an integer, got " + (v.IsUndefined() ? "undefined" : "a non-number"));
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || d != std::floor(d) || d < double(min) || d > double(max))
+    Throw(code, what + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + Num(d));
+  return int64_t(d);
+}
+
+Napi::Object OptionsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what) {
+  if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
+  if (!info[i].IsObject()) Throw("E_TYPE", what + ": expected an options object");
+  return info[i].As<Napi::Object>();
+}
+
+template <typename T>
+Napi::TypedArray ToJs(Napi::Env env, const std::vector<T>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    auto a = Napi::Float32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  } else {
+    auto a = Napi::Int32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  }
+}
+
+// chunkMeans(k, { start, end, chunkSize = 4, head? }) -> Float32Array [heads or 1][chunks][dim]:
+// the mean key of each chunkSize consecutive tokens of [start, end) ((end - start) % chunkSize == 0).
+Napi::Value ChunkMeansJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    KvView kv = GetKvView(info[0], "chunkMeans k");
+    Napi::Object o = OptionsArg(info, 1, "chunkMeans options");
+    const int64_t chunk = GetIntOr(o, "chunkSize", "chunkMeans options", 1, 1 << 20, 4);
+    const int64_t start = GetIntOr(o, "start", "chunkMeans options", 0, kv.tokens, 0);
+    const int64_t end = GetIntOr(o, "end", "chunkMeans options", start, kv.tokens, kv.tokens);
+    if ((end - start) % chunk != 0)
+      Throw("E_SHAPE", "chunkMeans range [" + std::to_string(start) + ", " + std::to_string(end) +
+                           "): expected a length that is a multiple of chunkSize " + std::to_string(chunk) + ", got " +
+                           std::to_string(end - start));
+    int h0 = 0, h1 = kv.heads;
+    if (!o.Get("head").IsUndefined()) {
+      h0 = int(GetInt(o, "head", "chunkMeans options", 0, kv.heads - 1));
+      h1 = h0 + 1;
+    }
+    const int64_t n = (end - start) / chunk;
+    auto out = Napi::Float32Array::New(info.Env(), size_t(h1 - h0) * n * kv.dim);
+    for (int h = h0; h < h1; ++h) ChunkMeans(kv, h, int(chunk), start, start, 0, n, out.Data() + size_t(h - h0) * n * kv.dim);
+    return out;
+  });
+}
+
+// kmeans(points, dim, { k, iters = 10, seed = 0, trials = 0 (2 + ln k) }) -> { centroids, assignments, offsets, members,
+// inertia, iterations }.
+Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto pts = GetF32(info[0], "kmeans points");
+    const int dim = int(ArgInt(info, 1, "kmeans dim", 1, 65536));
+    if (pts.length % dim != 0 || pts.length == 0)
+      Throw("E_SHAPE", "kmeans points: expected a non-empty multiple of dim " + std::to_string(dim) + " elements, got " +
+                           std::to_string(pts.length));
+    CheckFinite(pts.data, pts.length, "kmeans points");
+    const size_t n = pts.length / dim;
+    Napi::Object o = OptionsArg(info, 2, "kmeans options");
+    KMeansOptions ko;
+    ko.k = int(GetInt(o, "k", "kmeans options", 1, int64_t(n)));
+    ko.maxIters = int(GetIntOr(o, "iters", "kmeans options", 0, 100000, 10));
+    ko.seed = uint64_t(GetIntOr(o, "seed", "kmeans options", 0, (int64_t(1) << 53) - 1, 0));
+    ko.trials = int(GetIntOr(o, "trials", "kmeans options", 0, 1000, 0));
+    KMeansResult r = KMeans(pts.data, n, dim, ko);
+    Napi::Env env = info.Env();
+    Napi::Object res = Napi::Object::New(env);
+    res.Set("centroids", ToJs(env, r.centroids));
+    res.Set("assignments", ToJs(env, r.assignments));
+    res.Set("offsets", ToJs(env, r.offsets));
+    res.Set("members", ToJs(env, r.members));
+    res.Set("inertia", Napi::Number::New(env, r.inertia));
+    res.Set("iterations", Napi::Number::New(env, r.iterations));
+    return res;
+  });
+}
+
+// scoreCentroids(q, groupSize, centroids, n, dim) -> Float32Array(n): max over the group of q·c.
+Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto q = GetF32(info[0], "scoreCentroids q");
+    const int g = int(ArgInt(info, 1, "scoreCentroids groupSize", 1, 4096));
+    auto c = GetF32(info[2], "scoreCentroids centroids");
+    const int64_t n = ArgInt(info, 3, "scoreCentroids n", 0, int64_t(1) << 40);
+    const int dim = int(ArgInt(info, 4, "scoreCentroids dim", 1, 65536));
+    ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
+    ExpectLength(c.length, size_t(n) * dim, "scoreCentroids centroids (n*dim)");
+    CheckFinite(q.data, q.length, "scoreCentroids q");
+    auto out = Napi::Float32Array::New(info.Env(), size_t(n));
+    ScoreRowsMax(q.data, g, c.data, size_t(n), dim, out.Data());
+    return out;
+  });
+}
+
+// indexKernelLevel(cap?) -> the level the index kernels run at now; with an argument, first caps
+// it ('scalar' | 'avx2' | 'avx512' | 'best').
+Napi::Value IndexKernelLevelJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+      std::string s = info[0].IsString() ? std::string(info[0].As<Napi::String>()) : "";
+      if (s == "scalar") SetIndexKernelCap(SimdLevel::Scalar);
+      else if (s == "avx2") SetIndexKernelCap(SimdLevel::Avx2);
+      else if (s == "avx512" || s == "best") SetIndexKernelCap(SimdLevel::Avx512);
+      else Throw("E_CONFIG", "indexKernelLevel: expected 'scalar', 'avx2', 'avx512' or 'best', got " +
+                                 (s.empty() ? std::string("a non-string") : "'" + s + "'"));
+    }
+    return Napi::String::New(info.Env(), LevelName(IndexKernelLevel()));
+  });
+}
+
+class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "SelectionIndex",
+                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("extend", &SelectionIndex::Extend),
+                        InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
+                        InstanceMethod("clusters", &SelectionIndex::Clusters),
+                        InstanceMethod("geometry", &SelectionIndex::Geometry)});
+  }
+
+  // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, threads })
+  explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
+    try {
+      if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
+      Napi::Object o = info[0].As<Napi::Object>();
+      const std::string what = "SelectionIndex config";
+      Napi::Value p = o.Get("policy");
+      std::string name = p.IsString() ? std::string(p.As<Napi::String>()) : "";
+      if (name == "kvdrive") cfg_.policy = PolicyKind::Kvdrive;
+      else if (name == "quest") cfg_.policy = PolicyKind::Quest;
+      else if (name == "shadowkv") cfg_.policy = PolicyKind::ShadowKV;
+      else Throw("E_POLICY", what + ".policy: expected 'kvdrive', 'quest' or 'shadowkv', got " + (name.empty() ? "a non-string" : "'" + name + "'"));
+      cfg_.chunk = int(GetInt(o, "chunkSize", what, 1, 1 << 16));
+      cfg_.tokensPerCluster = int(GetIntOr(o, "tokensPerCluster", what, 1, 1 << 20, 16));
+      cfg_.segmentTokens = GetIntOr(o, "segmentTokens", what, 1, int64_t(1) << 30, 4096);
+      cfg_.sinks = int(GetIntOr(o, "sinks", what, 0, 1 << 20, 4));
+      cfg_.local = int(GetIntOr(o, "local", what, 0, 1 << 24, 64));
+      cfg_.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
+      cfg_.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
+      cfg_.threads = int(GetIntOr(o, "threads", what, 1, 2, 2));
+      Napi::Value cf = o.Get("candidateFactor");
+      if (!cf.IsUndefined()) {
+        double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.candidateFactor = v;
+      }
+      if (cfg_.segmentTokens % cfg_.chunk != 0)
+        Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
+                              ", got " + std::to_string(cfg_.segmentTokens));
+      index_ = std::make_unique<LayerIndex>(cfg_);
+    } catch (const Error& e) {
+      throw ToJsError(info.Env(), e.code, e.what());
+    }
+  }
+
+ private:
+  class BuildWorker : public Napi::AsyncWorker {
+   public:
+    BuildWorker(Napi::Env env, SelectionIndex* self, const KvView& kv, int64_t tokens)
+        : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), self_(self), kv_(kv), tokens_(tokens) {
+      // The worker reads the key array and the index object off the JS thread: keep both alive.
+      kvRef_ = Napi::Persistent(kv.array);
+      selfRef_ = Napi::Persistent(self->Value());
+      kv_.array = Napi::Object();
+      next_ = std::make_unique<LayerIndex>(self->cfg_);
+    }
+    Napi::Promise Promise() { return deferred_.Promise(); }
+    void Execute() override {
+      try {
+        next_->Build(kv_, tokens_);
+      } catch (const Error& e) {
+        code_ = e.code;
+        SetError(e.what());
+      } catch (const std::bad_alloc&) {
+        code_ = "E_NOMEM";
+        SetError("index build: native allocation failed: not enough memory for the index");
+      } catch (const std::exception& e) {
+        code_ = "E_INTERNAL";
+        SetError(std::string("index build: internal error: ") + e.what());
+      }
+    }
+    void OnOK() override {
+      self_->index_ = std::move(next_);
+      self_->busy_ = false;
+      deferred_.Resolve(Env().Undefined());
+    }
+    void OnError(const Napi::Error& e) override {
+      self_->busy_ = false;
+      deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value());
+    }
+
+   private:
+    Napi::Promise::Deferred deferred_;
+    SelectionIndex* self_;
+    KvView kv_;
+    int64_t tokens_;
+    Napi::ObjectReference kvRef_, selfRef_;
+    std::unique_ptr<LayerIndex> next_;
+    std::string code_ = "E_INTERNAL";
+  };
+
+  void NotBusy(const char* what) const {
+    if (busy_)
+      Throw("E_CONFIG", std::string(what) + ": expected no build() in progress, got a call while the index is being built (await build() first)");
+  }
+
+  Napi::Value Build(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("build");
+      KvView kv = GetKvView(info[0], "build k");
+      const int64_t tokens = ArgInt(info, 1, "build tokens", 0, int64_t(1) << 40);
+      if (tokens > kv.tokens)
+        Throw("E_SHAPE", "build tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
+      auto* w = new BuildWorker(info.Env(), this, kv, tokens);
+      Napi::Promise p = w->Promise();
+      busy_ = true;
+      w->Queue();
+      return p;
+    });
+  }
+
+  Napi::Value Extend(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("extend");
+      KvView kv = GetKvView(info[0], "extend k");
+      const int64_t tokens = ArgInt(info, 1, "extend tokens", 0, int64_t(1) << 40);
+      index_->Extend(kv, tokens);
+      return info.Env().Undefined();
+    });
+  }
+
+  // select(q, budget, pool = 0) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
+  //   tokens, sinkEnd, tailStart, chunkSize, vectorsScored, bytesScored }
+  Napi::Value Select(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("select");
+      if (!index_->built()) Throw("E_CONFIG", "select: expected build() to have completed first, got an index that was never built");
+      auto q = GetF32(info[0], "select q");
+      const int dim = index_->dim(), heads = index_->heads();
+      if (q.length == 0 || q.length % (size_t(heads) * dim) != 0)
+        Throw("E_SHAPE", "select q: expected qHeads*dim elements with qHeads a multiple of kvHeads " + std::to_string(heads) +
+                             " and dim " + std::to_string(dim) + ", got " + std::to_string(q.length) + " elements");
+      CheckFinite(q.data, q.length, "select q");
+      const int64_t budget = ArgInt(info, 1, "select budget (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+      int64_t pool = 0;
+      if (info.Length() > 2 && !info[2].IsUndefined()) {
+        pool = ArgInt(info, 2, "select pool (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+        if (pool < budget)
+          Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
+      }
+      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool);
+      Napi::Env env = info.Env();
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("chunkSize", index_->config().chunk);
+      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
+      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
+      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
+      o.Set("offsets", ToJs(env, r.offsets));
+      o.Set("chunkIds", ToJs(env, r.ids));
+      if (pool > 0) {
+        o.Set("poolOffsets", ToJs(env, r.poolOffsets));
+        o.Set("poolIds", ToJs(env, r.poolIds));
+        o.Set("poolScores", ToJs(env, r.poolScores));
+      }
+      o.Set("vectorsScored", Napi::Number::New(env, double(r.vectorsScored)));
+      o.Set("bytesScored", Napi::Number::New(env, double(r.bytesScored)));
+      return o;
+    });
+  }
+
+  Napi::Value Bytes(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value { return Napi::Number::New(info.Env(), double(index_->Bytes())); });
+  }
+
+  // geometry() -> { tokens, sinkEnd, tailStart, firstChunk, endChunk, heads, dim }
+  Napi::Value Geometry(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("built", index_->built());
+      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
+      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
+      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
+      o.Set("firstChunk", Napi::Number::New(env, double(index_->firstChunk())));
+      o.Set("endChunk", Napi::Number::New(env, double(index_->endChunk())));
+      o.Set("heads", index_->heads());
+      o.Set("dim", index_->dim());
+      return o;
+    });
+  }
+
+  // clusters(head) -> [{ firstChunk, endChunk, full, k, centroids, offsets, members, inertia }]
+  // per segment of that kv head (kvdrive only; an empty list for the flat policies).
+  Napi::Value Clusters(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("clusters");
+      if (!index_->built()) Throw("E_CONFIG", "clusters: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 0, "clusters head", 0, index_->heads() - 1));
+      Napi::Env env = info.Env();
+      const auto& segs = index_->head(h).segments;
+      Napi::Array arr = Napi::Array::New(env, segs.size());
+      for (size_t s = 0; s < segs.size(); ++s) {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("firstChunk", Napi::Number::New(env, double(segs[s].c0)));
+        o.Set("endChunk", Napi::Number::New(env, double(segs[s].c1)));
+        o.Set("full", segs[s].clusteredFull);
+        o.Set("k", segs[s].k);
+        o.Set("centroids", ToJs(env, segs[s].centroids));
+        o.Set("offsets", ToJs(env, segs[s].offsets));
+        o.Set("members", ToJs(env, segs[s].members));
+        o.Set("inertia", Napi::Number::New(env, segs[s].inertia));
+        arr.Set(uint32_t(s), o);
+      }
+      return arr;
+    });
+  }
+
+  IndexConfig cfg_;
+  std::unique_ptr<LayerIndex> index_;
+  bool busy_ = false;
+};
+
+void InitIndex(Napi::Env env, Napi::Object exports) {
+  exports.Set("chunkMeans", Napi::Function::New(env, ChunkMeansJs));
+  exports.Set("kmeans", Napi::Function::New(env, KMeansJs));
+  exports.Set("scoreCentroids", Napi::Function::New(env, ScoreCentroidsJs));
+  exports.Set("indexKernelLevel", Napi::Function::New(env, IndexKernelLevelJs));
+  exports.Set("SelectionIndex", SelectionIndex::Define(env));
+}
+
+}  // namespace
+
+KVD_REGISTER_MODULE(InitIndex);
+
+}  // namespace kvd

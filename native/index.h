@@ -1,0 +1,80 @@
+// Hierarchical centroid index: the C++ functions other native files may call.
+//
+// Layouts: point / centroid / chunk-mean matrices are row-major f32, `n` rows of `dim` floats.
+// Queries of one GQA group are `group` rows of `dim` floats, contiguous.
+//
+// Determinism: every kernel here accumulates each dot product in the same fixed order (16
+// interleaved partial sums, then a fixed reduction tree; GEMM tiles accumulate each output
+// sequentially over the dimension) at every SIMD level, without FMA contraction, so results are
+// bit-identical between the scalar, AVX2 and AVX-512 builds of the kernels.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "args.h"
+#include "simd.h"
+
+namespace kvd {
+
+// ---- kernels (native/index_kernels.cc) ----
+
+// The SIMD level the index kernels run at: the lowest of what the CPU supports, what the shared
+// dispatch table is set to (when that table offers vector levels), and the cap set by
+// SetIndexKernelCap (tests use it to compare levels).
+SimdLevel IndexKernelLevel();
+void SetIndexKernelCap(SimdLevel cap);
+SimdLevel IndexKernelCap();
+
+// out[i] = max_{j<group} q[j]·rows[i] for i < n (rows row-major, n x dim).
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out);
+// Like ScoreRowsMax for the rows named by ids (row ids[i] of `rows`).
+void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
+                        float* out);
+// Quest upper bound for pages with per-channel min / max (each n x dim):
+// out[i] = max_j sum_d max(q[j][d]*mn[i][d], q[j][d]*mx[i][d]).
+void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
+
+// sum_d a[d]*b[d] in the fixed order described above.
+float DotFixed(const float* a, const float* b, int dim);
+
+// For each point i < n: best[i] = argmin_j (cnorm[j] - 2 x_i·c_j) over k centroids (ties: lowest j),
+// dist[i] = max(0, xnorm[i] + that minimum). Points x (n x dim) and centroids c (k x dim) row-major.
+void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,
+                      int dim, int32_t* best, float* dist);
+
+// ---- k-means (native/index_kmeans.cc) ----
+
+struct KMeansOptions {
+  int k = 1;
+  int maxIters = 10;
+  uint64_t seed = 0;
+  int trials = 0;  // k-means++ candidates per centre; 0: 2 + floor(ln k) (greedy k-means++)
+};
+
+struct KMeansResult {
+  std::vector<float> centroids;      // k x dim
+  std::vector<int32_t> assignments;  // n, cluster of each point
+  std::vector<int32_t> offsets;      // k + 1, CSR offsets into members
+  std::vector<int32_t> members;      // n point ids grouped by cluster, ascending within a cluster
+  double inertia = 0;                // sum of squared distances to the assigned centroid
+  int iterations = 0;                // Lloyd iterations run
+};
+
+// Greedy k-means++ seeding (D² sampling with a splitmix64 stream from `seed`) and Lloyd iterations until no
+// assignment changes or maxIters. An empty cluster takes the point farthest from its centroid.
+// Requires 1 <= k <= n (throws E_RANGE otherwise).
+KMeansResult KMeans(const float* x, size_t n, int dim, const KMeansOptions& opt);
+
+// ---- representatives (native/index_repr.cc) ----
+
+// Chunk j covers tokens [origin + j*chunk, origin + (j+1)*chunk) minus those below floorTok (the
+// sinks, always attended anyway). Writes the mean key of chunks j in [c0, c1) of kv head h as
+// (c1-c0) x dim f32 rows. Requires origin + c1*chunk <= kv.tokens and every chunk non-empty.
+void ChunkMeans(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
+                float* out);
+// Per-channel min and max of the same token ranges (Quest pages).
+void ChunkMinMax(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
+                 float* mn, float* mx);
+
+}  // namespace kvd

@@ -1,0 +1,357 @@
+// LayerIndex: build / extend / select for the three selection policies (see layer_index.h).
+#include "layer_index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <string>
+#include <thread>
+
+namespace kvd {
+namespace {
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string Range(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
+
+void RebuildCsr(Segment& seg) {
+  seg.offsets.assign(size_t(seg.k) + 1, 0);
+  for (int32_t a : seg.assign) ++seg.offsets[size_t(a) + 1];
+  for (int j = 0; j < seg.k; ++j) seg.offsets[j + 1] += seg.offsets[j];
+  seg.members.assign(seg.assign.size(), 0);
+  std::vector<int32_t> fill(seg.offsets.begin(), seg.offsets.end() - 1);
+  for (size_t i = 0; i < seg.assign.size(); ++i) seg.members[fill[seg.assign[i]]++] = int32_t(seg.c0 + int64_t(i));
+}
+
+// Ranking order: higher score first, then lower chunk id.
+struct Ranked {
+  float score;
+  int32_t id;
+};
+inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+
+}  // namespace
+
+int64_t LayerIndex::SealedEnd(int64_t tokens) const {
+  const int64_t avail = tokens - cfg_.local;
+  const int64_t e = avail > 0 ? avail / cfg_.chunk : 0;
+  return std::max(firstChunk(), e);
+}
+
+int64_t LayerIndex::tailStart() const {
+  if (endChunk_ > firstChunk()) return endChunk_ * cfg_.chunk;
+  return sinkEnd();
+}
+
+int64_t LayerIndex::ChunkTokens(int64_t j) const {
+  return (j + 1) * cfg_.chunk - std::max<int64_t>(j * cfg_.chunk, cfg_.sinks);
+}
+
+void LayerIndex::CheckKv(const KvView& kv, int64_t tokens, const char* what) const {
+  if (tokens < 0) Throw("E_RANGE", std::string(what) + " tokens: expected >= 0, got " + std::to_string(tokens));
+  if (tokens > kv.tokens)
+    Throw("E_SHAPE", std::string(what) + " tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " +
+                         std::to_string(tokens));
+  if (built_ && (kv.heads != heads_ || kv.dim != dim_))
+    Throw("E_SHAPE", std::string(what) + " k: expected " + std::to_string(heads_) + " kv heads x dim " +
+                         std::to_string(dim_) + " as at build, got " + std::to_string(kv.heads) + " x " +
+                         std::to_string(kv.dim));
+}
+
+void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1) {
+  HeadIndex& H = heads_data_[h];
+  const size_t base = size_t(c0 - firstChunk()) * dim_, n = size_t(c1 - c0) * dim_;
+  H.reps.resize(base + n);
+  if (cfg_.policy == PolicyKind::Quest) {
+    H.maxs.resize(base + n);
+    ChunkMinMax(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, H.maxs.data() + base);
+  } else {
+    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base);
+  }
+  // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
+  for (int64_t j = c0; j < c1; ++j) {
+    const float* r = H.reps.data() + size_t(j - firstChunk()) * dim_;
+    const float* m = cfg_.policy == PolicyKind::Quest ? H.maxs.data() + size_t(j - firstChunk()) * dim_ : r;
+    for (int d = 0; d < dim_; ++d)
+      if (!std::isfinite(r[d]) || !std::isfinite(m[d]))
+        Throw("E_NONFINITE", "k: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) + ", tokens " +
+                                 Range(std::max<int64_t>(j * cfg_.chunk, cfg_.sinks), (j + 1) * cfg_.chunk));
+  }
+}
+
+void LayerIndex::ClusterSegment(int h, Segment& seg) const {
+  const HeadIndex& H = heads_data_[h];
+  const size_t n = size_t(seg.c1 - seg.c0);
+  int64_t toks = 0;
+  for (int64_t j = seg.c0; j < seg.c1; ++j) toks += ChunkTokens(j);
+  KMeansOptions o;
+  o.k = int(std::min<int64_t>(int64_t(n), std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster)));
+  o.maxIters = cfg_.kmeansIters;
+  o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
+  KMeansResult r = KMeans(H.reps.data() + size_t(seg.c0 - firstChunk()) * dim_, n, dim_, o);
+  seg.k = o.k;
+  seg.centroids = std::move(r.centroids);
+  seg.assign = std::move(r.assignments);
+  seg.inertia = r.inertia;
+  seg.counts.assign(seg.k, 0);
+  seg.sums.assign(size_t(seg.k) * dim_, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const float* p = H.reps.data() + size_t(seg.c0 - firstChunk() + int64_t(i)) * dim_;
+    double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
+    for (int d = 0; d < dim_; ++d) s[d] += p[d];
+    ++seg.counts[seg.assign[i]];
+  }
+  seg.clusteredFull = seg.c1 == seg.cEnd;
+  RebuildCsr(seg);
+}
+
+// Online step for a segment that is not full yet: the chunk opens a new cluster while the segment
+// has fewer than ceil(tokens / tokensPerCluster) clusters, else joins the nearest centroid, which
+// moves to the running mean of its members. A segment that fills up is re-clustered by k-means.
+void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
+  const HeadIndex& H = heads_data_[h];
+  const float* x = H.reps.data() + size_t(j - firstChunk()) * dim_;
+  int64_t toks = 0;
+  for (int64_t t = seg.c0; t <= j; ++t) toks += ChunkTokens(t);
+  const int64_t want = (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster;
+  int32_t c;
+  if (seg.k < want) {
+    c = seg.k++;
+    seg.centroids.insert(seg.centroids.end(), x, x + dim_);
+    seg.sums.resize(size_t(seg.k) * dim_, 0.0);
+    seg.counts.push_back(0);
+  } else {
+    float best = 0;
+    c = -1;
+    for (int q = 0; q < seg.k; ++q) {
+      const float* cq = seg.centroids.data() + size_t(q) * dim_;
+      float s = DotFixed(cq, cq, dim_) - 2.f * DotFixed(x, cq, dim_);
+      if (c < 0 || s < best) best = s, c = q;
+    }
+  }
+  double* s = seg.sums.data() + size_t(c) * dim_;
+  for (int d = 0; d < dim_; ++d) s[d] += x[d];
+  ++seg.counts[c];
+  for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
+  seg.assign.push_back(c);
+  seg.c1 = j + 1;
+  if (seg.c1 == seg.cEnd) ClusterSegment(h, seg);
+  else RebuildCsr(seg);
+}
+
+void LayerIndex::Build(const KvView& kv, int64_t tokens) {
+  if (cfg_.segmentTokens % cfg_.chunk != 0)
+    Throw("E_CONFIG", "segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) + ", got " +
+                          std::to_string(cfg_.segmentTokens));
+  built_ = false;
+  CheckKv(kv, tokens, "build");
+  heads_ = kv.heads;
+  dim_ = kv.dim;
+  tokens_ = tokens;
+  heads_data_.assign(heads_, HeadIndex{});
+  const int64_t c0 = firstChunk(), c1 = SealedEnd(tokens);
+  const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+
+  auto buildHead = [&](int h) {
+    ComputeReps(kv, h, c0, c1);
+    if (cfg_.policy != PolicyKind::Kvdrive) return;
+    HeadIndex& H = heads_data_[h];
+    for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
+      Segment seg;
+      seg.c0 = std::max(c0, s * segChunks);
+      seg.c1 = std::min(c1, (s + 1) * segChunks);
+      seg.cEnd = (s + 1) * segChunks;
+      ClusterSegment(h, seg);
+      H.segments.push_back(std::move(seg));
+    }
+  };
+  // Heads are independent; split them over threads (odd heads on the helper thread).
+  std::exception_ptr helperError;
+  std::thread helper;
+  const bool split = cfg_.threads > 1 && heads_ > 1;
+  if (split)
+    helper = std::thread([&] {
+      try {
+        for (int h = 1; h < heads_; h += 2) buildHead(h);
+      } catch (...) {
+        helperError = std::current_exception();
+      }
+    });
+  std::exception_ptr mainError;
+  try {
+    for (int h = 0; h < heads_; h += split ? 2 : 1) buildHead(h);
+  } catch (...) {
+    mainError = std::current_exception();
+  }
+  if (split) helper.join();
+  if (mainError) std::rethrow_exception(mainError);
+  if (helperError) std::rethrow_exception(helperError);
+  endChunk_ = c1;
+  built_ = true;
+}
+
+void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
+  if (!built_) Throw("E_CONFIG", "extend: expected build() to have completed first, got an index that was never built");
+  CheckKv(kv, tokens, "extend");
+  if (tokens < tokens_)
+    Throw("E_RANGE", "extend tokens: expected >= " + std::to_string(tokens_) + " (the context only grows), got " +
+                         std::to_string(tokens));
+  const int64_t c0 = endChunk_, c1 = SealedEnd(tokens);
+  if (c1 > c0) {
+    // Validate the new representatives for every head before changing any state.
+    for (int h = 0; h < heads_; ++h) {
+      try {
+        ComputeReps(kv, h, c0, c1);
+      } catch (...) {
+        for (int r = 0; r <= h; ++r) {
+          heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
+          if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
+        }
+        throw;
+      }
+    }
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+      for (int h = 0; h < heads_; ++h) {
+        HeadIndex& H = heads_data_[h];
+        for (int64_t j = c0; j < c1; ++j) {
+          if (H.segments.empty() || H.segments.back().cEnd <= j) {
+            Segment seg;
+            seg.c0 = seg.c1 = j;
+            seg.cEnd = (j / segChunks + 1) * segChunks;
+            H.segments.push_back(std::move(seg));
+          }
+          AddChunkOnline(h, H.segments.back(), j);
+        }
+      }
+    }
+    endChunk_ = c1;
+  }
+  tokens_ = tokens;
+}
+
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool) const {
+  const int g = qHeads / heads_;
+  const int64_t want = std::max(budget, pool);
+  SelectResult out;
+  out.offsets.push_back(0);
+  if (pool > 0) out.poolOffsets.push_back(0);
+  std::vector<Ranked> ranked;
+  std::vector<int32_t> ids;
+  std::vector<float> scores;
+  for (int h = 0; h < heads_; ++h) {
+    const HeadIndex& H = heads_data_[h];
+    const float* qh = q + size_t(h) * g * dim_;
+    ranked.clear();
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      // Level 1: every centroid, max over the GQA group.
+      std::vector<Ranked> clusters;
+      std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
+      for (size_t s = 0; s < H.segments.size(); ++s) {
+        const Segment& seg = H.segments[s];
+        scores.resize(seg.k);
+        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data());
+        out.vectorsScored += seg.k;
+        for (int c = 0; c < seg.k; ++c) {
+          if (seg.counts[c] == 0) continue;
+          // Rank key id: the cluster's first member chunk (unique, and orders ties by position).
+          clusters.push_back({scores[c], seg.members[seg.offsets[c]]});
+          where.emplace_back(int(s), c);
+        }
+      }
+      std::vector<int32_t> order(clusters.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+      auto better = [&](int32_t a, int32_t b) { return Better(clusters[a], clusters[b]); };
+      // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
+      const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
+      ids.clear();
+      double candTokens = 0;
+      size_t sorted = 0, i = 0;
+      while (i < order.size() && candTokens < target) {
+        if (i == sorted) {
+          size_t next = std::min(order.size(), std::max<size_t>(16, sorted * 2));
+          std::partial_sort(order.begin() + sorted, order.begin() + next, order.end(), better);
+          sorted = next;
+        }
+        const auto [s, c] = where[order[i++]];
+        const Segment& seg = H.segments[s];
+        for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
+          ids.push_back(seg.members[m]);
+          candTokens += double(ChunkTokens(seg.members[m]));
+        }
+      }
+      // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+      std::vector<int32_t> rows(ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
+      scores.resize(ids.size());
+      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data());
+      out.vectorsScored += int64_t(ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
+    } else {
+      const size_t n = size_t(endChunk_ - firstChunk());
+      scores.resize(n);
+      if (cfg_.policy == PolicyKind::Quest) {
+        ScoreMinMaxMax(qh, g, H.reps.data(), H.maxs.data(), n, dim_, scores.data());
+        out.vectorsScored += int64_t(2 * n);
+      } else {
+        ScoreRowsMax(qh, g, H.reps.data(), n, dim_, scores.data());
+        out.vectorsScored += int64_t(n);
+      }
+      for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
+    }
+    // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
+    // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
+    size_t sorted = 0;
+    auto rankedAt = [&](size_t i) -> const Ranked& {
+      if (i >= sorted) {
+        size_t next = std::min(ranked.size(), std::max<size_t>(i + 1, std::max<size_t>(64, sorted * 2)));
+        std::partial_sort(ranked.begin() + sorted, ranked.begin() + next, ranked.end(), Better);
+        sorted = next;
+      }
+      return ranked[i];
+    };
+    const int64_t shortLen = ChunkTokens(firstChunk());
+    bool shortSeen = false;
+    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? cfg_.chunk : shortLen); };
+    int64_t used = 0, poolUsed = 0;
+    const size_t selBegin = out.ids.size();
+    for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
+      const Ranked& r = rankedAt(i);
+      const int64_t len = ChunkTokens(r.id);
+      if (r.id == firstChunk()) shortSeen = true;
+      if (used + len <= budget) {
+        used += len;
+        out.ids.push_back(r.id);
+      }
+      if (pool > 0 && poolUsed + len <= pool) {
+        poolUsed += len;
+        out.poolIds.push_back(r.id);
+        out.poolScores.push_back(r.score);
+      }
+    }
+    std::sort(out.ids.begin() + selBegin, out.ids.end());
+    out.offsets.push_back(int32_t(out.ids.size()));
+    if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+  }
+  const int64_t vecBytes = int64_t(dim_) * 4;
+  out.bytesScored = out.vectorsScored * vecBytes;
+  return out;
+}
+
+int64_t LayerIndex::Bytes() const {
+  int64_t b = 0;
+  for (const HeadIndex& H : heads_data_) {
+    b += int64_t(H.reps.size() + H.maxs.size()) * 4;
+    for (const Segment& s : H.segments)
+      b += int64_t(s.centroids.size()) * 4 + int64_t(s.sums.size()) * 8 +
+           int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+  }
+  return b;
+}
+
+}  // namespace kvd

@@ -1,0 +1,111 @@
+// The selection index of one layer (all its kv heads) for one policy, and the selection it answers.
+//
+// Token geometry (shared with src/index/selection.ts): chunk j = tokens [j*chunk, (j+1)*chunk).
+// Tokens [0, sinks) are always attended, so chunk representatives leave them out; chunk j is
+// indexed ("sealed") once (j+1)*chunk <= tokens - local, i.e. once it left the local window.
+// Indexed chunks are [firstChunk, endChunk) with firstChunk = floor(sinks / chunk); the tail
+// [tailStart, tokens) = the local window plus the not-yet-sealed remainder is always attended.
+//
+// Policies:
+//  - kvdrive: chunk means (c = 4) clustered by k-means per segment of `segmentTokens` tokens
+//    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
+//    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
+//    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens.
+//  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
+//  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
+// Ranking ties break towards the lower chunk id, so selections are deterministic.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "index.h"
+
+namespace kvd {
+
+enum class PolicyKind : int { Kvdrive = 0, Quest = 1, ShadowKV = 2 };
+
+struct IndexConfig {
+  PolicyKind policy = PolicyKind::Kvdrive;
+  int chunk = 4;
+  int tokensPerCluster = 16;
+  int64_t segmentTokens = 4096;  // multiple of chunk
+  int sinks = 4;
+  int local = 64;
+  int kmeansIters = 8;
+  uint64_t seed = 0;
+  double candidateFactor = 4.0;
+  int threads = 2;  // build splits kv heads over this many threads
+};
+
+// The clusters of one segment of one kv head. Member lists hold absolute chunk ids.
+struct Segment {
+  int64_t c0 = 0, c1 = 0;  // chunks held now, [c0, c1)
+  int64_t cEnd = 0;        // where the segment ends once full
+  bool clusteredFull = false;  // k-means ran over the whole, full segment
+  int k = 0;
+  std::vector<float> centroids;   // k x dim
+  std::vector<double> sums;       // k x dim member sums (running means for chunks added online)
+  std::vector<int32_t> counts;    // k
+  std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
+  std::vector<int32_t> offsets;   // k + 1 CSR offsets
+  std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
+  double inertia = 0;             // of the last k-means run
+};
+
+struct HeadIndex {
+  std::vector<float> reps;  // (endChunk - firstChunk) x dim: chunk means, or page minima for quest
+  std::vector<float> maxs;  // quest page maxima, same shape
+  std::vector<Segment> segments;  // kvdrive only, ascending
+};
+
+struct SelectResult {
+  std::vector<int32_t> offsets, ids;              // per head, ascending ids
+  std::vector<int32_t> poolOffsets, poolIds;      // per head, best first (when pool > 0)
+  std::vector<float> poolScores;
+  int64_t vectorsScored = 0;
+  int64_t bytesScored = 0;
+};
+
+class LayerIndex {
+ public:
+  explicit LayerIndex(const IndexConfig& cfg) : cfg_(cfg) {}
+
+  // Indexes tokens [0, tokens) of kv from scratch (replaces any previous state). Thread-safe with
+  // respect to other LayerIndex objects; runs kv heads on cfg.threads threads.
+  void Build(const KvView& kv, int64_t tokens);
+  // Seals the chunks that left the local window since the last Build/Extend (tokens must not shrink).
+  void Extend(const KvView& kv, int64_t tokens);
+  // Selection for one decode position: q is qHeads x dim (qHeads a multiple of heads), budget K >= 1
+  // tokens per kv head, pool M >= K tokens (0: no pool).
+  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool) const;
+
+  const IndexConfig& config() const { return cfg_; }
+  bool built() const { return built_; }
+  int heads() const { return heads_; }
+  int dim() const { return dim_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t sinkEnd() const { return tokens_ < cfg_.sinks ? tokens_ : cfg_.sinks; }
+  int64_t tailStart() const;
+  int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
+  int64_t endChunk() const { return endChunk_; }
+  const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Bytes held by the index (representatives, centroids, running sums, membership lists).
+  int64_t Bytes() const;
+
+ private:
+  int64_t SealedEnd(int64_t tokens) const;  // endChunk for a context of `tokens`
+  int64_t ChunkTokens(int64_t j) const;     // tokens of chunk j that are not sinks
+  void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1);
+  void ClusterSegment(int h, Segment& seg) const;
+  void AddChunkOnline(int h, Segment& seg, int64_t j) const;
+  void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
+
+  IndexConfig cfg_;
+  bool built_ = false;
+  int heads_ = 0, dim_ = 0;
+  int64_t tokens_ = 0;
+  int64_t endChunk_ = 0;
+  std::vector<HeadIndex> heads_data_;
+};
+
+}  // namespace kvd

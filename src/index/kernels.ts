@@ -1,0 +1,52 @@
+/**
+ * Typed access to the index kernels on their own (tests, benchmarks, tools): k-means over points,
+ * chunk means of a KV tensor, centroid scoring of a GQA group, and the index kernels' SIMD level.
+ * Policies use the same kernels through the native SelectionIndex (src/index/policy.ts).
+ */
+import { native } from '../native.js';
+import type { KvTensor } from '../types.js';
+
+/** Result of {@link kmeans}: centroids (k x dim), per-point cluster, CSR membership, inertia. */
+export interface KMeansResult {
+  centroids: Float32Array;
+  assignments: Int32Array;
+  /** k + 1 offsets into members. */
+  offsets: Int32Array;
+  /** Point ids grouped by cluster, ascending within a cluster. */
+  members: Int32Array;
+  /** Sum of squared Euclidean distances of points to their centroid. */
+  inertia: number;
+  /** Lloyd iterations run. */
+  iterations: number;
+}
+
+/**
+ * Seeded, deterministic k-means (k-means++ init, Lloyd iterations until stable or `iters`).
+ * points: n x dim row-major f32. Same seed + data give an identical result at every SIMD level.
+ */
+export function kmeans(points: Float32Array, dim: number, opts: { k: number; iters?: number; seed?: number }): KMeansResult {
+  return native.kmeans(points, dim, opts) as KMeansResult;
+}
+
+/**
+ * Mean key of every `chunkSize` consecutive tokens of [start, end) per kv head (or one `head`):
+ * Float32Array [heads][chunks][dim]. (end - start) must be a multiple of chunkSize.
+ */
+export function chunkMeans(k: KvTensor, opts: { start?: number; end?: number; chunkSize?: number; head?: number } = {}): Float32Array {
+  return native.chunkMeans(k, opts) as Float32Array;
+}
+
+/**
+ * Scores n centroids (n x dim) for one GQA group: out[i] = max over the group's query heads
+ * (q: groupSize x dim) of q·centroid_i.
+ */
+export function scoreCentroids(q: Float32Array, groupSize: number, centroids: Float32Array, n: number, dim: number): Float32Array {
+  return native.scoreCentroids(q, groupSize, centroids, n, dim) as Float32Array;
+}
+
+export type IndexKernelLevel = 'scalar' | 'avx2' | 'avx512';
+
+/** The SIMD level the index kernels run at; with an argument, caps it first ('best' lifts the cap). */
+export function indexKernelLevel(cap?: IndexKernelLevel | 'best'): IndexKernelLevel {
+  return native.indexKernelLevel(cap) as IndexKernelLevel;
+}

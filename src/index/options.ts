@@ -1,0 +1,140 @@
+/**
+ * Options of the selection policies, validated with zod at the boundary. Invalid options raise a
+ * `KvdriveError('E_CONFIG', ...)` naming the option, what was expected and what was given.
+ */
+import { z } from 'zod';
+import { KvdriveError, describe } from '../errors.js';
+import type { PolicyName } from './selection.js';
+
+/** Options of {@link createPolicy}. Every field is optional; defaults depend on the policy. */
+export interface PolicyOptions {
+  /**
+   * Tokens per chunk, the unit of selection. Defaults: kvdrive 4, shadowkv 8, quest 16 (a Quest
+   * page). Chunk j covers tokens [j*chunkSize, (j+1)*chunkSize).
+   */
+  chunkSize?: number;
+  /** kvdrive only: average tokens per k-means cluster inside a segment (default 16, i.e. 4 chunks). */
+  tokensPerCluster?: number;
+  /**
+   * kvdrive only: tokens per index segment (default 4096); clusters never span segments, which keeps
+   * the index build linear in the context. Must be a multiple of chunkSize.
+   */
+  segmentTokens?: number;
+  /** Attention sinks: tokens [0, sinks) are always attended and never indexed (default 4). */
+  sinks?: number;
+  /** Local window: the last `local` tokens are always attended; chunks are indexed once they leave it (default 64). */
+  local?: number;
+  /** kvdrive only: maximum Lloyd iterations per segment k-means (default 8; stops early once stable). */
+  kmeansIters?: number;
+  /** kvdrive only: k-means seed (integer >= 0, default 0); the same seed and keys give the same index. */
+  seed?: number;
+  /**
+   * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
+   * their chunks are re-ranked by q·chunk-mean (default 4; >= 1). Larger = higher recall, more scoring.
+   */
+  candidateFactor?: number;
+  /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
+  threads?: number;
+  /** Query heads; when given, select() checks q.length === qHeads * headDim. */
+  qHeads?: number;
+  /** KV heads; when given, build() checks k.heads against it. */
+  kvHeads?: number;
+  /** Head dimension; when given, build() checks k.dim and select() checks q against it. */
+  headDim?: number;
+}
+
+/** Options after validation and defaults. */
+export interface ResolvedPolicyOptions {
+  chunkSize: number;
+  tokensPerCluster: number;
+  segmentTokens: number;
+  sinks: number;
+  local: number;
+  kmeansIters: number;
+  seed: number;
+  candidateFactor: number;
+  threads: number;
+  qHeads?: number;
+  kvHeads?: number;
+  headDim?: number;
+}
+
+const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'threads'] as const;
+
+const int = (min: number, max: number) => z.number().int().min(min).max(max);
+
+const schema = z
+  .object({
+    chunkSize: int(1, 65536).optional(),
+    tokensPerCluster: int(1, 1 << 20).optional(),
+    segmentTokens: int(1, 1 << 30).optional(),
+    sinks: int(0, 1 << 20).optional(),
+    local: int(0, 1 << 24).optional(),
+    kmeansIters: int(0, 1000).optional(),
+    seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
+    candidateFactor: z.number().min(1).max(1e6).optional(),
+    threads: int(1, 2).optional(),
+    qHeads: int(1, 4096).optional(),
+    kvHeads: int(1, 4096).optional(),
+    headDim: int(1, 65536).optional(),
+  })
+  .strict();
+
+const EXPECTED: Record<string, string> = {
+  chunkSize: 'an integer in [1, 65536]',
+  tokensPerCluster: 'an integer in [1, 1048576]',
+  segmentTokens: 'an integer in [1, 2^30]',
+  sinks: 'an integer in [0, 1048576]',
+  local: 'an integer in [0, 2^24]',
+  kmeansIters: 'an integer in [0, 1000]',
+  seed: 'a safe integer >= 0',
+  candidateFactor: 'a number in [1, 1e6]',
+  threads: 'the integer 1 or 2',
+  qHeads: 'an integer in [1, 4096]',
+  kvHeads: 'an integer in [1, 4096]',
+  headDim: 'an integer in [1, 65536]',
+};
+
+/** Validates user options for `policy` and fills in defaults. Throws E_CONFIG. */
+export function resolvePolicyOptions(policy: PolicyName, options: unknown): ResolvedPolicyOptions {
+  const what = `createPolicy('${policy}') options`;
+  if (options === undefined) options = {};
+  if (options === null || typeof options !== 'object' || Array.isArray(options))
+    throw new KvdriveError('E_CONFIG', `${what}: expected an options object, got ${describe(options)}`);
+  const parsed = schema.safeParse(options);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    if (issue.code === 'unrecognized_keys')
+      throw new KvdriveError('E_CONFIG', `${what}: expected only known options (${Object.keys(EXPECTED).join(', ')}), got unknown ${issue.keys.map((k) => `'${k}'`).join(', ')}`);
+    const key = String(issue.path[0]);
+    const given = (options as Record<string, unknown>)[key];
+    throw new KvdriveError('E_CONFIG', `${what}.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe(given)}`);
+  }
+  const o = parsed.data;
+  if (policy !== 'kvdrive') {
+    const stray = KVDRIVE_ONLY.filter((k) => o[k] !== undefined);
+    if (stray.length > 0)
+      throw new KvdriveError('E_CONFIG', `${what}: expected no kvdrive-only options (${KVDRIVE_ONLY.join(', ')}) for policy '${policy}', got ${stray.join(', ')}`);
+  }
+  const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
+  const segmentTokens = o.segmentTokens ?? 4096;
+  if (policy === 'kvdrive' && segmentTokens % chunkSize !== 0)
+    throw new KvdriveError('E_CONFIG', `${what}.segmentTokens: expected a multiple of chunkSize ${chunkSize}, got ${segmentTokens}`);
+  if (o.qHeads !== undefined && o.kvHeads !== undefined && o.qHeads % o.kvHeads !== 0)
+    throw new KvdriveError('E_CONFIG', `${what}.qHeads: expected a multiple of kvHeads ${o.kvHeads}, got ${o.qHeads}`);
+  return {
+    chunkSize,
+    tokensPerCluster: o.tokensPerCluster ?? 16,
+    segmentTokens,
+    sinks: o.sinks ?? 4,
+    local: o.local ?? 64,
+    kmeansIters: o.kmeansIters ?? 8,
+    seed: o.seed ?? 0,
+    candidateFactor: o.candidateFactor ?? 4,
+    threads: o.threads ?? 2,
+    qHeads: o.qHeads,
+    kvHeads: o.kvHeads,
+    headDim: o.headDim,
+  };
+}

@@ -1,0 +1,183 @@
+/**
+ * Selection policies: one interface over the native index of one layer for the three policies
+ * (kvdrive hierarchical centroids, the Quest page bound, ShadowKV chunk means). The hot loops
+ * (chunk representatives, k-means, scoring, ranking) run in C++ (native/index*.cc,
+ * native/layer_index.cc); this file validates, orchestrates and shapes the {@link Selection}.
+ */
+import { KvdriveError, describe, fail, fromNative } from '../errors.js';
+import { native } from '../native.js';
+import type { KvTensor } from '../types.js';
+import { resolvePolicyOptions, type PolicyOptions, type ResolvedPolicyOptions } from './options.js';
+import type { PolicyName, Selection } from './selection.js';
+
+/** Per-step cost of the last {@link SelectionPolicy.select}. */
+export interface SelectStats {
+  /** Representative vectors scored (centroids + re-ranked chunk means; Quest counts min and max). */
+  vectorsScored: number;
+  /** Bytes of index data those vectors occupy (f32), i.e. index bytes touched by the step. */
+  bytesScored: number;
+  /** Wall time of the select call, milliseconds. */
+  ms: number;
+}
+
+/** The selection side of one layer's KV cache. */
+export interface SelectionPolicy {
+  readonly name: PolicyName;
+  /** Tokens per selectable chunk (Selection.chunkSize). */
+  readonly chunkSize: number;
+  /** Index tokens [0, tokens) of one layer's keys (prefill). Off the JS thread. */
+  build(k: KvTensor, tokens: number): Promise<void>;
+  /**
+   * Called each decode step as the context grows (k now holds `tokens` tokens): seals chunks that
+   * left the local window into the index, incrementally (kvdrive: a new chunk joins the nearest
+   * centroid of its open segment, and a segment that fills up is re-clustered) — cheap, synchronous.
+   */
+  extend(k: KvTensor, tokens: number): void;
+  /**
+   * Select for one decode position. q: Float32Array(qHeads*dim) (query head h belongs to kv head
+   * floor(h / (qHeads/kvHeads))). budget: tokens per kv head beside sinks and tail (integer >= 1).
+   * opts.pool: lookahead pool size in tokens per kv head (>= budget), best-ranked chunks first.
+   */
+  select(q: Float32Array, budget: number, opts?: { pool?: number }): Selection;
+  /** Bytes of index memory. */
+  indexBytes(): number;
+  /** Vectors and bytes scored by, and wall time of, the last select. */
+  lastSelectStats(): SelectStats;
+}
+
+/** One k-means segment of one kv head (kvdrive introspection). */
+export interface SegmentClusters {
+  /** Chunks [firstChunk, endChunk) belong to this segment. */
+  firstChunk: number;
+  endChunk: number;
+  /** True once k-means ran over the whole, full segment (else it grows online). */
+  full: boolean;
+  /** Clusters. */
+  k: number;
+  /** k x dim centroids. */
+  centroids: Float32Array;
+  /** k + 1 CSR offsets into members. */
+  offsets: Int32Array;
+  /** Absolute chunk ids grouped by cluster, ascending within a cluster. */
+  members: Int32Array;
+  /** Sum of squared distances of the last k-means run. */
+  inertia: number;
+}
+
+interface NativeIndex {
+  build(k: KvTensor, tokens: number): Promise<void>;
+  extend(k: KvTensor, tokens: number): void;
+  select(q: Float32Array, budget: number, pool?: number): Selection & { vectorsScored: number; bytesScored: number };
+  bytes(): number;
+  clusters(head: number): SegmentClusters[];
+}
+
+function call<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (e) {
+    throw fromNative(e);
+  }
+}
+
+function checkTokens(what: string, tokens: unknown): asserts tokens is number {
+  if (typeof tokens !== 'number' || !Number.isSafeInteger(tokens) || tokens < 0)
+    fail('E_RANGE', `${what} tokens`, 'a non-negative integer', tokens);
+}
+
+/** A policy backed by one native SelectionIndex. */
+export class NativeSelectionPolicy implements SelectionPolicy {
+  readonly name: PolicyName;
+  readonly chunkSize: number;
+  readonly options: Readonly<ResolvedPolicyOptions>;
+  private readonly index: NativeIndex;
+  private stats: SelectStats = { vectorsScored: 0, bytesScored: 0, ms: 0 };
+
+  constructor(name: PolicyName, options: ResolvedPolicyOptions) {
+    this.name = name;
+    this.options = Object.freeze({ ...options });
+    this.chunkSize = options.chunkSize;
+    const { qHeads: _q, kvHeads: _k, headDim: _d, ...cfg } = options;
+    this.index = call(() => new native.SelectionIndex({ policy: name, ...cfg }) as NativeIndex);
+  }
+
+  private checkKv(what: string, k: KvTensor): void {
+    if (k === null || typeof k !== 'object') fail('E_TYPE', `${what} k`, 'a KV tensor { data, dtype, tokens, heads, dim }', k);
+    const { kvHeads, headDim } = this.options;
+    if (kvHeads !== undefined && k.heads !== kvHeads) fail('E_SHAPE', `${what} k.heads`, `kvHeads = ${kvHeads}`, k.heads);
+    if (headDim !== undefined && k.dim !== headDim) fail('E_SHAPE', `${what} k.dim`, `headDim = ${headDim}`, k.dim);
+  }
+
+  async build(k: KvTensor, tokens: number): Promise<void> {
+    this.checkKv('build', k);
+    checkTokens('build', tokens);
+    try {
+      await this.index.build(k, tokens);
+    } catch (e) {
+      throw fromNative(e);
+    }
+  }
+
+  extend(k: KvTensor, tokens: number): void {
+    this.checkKv('extend', k);
+    checkTokens('extend', tokens);
+    call(() => this.index.extend(k, tokens));
+  }
+
+  select(q: Float32Array, budget: number, opts?: { pool?: number }): Selection {
+    if (!(q instanceof Float32Array)) fail('E_TYPE', 'select q', 'a Float32Array(qHeads*dim)', q);
+    const { qHeads, headDim } = this.options;
+    if (qHeads !== undefined && headDim !== undefined && q.length !== qHeads * headDim)
+      fail('E_SHAPE', 'select q', `qHeads*headDim = ${qHeads * headDim} elements`, q);
+    if (typeof budget !== 'number' || !Number.isSafeInteger(budget) || budget < 1)
+      fail('E_BUDGET', 'select budget (tokens per kv head)', 'an integer >= 1', budget);
+    if (opts !== undefined && (opts === null || typeof opts !== 'object'))
+      fail('E_TYPE', 'select opts', 'an object { pool? }', opts);
+    const pool = opts?.pool;
+    if (pool !== undefined && (typeof pool !== 'number' || !Number.isSafeInteger(pool) || pool < budget))
+      throw new KvdriveError('E_BUDGET', `select pool (tokens per kv head): expected an integer >= the budget ${budget}, got ${describe(pool)}`);
+    const t0 = performance.now();
+    const r = call(() => this.index.select(q, budget, pool));
+    const ms = performance.now() - t0;
+    this.stats = { vectorsScored: r.vectorsScored, bytesScored: r.bytesScored, ms };
+    const sel: Selection = {
+      chunkSize: r.chunkSize,
+      tokens: r.tokens,
+      sinkEnd: r.sinkEnd,
+      tailStart: r.tailStart,
+      offsets: r.offsets,
+      chunkIds: r.chunkIds,
+    };
+    if (pool !== undefined) {
+      sel.poolOffsets = r.poolOffsets;
+      sel.poolIds = r.poolIds;
+      sel.poolScores = r.poolScores;
+    }
+    return sel;
+  }
+
+  indexBytes(): number {
+    return call(() => this.index.bytes());
+  }
+
+  lastSelectStats(): SelectStats {
+    return { ...this.stats };
+  }
+
+  /** kvdrive: the k-means segments of one kv head (empty for quest / shadowkv). E_RANGE for a bad head. */
+  clusters(head: number): SegmentClusters[] {
+    return call(() => this.index.clusters(head));
+  }
+}
+
+const POLICY_NAMES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
+
+/**
+ * Creates a selection policy for one layer. Options are validated (E_CONFIG); an unknown name is
+ * E_POLICY. See {@link PolicyOptions} for defaults.
+ */
+export function createPolicy(name: PolicyName, options?: PolicyOptions): SelectionPolicy {
+  if (!POLICY_NAMES.includes(name))
+    fail('E_POLICY', 'createPolicy name', `one of ${POLICY_NAMES.map((n) => `'${n}'`).join(', ')}`, name);
+  return new NativeSelectionPolicy(name, resolvePolicyOptions(name, options));
+}
