@@ -6,6 +6,10 @@ export type { ErrorCode } from './errors.js';
 export type { Dtype, DtypeArray, KvTensor, ModelShape } from './types.js';
 export { cpuFeatures, setSimdLevel } from './native.js';
 export type { CpuFeatures, SimdLevel } from './native.js';
+export { createPolicy } from './index/policy.js';
+export type { SelectionPolicy, SelectStats } from './index/policy.js';
+export type { PolicyOptions } from './index/options.js';
+export type { Selection, PolicyName } from './index/selection.js';
 export {
   attendDense,
   attendDenseAsync,
@@ -21,10 +25,17 @@ export type {
   SparseAttentionResult,
   AttentionWeightsOptions,
 } from './attention/kernels.js';
-export { createPolicy } from './index/policy.js';
-export type { SelectionPolicy, SelectStats } from './index/policy.js';
-export type { PolicyOptions } from './index/options.js';
-export type { Selection, PolicyName } from './index/selection.js';
+// Reference host: llama2.c checkpoints, tokenizer, forward pass with a pluggable attention backend.
+export { loadCheckpoint } from './model/checkpoint.js';
+export type { Checkpoint, ModelConfig } from './model/checkpoint.js';
+export { loadTokenizer } from './model/tokenizer.js';
+export type { Tokenizer } from './model/tokenizer.js';
+export type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './model/attention-backend.js';
+export { registerBackend, createBackend } from './model/backends.js';
+export { DenseTsAttention } from './model/dense-attention.js';
+export { Transformer } from './model/forward.js';
+export { generate } from './model/generate.js';
+export type { GenerateOptions, GenerateResult } from './model/generate.js';
 export { HotTier, EvictionPolicies, resolveWindows } from './cache/hot-tier.js';
 export type { HotTierOptions, EvictionPolicy, TierCounters, HotTierStepStats, HotTierStats, HotTierInfo } from './cache/hot-tier.js';
 export { importanceScores, rankChunks, warmUp } from './cache/warmup.js';

@@ -1,6 +1,7 @@
 /** The list of subcommands; each entry adds one command to the program. */
 import type { Command } from 'commander';
+import { register as registerGenerate } from './generate.js';
 
 export type RegisterCommand = (program: Command) => void;
 
-export const commands: RegisterCommand[] = [];
+export const commands: RegisterCommand[] = [registerGenerate];
