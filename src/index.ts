@@ -44,3 +44,10 @@ export { solveWindows, parseWindowAllocation, parseBytes } from './cache/window-
 export type { SolveWindowsOptions, SolveMethod, WindowAllocation } from './cache/window-solver.js';
 export { parseProfile, WindowProfileSchema } from './cache/profile-types.js';
 export type { WindowProfile, PairProfile } from './cache/profile-types.js';
+export { openTrace, writeTrace, memoryTrace, layerKvWithNew, TraceMetaSchema } from './trace/trace.js';
+export type { TraceMeta, TraceReader, TraceLayer, TraceLayerData, TraceExtraTensor } from './trace/trace.js';
+export { generateSyntheticTrace, SyntheticTraceOptionsSchema, NEEDLES_TENSOR } from './trace/synthetic.js';
+export type { SyntheticTrace, SyntheticTraceOptions, SyntheticNeedle, HeadRole } from './trace/synthetic.js';
+export { openSafetensors, writeSafetensors, SafetensorsFile, SafetensorsWriter } from './trace/safetensors.js';
+export type { Tensor, TensorData, TensorInfo, TensorSpec, DataDtype, SafetensorsDtype } from './trace/safetensors.js';
+export { f32ArrayToF16, f32ArrayToBf16, f16ArrayToF32, bf16ArrayToF32 } from './util/f16.js';

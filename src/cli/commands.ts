@@ -1,7 +1,8 @@
 /** The list of subcommands; each entry adds one command to the program. */
 import type { Command } from 'commander';
 import { register as registerGenerate } from './generate.js';
+import { register as synth } from './synth.js';
 
 export type RegisterCommand = (program: Command) => void;
 
-export const commands: RegisterCommand[] = [registerGenerate];
+export const commands: RegisterCommand[] = [registerGenerate, synth];

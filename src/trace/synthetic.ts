@@ -31,9 +31,9 @@
  * time; nothing but small per-layer plans is kept.
  */
 import { z } from 'zod';
-import { fail } from '../errors.js';
+import { KvdriveError, describe, fail } from '../errors.js';
 import type { Dtype } from '../types.js';
-import { f32BitsToBf16Bits, f32BitsToF16Bits } from '../util/f16.js';
+import { f32BitsToBf16Bits, f32BitsToF16Bits, fromF32 } from '../util/f16.js';
 import { memoryTrace, writeTrace, type TraceExtraTensor, type TraceLayerData, type TraceMeta, type TraceReader } from './trace.js';
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
@@ -648,7 +648,14 @@ export function resolveSyntheticOptions(options: SyntheticTraceOptions = {}): Re
   const r = SyntheticTraceOptionsSchema.safeParse(options);
   if (!r.success) {
     const what = r.error.issues.map((i) => `${i.path.join('.') || '(options)'}: ${i.message}`).join('; ');
-    fail('E_CONFIG', 'synthetic trace options', what, options);
+    const given = r.error.issues
+      .map((i) => {
+        const key = String(i.path[0] ?? '');
+        const value = key && options && typeof options === 'object' ? (options as Record<string, unknown>)[key] : options;
+        return i.code === 'unrecognized_keys' ? `unknown option(s) ${i.keys.join(', ')}` : `${key || 'options'}=${describe(value)}`;
+      })
+      .join('; ');
+    throw new KvdriveError('E_CONFIG', `synthetic trace options: expected ${what}; got ${given}`);
   }
   return r.data;
 }
@@ -691,7 +698,9 @@ export function generateSyntheticTrace(options: SyntheticTraceOptions = {}): Syn
     generateKeys(o, bands, plan, topicOf, T, T + S, plan.newSeed, kNew);
     generateValues(o, T * H * D, plan.valueSeed, v);
     generateValues(o, S * H * D, hashSeed(plan.valueSeed, 1), vNew);
-    return { k, v, q: plan.q.slice(), kNew, vNew };
+    // q goes out in storage form, so the in-memory trace and a file written from it read back the
+    // same f32 queries.
+    return { k, v, q: o.dtype === 'f32' ? plan.q.slice() : fromF32(plan.q, o.dtype), kNew, vNew };
   };
 
   const reader = memoryTrace(meta, o.dtype, layerData, extras);
