@@ -43,6 +43,8 @@ export type { ObservationWindow } from './cache/warmup.js';
 export { solveWindows, parseWindowAllocation, parseBytes } from './cache/window-solver.js';
 export type { SolveWindowsOptions, SolveMethod, WindowAllocation } from './cache/window-solver.js';
 export { parseProfile, WindowProfileSchema } from './cache/profile-types.js';
+export { profileTrace, measureWindows, profileTotals } from './cache/profiler.js';
+export type { ProfileOptions } from './cache/profiler.js';
 export type { WindowProfile, PairProfile } from './cache/profile-types.js';
 export { openTrace, writeTrace, memoryTrace, layerKvWithNew, TraceMetaSchema } from './trace/trace.js';
 export type { TraceMeta, TraceReader, TraceLayer, TraceLayerData, TraceExtraTensor } from './trace/trace.js';

@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { Command } from 'commander';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { HotTier } from '../src/cache/hot-tier.js';
-import { profileTotals, profileTrace } from '../src/cache/profiler.js';
+import { measureWindows, profileTotals, profileTrace } from '../src/cache/profiler.js';
+import { openTrace } from '../src/trace/trace.js';
 import { parseProfile } from '../src/cache/profile-types.js';
 import { parseWindowAllocation } from '../src/cache/window-solver.js';
 import { register as registerProfile } from '../src/cli/profile.js';
@@ -86,6 +87,14 @@ describe('kvdrive profile / solve-windows', () => {
     expect(windows.flat().every((w) => [0, 1, 2, 3].includes(w))).toBe(true);
     expect((alloc as { totalCostBytes: number }).totalCostBytes).toBeLessThanOrEqual(Math.floor(max / 2));
     expect((alloc as { minimumBytes: number }).minimumBytes).toBe(min);
+    // The real tier configured with the solved windows transfers what the solver predicted (pairs
+    // are independent given the shared selections).
+    const tr = await openTrace(tracePath);
+    const measured = await measureWindows(tr, windows, { budget: 32 });
+    await tr.close();
+    const predicted = (alloc as { predictedFetchedBytesPerStep: number }).predictedFetchedBytesPerStep;
+    expect(Math.abs(measured.fetchedBytesPerStep - predicted)).toBeLessThan(1e-6 * predicted + 1e-6);
+    expect(measured.residentBytes).toBe((alloc as { totalCostBytes: number }).totalCostBytes);
     const t = new HotTier({ layers: 2, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: p.source!.chunkSize as number, budget: 32, windows: alloc as never, maxBytes: 1 << 22 });
     expect(t.options.windows).toEqual(windows);
     t.destroy();
