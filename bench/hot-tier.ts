@@ -9,7 +9,8 @@
  * 2. Transfer per step against window size (kvdrive + LA). Baseline: window ×0 (no reuse).
  * 3. 2D window scaling vs uniform windows at equal memory: profile windows ×0..×8, solve the MCKP
  *    (exact) for the bytes a uniform ×N takes, then replay with the solved windows on the real tier.
- *    Baseline: the uniform ×N (measured in the profile).
+ *    Baseline: the uniform ×N (measured in the profile). The same windows are also replayed on a
+ *    held-out trace (another seed / another story) against its own uniform ×N.
  *
  * Traces: a synthetic trace (generated in memory) and, when the stories260K fixture is present, a
  * trace recorded from the real model (sampling with a fixed seed).
@@ -65,7 +66,7 @@ async function table3(name: string, trace: TraceReader, budget: number) {
   }
 }
 
-async function transferAndScaling(name: string, trace: TraceReader, budget: number) {
+async function transferAndScaling(name: string, trace: TraceReader, budget: number, holdout: TraceReader, holdoutName: string) {
   const windows = [0, 1, 2, 3, 4, 5, 6, 7, 8];
   const p = await profileTrace(trace, { windows, budget, policy: 'kvdrive', eviction: 'lookahead' });
   const totals = profileTotals(p);
@@ -77,17 +78,21 @@ async function transferAndScaling(name: string, trace: TraceReader, budget: numb
     console.log(`| ×${t.window} | ${kib(t.residentBytes)} | ${kib(t.fetchedBytesPerStep)} | ${(t.fetchedBytesPerStep / base).toFixed(3)} | ${pct(t.hitRate)} |`);
 
   console.log(`\n### ${name}: 2D window scaling vs uniform windows at equal memory\n`);
-  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | 2D windows used | solve time |`);
-  console.log(`|---|---|---|---|---|---|---|`);
+  console.log(`Solved on this trace's profile; "held-out" replays the same windows on ${holdoutName}.\n`);
+  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | held-out uniform | held-out 2D | held-out 2D / uniform | 2D windows used | solve time |`);
+  console.log(`|---|---|---|---|---|---|---|---|---|---|`);
+  const hold = profileTotals(await profileTrace(holdout, { windows: [1, 2, 3, 4], budget, policy: 'kvdrive', eviction: 'lookahead' }));
   for (const n of [1, 2, 3, 4]) {
     const j = windows.indexOf(n);
     const budgetBytes = totals[j]!.residentBytes;
     const a = solveWindows(p, { budgetBytes, method: 'exact' });
     const m = await measureWindows(trace, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
     const uni = totals[j]!.fetchedBytesPerStep;
+    const hm = await measureWindows(holdout, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
+    const hu = hold[n - 1]!.fetchedBytesPerStep;
     const used = [...new Set(a.windows.flat())].sort((x, y) => x - y).map((w) => `×${w}`).join(' ');
     console.log(
-      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms |`,
+      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${kib(hu)} | ${kib(hm.fetchedBytesPerStep)} | ${(hm.fetchedBytesPerStep / hu).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms |`,
     );
   }
 }
@@ -102,7 +107,8 @@ async function main() {
   const synthName = `synthetic (L${m.layers}, Hq ${m.qHeads}/Hkv ${m.kvHeads}, D ${m.headDim}, T ${m.promptTokens}, ${m.decodeSteps} steps, f16)`;
   const t0 = performance.now();
   await table3(synthName, synth, synthBudget);
-  await transferAndScaling(synthName, synth, synthBudget);
+  const synthHold = generateSyntheticTrace({ ...synthOpts, seed: 8 });
+  await transferAndScaling(synthName, synth, synthBudget, synthHold, 'the same generator with seed 8');
 
   const fixture = [process.env.KVDRIVE_FIXTURES, resolve(here, '..', '..', '..', 'shared', 'fixtures'), resolve(here, '..', '..', 'shared', 'fixtures')]
     .filter((p): p is string => !!p)
@@ -116,12 +122,16 @@ async function main() {
       const model = loadCheckpoint(join(fixture, 'stories260K', 'stories260K.bin'));
       const tokenizer = loadTokenizer(join(fixture, 'stories260K', 'tok512.bin'), { vocabSize: model.config.vocabSize });
       await generate({ model, tokenizer, steps: 512, seed: 1, traceOut: path, tracePromptTokens: 256 });
+      const path2 = join(dir, 'stories2.safetensors');
+      await generate({ model, tokenizer, steps: 512, seed: 2, traceOut: path2, tracePromptTokens: 256 });
       const tr = await openTrace(path);
+      const tr2 = await openTrace(path2);
       const sm = tr.meta;
       const name = `stories260K recorded (L${sm.layers}, Hq ${sm.qHeads}/Hkv ${sm.kvHeads}, D ${sm.headDim}, T ${sm.promptTokens}, ${sm.decodeSteps} steps, ${tr.dtype})`;
       await table3(name, tr, 32);
-      await transferAndScaling(name, tr, 32);
+      await transferAndScaling(name, tr, 32, tr2, `another story (sampling seed 2, ${tr2.meta.decodeSteps} steps)`);
       await tr.close();
+      await tr2.close();
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
