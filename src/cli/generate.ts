@@ -1,0 +1,98 @@
+/**
+ * `kvdrive generate`: run the reference host (a llama2.c checkpoint) and print the text as it is
+ * generated, then the speed. Attention goes through a named backend (`--backend`, default dense).
+ */
+import type { Command } from 'commander';
+import { fail } from '../errors.js';
+import { backendNames, createBackend } from '../model/backends.js';
+import { loadCheckpoint } from '../model/checkpoint.js';
+import { attentionShape } from '../model/forward.js';
+import { generate } from '../model/generate.js';
+import { loadTokenizer } from '../model/tokenizer.js';
+
+interface GenerateCliOptions {
+  model: string;
+  tokenizer: string;
+  steps?: number;
+  budget?: number;
+  prompt?: string;
+  temperature: number;
+  topP: number;
+  seed: number;
+  traceOut?: string;
+  tracePrompt?: number;
+  backend: string;
+}
+
+/** Commander parser for an integer option ≥ min (E_CONFIG, or E_BUDGET for --budget). */
+function integer(flag: string, min: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isSafeInteger(n) || n < min)
+      fail(flag === '--budget' ? 'E_BUDGET' : 'E_CONFIG', `option ${flag}`, `an integer ≥ ${min}`, value);
+    return n;
+  };
+}
+
+/** Commander parser for a finite number in [min, max]. */
+function number(flag: string, min: number, max = Infinity) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n) || n < min || n > max)
+      fail('E_CONFIG', `option ${flag}`, `a number in [${min}, ${max === Infinity ? '∞' : max}]`, value);
+    return n;
+  };
+}
+
+export function register(program: Command): void {
+  program
+    .command('generate')
+    .description('generate text with a llama2.c checkpoint (the reference host), printing tokens/s at the end')
+    .requiredOption('--model <file>', 'llama2.c checkpoint (.bin)')
+    .requiredOption('--tokenizer <file>', 'llama2.c tokenizer (.bin) for that checkpoint')
+    .option('--steps <n>', 'positions to run, prompt included (default: min(256, seq_len))', integer('--steps', 1))
+    .option('--prompt <text>', 'text to continue (default: start from BOS)')
+    .option('--temperature <x>', '0 = greedy, else sampling temperature', number('--temperature', 0), 1)
+    .option('--top-p <p>', 'nucleus sampling mass; 0 or 1 disables it', number('--top-p', 0, 1), 0.9)
+    .option('--seed <n>', 'sampling RNG seed', integer('--seed', 0), 0)
+    .option('--backend <name>', `attention backend (${backendNames().join(', ')})`, 'dense')
+    .option(
+      '--budget <k>',
+      'tokens attended per (layer, kv head) per step by the kvdrive sparse backend; the dense backend attends all',
+      integer('--budget', 1),
+    )
+    .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
+    .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integer('--trace-prompt', 1))
+    .action(async (opts: GenerateCliOptions) => {
+      const model = loadCheckpoint(opts.model);
+      const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
+      if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
+        fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
+      if (opts.budget !== undefined && opts.backend === 'dense')
+        process.stderr.write(`note: --budget ${opts.budget} applies to the kvdrive sparse backend; the dense backend attends every position\n`);
+      const backend = createBackend(opts.backend, attentionShape(model.config), { budget: opts.budget });
+      try {
+        const r = await generate({
+          model,
+          tokenizer,
+          prompt: opts.prompt,
+          steps: opts.steps,
+          temperature: opts.temperature,
+          topP: opts.topP,
+          seed: opts.seed,
+          backend,
+          traceOut: opts.traceOut,
+          tracePromptTokens: opts.tracePrompt,
+          onToken: (text) => process.stdout.write(text),
+        });
+        process.stdout.write('\n');
+        process.stderr.write(
+          `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${opts.backend}, stopped by ${r.stoppedBy})\n`,
+        );
+        if (r.trace && opts.traceOut)
+          process.stderr.write(`trace: ${opts.traceOut} (${r.trace.layers} layers, ${r.trace.promptTokens} prompt tokens, ${r.trace.decodeSteps} decode steps)\n`);
+      } finally {
+        backend.close?.();
+      }
+    });
+}

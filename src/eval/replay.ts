@@ -1,0 +1,248 @@
+/**
+ * Replays a trace's decode steps through a selection policy and compares every step with dense
+ * attention: the engine behind `kvdrive eval` and `kvdrive demo`.
+ *
+ * Per layer: the policy indexes the prompt keys (`build`), then for decode step s the context is
+ * the prompt plus new tokens 0..s (tokens = T + s + 1); the policy extends its index, selects for
+ * q_s, sparse attention runs over the selection, and dense attention + dense probabilities give
+ * the reference, the recall of dense mass, the oracle's recall at the same budget and the error.
+ */
+import type { KvTensor } from '../types.js';
+import type { PolicyName, Selection } from '../index/selection.js';
+import { createPolicy } from '../index/policy.js';
+import type { PolicyOptions } from '../index/options.js';
+import { fail } from '../errors.js';
+import { layerKvWithNew, type TraceMeta, type TraceReader } from '../trace/trace.js';
+import { NEEDLES_TENSOR } from '../trace/synthetic.js';
+import { attendDenseAsync, attendSparse, attentionWeights } from '../attention/kernels.js';
+import { attendedMask, massRecall, oracleMask, relativeError } from './metrics.js';
+
+/** One layer of a trace, with the prompt and the new tokens in one KV tensor (prompt first). */
+export interface ReplayLayer {
+  layer: number;
+  promptTokens: number;
+  decodeSteps: number;
+  qHeads: number;
+  /** promptTokens + decodeSteps tokens. */
+  k: KvTensor;
+  v: KvTensor;
+  /** decodeSteps × qHeads × headDim, f32. */
+  q: Float32Array;
+}
+
+/** A planted needle: the retrieval head must attend `token` during steps [firstStep, lastStep]. */
+export interface Needle {
+  layer: number;
+  kvHead: number;
+  token: number;
+  firstStep: number;
+  lastStep: number;
+}
+
+export interface StepResult {
+  recall: number;
+  oracleRecall: number;
+  relError: number;
+  selectMs: number;
+  attendMs: number;
+  /** Bytes of K/V rows read by sparse attention plus index bytes scored by selection. */
+  sparseBytes: number;
+}
+
+export interface LayerResult {
+  layer: number;
+  steps: StepResult[];
+  buildMs: number;
+  indexBytes: number;
+  needlesFound: number;
+  needlesTotal: number;
+}
+
+/** Dense reference per step, shared by every policy replayed on the same layer. */
+export interface DenseStep {
+  ms: number;
+  bytes: number;
+}
+
+export interface ReplayOptions {
+  policies: PolicyName[];
+  budget: number;
+  policyOptions?: Partial<PolicyOptions>;
+  needles?: Needle[];
+  /** Threads for dense attention (the reference); selection and sparse attention use one. */
+  denseThreads?: number;
+  /** Called after each step (progress). */
+  onStep?: (layer: number, step: number) => void;
+}
+
+function mean(xs: number[]): number {
+  return xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length;
+}
+
+/** A view of the first `tokens` tokens of a token-major KV tensor, without copying. */
+export function prefixView(kv: KvTensor, tokens: number): KvTensor {
+  const row = kv.heads * kv.dim;
+  return { ...kv, tokens, data: kv.data.subarray(0, tokens * row) };
+}
+
+/** Bytes per stored element. */
+export function dtypeBytes(kv: KvTensor): number {
+  return kv.dtype === 'f32' ? 4 : 2;
+}
+
+/**
+ * Replays one layer for every policy in `opts.policies`; dense attention and the dense
+ * probabilities are computed once per step and shared.
+ */
+export async function replayLayer(
+  layer: ReplayLayer,
+  opts: ReplayOptions,
+): Promise<{ dense: DenseStep[]; byPolicy: Map<PolicyName, LayerResult> }> {
+  const { k, v, promptTokens: T, decodeSteps: S, qHeads } = layer;
+  const kvHeads = k.heads;
+  const dim = k.dim;
+  const rowBytes = dim * dtypeBytes(k);
+  const needles = (opts.needles ?? []).filter((n) => n.layer === layer.layer);
+
+  const runs = [];
+  for (const name of opts.policies) {
+    const policy = createPolicy(name, { ...opts.policyOptions, qHeads, kvHeads, headDim: dim });
+    const t0 = performance.now();
+    await policy.build(prefixView(k, T), T);
+    const result: LayerResult = {
+      layer: layer.layer, steps: [], buildMs: performance.now() - t0, indexBytes: policy.indexBytes(),
+      needlesFound: 0, needlesTotal: 0,
+    };
+    runs.push({ name, policy, result });
+  }
+
+  const dense: DenseStep[] = [];
+  for (let s = 0; s < S; s++) {
+    const tokens = T + s + 1;
+    const kView = prefixView(k, tokens);
+    const vView = prefixView(v, tokens);
+    const q = layer.q.subarray(s * qHeads * dim, (s + 1) * qHeads * dim);
+
+    const td = performance.now();
+    const ref = await attendDenseAsync({ q, qHeads, k: kView, v: vView, threads: opts.denseThreads });
+    dense.push({ ms: performance.now() - td, bytes: 2 * tokens * kvHeads * rowBytes });
+    const weights = attentionWeights({ q, qHeads, k: kView });
+
+    for (const run of runs) {
+      const ts = performance.now();
+      run.policy.extend(kView, tokens);
+      const sel: Selection = run.policy.select(q, opts.budget);
+      const selectMs = performance.now() - ts;
+      const ta = performance.now();
+      const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel });
+      const attendMs = performance.now() - ta;
+
+      const mask = attendedMask(sel, kvHeads);
+      const oracle = oracleMask(weights, qHeads, kvHeads, tokens, sel.sinkEnd, sel.tailStart, opts.budget);
+      let attended = 0;
+      for (let i = 0; i < mask.length; i++) attended += mask[i]!;
+      for (const n of needles) {
+        if (s < n.firstStep || s > n.lastStep) continue;
+        run.result.needlesTotal++;
+        if (mask[n.kvHead * tokens + n.token]) run.result.needlesFound++;
+      }
+      run.result.steps.push({
+        recall: massRecall(weights, mask, qHeads, kvHeads, tokens),
+        oracleRecall: massRecall(weights, oracle, qHeads, kvHeads, tokens),
+        relError: relativeError(sparse.out, ref.out),
+        selectMs,
+        attendMs,
+        sparseBytes: 2 * attended * rowBytes + run.policy.lastSelectStats().bytesScored,
+      });
+    }
+    opts.onStep?.(layer.layer, s);
+  }
+  return { dense, byPolicy: new Map(runs.map((r) => [r.name, r.result])) };
+}
+
+/** Aggregates over layers and steps (means per step). */
+export function summarize(policy: PolicyName, budget: number, layers: LayerResult[]) {
+  const all = layers.flatMap((l) => l.steps);
+  const nf = layers.reduce((a, l) => a + l.needlesFound, 0);
+  const nt = layers.reduce((a, l) => a + l.needlesTotal, 0);
+  return {
+    policy,
+    budget,
+    steps: all.length,
+    recall: mean(all.map((s) => s.recall)),
+    oracleRecall: mean(all.map((s) => s.oracleRecall)),
+    recallVsOracle: mean(all.map((s) => (s.oracleRecall > 0 ? s.recall / s.oracleRecall : 1))),
+    relError: mean(all.map((s) => s.relError)),
+    selectMs: mean(all.map((s) => s.selectMs)),
+    attendMs: mean(all.map((s) => s.attendMs)),
+    sparseBytes: mean(all.map((s) => s.sparseBytes)),
+    buildMs: layers.reduce((a, l) => a + l.buildMs, 0),
+    indexBytes: layers.reduce((a, l) => a + l.indexBytes, 0),
+    needlesFound: nf,
+    needlesTotal: nt,
+    layers: layers.map((l) => ({
+      layer: l.layer,
+      recall: mean(l.steps.map((s) => s.recall)),
+      oracleRecall: mean(l.steps.map((s) => s.oracleRecall)),
+      relError: mean(l.steps.map((s) => s.relError)),
+      selectMs: mean(l.steps.map((s) => s.selectMs)),
+      needlesFound: l.needlesFound,
+      needlesTotal: l.needlesTotal,
+    })),
+  };
+}
+export type ReplaySummary = ReturnType<typeof summarize>;
+
+/** Reads the planted needles of a trace (rows [layer, kvHead, token, firstStep, lastStep]), if any. */
+export async function traceNeedles(reader: TraceReader): Promise<Needle[]> {
+  const t = await reader.extra(NEEDLES_TENSOR);
+  if (!t) return [];
+  if (!(t.data instanceof Int32Array) || t.shape.length !== 2 || t.shape[1] !== 5)
+    fail('E_TRACE_FORMAT', `trace tensor ${NEEDLES_TENSOR}`, 'an I32 tensor of shape [n, 5]', `shape [${t.shape.join(', ')}]`);
+  const d = t.data;
+  const out: Needle[] = [];
+  for (let i = 0; i < t.shape[0]!; i++)
+    out.push({ layer: d[i * 5]!, kvHead: d[i * 5 + 1]!, token: d[i * 5 + 2]!, firstStep: d[i * 5 + 3]!, lastStep: d[i * 5 + 4]! });
+  return out;
+}
+
+export interface TraceEvaluation {
+  meta: TraceMeta;
+  dtype: string;
+  /** Dense attention per layer and step, averaged. */
+  dense: { ms: number; bytes: number };
+  policies: ReplaySummary[];
+}
+
+/**
+ * Evaluates policies on every layer of a trace, one layer in memory at a time.
+ * `onLayer` is called before each layer loads (progress reporting).
+ */
+export async function evaluateTrace(
+  reader: TraceReader,
+  opts: ReplayOptions & { layers?: number[]; onPhase?: (what: string) => void },
+): Promise<TraceEvaluation> {
+  const meta = reader.meta;
+  const needles = opts.needles ?? (await traceNeedles(reader));
+  const layers = opts.layers ?? Array.from({ length: meta.layers }, (_, l) => l);
+  const per = new Map<PolicyName, LayerResult[]>(opts.policies.map((p) => [p, []]));
+  const dense: DenseStep[] = [];
+  for (const l of layers) {
+    opts.onPhase?.(`layer ${l}: loading`);
+    const layer = await reader.layer(l);
+    const { k, v } = layerKvWithNew(layer);
+    opts.onPhase?.(`layer ${l}: indexing`);
+    const r = await replayLayer(
+      { layer: l, promptTokens: meta.promptTokens, decodeSteps: meta.decodeSteps, qHeads: meta.qHeads, k, v, q: layer.q },
+      { ...opts, needles },
+    );
+    dense.push(...r.dense);
+    for (const [name, res] of r.byPolicy) per.get(name)!.push(res);
+  }
+  return {
+    meta,
+    dtype: reader.dtype,
+    dense: { ms: mean(dense.map((d) => d.ms)), bytes: mean(dense.map((d) => d.bytes)) },
+    policies: opts.policies.map((p) => summarize(p, opts.budget, per.get(p)!)),
+  };
+}

@@ -1,0 +1,37 @@
+/**
+ * The seam between the reference host (forward.ts) and attention. The host owns the projections,
+ * RoPE and the KV cache; a backend computes attention for one layer at one position. The dense TS
+ * reference ({@link DenseTsAttention}) and the kvdrive sparse backend implement the same interface.
+ */
+/** Attention for one layer at one position. The host writes k/v of `pos` into its cache first. */
+export interface AttentionBackend {
+  /** q: Float32Array(nHeads*headSize); kCache/vCache: Float32Array(seqLen*nKvHeads*headSize),
+   *  token-major (position, kv head, dim); attends positions [0, pos]. Returns out (nHeads*headSize). */
+  attend(layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Float32Array;
+  /** Forget all per-sequence state (called when the host starts a new sequence). Optional. */
+  reset?(): void;
+  /** Release resources (native memory, workers). Optional. */
+  close?(): void;
+}
+
+/** What a backend needs to know about the model. Query head h reads kv head floor(h / (nHeads / nKvHeads)). */
+export interface AttentionShape {
+  nLayers: number;
+  nHeads: number;
+  nKvHeads: number;
+  headSize: number;
+  /** Positions the host's KV cache holds (the cache arrays are seqLen × nKvHeads × headSize). */
+  seqLen: number;
+}
+
+/** Options every backend factory accepts. */
+export interface BackendOptions {
+  /**
+   * Tokens attended per (layer, kv head) per step beside the always-kept sinks and local window
+   * (DESIGN.md §2). Applies to the kvdrive sparse backend; the dense backend attends every position.
+   */
+  budget?: number;
+}
+
+/** Creates a backend for a model shape. */
+export type BackendFactory = (shape: AttentionShape, options: BackendOptions) => AttentionBackend;

@@ -1,0 +1,30 @@
+/**
+ * Registry of attention backends by name, for `kvdrive generate --backend` and other callers that
+ * pick a backend from configuration. "dense" (the TS reference) is always present; the kvdrive
+ * sparse backend registers itself here.
+ */
+import { KvdriveError, fail } from '../errors.js';
+import type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './attention-backend.js';
+import { DenseTsAttention } from './dense-attention.js';
+
+const factories = new Map<string, BackendFactory>([['dense', (shape) => new DenseTsAttention(shape)]]);
+
+/** Registers a backend under a name (used by `kvdrive generate --backend`). */
+export function registerBackend(name: string, factory: BackendFactory): void {
+  if (factories.has(name)) throw new KvdriveError('E_CONFIG', `attention backend "${name}" is already registered`);
+  factories.set(name, factory);
+}
+
+/** Names of the registered backends. */
+export function backendNames(): string[] {
+  return [...factories.keys()];
+}
+
+/** Builds the backend registered under `name`; unknown names are E_CONFIG. */
+export function createBackend(name: string, shape: AttentionShape, options: BackendOptions = {}): AttentionBackend {
+  const f = factories.get(name);
+  if (!f) fail('E_CONFIG', 'attention backend', `one of ${backendNames().join(', ')}`, name);
+  if (options.budget !== undefined && (!Number.isInteger(options.budget) || options.budget < 1))
+    fail('E_BUDGET', 'attention budget', 'an integer ≥ 1', options.budget);
+  return f(shape, options);
+}

@@ -1,0 +1,63 @@
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { Command } from 'commander';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import { register } from '../src/cli/generate.js';
+import { expectKvdError, fixturesDir } from './helpers.js';
+import { tmpDir } from './model-helpers.js';
+
+/** Runs `kvdrive generate <args>` in-process; returns what it wrote to stdout and stderr. */
+async function run(args: string[]): Promise<{ out: string; err: string }> {
+  const program = new Command().exitOverride();
+  register(program);
+  let out = '';
+  let err = '';
+  vi.spyOn(process.stdout, 'write').mockImplementation((s) => ((out += String(s)), true));
+  vi.spyOn(process.stderr, 'write').mockImplementation((s) => ((err += String(s)), true));
+  try {
+    await program.parseAsync(['node', 'kvdrive', 'generate', ...args]);
+  } finally {
+    vi.restoreAllMocks();
+  }
+  return { out, err };
+}
+
+afterEach(() => vi.restoreAllMocks());
+
+describe('kvdrive generate', () => {
+  const files = (): string[] | undefined => {
+    const fx = fixturesDir();
+    return fx ? ['--model', join(fx, 'stories260K', 'stories260K.bin'), '--tokenizer', join(fx, 'stories260K', 'tok512.bin')] : undefined;
+  };
+
+  it('prints the greedy story, then tokens/s; --budget is noted for the dense backend', async (ctx) => {
+    const f = files();
+    if (!f) return ctx.skip();
+    const { out, err } = await run([...f, '--steps', '30', '--temperature', '0', '--budget', '64']);
+    expect(out.startsWith('Once upon a time, there was a little girl named Lily.')).toBe(true);
+    expect(err).toMatch(/achieved tok\/s: \d+(\.\d+)? \(30 positions/);
+    expect(err).toMatch(/--budget 64 applies to the kvdrive sparse backend/);
+  });
+
+  it('writes a trace with --trace-out / --trace-prompt', async (ctx) => {
+    const f = files();
+    if (!f) return ctx.skip();
+    const path = join(tmpDir(), 'cli.safetensors');
+    const { err } = await run([...f, '--steps', '16', '--temperature', '0', '--trace-out', path, '--trace-prompt', '10']);
+    expect(existsSync(path)).toBe(true);
+    expect(err).toMatch(/10 prompt tokens, 6 decode steps/);
+  });
+
+  it('validates options with typed errors', async (ctx) => {
+    const f = files() ?? ['--model', '/nonexistent/m.bin', '--tokenizer', '/nonexistent/t.bin'];
+    await expectKvdError(() => run([...f, '--budget', '0']), 'E_BUDGET', /option --budget: expected an integer ≥ 1, got "0"/);
+    await expectKvdError(() => run([...f, '--budget', '2.5']), 'E_BUDGET', /got "2.5"/);
+    await expectKvdError(() => run([...f, '--steps', 'ten']), 'E_CONFIG', /option --steps: expected an integer ≥ 1, got "ten"/);
+    await expectKvdError(() => run([...f, '--temperature', '-0.5']), 'E_CONFIG', /option --temperature: expected a number in \[0, ∞\]/);
+    await expectKvdError(() => run([...f, '--top-p', '1.1']), 'E_CONFIG', /option --top-p: expected a number in \[0, 1\]/);
+    await expectKvdError(() => run(['--model', '/nonexistent/m.bin', '--tokenizer', '/nonexistent/t.bin']), 'E_NOT_FOUND', /checkpoint not found/);
+    if (!files()) return ctx.skip();
+    await expectKvdError(() => run([...f, '--backend', 'nope']), 'E_CONFIG', /attention backend: expected one of dense, got "nope"/);
+    await expectKvdError(() => run([...f, '--trace-prompt', '3']), 'E_CONFIG', /--trace-prompt: expected to be given together with --trace-out/);
+  });
+});
