@@ -136,6 +136,43 @@ describe('Runtime', () => {
   });
 });
 
+describe('Runtime with a hot tier', () => {
+  it('adds the fetch stage; outputs are bit-identical to no tier, sequentially and pipelined; hits counted', async () => {
+    const before = await osThreads();
+    const opts: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
+    const hotTier = { windows: 2, maxBytes: 1 << 22 };
+    const plain = await openRuntime({ ...opts, mode: 'sequential' });
+    const seqTier = await openRuntime({ ...opts, mode: 'sequential', hotTier });
+    const pipTier = await openRuntime({ ...opts, mode: 'pipelined', hotTier });
+    const a = await decode(plain, 17);
+    const b = await decode(seqTier, 17);
+    const c = await decode(pipTier, 17);
+    expect(b.map(bits)).toEqual(a.map(bits));
+    expect(c.map(bits)).toEqual(a.map(bits));
+    const sb = await seqTier.stats();
+    const sc = await pipTier.stats();
+    expect(sb.hits).toBeGreaterThan(0); // consecutive queries of one sequence reuse chunks
+    expect(sb.hits + sb.misses).toBeGreaterThan(0);
+    expect([sc.hits, sc.misses]).toEqual([sb.hits, sb.misses]); // same residency decisions
+    expect(sb.fetchMs).toBeGreaterThan(0);
+    expect((await plain.stats()).fetchMs).toBe(0);
+    expect(sc.stages!.map((s) => s.stage)).toEqual(['selection', 'fetch', 'compute']);
+    await Promise.all([plain.close(), seqTier.close(), pipTier.close()]);
+    expect(await osThreads()).toBe(before);
+  });
+
+  it('retires closed sequence handles (the tier cannot reset a residency) and validates its options', async () => {
+    const rt = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: { windows: 1, maxBytes: 1 << 20 } });
+    const s = rt.createSequence();
+    await rt.closeSequence(s);
+    await expectKvdError(() => rt.createSequence(), 'E_NOMEM', /open or retired \(with a hot tier closed handles are not reused\)/);
+    await rt.close();
+    await expectKvdError(() => openRuntime({ shape, budget: 8, hotTier: { windows: 1, maxBytes: 64 } }), 'E_BUDGET');
+    await expectKvdError(() => openRuntime({ shape, budget: 8, hotTier: { windows: 1, maxBytes: 1 << 20, eviction: 'fifo' } }), 'E_POLICY', /eviction/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, hotTier: { windows: 1 } as never }), 'E_CONFIG', /hotTier/);
+  });
+});
+
 describe('Runtime errors', () => {
   it('pipelined close rejects queued calls with E_CLOSED and leaves no threads', async () => {
     const before = await osThreads();

@@ -14,7 +14,18 @@ import { KvdriveError, describe, fail } from '../errors.js';
 import { resolvePolicyOptions, type PolicyOptions } from '../index/options.js';
 import type { PolicyName } from '../index/selection.js';
 import type { KvTensor, ModelShape } from '../types.js';
-import { DecodeState, TIMING_COMPUTE, TIMING_SELECTION, type DecodeControl, type DecodeInit, type DecodeRegions } from './decode-stages.js';
+import {
+  DecodeState,
+  TIMING_COMPUTE,
+  TIMING_FETCH,
+  TIMING_HITS,
+  TIMING_MISSES,
+  TIMING_SELECTION,
+  type DecodeControl,
+  type DecodeInit,
+  type DecodeRegions,
+} from './decode-stages.js';
+import { HotTier, type HotTierOptions } from '../cache/hot-tier.js';
 import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
@@ -49,6 +60,14 @@ export interface RuntimeOptions {
   kvMemoryBytes?: number;
   /** Pipelined mode: spin budget of the rings in µs, or 'auto' (see PipelineOptions.spinMicros). */
   spinMicros?: number | 'auto';
+  /**
+   * A hot tier (src/cache/hot-tier.ts) between the store and compute: adds the fetch stage (hit/miss
+   * against the residents, eviction, admission) and compute reads chunks from their slots
+   * (bit-identical outputs). `windows` and `eviction` as in HotTierOptions; `maxBytes` is its hard
+   * byte cap. The tier cannot reset one sequence's residency, so with a tier a closed sequence's
+   * handle is retired, not reused: at most maxSequences sequences over the runtime's life.
+   */
+  hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
 }
 
 /** One batch entry of {@link Runtime.attend}. */
@@ -76,10 +95,14 @@ export interface RuntimeStats {
   selectionMs: number;
   /** Compute stage (sparse attention), summed over micro-batches. */
   computeMs: number;
+  /** Fetch stage (hot tier: hit/miss evaluation, eviction and admission copies); 0 without a tier. */
+  fetchMs: number;
+  /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
+  hits: number;
+  misses: number;
   /**
    * Wall time inside attend() during which compute was not running: what the pipeline failed to
-   * hide (sequentially it is append + selection + overhead). Fetch / hot-tier hit-miss are not
-   * separate stages until the hot tier is wired in; compute reads the DRAM store directly.
+   * hide (sequentially it is append + selection + fetch + overhead).
    */
   stallMs: number;
   /** Pipelined mode: per-stage worker counters. */
@@ -102,6 +125,7 @@ const optionsSchema = z
     maxTokens: int(1, 1 << 24).optional(),
     kvMemoryBytes: z.number().int().min(1).optional(),
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
+    hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
   })
   .strict();
 
@@ -116,6 +140,7 @@ const EXPECTED: Record<string, string> = {
   maxTokens: 'an integer in [1, 2^24]',
   kvMemoryBytes: 'a positive integer',
   spinMicros: "'auto' or a number of µs in [0, 100000]",
+  hotTier: '{ windows, maxBytes, eviction? }',
 };
 
 /** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
@@ -160,6 +185,19 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
   const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
   const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead));
+  // The tier validates its own options (E_CONFIG / E_POLICY / E_BUDGET naming the minimum bytes).
+  const tier = o.hotTier
+    ? new HotTier({
+        ...(o.hotTier as Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>),
+        layers: shape.layers,
+        kvHeads: shape.kvHeads,
+        headDim: shape.headDim,
+        dtype: 'f32',
+        chunkSize: resolved.chunkSize,
+        budget: o.budget,
+        sequences: store.layout.maxSequences,
+      })
+    : undefined;
   const init: DecodeInit = {
     shape,
     budget: o.budget,
@@ -168,6 +206,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     maxChunksPerHead,
     store: { buffer: store.buffer, layout: store.layout },
     arena: { buffer: arena.buffer, layout: arena.layout },
+    hotTier: tier?.handle,
   };
   let pipeline: Pipeline | undefined;
   // The selection worker owns the indexes; if it dies, its replacement rebuilds every index from
@@ -175,17 +214,23 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   let replay: () => unknown[] = () => [];
   if (mode === 'pipelined') {
     const module = decodeStagesModule();
-    pipeline = await Pipeline.start({
-      stages: [
-        { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
-        { name: 'compute', module, init: { ...init, role: 'compute' } },
-      ],
-      words: 3,
-      capacity: PIPELINE_SLOTS,
-      spinMicros: o.spinMicros,
-    });
+    try {
+      pipeline = await Pipeline.start({
+        stages: [
+          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
+          ...(tier ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
+          { name: 'compute', module, init: { ...init, role: 'compute' } },
+        ],
+        words: 3,
+        capacity: PIPELINE_SLOTS,
+        spinMicros: o.spinMicros,
+      });
+    } catch (e) {
+      tier?.destroy();
+      throw e;
+    }
   }
-  const rt = new Runtime(init, store, arena, mode, microBatch, pipeline);
+  const rt = new Runtime(init, store, arena, mode, microBatch, pipeline, tier);
   replay = () => rt.indexRebuildRequests();
   return rt;
 }
@@ -201,18 +246,21 @@ export class Runtime {
   private readonly pipeline: Pipeline | undefined;
   /** Sequential mode: the stages run here. */
   private readonly local: DecodeState | undefined;
+  private readonly tier: HotTier | undefined;
   /** tokens[seq * layers + layer]: context length of that layer; -1 = layer not prefilled. */
   private readonly tokens: Int32Array;
+  /** Per sequence handle: 0 free, 1 open, 2 retired (closed with a hot tier: never reused). */
   private readonly open: Uint8Array;
   private readonly freeSlots: number[];
   private readonly slotWaiters: ((slot: number) => void)[] = [];
   /** Serializes public operations (they mutate per-sequence token counts). */
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
-  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0 };
+  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0 };
 
   /** @internal use openRuntime */
-  constructor(init: DecodeInit, store: SequenceStore, arena: SharedArena<DecodeRegions>, mode: 'sequential' | 'pipelined', microBatch: number, pipeline?: Pipeline) {
+  constructor(init: DecodeInit, store: SequenceStore, arena: SharedArena<DecodeRegions>, mode: 'sequential' | 'pipelined', microBatch: number, pipeline?: Pipeline, tier?: HotTier) {
+    this.tier = tier;
     this.init = init;
     this.shape = init.shape;
     this.store = store;
@@ -263,7 +311,13 @@ export class Runtime {
   createSequence(): number {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'createSequence: expected an open runtime, got one that was closed');
     const seq = this.open.indexOf(0);
-    if (seq < 0) throw new KvdriveError('E_NOMEM', `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`);
+    if (seq < 0)
+      throw new KvdriveError(
+        'E_NOMEM',
+        this.tier
+          ? `createSequence: expected a free sequence handle, got all maxSequences = ${this.open.length} open or retired (with a hot tier closed handles are not reused)`
+          : `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`,
+      );
     this.open[seq] = 1;
     this.tokens.fill(-1, seq * this.shape.layers, (seq + 1) * this.shape.layers);
     return seq;
@@ -275,7 +329,7 @@ export class Runtime {
       this.checkSeq('closeSequence', seq);
       if (this.pipeline) await this.pipeline.control(0, { type: 'drop', seq });
       else await this.local!.control({ type: 'drop', seq });
-      this.open[seq] = 0;
+      this.open[seq] = this.tier ? 2 : 0;
     });
   }
 
@@ -377,6 +431,7 @@ export class Runtime {
       if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]);
       else {
         this.local!.select(slot, part.length, layer);
+        if (this.tier) this.local!.fetch(slot, part.length, layer);
         this.local!.compute(slot, part.length, layer);
       }
       const out = a.view(slot, 'out');
@@ -384,6 +439,9 @@ export class Runtime {
       this.counters.microBatches++;
       this.counters.selectionMs += timing[TIMING_SELECTION]!;
       this.counters.computeMs += timing[TIMING_COMPUTE]!;
+      this.counters.fetchMs += timing[TIMING_FETCH]!;
+      this.counters.hits += timing[TIMING_HITS]!;
+      this.counters.misses += timing[TIMING_MISSES]!;
     } finally {
       this.releaseSlot(slot);
     }
@@ -416,6 +474,7 @@ export class Runtime {
     this.closed = true; // later calls, and calls queued behind the current one, fail with E_CLOSED
     await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
     await this.queue;
+    this.tier?.destroy(); // after every worker has exited: nobody holds the handle any more
   }
 }
 
