@@ -5,7 +5,7 @@
  * pipelined / sequential of the median layer-step time (< 1: the pipeline wins).
  *
  * Run: npm run build:ts && node dist/bench/runtime.bench.js [--context 4096] [--batch 4]
- *      [--budget 128] [--micro 1,2,4] [--steps 40] [--rounds 3]
+ *      [--budget 128] [--micro 1,2,4] [--steps 40] [--rounds 3] [--tier 2]
  */
 import { loadavg, cpus } from 'node:os';
 import { openRuntime, type Runtime } from '../src/pipeline/runtime.js';
@@ -20,6 +20,8 @@ const BUDGET = Number(arg('budget', '128'));
 const MICRO = arg('micro', '1,2,4').split(',').map(Number);
 const STEPS = Number(arg('steps', '40'));
 const ROUNDS = Number(arg('rounds', '3'));
+/** --tier N: put a hot tier with windows xN in front of compute (adds the fetch stage). */
+const TIER = Number(arg('tier', '0'));
 const shape = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 64 };
 const ROW = shape.kvHeads * shape.headDim;
 
@@ -38,7 +40,15 @@ function randn(n: number, seed: number): Float32Array {
 }
 
 async function setup(mode: 'sequential' | 'pipelined', microBatch: number): Promise<{ rt: Runtime; seqs: number[] }> {
-  const rt = await openRuntime({ shape, budget: BUDGET, mode, microBatch, maxSequences: BATCH, maxTokens: CONTEXT + ROUNDS * (STEPS + 5) + 16 });
+  const rt = await openRuntime({
+    shape,
+    budget: BUDGET,
+    mode,
+    microBatch,
+    maxSequences: BATCH,
+    maxTokens: CONTEXT + ROUNDS * (STEPS + 5) + 16,
+    ...(TIER > 0 ? { hotTier: { windows: TIER, maxBytes: 1 << 30 } } : {}),
+  });
   const seqs: number[] = [];
   for (let s = 0; s < BATCH; s++) {
     const seq = rt.createSequence();
@@ -73,9 +83,10 @@ async function run(rt: Runtime, seqs: number[], steps: number, seed: number): Pr
 const median = (x: number[]) => [...x].sort((a, b) => a - b)[Math.floor(x.length / 2)]!;
 
 console.log(
-  `# runtime bench: layers ${shape.layers}, qHeads ${shape.qHeads}, kvHeads ${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, batch ${BATCH}, budget ${BUDGET}; ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}\n`,
+  `# runtime bench: layers ${shape.layers}, qHeads ${shape.qHeads}, kvHeads ${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, batch ${BATCH}, budget ${BUDGET}, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'}; ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}\n`,
 );
-console.log('| microBatch | sequential ms/layer-step median (mean) | pipelined ms/layer-step median (mean) | ratio pip/seq median (mean) | sequential selection / compute / stall, mean ms | pipelined selection / compute / stall, mean ms |');
+const cols = TIER > 0 ? 'selection / fetch (hit rate) / compute / stall' : 'selection / compute / stall';
+console.log(`| microBatch | sequential ms/layer-step median (mean) | pipelined ms/layer-step median (mean) | ratio pip/seq median (mean) | sequential ${cols}, mean ms | pipelined ${cols}, mean ms |`);
 console.log('|---|---|---|---|---|---|');
 for (const micro of MICRO) {
   const seq = await setup('sequential', micro);
@@ -95,7 +106,8 @@ for (const micro of MICRO) {
   const n = ts.length;
   const per = (a: number, b: number) => ((a - b) / n).toFixed(3);
   const mean = (x: number[]) => x.reduce((a, b) => a + b, 0) / x.length;
-  const br = (a: typeof s0, b: typeof s0) => `${per(b.selectionMs, a.selectionMs)} / ${per(b.computeMs, a.computeMs)} / ${per(b.stallMs, a.stallMs)}`;
+  const br = (a: typeof s0, b: typeof s0) =>
+    `${per(b.selectionMs, a.selectionMs)} / ${TIER > 0 ? `${per(b.fetchMs, a.fetchMs)} (hit ${((b.hits - a.hits) / Math.max(1, b.hits - a.hits + b.misses - a.misses)).toFixed(2)}) / ` : ''}${per(b.computeMs, a.computeMs)} / ${per(b.stallMs, a.stallMs)}`;
   console.log(
     `| ${micro} | ${median(ts).toFixed(3)} (${mean(ts).toFixed(3)}) | ${median(tp).toFixed(3)} (${mean(tp).toFixed(3)}) | ${(median(tp) / median(ts)).toFixed(3)} (${(mean(tp) / mean(ts)).toFixed(3)}) | ${br(s0, s1)} | ${br(p0, p1)} |`,
   );
