@@ -47,7 +47,7 @@ describe('Pipeline of stage pools', () => {
     const ok1 = p.submit([0, 1, 0, 0]);
     const bad = p.submit([1, 42, 0, 0]);
     const ok2 = p.submit([0, 2, 0, 0]);
-    await expectKvdError(() => bad, 'E_WORKER', /stage 'a' worker 0: expected the stage function to process batch \d+, got Error: Error: boom 42/);
+    await expectKvdError(() => bad, 'E_WORKER', /stage 'a' worker 0: expected the stage function to process batch \d+, got Error: boom 42/);
     expect((await ok1)[3]).toBe(6);
     expect((await ok2)[3]).toBe(7);
     expect((await p.submit([0, 3, 0, 0]))[3]).toBe(8);
@@ -184,7 +184,7 @@ describe('validation', () => {
 
   it('a stage whose createStage throws fails start with E_WORKER and leaves no threads', async () => {
     const before = await osThreads();
-    await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { failInit: true })], words: 4 }), 'E_WORKER', /expected createStage to succeed, got Error: Error: init refused/);
+    await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { failInit: true })], words: 4 }), 'E_WORKER', /expected createStage to succeed, got Error: init refused/);
     expect(await osThreads()).toBe(before);
   });
 

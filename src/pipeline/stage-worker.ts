@@ -76,7 +76,7 @@ const controlProgress = () => new Promise<void>((r) => (caughtUp = r));
 
 function errorInfo(e: unknown): { code: string; message: string } {
   if (isKvdriveError(e)) return { code: e.code, message: e.message };
-  if (e instanceof Error) return { code: 'Error', message: `${e.name}: ${e.message}` };
+  if (e instanceof Error) return { code: e.name, message: e.message }; // rendered "TypeError: ..."
   return { code: 'Error', message: String(e) };
 }
 
