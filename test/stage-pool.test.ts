@@ -86,14 +86,20 @@ describe('Pipeline of stage pools', () => {
   });
 
   it('a replacement that cannot start is fatal: outstanding and later batches fail with E_WORKER', async () => {
+    const before = await osThreads();
     const starts = new SharedArrayBuffer(4 * 4);
-    const p = await Pipeline.start({ stages: [stage('a', 1, 0, { starts, failOnRespawn: true })], words: 4 });
+    // stage b's healthy worker then leaves on the aborted rings: that is not a death to replace
+    const startsB = new SharedArrayBuffer(4 * 4);
+    const p = await Pipeline.start({ stages: [stage('a', 1, 0, { starts, failOnRespawn: true }), stage('b', 1, 0, { starts: startsB })], words: 4 });
     await expectKvdError(() => p.submit([2, 0, 0, 0]), 'E_WORKER', /dying/);
     // the replacement refuses to start; wait until the pipeline knows
     for (let i = 0; i < 200 && Atomics.load(new Int32Array(starts), 0) < 2; i++) await new Promise((r) => setTimeout(r, 10));
     await new Promise((r) => setTimeout(r, 50));
     await expectKvdError(() => p.submit([0, 1, 0, 0]), 'E_WORKER', /expected a replacement worker .* replacement refused/);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(Atomics.load(new Int32Array(startsB), 0)).toBe(1); // b was never "replaced"
     await p.close();
+    expect(await osThreads()).toBe(before);
   });
 
   it('close rejects outstanding batches with E_CLOSED, leaves no threads, and later use fails', async () => {
@@ -185,6 +191,12 @@ describe('validation', () => {
   it('a stage whose createStage throws fails start with E_WORKER and leaves no threads', async () => {
     const before = await osThreads();
     await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { failInit: true })], words: 4 }), 'E_WORKER', /expected createStage to succeed, got Error: init refused/);
+    expect(await osThreads()).toBe(before);
+  });
+
+  it('a worker that exits during start-up fails start with E_WORKER and is not restarted', async () => {
+    const before = await osThreads();
+    await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { exitInit: true })], words: 4 }), 'E_WORKER', /expected it to start, got exit code 5/);
     expect(await osThreads()).toBe(before);
   });
 

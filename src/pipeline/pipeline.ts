@@ -179,6 +179,8 @@ export class Pipeline {
     this.fatal = err;
     for (const r of this.rings) r.abort();
     for (const t of [...this.pending.keys()]) this.rejectBatch(t, err);
+    // Stop the remaining workers now; close() later just awaits them.
+    for (const p of this.pools) void p.close();
   }
 
   /** Completion loop on the main thread; runs while batches are outstanding. */

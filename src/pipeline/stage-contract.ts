@@ -87,6 +87,8 @@ export interface StageWorkerData {
 /** Messages worker → pool. */
 export type WorkerMessage =
   | { type: 'ready' }
+  /** The loop ended on purpose (stop flag, closed or aborted ring): the exit that follows is not a death. */
+  | { type: 'leaving'; reason: string }
   | { type: 'initError'; code: string; message: string }
   | { type: 'batchError'; ticket: number; code: string; message: string }
   | { type: 'stats'; id: number; stats: StageWorkerStats }

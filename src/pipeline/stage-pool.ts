@@ -106,6 +106,8 @@ interface Slot {
   controlWaiters: Map<number, { resolve: (v: unknown) => void; reject: (e: KvdriveError) => void }>;
   exited: Promise<void>;
   lastError?: Error;
+  /** The worker announced a deliberate end of its loop. */
+  leaving?: string;
 }
 
 export class StagePool {
@@ -200,6 +202,9 @@ export class StagePool {
           isReady = true;
           readyResolve();
           break;
+        case 'leaving':
+          slot.leaving = m.reason;
+          break;
         case 'initError':
           readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected createStage to succeed, got ${m.code}: ${m.message}`));
           break;
@@ -238,7 +243,9 @@ export class StagePool {
           w.reject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected a control reply, got the worker exiting (code ${code})`));
         slot.controlWaiters.clear();
         if (!isReady) readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to start, got exit code ${code}${slot.lastError ? ` (${slot.lastError.message})` : ''}`));
-        if (!this.closing && this.slots[index] === slot) this.onDeath(index, slot, code);
+        // Only a worker that had started is replaced: one dying during start-up would die again
+        // (its start failure is reported through `ready`: start() rejects, or onFatal).
+        if (isReady && slot.leaving === undefined && !this.closing && this.slots[index] === slot) this.onDeath(index, slot, code);
         resolve();
       });
     });

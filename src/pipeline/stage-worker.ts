@@ -80,11 +80,12 @@ function errorInfo(e: unknown): { code: string; message: string } {
   return { code: 'Error', message: String(e) };
 }
 
-async function run(fn: StageFn): Promise<void> {
+/** The worker loop; returns why it ended (any other end is a thrown error: a death). */
+async function run(fn: StageFn): Promise<string> {
   const desc = new Int32Array(input.words);
   const user = desc.subarray(1); // word 0 is the pipeline's ticket
   for (;;) {
-    if (Atomics.load(ctrl, CTRL_STOP) !== 0) return;
+    if (Atomics.load(ctrl, CTRL_STOP) !== 0) return 'stop';
     if (Atomics.load(ctrl, rec + CW_POSTED) !== handled) {
       // Behind on the control plane: wait (on the event loop, so messages arrive) for a message to
       // finish; a short timer covers a message posted but not yet delivered.
@@ -96,12 +97,12 @@ async function run(fn: StageFn): Promise<void> {
     try {
       status = input.popWait(desc, IDLE_SLICE_MS);
     } catch (e) {
-      if (isKvdriveError(e, 'E_CLOSED')) return; // aborted by the owner
+      if (isKvdriveError(e, 'E_CLOSED')) return 'input aborted'; // by the owner
       throw e;
     }
     let t2 = performance.now();
     stats.waitInputMs += t2 - t;
-    if (status === 'closed') return;
+    if (status === 'closed') return 'input closed';
     if (status === 'idle') continue;
 
     Atomics.store(ctrl, rec + CW_TICKET, desc[0]!);
@@ -120,7 +121,7 @@ async function run(fn: StageFn): Promise<void> {
     try {
       output.push(desc);
     } catch (e) {
-      if (isKvdriveError(e, 'E_CLOSED')) return; // the owner is shutting down and rejects what is in flight
+      if (isKvdriveError(e, 'E_CLOSED')) return 'output closed'; // the owner rejects what is in flight
       throw e;
     }
     t2 = performance.now();
@@ -150,7 +151,8 @@ async function main(): Promise<void> {
   }
   initDone();
   send({ type: 'ready' });
-  await run(fn);
+  const reason = await run(fn);
+  send({ type: 'leaving', reason });
   port.close(); // nothing else keeps the thread alive: it exits
 }
 

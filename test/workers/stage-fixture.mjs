@@ -6,6 +6,7 @@
 // (a SharedArrayBuffer counter `init.starts` counts createStage calls per worker index 0).
 export function createStage(init, ctx) {
   if (init?.failInit) throw new Error('init refused');
+  if (init?.exitInit) process.exit(5);
   if (init?.starts) {
     const n = Atomics.add(new Int32Array(init.starts), ctx.worker, 1);
     if (init.failOnRespawn && n > 0) throw new Error('replacement refused');
