@@ -37,6 +37,16 @@ void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int3
 // out[i] = max_j sum_d max(q[j][d]*mn[i][d], q[j][d]*mx[i][d]).
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
 
+// Centroid tiles: k row-major centroids as ceil(k/16) tiles of dim x 16 (lane l of tile t is
+// centroid 16t + l; padding lanes are zero). The layout the scoring and k-means kernels stream.
+inline size_t TileFloats(size_t k, int dim) { return (k + 15) / 16 * size_t(dim) * 16; }
+void TransposeTiles(const float* c, size_t k, int dim, float* ct);
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
+// out[i] = max_j (q[j]·c_i + coef[j] * var[i]) over k tiled centroids (var/coef may be null: plain
+// max of dots). Each dot accumulates sequentially over d (not DotFixed's order).
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                   const float* var = nullptr, const float* coef = nullptr);
+
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);
 // out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).

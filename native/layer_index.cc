@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,18 @@ struct Ranked {
   int32_t id;
 };
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+
+// Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
+// Elements before `sorted` are already final, so growing the prefix in steps gives the same order
+// as one full sort (the comparators are strict total orders).
+template <typename T, typename Cmp>
+size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
+  next = std::min(next, v.size());
+  if (next <= sorted) return sorted;
+  if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
+  std::sort(v.begin() + sorted, v.begin() + next, cmp);
+  return next;
+}
 
 }  // namespace
 
@@ -119,6 +132,15 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.var.assign(seg.k, 0.f);
   for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
   seg.clusteredFull = seg.c1 == seg.cEnd;
+  seg.tiles.resize(TileFloats(seg.k, dim_));
+  TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  if (seg.clusteredFull) {
+    // A full segment never grows again: the running sums (k x dim doubles) and the row-major
+    // centroids are no longer needed (select reads the tiles).
+    std::vector<double>().swap(seg.sums);
+    std::vector<double>().swap(seg.sumSq);
+    std::vector<float>().swap(seg.centroids);
+  }
   RebuildCsr(seg);
 }
 
@@ -172,8 +194,37 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   ClusterVariance(h, seg, c);
   seg.assign.push_back(c);
   seg.c1 = j + 1;
-  if (seg.c1 == seg.cEnd) ClusterSegment(h, seg);
-  else RebuildCsr(seg);
+  if (seg.c1 == seg.cEnd) {
+    ClusterSegment(h, seg);
+  } else {
+    seg.tiles.resize(TileFloats(seg.k, dim_));
+    TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    RebuildCsr(seg);
+  }
+}
+
+// Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
+// exception (main thread's first) is rethrown after both finish.
+void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
+  std::exception_ptr helperError, mainError;
+  std::thread helper;
+  const bool split = cfg_.threads > 1 && heads_ > 1;
+  if (split)
+    helper = std::thread([&] {
+      try {
+        for (int h = 1; h < heads_; h += 2) fn(h);
+      } catch (...) {
+        helperError = std::current_exception();
+      }
+    });
+  try {
+    for (int h = 0; h < heads_; h += split ? 2 : 1) fn(h);
+  } catch (...) {
+    mainError = std::current_exception();
+  }
+  if (split) helper.join();
+  if (mainError) std::rethrow_exception(mainError);
+  if (helperError) std::rethrow_exception(helperError);
 }
 
 void LayerIndex::Build(const KvView& kv, int64_t tokens) {
@@ -202,27 +253,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       H.segments.push_back(std::move(seg));
     }
   };
-  // Heads are independent; split them over threads (odd heads on the helper thread).
-  std::exception_ptr helperError;
-  std::thread helper;
-  const bool split = cfg_.threads > 1 && heads_ > 1;
-  if (split)
-    helper = std::thread([&] {
-      try {
-        for (int h = 1; h < heads_; h += 2) buildHead(h);
-      } catch (...) {
-        helperError = std::current_exception();
-      }
-    });
-  std::exception_ptr mainError;
-  try {
-    for (int h = 0; h < heads_; h += split ? 2 : 1) buildHead(h);
-  } catch (...) {
-    mainError = std::current_exception();
-  }
-  if (split) helper.join();
-  if (mainError) std::rethrow_exception(mainError);
-  if (helperError) std::rethrow_exception(helperError);
+  ForEachHead(buildHead);
   endChunk_ = c1;
   built_ = true;
 }
@@ -250,7 +281,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
     }
     if (cfg_.policy == PolicyKind::Kvdrive) {
       const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
-      for (int h = 0; h < heads_; ++h) {
+      // Usually one chunk per head; when a segment fills, its k-means runs here (heads split over
+      // threads like the build).
+      const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
+      auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
         for (int64_t j = c0; j < c1; ++j) {
           if (H.segments.empty() || H.segments.back().cEnd <= j) {
@@ -261,7 +295,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
           }
           AddChunkOnline(h, H.segments.back(), j);
         }
-      }
+      };
+      if (fills) ForEachHead(extendHead);
+      else
+        for (int h = 0; h < heads_; ++h) extendHead(h);
     }
     endChunk_ = c1;
   }
@@ -294,8 +331,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
-                     coef.data());
+        ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
+                      coef.data());
         out.vectorsScored += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
@@ -312,12 +349,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       double candTokens = 0;
       size_t sorted = 0, i = 0;
+      // First guess: enough clusters of average size for the target, plus a quarter.
+      const double avgTokens = order.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(order.size());
+      size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
       while (i < order.size() && candTokens < target) {
-        if (i == sorted) {
-          size_t next = std::min(order.size(), std::max<size_t>(16, sorted * 2));
-          std::partial_sort(order.begin() + sorted, order.begin() + next, order.end(), better);
-          sorted = next;
-        }
+        if (i == sorted) sorted = ExtendSorted(order, sorted, std::max(guess, sorted * 2), better);
         const auto [s, c] = where[order[i++]];
         const Segment& seg = H.segments[s];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
@@ -348,12 +384,9 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
     size_t sorted = 0;
+    const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) {
-        size_t next = std::min(ranked.size(), std::max<size_t>(i + 1, std::max<size_t>(64, sorted * 2)));
-        std::partial_sort(ranked.begin() + sorted, ranked.begin() + next, ranked.end(), Better);
-        sorted = next;
-      }
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
     const int64_t shortLen = ChunkTokens(firstChunk());
@@ -384,12 +417,19 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   return out;
 }
 
+std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
+  if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
+  std::vector<float> c(size_t(seg.k) * dim_);
+  UntransposeTiles(seg.tiles.data(), seg.k, dim_, c.data());
+  return c;
+}
+
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

@@ -17,6 +17,7 @@
 // Ranking ties break towards the lower chunk id, so selections are deterministic.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "index.h"
@@ -38,7 +39,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 4.0;
+  double candidateFactor = 2.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -55,13 +56,16 @@ struct Segment {
   int64_t cEnd = 0;        // where the segment ends once full
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
-  std::vector<float> centroids;   // k x dim
-  std::vector<double> sums;       // k x dim member sums (running means for chunks added online)
+  std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
+  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
+  std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
+                                  // released once the segment is full
   std::vector<int32_t> counts;    // k
   std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
-  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²)
+  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
+                                  // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
   double inertia = 0;             // of the last k-means run
 };
@@ -104,6 +108,8 @@ class LayerIndex {
   int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
   int64_t endChunk() const { return endChunk_; }
   const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index (representatives, centroids, running sums, membership lists).
   int64_t Bytes() const;
 
@@ -115,6 +121,7 @@ class LayerIndex {
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ClusterVariance(int h, Segment& seg, int c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
+  void ForEachHead(const std::function<void(int)>& fn) const;
 
   IndexConfig cfg_;
   bool built_ = false;
