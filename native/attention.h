@@ -43,18 +43,35 @@ struct AttnScratch {
 void AttendHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans,
                      size_t nSpans, float* out, float* lse, float* spanMass, AttnScratch& scratch);
 
-// Raised (code E_NONFINITE) by AttendHeadSpans / AttentionProbsHeadSpans when a scaled logit is
+// Several kv heads at once, each with its own queries, spans and outputs (fields as in
+// AttendHeadSpans). The passes interleave the heads tile by tile, so a token-major cache (all
+// heads of a token adjacent) is read as one stream instead of once per head with a stride; every
+// head's arithmetic is exactly that of AttendHeadSpans on its own spans, so outputs are
+// bit-identical however heads are grouped into calls (or threads).
+struct HeadAttn {
+  const float* qGroup;  // group x dim
+  const Span* spans;
+  size_t nSpans;
+  float* out;       // group x dim
+  float* lse;       // group
+  float* spanMass;  // nSpans, or null
+};
+void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale,
+                      AttnScratch& scratch);
+
+// Raised (code E_NONFINITE) by the functions above / AttentionProbsHeadSpans when a scaled logit is
 // NaN/Inf (NaN/Inf in a key row, or q·k overflow) or an output is (NaN/Inf in a value row). It
-// names the row as (span index, row within span) so callers that know which kv head and tokens the
-// spans are can re-throw naming those. The check costs nothing on the normal path: logits are
-// tested while the max is taken, outputs once per head; the culprit row is searched for only
-// after a failure.
+// names the row as (head index in the call, span index, row within span) so callers that know
+// which kv head and tokens the spans are can re-throw naming those. The check costs nothing on the
+// normal path: logits are tested while the max is taken, outputs once per head; the culprit row is
+// searched for only after a failure. With several heads, the lowest failing head is reported.
 struct NonFiniteRowError : Error {
+  size_t head;
   size_t span;
   int64_t row;
   bool inValue;  // true: a value row (output not finite); false: a key row (logit not finite)
-  NonFiniteRowError(size_t s, int64_t r, bool v, const std::string& msg)
-      : Error("E_NONFINITE", msg), span(s), row(r), inValue(v) {}
+  NonFiniteRowError(size_t h, size_t s, int64_t r, bool v, const std::string& msg)
+      : Error("E_NONFINITE", msg), head(h), span(s), row(r), inValue(v) {}
 };
 
 // Softmax probabilities only (no values): probs[j * total + t] = softmax_t(q_j·k_t * scale) for the

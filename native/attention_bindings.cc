@@ -7,6 +7,7 @@
 // (ObjectReference) to every array they touch until the promise settles.
 #include <napi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <memory>
@@ -103,35 +104,54 @@ HeadSpans BuildSpans(const AttnJob& job, int h) {
   return hs;
 }
 
-void RunHead(const AttnJob& job, int h, AttnScratch& scratch) {
-  HeadSpans hs = BuildSpans(job, h);
-  std::vector<float> mass(job.sparse ? hs.spans.size() : 0);
-  const size_t qOff = size_t(h) * size_t(job.group);
+// Kv heads [h0, h1) in one interleaved AttendHeadsSpans call.
+void RunHeads(const AttnJob& job, int h0, int h1, AttnScratch& scratch) {
+  const size_t n = size_t(h1 - h0);
+  std::vector<HeadSpans> hs;
+  hs.reserve(n);
+  std::vector<std::vector<float>> mass(n);
+  std::vector<HeadAttn> heads(n);
+  // Outputs accumulate in this thread's own buffer (the kernel updates them once per tile) and are
+  // copied out at the end: no cache line of the shared output array is written by two threads.
+  const size_t headOut = size_t(job.group) * size_t(job.dim);
+  std::vector<float> out(n * headOut);
+  for (size_t i = 0; i < n; ++i) {
+    const int h = h0 + int(i);
+    hs.push_back(BuildSpans(job, h));
+    if (job.sparse) mass[i].resize(hs[i].spans.size());
+    const size_t qOff = size_t(h) * size_t(job.group);
+    heads[i] = HeadAttn{job.q + qOff * size_t(job.dim), hs[i].spans.data(), hs[i].spans.size(), out.data() + i * headOut,
+                        job.lse + qOff, job.sparse ? mass[i].data() : nullptr};
+  }
   try {
-    AttendHeadSpans(job.q + qOff * size_t(job.dim), job.group, job.dim, job.k.dtype, job.scale, hs.spans.data(),
-                    hs.spans.size(), job.out + qOff * size_t(job.dim), job.lse + qOff,
-                    job.sparse ? mass.data() : nullptr, scratch);
+    AttendHeadsSpans(heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, scratch);
   } catch (const NonFiniteRowError& e) {
-    if (e.span >= hs.spans.size()) Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
-    const int64_t token = hs.start[e.span] + e.row;
+    const int h = h0 + int(e.head);
+    const HeadSpans& bad = hs[e.head];
+    if (e.span >= bad.spans.size()) Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
+    const int64_t token = bad.start[e.span] + e.row;
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(h) + ", token " +
                              std::to_string(token) + ": NaN/Inf in the " + (e.inValue ? "value" : "key") +
                              " row (attention " + (e.inValue ? "output" : "logit") + " is not finite)");
   }
+  std::copy(out.begin(), out.end(), job.out + size_t(h0) * headOut);
   if (job.sparse) {
-    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
-      job.chunkMass[i] = mass[hs.firstChunkSpan + size_t(i - job.offsets[h])];
+    for (size_t i = 0; i < n; ++i) {
+      const int h = h0 + int(i);
+      for (int32_t c = job.offsets[h]; c < job.offsets[h + 1]; ++c)
+        job.chunkMass[c] = mass[i][hs[i].firstChunkSpan + size_t(c - job.offsets[h])];
+    }
   }
 }
 
 // Runs every kv head; with threads > 1 the heads are split into contiguous blocks, one per
 // std::thread. Per-head arithmetic does not depend on the split, so results are identical for
-// any thread count; the error of the lowest failing head block is the one reported.
+// any thread count; the error of the lowest failing head is the one reported.
 void RunJob(const AttnJob& job) {
   const int nThreads = std::min(job.threads, job.kvHeads);
   if (nThreads <= 1) {
     auto scratch = Pool().Acquire();
-    for (int h = 0; h < job.kvHeads; ++h) RunHead(job, h, *scratch);
+    RunHeads(job, 0, job.kvHeads, *scratch);
     Pool().Release(std::move(scratch));
     return;
   }
@@ -142,8 +162,7 @@ void RunJob(const AttnJob& job) {
     workers.emplace_back([&, t] {
       try {
         auto scratch = Pool().Acquire();
-        const int h0 = job.kvHeads * t / nThreads, h1 = job.kvHeads * (t + 1) / nThreads;
-        for (int h = h0; h < h1; ++h) RunHead(job, h, *scratch);
+        RunHeads(job, job.kvHeads * t / nThreads, job.kvHeads * (t + 1) / nThreads, *scratch);
         Pool().Release(std::move(scratch));
       } catch (...) {
         errors[size_t(t)] = std::current_exception();

@@ -29,8 +29,19 @@ float ExpSum(float* x, size_t n, float m) {
   return s;
 }
 
+void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n, float* L,
+                size_t ldL, const void* const* /*next*/, size_t /*nNext*/) {
+  for (size_t r = 0; r < nrows; ++r)
+    for (size_t j = 0; j < nq; ++j) {
+      const float* q = qs + j * n;
+      float s = 0.f;
+      for (size_t d = 0; d < n; ++d) s += q[d] * LoadElem(rows[r], dt, d);
+      L[j * ldL + r] = s;
+    }
+}
+
 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                  Dtype dt, size_t n) {
+                  Dtype dt, size_t n, const void* const* /*next*/, size_t /*nNext*/) {
   for (size_t r = 0; r < nrows; ++r)
     for (size_t j = 0; j < nq; ++j) {
       float wj = w[j * wStride + r];
@@ -39,7 +50,7 @@ void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const v
     }
 }
 
-const AttnKernels kScalarAttn = {SimdLevel::Scalar, ScaleMax, ExpSum, WeightedRows};
+const AttnKernels kScalarAttn = {SimdLevel::Scalar, ScaleMax, ExpSum, LogitsRows, WeightedRows};
 
 }  // namespace
 

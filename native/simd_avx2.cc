@@ -262,17 +262,108 @@ KVD_AVX2 float ExpSum(float* x, size_t n, float m) {
   return HSum(_mm256_add_ps(s0, s1));
 }
 
+// Requests the rows of a tile the caller runs later, one row per row processed here, so misses
+// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L2
+// (prefetcht1): the tile is used a few kernel calls later, and L2 tracks more misses than L1.
+inline void PrefetchRowBytes(const void* row, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 2);
+}
+
+// Horizontal sums of four vectors at once: [sum a, sum b, sum c, sum d].
+KVD_AVX2 inline __m128 Reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Logits of a tile of rows for NQ queries: per row the NQ dot products as in DotRowsN, then one
+// Reduce4 per 4 queries, written group-major (L[j*ldL + r]).
+template <Dtype DT, int NQ, int U>
+KVD_AVX2 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
+                        const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  for (size_t r = 0; r < nrows; ++r) {
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    const void* row = rows[r];
+    __m256 acc[NQ][U];
+    for (int j = 0; j < NQ; ++j)
+      for (int u = 0; u < U; ++u) acc[j][u] = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 * U <= n; i += 8 * U) {
+      for (int u = 0; u < U; ++u) {
+        __m256 k = Load8<DT>(row, i + 8 * u);
+        for (int j = 0; j < NQ; ++j) acc[j][u] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * n + i + 8 * u), k, acc[j][u]);
+      }
+    }
+    for (; i + 8 <= n; i += 8) {
+      __m256 k = Load8<DT>(row, i);
+      for (int j = 0; j < NQ; ++j) acc[j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * n + i), k, acc[j][0]);
+    }
+    if (i < n) {
+      __m256 k = LoadTail8<DT>(row, i, n - i);
+      for (int j = 0; j < NQ; ++j) acc[j][0] = _mm256_fmadd_ps(LoadTail8<Dtype::F32>(qs + j * n, i, n - i), k, acc[j][0]);
+    }
+    __m256 sum[NQ];
+    for (int j = 0; j < NQ; ++j) {
+      sum[j] = acc[j][0];
+      for (int u = 1; u < U; ++u) sum[j] = _mm256_add_ps(sum[j], acc[j][u]);
+    }
+    const __m256 z = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < NQ; j0 += 4) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(sum[j0], j0 + 1 < NQ ? sum[j0 + 1] : z, j0 + 2 < NQ ? sum[j0 + 2] : z,
+                               j0 + 3 < NQ ? sum[j0 + 3] : z));
+      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL + r] = s4[t];
+    }
+  }
+  for (size_t r = nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+}
+
+using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
+                             size_t);
+
+template <Dtype DT>
+KVD_AVX2 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, size_t nrows, size_t n, float* L,
+                           size_t ldL, const void* const* next, size_t nNext) {
+  static constexpr LogitsRowsFn kByGroup[9] = {
+      nullptr,
+      LogitsRowsN<DT, 1, 4>,
+      LogitsRowsN<DT, 2, 2>,
+      LogitsRowsN<DT, 3, 2>,
+      LogitsRowsN<DT, 4, 1>,
+      LogitsRowsN<DT, 5, 1>,
+      LogitsRowsN<DT, 6, 1>,
+      LogitsRowsN<DT, 7, 1>,
+      LogitsRowsN<DT, 8, 1>,
+  };
+  for (size_t j = 0; j < nq; j += 8) {
+    size_t m = nq - j < 8 ? nq - j : 8;
+    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+  }
+}
+
+KVD_AVX2 void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n,
+                         float* L, size_t ldL, const void* const* next, size_t nNext) {
+  switch (dt) {
+    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+  }
+}
+
 // acc[j][d] += sum_r w[j][r] * rows[r][d] for NQ queries, DB 8-lane blocks of d at a time
 // (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries).
 template <Dtype DT, int NQ, int DB>
 KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                            size_t n) {
+                            size_t n, const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  bool first = true;  // prefetch during the first sweep over the rows only
   size_t d0 = 0;
   for (; d0 + 8 * DB <= n; d0 += 8 * DB) {
     __m256 a[NQ][DB];
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) a[j][b] = _mm256_loadu_ps(acc + j * n + d0 + 8 * b);
     for (size_t r = 0; r < nrows; ++r) {
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
       __m256 v[DB];
       for (int b = 0; b < DB; ++b) v[b] = Load8<DT>(rows[r], d0 + 8 * b);
       for (int j = 0; j < NQ; ++j) {
@@ -282,6 +373,7 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
     }
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) _mm256_storeu_ps(acc + j * n + d0 + 8 * b, a[j][b]);
+    first = false;
   }
   for (; d0 < n; d0 += 8) {
     const size_t rem = n - d0 < 8 ? n - d0 : 8;
@@ -292,6 +384,7 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
     __m256 a[NQ];
     for (int j = 0; j < NQ; ++j) a[j] = _mm256_load_ps(buf[j]);
     for (size_t r = 0; r < nrows; ++r) {
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
       __m256 v = rem == 8 ? Load8<DT>(rows[r], d0) : LoadTail8<DT>(rows[r], d0, rem);
       for (int j = 0; j < NQ; ++j) a[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j * wStride + r), v, a[j]);
     }
@@ -299,14 +392,17 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
       _mm256_store_ps(buf[j], a[j]);
       std::memcpy(acc + j * n + d0, buf[j], rem * sizeof(float));
     }
+    first = false;
   }
+  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
 }
 
-using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t);
+using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t, const void* const*,
+                               size_t);
 
 template <Dtype DT>
 KVD_AVX2 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                             size_t nrows, size_t n) {
+                             size_t nrows, size_t n, const void* const* next, size_t nNext) {
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
@@ -320,20 +416,20 @@ KVD_AVX2 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStri
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n);
+    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
   }
 }
 
 KVD_AVX2 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                           size_t nrows, Dtype dt, size_t n) {
+                           size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext) {
   switch (dt) {
-    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n);
-    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n);
-    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n);
+    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
   }
 }
 
-const AttnKernels kAvx2Attn = {SimdLevel::Avx2, ScaleMax, ExpSum, WeightedRows};
+const AttnKernels kAvx2Attn = {SimdLevel::Avx2, ScaleMax, ExpSum, LogitsRows, WeightedRows};
 
 }  // namespace
 

@@ -238,17 +238,145 @@ KVD_AVX512 float ExpSum(float* x, size_t n, float m) {
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
+// Requests the rows of a tile the caller runs later, one row per row processed here, so misses
+// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L2
+// (prefetcht1): the tile is used a few kernel calls later, and L2 tracks more misses than L1.
+inline void PrefetchRowBytes(const void* row, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 2);
+}
+
+// Horizontal sums of four vectors at once: [sum a, sum b, sum c, sum d] (one shuffle tree instead
+// of four separate reductions).
+KVD_AVX512 inline __m256 Fold(__m512 x) {
+  return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+
+KVD_AVX512 inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m256 ab = _mm256_hadd_ps(Fold(a), Fold(b));
+  const __m256 cd = _mm256_hadd_ps(Fold(c), Fold(d));
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Logits of R rows (rows[0..R)) for NQ queries, written group-major (L[j*ldL + r]). Each 16-lane
+// block of q_j is loaded once for the R rows and each row block once for the NQ queries; the NQ*R
+// accumulators are independent FMA chains. Every (j, r) logit is a single accumulator summed over
+// the blocks in order and reduced by the same Reduce4 tree whatever R is, so a row's logit does
+// not depend on how rows are blocked.
+template <Dtype DT, int NQ, int R>
+KVD_AVX512 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
+  __m512 acc[NQ][R];
+  for (int j = 0; j < NQ; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 k[R];
+    for (int r = 0; r < R; ++r) k[r] = Load16<DT>(rows[r], i);
+    for (int j = 0; j < NQ; ++j) {
+      const __m512 q = _mm512_loadu_ps(qs + j * n + i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(q, k[r], acc[j][r]);
+    }
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    __m512 k[R];
+    for (int r = 0; r < R; ++r) k[r] = LoadMasked16<DT>(rows[r], i, m);
+    for (int j = 0; j < NQ; ++j) {
+      const __m512 q = _mm512_maskz_loadu_ps(m, qs + j * n + i);
+      for (int r = 0; r < R; ++r) acc[j][r] = _mm512_fmadd_ps(q, k[r], acc[j][r]);
+    }
+  }
+  const __m512 z = _mm512_setzero_ps();
+  if constexpr (R == 4) {
+    for (int j = 0; j < NQ; ++j) _mm_storeu_ps(L + size_t(j) * ldL, Reduce4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
+  } else if constexpr (R == 2) {
+    for (int j = 0; j < NQ; j += 2) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j][0], acc[j][1], j + 1 < NQ ? acc[j + 1][0] : z, j + 1 < NQ ? acc[j + 1][1] : z));
+      L[size_t(j) * ldL] = s4[0];
+      L[size_t(j) * ldL + 1] = s4[1];
+      if (j + 1 < NQ) {
+        L[size_t(j + 1) * ldL] = s4[2];
+        L[size_t(j + 1) * ldL + 1] = s4[3];
+      }
+    }
+  } else {
+    static_assert(R == 1, "row blocks of 1, 2 or 4");
+    for (int j0 = 0; j0 < NQ; j0 += 4) {
+      alignas(16) float s4[4];
+      _mm_store_ps(s4, Reduce4(acc[j0][0], j0 + 1 < NQ ? acc[j0 + 1][0] : z, j0 + 2 < NQ ? acc[j0 + 2][0] : z,
+                               j0 + 3 < NQ ? acc[j0 + 3][0] : z));
+      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL] = s4[t];
+    }
+  }
+}
+
+// Logits of a tile of rows: blocks of R rows, then single rows.
+template <Dtype DT, int NQ, int R>
+KVD_AVX512 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
+                            const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  size_t r = 0;
+  for (; r + R <= nrows; r += R) {
+    for (int t = 0; t < R; ++t)
+      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes);
+    LogitsBlock<DT, NQ, R>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nrows; ++r) {
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    LogitsBlock<DT, NQ, 1>(qs, rows + r, n, L + r, ldL);
+  }
+  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+}
+
+using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
+                             size_t);
+
+template <Dtype DT>
+KVD_AVX512 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, size_t nrows, size_t n, float* L,
+                             size_t ldL, const void* const* next, size_t nNext) {
+  static constexpr LogitsRowsFn kByGroup[9] = {
+      nullptr,
+      LogitsRowsN<DT, 1, 4>,
+      LogitsRowsN<DT, 2, 4>,
+      LogitsRowsN<DT, 3, 4>,
+      LogitsRowsN<DT, 4, 4>,
+      LogitsRowsN<DT, 5, 2>,
+      LogitsRowsN<DT, 6, 2>,
+      LogitsRowsN<DT, 7, 2>,
+      LogitsRowsN<DT, 8, 2>,
+  };
+  for (size_t j = 0; j < nq; j += 8) {
+    size_t m = nq - j < 8 ? nq - j : 8;
+    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+  }
+}
+
+KVD_AVX512 void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n,
+                           float* L, size_t ldL, const void* const* next, size_t nNext) {
+  switch (dt) {
+    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+  }
+}
+
 // acc[j][d] += sum_r w[j][r] * rows[r][d] for NQ queries, DB 16-lane blocks of d at a time
-// (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries).
+// (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries, each
+// weight broadcast once per DB blocks). Per element the rows are summed in order r = 0, 1, ...
+// whatever DB is.
 template <Dtype DT, int NQ, int DB>
 KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                              size_t n) {
+                              size_t n, const void* const* next, size_t nNext) {
+  const size_t rowBytes = n * DtypeSize(DT);
+  bool first = true;  // prefetch during the first sweep over the rows only
   size_t d0 = 0;
   for (; d0 + 16 * DB <= n; d0 += 16 * DB) {
     __m512 a[NQ][DB];
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) a[j][b] = _mm512_loadu_ps(acc + j * n + d0 + 16 * b);
     for (size_t r = 0; r < nrows; ++r) {
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
       __m512 v[DB];
       for (int b = 0; b < DB; ++b) v[b] = Load16<DT>(rows[r], d0 + 16 * b);
       for (int j = 0; j < NQ; ++j) {
@@ -258,30 +386,35 @@ KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const 
     }
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) _mm512_storeu_ps(acc + j * n + d0 + 16 * b, a[j][b]);
+    first = false;
   }
   for (; d0 < n; d0 += 16) {
     const __mmask16 k = n - d0 >= 16 ? __mmask16(0xffff) : TailMask(n - d0);
     __m512 a[NQ];
     for (int j = 0; j < NQ; ++j) a[j] = _mm512_maskz_loadu_ps(k, acc + j * n + d0);
     for (size_t r = 0; r < nrows; ++r) {
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
       __m512 v = LoadMasked16<DT>(rows[r], d0, k);
       for (int j = 0; j < NQ; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * wStride + r]), v, a[j]);
     }
     for (int j = 0; j < NQ; ++j) _mm512_mask_storeu_ps(acc + j * n + d0, k, a[j]);
+    first = false;
   }
+  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
 }
 
-using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t);
+using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t, const void* const*,
+                               size_t);
 
 template <Dtype DT>
 KVD_AVX512 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                               size_t nrows, size_t n) {
+                               size_t nrows, size_t n, const void* const* next, size_t nNext) {
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
-      WeightedRowsN<DT, 2, 2>,
-      WeightedRowsN<DT, 3, 2>,
-      WeightedRowsN<DT, 4, 2>,
+      WeightedRowsN<DT, 2, 4>,
+      WeightedRowsN<DT, 3, 4>,
+      WeightedRowsN<DT, 4, 4>,
       WeightedRowsN<DT, 5, 1>,
       WeightedRowsN<DT, 6, 1>,
       WeightedRowsN<DT, 7, 1>,
@@ -289,20 +422,20 @@ KVD_AVX512 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wSt
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n);
+    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
   }
 }
 
 KVD_AVX512 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                             size_t nrows, Dtype dt, size_t n) {
+                             size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext) {
   switch (dt) {
-    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n);
-    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n);
-    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n);
+    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
   }
 }
 
-const AttnKernels kAvx512Attn = {SimdLevel::Avx512, ScaleMax, ExpSum, WeightedRows};
+const AttnKernels kAvx512Attn = {SimdLevel::Avx512, ScaleMax, ExpSum, LogitsRows, WeightedRows};
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 //   simdScaleMax(level, x, scale) -> { max, finite }                  x scaled in place
 //   simdExpSum(level, x, m) -> number                                 x exponentiated in place
 //   simdWeightedRows(level, acc, nq, w, rows, dtype)                  in place, n = acc.length / nq
+//   simdLogitsRows(level, qs, nq, rows, dtype) -> Float32Array(nq * nrows), n = qs.length / nq
 #include <napi.h>
 
 #include <string>
@@ -170,8 +171,28 @@ Napi::Value WeightedRows(const Napi::CallbackInfo& info) {
     ExpectLength(w.length, nq * nrows, what + ": w (nq*nrows)");
     std::vector<const void*> ptrs(nrows);
     for (size_t r = 0; r < nrows; ++r) ptrs[r] = static_cast<const uint8_t*>(rows.data) + r * n * DtypeSize(rows.dtype);
-    l.attn->weighted_rows(acc.data, nq, w.data, nrows, ptrs.data(), nrows, rows.dtype, n);
+    // Prefetch hints for a "next tile" (the same rows again) exercise that code path too.
+    l.attn->weighted_rows(acc.data, nq, w.data, nrows, ptrs.data(), nrows, rows.dtype, n, ptrs.data(), nrows);
     return info.Env().Undefined();
+  });
+}
+
+Napi::Value LogitsRows(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "simdLogitsRows";
+    Level l = GetLevel(info[0], what);
+    auto qs = GetF32(info[1], what + ": qs");
+    const size_t nq = GetCount(info[2], what + ": nq", 1, 64);
+    RowArg rows = GetRow(info[3], info[4], what);
+    if (qs.length % nq) Throw("E_SHAPE", what + ": qs: expected a multiple of nq elements, got " + std::to_string(qs.length));
+    const size_t n = qs.length / nq;
+    if (n == 0 || rows.length % n) Throw("E_SHAPE", what + ": rows: expected a multiple of n = " + std::to_string(n) + " elements, got " + std::to_string(rows.length));
+    const size_t nrows = rows.length / n;
+    std::vector<const void*> ptrs(nrows);
+    for (size_t r = 0; r < nrows; ++r) ptrs[r] = static_cast<const uint8_t*>(rows.data) + r * n * DtypeSize(rows.dtype);
+    auto L = Napi::Float32Array::New(info.Env(), nq * nrows);
+    l.attn->logits_rows(qs.data, nq, ptrs.data(), nrows, rows.dtype, n, L.Data(), nrows, ptrs.data(), nrows);
+    return L;
   });
 }
 
@@ -183,6 +204,7 @@ void InitSimdBindings(Napi::Env env, Napi::Object exports) {
   exports.Set("simdScaleMax", Napi::Function::New(env, ScaleMax));
   exports.Set("simdExpSum", Napi::Function::New(env, ExpSum));
   exports.Set("simdWeightedRows", Napi::Function::New(env, WeightedRows));
+  exports.Set("simdLogitsRows", Napi::Function::New(env, LogitsRows));
 }
 
 }  // namespace

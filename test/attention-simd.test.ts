@@ -40,7 +40,7 @@ describe('SIMD levels', () => {
   for (const level of levels) {
     describe(`level ${level} vs scalar`, () => {
       for (const dim of DIMS) {
-        it(`dot_f32, dot_rows, axpy_row, to_f32 agree (n = ${dim})`, () => {
+        it(`dot_f32, dot_rows, logits_rows, axpy_row, to_f32 agree (n = ${dim})`, () => {
           const a = randn(dim, dim);
           const b = randn(dim, dim + 1);
           expectClose(native.simdDotF32(level, a, b), native.simdDotF32('scalar', a, b), absDot(a, b));
@@ -52,6 +52,18 @@ describe('SIMD levels', () => {
               const got = native.simdDotRows(level, qs, nq, row, dtype) as Float32Array;
               const want = native.simdDotRows('scalar', qs, nq, row, dtype) as Float32Array;
               for (let j = 0; j < nq; j++) expectClose(got[j]!, want[j]!, absDot(qs.subarray(j * dim, (j + 1) * dim), exact));
+            }
+            // logits_rows: a tile of rows against a GQA group, written group-major.
+            for (const nq of [1, 3, 4, 8, 10]) {
+              const nrows = 5;
+              const { data: rows, exact: rowsExact } = encode(randn(nrows * dim, 3 * dim + nq), dtype);
+              const qs = randn(nq * dim, 5 * nq + dim);
+              const got = native.simdLogitsRows(level, qs, nq, rows, dtype) as Float32Array;
+              const want = native.simdLogitsRows('scalar', qs, nq, rows, dtype) as Float32Array;
+              expect(got.length).toBe(nq * nrows);
+              for (let j = 0; j < nq; j++)
+                for (let r = 0; r < nrows; r++)
+                  expectClose(got[j * nrows + r]!, want[j * nrows + r]!, absDot(qs.subarray(j * dim, (j + 1) * dim), rowsExact.subarray(r * dim, (r + 1) * dim)));
             }
             const acc0 = randn(dim, 3);
             const got = acc0.slice();
