@@ -242,7 +242,7 @@ Napi::Value Fetch(const Napi::CallbackInfo& info) {
     const Source src{&a.k, &a.v};
     std::vector<Counters> per(size_t(a.tier->config().kvHeads));
     for (int h = 0; h < a.tier->config().kvHeads; ++h)
-      per[size_t(h)] = a.tier->Fetch(a.seq, a.layer, h, sel.Head(h), sel.sinkEnd, sel.tailStart, src);
+      per[size_t(h)] = a.tier->Fetch(a.seq, a.layer, h, sel.Head(h), sel.tailStart, src);
     return CountersObject(info.Env(), per);
   });
 }
