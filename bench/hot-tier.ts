@@ -79,20 +79,21 @@ async function transferAndScaling(name: string, trace: TraceReader, budget: numb
 
   console.log(`\n### ${name}: 2D window scaling vs uniform windows at equal memory\n`);
   console.log(`Solved on this trace's profile; "held-out" replays the same windows on ${holdoutName}.\n`);
-  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | held-out uniform | held-out 2D | held-out 2D / uniform | 2D windows used | solve time |`);
-  console.log(`|---|---|---|---|---|---|---|---|---|---|`);
+  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | held-out uniform | held-out 2D | held-out 2D / uniform | 2D windows used | solve time | greedy / exact |`);
+  console.log(`|---|---|---|---|---|---|---|---|---|---|---|`);
   const hold = profileTotals(await profileTrace(holdout, { windows: [1, 2, 3, 4], budget, policy: 'kvdrive', eviction: 'lookahead' }));
   for (const n of [1, 2, 3, 4]) {
     const j = windows.indexOf(n);
     const budgetBytes = totals[j]!.residentBytes;
     const a = solveWindows(p, { budgetBytes, method: 'exact' });
+    const g = solveWindows(p, { budgetBytes, method: 'greedy' });
     const m = await measureWindows(trace, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
     const uni = totals[j]!.fetchedBytesPerStep;
     const hm = await measureWindows(holdout, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
     const hu = hold[n - 1]!.fetchedBytesPerStep;
     const used = [...new Set(a.windows.flat())].sort((x, y) => x - y).map((w) => `×${w}`).join(' ');
     console.log(
-      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${kib(hu)} | ${kib(hm.fetchedBytesPerStep)} | ${(hm.fetchedBytesPerStep / hu).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms |`,
+      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${kib(hu)} | ${kib(hm.fetchedBytesPerStep)} | ${(hm.fetchedBytesPerStep / hu).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms | ${(g.predictedFetchedBytesPerStep / a.predictedFetchedBytesPerStep).toFixed(4)} |`,
     );
   }
 }
