@@ -12,6 +12,9 @@
  *    Baseline: the uniform ×N (measured in the profile). The same windows are also replayed on a
  *    held-out trace (another seed / another story) against its own uniform ×N.
  *
+ * 4. Importance-guided warm-up: hit rate and transfer with the tier warmed from the observation
+ *    query vs an empty tier. Baseline: empty tier.
+ *
  * Traces: a synthetic trace (generated in memory) and, when the stories260K fixture is present, a
  * trace recorded from the real model (sampling with a fixed seed).
  *
@@ -66,6 +69,20 @@ async function table3(name: string, trace: TraceReader, budget: number) {
   }
 }
 
+async function warmupEffect(name: string, trace: TraceReader, budget: number) {
+  const windows = [1, 2, 4];
+  const on = profileTotals(await profileTrace(trace, { windows, budget, warmup: true }));
+  const off = profileTotals(await profileTrace(trace, { windows, budget, warmup: false }));
+  console.log(`\n### ${name}: importance-guided warm-up (kvdrive + LA, budget ${budget}; baseline: empty tier)\n`);
+  console.log(`| window | hit rate, empty start | hit rate, warmed | fetched / step, empty | fetched / step, warmed | warmed / empty |`);
+  console.log(`|---|---|---|---|---|---|`);
+  windows.forEach((w, j) =>
+    console.log(
+      `| ×${w} | ${pct(off[j]!.hitRate)} | ${pct(on[j]!.hitRate)} | ${kib(off[j]!.fetchedBytesPerStep)} | ${kib(on[j]!.fetchedBytesPerStep)} | ${(on[j]!.fetchedBytesPerStep / off[j]!.fetchedBytesPerStep).toFixed(3)} |`,
+    ),
+  );
+}
+
 async function transferAndScaling(name: string, trace: TraceReader, budget: number, holdout: TraceReader, holdoutName: string) {
   const windows = [0, 1, 2, 3, 4, 5, 6, 7, 8];
   const p = await profileTrace(trace, { windows, budget, policy: 'kvdrive', eviction: 'lookahead' });
@@ -79,20 +96,21 @@ async function transferAndScaling(name: string, trace: TraceReader, budget: numb
 
   console.log(`\n### ${name}: 2D window scaling vs uniform windows at equal memory\n`);
   console.log(`Solved on this trace's profile; "held-out" replays the same windows on ${holdoutName}.\n`);
-  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | held-out uniform | held-out 2D | held-out 2D / uniform | 2D windows used | solve time |`);
-  console.log(`|---|---|---|---|---|---|---|---|---|---|`);
+  console.log(`| memory (= uniform ×N) | uniform fetched / step | 2D predicted | 2D measured (real tier) | 2D / uniform | held-out uniform | held-out 2D | held-out 2D / uniform | 2D windows used | solve time | greedy / exact |`);
+  console.log(`|---|---|---|---|---|---|---|---|---|---|---|`);
   const hold = profileTotals(await profileTrace(holdout, { windows: [1, 2, 3, 4], budget, policy: 'kvdrive', eviction: 'lookahead' }));
   for (const n of [1, 2, 3, 4]) {
     const j = windows.indexOf(n);
     const budgetBytes = totals[j]!.residentBytes;
     const a = solveWindows(p, { budgetBytes, method: 'exact' });
+    const g = solveWindows(p, { budgetBytes, method: 'greedy' });
     const m = await measureWindows(trace, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
     const uni = totals[j]!.fetchedBytesPerStep;
     const hm = await measureWindows(holdout, a.windows, { budget, policy: 'kvdrive', eviction: 'lookahead' });
     const hu = hold[n - 1]!.fetchedBytesPerStep;
     const used = [...new Set(a.windows.flat())].sort((x, y) => x - y).map((w) => `×${w}`).join(' ');
     console.log(
-      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${kib(hu)} | ${kib(hm.fetchedBytesPerStep)} | ${(hm.fetchedBytesPerStep / hu).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms |`,
+      `| ${kib(budgetBytes)} (×${n}) | ${kib(uni)} | ${kib(a.predictedFetchedBytesPerStep)} | ${kib(m.fetchedBytesPerStep)} | ${(m.fetchedBytesPerStep / uni).toFixed(3)} | ${kib(hu)} | ${kib(hm.fetchedBytesPerStep)} | ${(hm.fetchedBytesPerStep / hu).toFixed(3)} | ${used} | ${a.solveMs.toFixed(1)} ms | ${(g.predictedFetchedBytesPerStep / a.predictedFetchedBytesPerStep).toFixed(4)} |`,
     );
   }
 }
@@ -107,6 +125,7 @@ async function main() {
   const synthName = `synthetic (L${m.layers}, Hq ${m.qHeads}/Hkv ${m.kvHeads}, D ${m.headDim}, T ${m.promptTokens}, ${m.decodeSteps} steps, f16)`;
   const t0 = performance.now();
   await table3(synthName, synth, synthBudget);
+  await warmupEffect(synthName, synth, synthBudget);
   const synthHold = generateSyntheticTrace({ ...synthOpts, seed: 8 });
   await transferAndScaling(synthName, synth, synthBudget, synthHold, 'the same generator with seed 8');
 
@@ -129,6 +148,7 @@ async function main() {
       const sm = tr.meta;
       const name = `stories260K recorded (L${sm.layers}, Hq ${sm.qHeads}/Hkv ${sm.kvHeads}, D ${sm.headDim}, T ${sm.promptTokens}, ${sm.decodeSteps} steps, ${tr.dtype})`;
       await table3(name, tr, 32);
+      await warmupEffect(name, tr, 32);
       await transferAndScaling(name, tr, 32, tr2, `another story (sampling seed 2, ${tr2.meta.decodeSteps} steps)`);
       await tr.close();
       await tr2.close();

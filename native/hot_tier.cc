@@ -4,6 +4,7 @@
 #include "hot_tier.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <unordered_map>
 
@@ -193,8 +194,7 @@ struct VictimKey {
   }
 };
 
-Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t sinkEnd, int64_t tailStart,
-                     const Source& src) {
+Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src) {
   PairState& p = Pair(seq, layer, head);
   Counters st;
   const int64_t latest = p.step;  // the step whose attention mass is "current" for eviction
@@ -280,7 +280,6 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
     ++st.admitted;
     st.bytesAdmitted += CopyRows(p, head, slot, chunk, 0, src);
   }
-  (void)sinkEnd;
   p.step = now;
   p.total.Add(st);
   return st;

@@ -118,8 +118,9 @@ class Tier {
   static int64_t RequiredBytes(const TierConfig& c, int64_t* slotBytes = nullptr, int64_t* metaBytes = nullptr);
 
   // Hit/miss evaluation, eviction and admission for one kv head; returns that head's step counters.
-  Counters Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t sinkEnd, int64_t tailStart,
-                 const Source& src);
+  // tailStart: the selection's tail start (rows of a chunk below it are needed; a resident chunk
+  // admitted before those rows existed is topped up).
+  Counters Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src);
   // Places chunks (best first) into free slots until the arena is full; returns chunks placed.
   int32_t Warm(int seq, int layer, int head, const int32_t* order, int32_t n, const Source& src);
   // Records the attention mass of the selected chunks of this step (for lookahead eviction).

@@ -1,11 +1,14 @@
 // JS bindings of the hot tier (native/hot_tier.h) and of warm-up importance scoring.
 //
-// All bindings are synchronous: a fetch or slot-read attention of one layer is a short kernel; the
-// pipeline calls the C++ API (hot::Acquire + Tier methods) from its own workers. Every argument is
-// validated before any state changes, so a rejected call leaves the tier untouched.
+// fetch, attend, warm and importance come in a synchronous and a Promise-returning variant (run on
+// the libuv pool, holding references to every array they read or write); the pipeline may also call
+// the C++ API (hot::Acquire + Tier methods) from its own workers. Every argument is validated on the
+// JS thread before any state changes, so a rejected call leaves the tier untouched.
 #include <napi.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,7 @@ struct ParsedSelection {
   const int32_t* poolOffsets = nullptr;
   const int32_t* poolIds = nullptr;
   const float* poolScores = nullptr;
+  std::vector<Napi::Object> arrays;  // keep-alive handles of the arrays above (async use)
   HeadSelection Head(int h) const {
     HeadSelection s;
     s.ids = ids + offsets[h];
@@ -92,6 +96,7 @@ ParsedSelection GetSelection(const Napi::Value& sv, const Tier& t, int64_t srcTo
   s.offsets = off.data;
   s.ids = ids.data;
   s.nIds = ids.length;
+  s.arrays = {off.object, ids.object};
   Napi::Value po = sel.Get("poolOffsets");
   if (!po.IsUndefined()) {
     auto poff = GetI32(po, what + ".poolOffsets");
@@ -109,6 +114,7 @@ ParsedSelection GetSelection(const Napi::Value& sv, const Tier& t, int64_t srcTo
     s.poolOffsets = poff.data;
     s.poolIds = pids.data;
     s.poolScores = psc.data;
+    s.arrays.insert(s.arrays.end(), {poff.object, pids.object, psc.object});
   }
   return s;
 }
@@ -166,6 +172,82 @@ Napi::Object CountersObject(Napi::Env env, const std::vector<Counters>& cs) {
   field("warmAdmitted", &Counters::warmAdmitted);
   field("warmBytes", &Counters::warmBytes);
   return o;
+}
+
+// An operation split in three: validated on the JS thread (Prepare*), `run` (pure C++ on raw
+// pointers; on a libuv worker thread for the async variants), `done` (builds the JS result on the JS
+// thread). `keep` lists every JS object whose memory `run` touches; the async worker holds
+// references to them until it settles. State shared by run and done lives in shared_ptrs.
+struct Prepared {
+  std::function<void()> run;
+  std::function<Napi::Value(Napi::Env)> done;
+  std::vector<Napi::Object> keep;
+};
+
+class TaskWorker : public Napi::AsyncWorker {
+ public:
+  TaskWorker(Napi::Env env, Prepared op) : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), op_(std::move(op)) {
+    for (auto& o : op_.keep) refs_.push_back(Napi::Persistent(o));
+  }
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      op_.run();
+    } catch (const Error& e) {
+      code_ = e.code;
+      SetError(e.what());
+    } catch (const std::bad_alloc&) {
+      code_ = "E_NOMEM";
+      SetError("native allocation failed: not enough memory for the requested buffers");
+    } catch (const std::exception& e) {
+      SetError(std::string("internal error: ") + e.what());
+    }
+  }
+  void OnOK() override {
+    try {
+      deferred_.Resolve(op_.done(Env()));
+    } catch (const Napi::Error& e) {
+      deferred_.Reject(e.Value());
+    }
+  }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value()); }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  Prepared op_;
+  std::vector<Napi::ObjectReference> refs_;
+  std::string code_ = "E_INTERNAL";
+};
+
+using PrepareFn = Prepared (*)(const Napi::CallbackInfo&);
+
+template <PrepareFn P>
+Napi::Value RunSync(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    Prepared op = P(info);
+    op.run();
+    return op.done(info.Env());
+  });
+}
+
+// Validation errors reject the promise (an async API never throws synchronously).
+template <PrepareFn P>
+Napi::Value RunAsync(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  try {
+    auto* w = new TaskWorker(env, P(info));
+    Napi::Promise p = w->Promise();
+    w->Queue();
+    return p;
+  } catch (const Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(ToJsError(env, e.code, e.what()).Value());
+    return d.Promise();
+  } catch (const Napi::Error& e) {
+    auto d = Napi::Promise::Deferred::New(env);
+    d.Reject(e.Value());
+    return d.Promise();
+  }
 }
 
 // ---- bindings ----
@@ -232,107 +314,126 @@ Napi::Value Info(const Napi::CallbackInfo& info) {
   });
 }
 
-Napi::Value Fetch(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    const std::string what = "hotTier.fetch";
-    Napi::Object o = Opts(info, 1, what);
-    LayerArgs a = GetLayerArgs(info, o, what);
-    ParsedSelection sel = GetSelection(o.Get("selection"), *a.tier, a.k.tokens, what + ".selection");
-    Tier::LayerLock lock(*a.tier, a.seq, a.layer);
-    const Source src{&a.k, &a.v};
-    std::vector<Counters> per(size_t(a.tier->config().kvHeads));
-    for (int h = 0; h < a.tier->config().kvHeads; ++h)
-      per[size_t(h)] = a.tier->Fetch(a.seq, a.layer, h, sel.Head(h), sel.sinkEnd, sel.tailStart, src);
-    return CountersObject(info.Env(), per);
-  });
+Prepared PrepareFetch(const Napi::CallbackInfo& info) {
+  const std::string what = "hotTier.fetch";
+  Napi::Object o = Opts(info, 1, what);
+  auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
+  auto sel = std::make_shared<ParsedSelection>(GetSelection(o.Get("selection"), *a->tier, a->k.tokens, what + ".selection"));
+  auto per = std::make_shared<std::vector<Counters>>(size_t(a->tier->config().kvHeads));
+  Prepared op;
+  op.keep = sel->arrays;
+  op.keep.push_back(a->k.array);
+  op.keep.push_back(a->v.array);
+  op.run = [a, sel, per] {
+    Tier::LayerLock lock(*a->tier, a->seq, a->layer);
+    const Source src{&a->k, &a->v};
+    for (int h = 0; h < a->tier->config().kvHeads; ++h)
+      (*per)[size_t(h)] = a->tier->Fetch(a->seq, a->layer, h, sel->Head(h), sel->tailStart, src);
+  };
+  op.done = [per](Napi::Env env) -> Napi::Value { return CountersObject(env, *per); };
+  return op;
 }
 
 // Sparse attention reading the selected chunks from their slots (sinks and tail from the source),
 // spans in token order exactly as attendSparse builds them, so outputs are bit-identical. Chunks not
 // resident (streamed because the window is smaller than the selection) are read from the source and
 // counted in `sourceChunks`. Records each resident chunk's attention mass for lookahead eviction.
-Napi::Value Attend(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    const std::string what = "hotTier.attend";
-    Napi::Object o = Opts(info, 1, what);
-    LayerArgs a = GetLayerArgs(info, o, what);
-    Tier& t = *a.tier;
+Prepared PrepareAttend(const Napi::CallbackInfo& info) {
+  const std::string what = "hotTier.attend";
+  Napi::Object o = Opts(info, 1, what);
+  auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
+  Tier& t = *a->tier;
+  const TierConfig& c = t.config();
+  auto sel = std::make_shared<ParsedSelection>(GetSelection(o.Get("selection"), t, a->k.tokens, what + ".selection"));
+  const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
+  if (qHeads % c.kvHeads != 0)
+    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(c.kvHeads) + "), got " + std::to_string(qHeads));
+  const int group = qHeads / c.kvHeads;
+  auto q = GetF32(o.Get("q"), what + ".q");
+  ExpectLength(q.length, size_t(qHeads) * c.dim, what + ".q (qHeads*dim)");
+  for (size_t i = 0; i < q.length; ++i)
+    if (!std::isfinite(q.data[i]))
+      Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
+  float scale = 1.f / std::sqrt(float(c.dim));
+  Napi::Value sv = o.Get("scale");
+  if (!sv.IsUndefined()) {
+    if (!sv.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number");
+    const double d = sv.As<Napi::Number>().DoubleValue();
+    if (!std::isfinite(d) || d <= 0) Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
+    scale = float(d);
+  }
+  Napi::Env env = info.Env();
+  auto out = Napi::Float32Array::New(env, size_t(qHeads) * c.dim);
+  auto lse = Napi::Float32Array::New(env, size_t(qHeads));
+  auto chunkMass = Napi::Float32Array::New(env, sel->nIds);
+  auto fromSource = std::make_shared<int64_t>(0);
+  auto result = std::make_shared<Napi::ObjectReference>(Napi::Persistent(Napi::Object::New(env)));
+  result->Value().Set("out", out);
+  result->Value().Set("lse", lse);
+  result->Value().Set("chunkMass", chunkMass);
+  Prepared op;
+  op.keep = sel->arrays;
+  op.keep.insert(op.keep.end(), {a->k.array, a->v.array, q.object, result->Value()});
+  const float* qd = q.data;
+  float* outD = out.Data();
+  float* lseD = lse.Data();
+  float* massD = chunkMass.Data();
+  op.run = [a, sel, fromSource, qd, outD, lseD, massD, group, scale, what] {
+    Tier& t = *a->tier;
     const TierConfig& c = t.config();
-    ParsedSelection sel = GetSelection(o.Get("selection"), t, a.k.tokens, what + ".selection");
-    const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-    if (qHeads % c.kvHeads != 0)
-      Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(c.kvHeads) + "), got " + std::to_string(qHeads));
-    const int group = qHeads / c.kvHeads;
-    auto q = GetF32(o.Get("q"), what + ".q");
-    ExpectLength(q.length, size_t(qHeads) * c.dim, what + ".q (qHeads*dim)");
-    for (size_t i = 0; i < q.length; ++i)
-      if (!std::isfinite(q.data[i]))
-        Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
-    float scale = 1.f / std::sqrt(float(c.dim));
-    Napi::Value sv = o.Get("scale");
-    if (!sv.IsUndefined()) {
-      if (!sv.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number");
-      const double d = sv.As<Napi::Number>().DoubleValue();
-      if (!std::isfinite(d) || d <= 0) Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
-      scale = float(d);
-    }
-    Tier::LayerLock lock(t, a.seq, a.layer);
-    auto out = Napi::Float32Array::New(info.Env(), size_t(qHeads) * c.dim);
-    auto lse = Napi::Float32Array::New(info.Env(), size_t(qHeads));
-    auto chunkMass = Napi::Float32Array::New(info.Env(), sel.nIds);
-    int64_t fromSource = 0;
+    Tier::LayerLock lock(t, a->seq, a->layer);
     AttnScratch scratch;
     const size_t es = DtypeSize(c.dtype);
     const int64_t cs = c.chunkSize;
     std::vector<Span> spans;
     std::vector<float> mass;
     for (int h = 0; h < c.kvHeads; ++h) {
-      PairState& p = t.Pair(a.seq, a.layer, h);
+      PairState& p = t.Pair(a->seq, a->layer, h);
       spans.clear();
       auto fromSrc = [&](int64_t s, int64_t e) {
         const int64_t len = e > s ? e - s : 0;
         const int64_t at = len ? s : 0;  // empty spans point at a valid row; nothing is read
-        spans.push_back(Span{a.k.Row(at, h), a.v.Row(at, h), len, a.k.tokenStride, a.v.tokenStride});
+        spans.push_back(Span{a->k.Row(at, h), a->v.Row(at, h), len, a->k.tokenStride, a->v.tokenStride});
       };
-      if (sel.sinkEnd > 0) fromSrc(0, sel.sinkEnd);
+      if (sel->sinkEnd > 0) fromSrc(0, sel->sinkEnd);
       const size_t firstChunk = spans.size();
-      for (int32_t i = sel.offsets[h]; i < sel.offsets[h + 1]; ++i) {
-        const int64_t chunk = sel.ids[i];
-        const int64_t s = std::max(chunk * cs, sel.sinkEnd), e = std::min((chunk + 1) * cs, sel.tailStart);
+      for (int32_t i = sel->offsets[h]; i < sel->offsets[h + 1]; ++i) {
+        const int64_t chunk = sel->ids[i];
+        const int64_t s = std::max(chunk * cs, sel->sinkEnd), e = std::min((chunk + 1) * cs, sel->tailStart);
         if (e <= s) {
           fromSrc(s, e);
           continue;
         }
         const int32_t slot = p.Find(int32_t(chunk));
         if (slot < 0 || p.slotRows[size_t(slot)] < e - chunk * cs) {
-          ++fromSource;
+          ++*fromSource;
           fromSrc(s, e);
           continue;
         }
         const size_t off = (size_t(slot) * t.chunkElems() + size_t(s - chunk * cs) * c.dim) * es;
         spans.push_back(Span{p.k + off, p.v + off, e - s, c.dim, c.dim});
       }
-      if (sel.tokens > sel.tailStart) fromSrc(sel.tailStart, sel.tokens);
+      if (sel->tokens > sel->tailStart) fromSrc(sel->tailStart, sel->tokens);
       mass.assign(spans.size(), 0.f);
       const size_t qOff = size_t(h) * group;
       try {
-        AttendHeadSpans(q.data + qOff * c.dim, group, c.dim, c.dtype, scale, spans.data(), spans.size(),
-                        out.Data() + qOff * c.dim, lse.Data() + qOff, mass.data(), scratch);
+        AttendHeadSpans(qd + qOff * c.dim, group, c.dim, c.dtype, scale, spans.data(), spans.size(), outD + qOff * c.dim,
+                        lseD + qOff, mass.data(), scratch);
       } catch (const NonFiniteRowError& e) {
         Throw("E_NONFINITE", what + ": kv head " + std::to_string(h) + ": span " + std::to_string(e.span) + " row " +
                                  std::to_string(e.row) + ": NaN/Inf in a " + (e.inValue ? "value" : "key") + " row");
       }
-      const int32_t n = sel.offsets[h + 1] - sel.offsets[h];
-      for (int32_t i = 0; i < n; ++i) chunkMass[size_t(sel.offsets[h] + i)] = mass[firstChunk + size_t(i)];
-      t.RecordMass(a.seq, a.layer, h, sel.ids + sel.offsets[h], chunkMass.Data() + sel.offsets[h], n);
+      const int32_t n = sel->offsets[h + 1] - sel->offsets[h];
+      for (int32_t i = 0; i < n; ++i) massD[size_t(sel->offsets[h] + i)] = mass[firstChunk + size_t(i)];
+      t.RecordMass(a->seq, a->layer, h, sel->ids + sel->offsets[h], massD + sel->offsets[h], n);
     }
-    Napi::Object r = Napi::Object::New(info.Env());
-    r.Set("out", out);
-    r.Set("lse", lse);
-    r.Set("chunkMass", chunkMass);
-    r.Set("sourceChunks", Napi::Number::New(info.Env(), double(fromSource)));
+  };
+  op.done = [result, fromSource](Napi::Env env) -> Napi::Value {
+    Napi::Object r = result->Value();
+    r.Set("sourceChunks", Napi::Number::New(env, double(*fromSource)));
     return r;
-  });
+  };
+  return op;
 }
 
 Napi::Value RecordMassBinding(const Napi::CallbackInfo& info) {
@@ -353,27 +454,36 @@ Napi::Value RecordMassBinding(const Napi::CallbackInfo& info) {
   });
 }
 
-Napi::Value Warm(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    const std::string what = "hotTier.warm";
-    Napi::Object o = Opts(info, 1, what);
-    LayerArgs a = GetLayerArgs(info, o, what);
-    const TierConfig& c = a.tier->config();
-    auto off = GetI32(o.Get("offsets"), what + ".offsets");
-    auto ids = GetI32(o.Get("chunkIds"), what + ".chunkIds");
-    CheckOffsets(off, c.kvHeads, ids.length, what + ".offsets");
-    const int64_t maxChunks = (a.k.tokens + c.chunkSize - 1) / c.chunkSize;
-    for (size_t i = 0; i < ids.length; ++i)
-      if (ids.data[i] < 0 || ids.data[i] >= maxChunks)
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "]: expected a chunk id in [0, " +
-                             std::to_string(maxChunks) + "), got " + std::to_string(ids.data[i]));
-    Tier::LayerLock lock(*a.tier, a.seq, a.layer);
-    const Source src{&a.k, &a.v};
-    auto placed = Napi::Int32Array::New(info.Env(), size_t(c.kvHeads));
-    for (int h = 0; h < c.kvHeads; ++h)
-      placed[size_t(h)] = a.tier->Warm(a.seq, a.layer, h, ids.data + off.data[h], off.data[h + 1] - off.data[h], src);
-    return placed;
-  });
+Prepared PrepareWarm(const Napi::CallbackInfo& info) {
+  const std::string what = "hotTier.warm";
+  Napi::Object o = Opts(info, 1, what);
+  auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
+  const TierConfig& c = a->tier->config();
+  auto off = GetI32(o.Get("offsets"), what + ".offsets");
+  auto ids = GetI32(o.Get("chunkIds"), what + ".chunkIds");
+  CheckOffsets(off, c.kvHeads, ids.length, what + ".offsets");
+  const int64_t maxChunks = (a->k.tokens + c.chunkSize - 1) / c.chunkSize;
+  for (size_t i = 0; i < ids.length; ++i)
+    if (ids.data[i] < 0 || ids.data[i] >= maxChunks)
+      Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "]: expected a chunk id in [0, " +
+                           std::to_string(maxChunks) + "), got " + std::to_string(ids.data[i]));
+  auto placed = std::make_shared<std::vector<int32_t>>(size_t(c.kvHeads));
+  Prepared op;
+  op.keep = {a->k.array, a->v.array, off.object, ids.object};
+  const int32_t* offD = off.data;
+  const int32_t* idsD = ids.data;
+  op.run = [a, placed, offD, idsD] {
+    Tier::LayerLock lock(*a->tier, a->seq, a->layer);
+    const Source src{&a->k, &a->v};
+    for (int h = 0; h < a->tier->config().kvHeads; ++h)
+      (*placed)[size_t(h)] = a->tier->Warm(a->seq, a->layer, h, idsD + offD[h], offD[h + 1] - offD[h], src);
+  };
+  op.done = [placed](Napi::Env env) -> Napi::Value {
+    auto r = Napi::Int32Array::New(env, placed->size());
+    for (size_t h = 0; h < placed->size(); ++h) r[h] = (*placed)[h];
+    return r;
+  };
+  return op;
 }
 
 // Cumulative counters per (layer, kv head), summed over sequences (or for one sequence).
@@ -437,38 +547,45 @@ Napi::Value CheckBinding(const Napi::CallbackInfo& info) {
 // receives from the observation queries (each query at absolute position positions[w] attends keys
 // [0, min(positions[w] + 1, k.tokens))), summed over the GQA group and the queries and divided by
 // their count. q: Float32Array(W × qHeads × dim). Returns Float32Array(kvHeads × ceil(tokens/chunkSize)).
-Napi::Value Importance(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    const std::string what = "hotTierImportance";
-    Napi::Object o = Opts(info, 0, what);
-    KvView k = GetKvView(o.Get("k"), what + ".k");
-    const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-    if (qHeads % k.heads != 0)
-      Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(k.heads) + "), got " + std::to_string(qHeads));
-    const int group = qHeads / k.heads;
-    const int64_t cs = GetInt(o, "chunkSize", what, 1, 1 << 16);
-    auto pos = GetI32(o.Get("positions"), what + ".positions");
-    if (pos.length == 0) Throw("E_SHAPE", what + ".positions: expected at least one observation query, got 0");
-    auto q = GetF32(o.Get("q"), what + ".q");
-    ExpectLength(q.length, pos.length * size_t(qHeads) * k.dim, what + ".q (queries*qHeads*dim)");
-    for (size_t i = 0; i < q.length; ++i)
-      if (!std::isfinite(q.data[i])) Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
-    for (size_t w = 0; w < pos.length; ++w)
-      if (pos.data[w] < 0) Throw("E_RANGE", what + ".positions[" + std::to_string(w) + "]: expected >= 0, got " + std::to_string(pos.data[w]));
-    const float scale = 1.f / std::sqrt(float(k.dim));
-    const int64_t nChunks = (k.tokens + cs - 1) / cs;
-    auto scores = Napi::Float32Array::New(info.Env(), size_t(k.heads) * size_t(nChunks));
+Prepared PrepareImportance(const Napi::CallbackInfo& info) {
+  const std::string what = "hotTierImportance";
+  Napi::Object o = Opts(info, 0, what);
+  auto k = std::make_shared<KvView>(GetKvView(o.Get("k"), what + ".k"));
+  const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
+  if (qHeads % k->heads != 0)
+    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(k->heads) + "), got " + std::to_string(qHeads));
+  const int group = qHeads / k->heads;
+  const int64_t cs = GetInt(o, "chunkSize", what, 1, 1 << 16);
+  auto pos = GetI32(o.Get("positions"), what + ".positions");
+  if (pos.length == 0) Throw("E_SHAPE", what + ".positions: expected at least one observation query, got 0");
+  auto q = GetF32(o.Get("q"), what + ".q");
+  ExpectLength(q.length, pos.length * size_t(qHeads) * k->dim, what + ".q (queries*qHeads*dim)");
+  for (size_t i = 0; i < q.length; ++i)
+    if (!std::isfinite(q.data[i])) Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
+  for (size_t w = 0; w < pos.length; ++w)
+    if (pos.data[w] < 0) Throw("E_RANGE", what + ".positions[" + std::to_string(w) + "]: expected >= 0, got " + std::to_string(pos.data[w]));
+  const int64_t nChunks = (k->tokens + cs - 1) / cs;
+  auto scores = Napi::Float32Array::New(info.Env(), size_t(k->heads) * size_t(nChunks));
+  auto result = std::make_shared<Napi::ObjectReference>(Napi::Persistent(scores.As<Napi::Object>()));
+  Prepared op;
+  op.keep = {k->array, q.object, pos.object, scores};
+  const float* qd = q.data;
+  const int32_t* posD = pos.data;
+  const size_t nPos = pos.length;
+  float* out = scores.Data();
+  op.run = [k, qd, posD, nPos, out, qHeads, group, cs, nChunks, what] {
+    const float scale = 1.f / std::sqrt(float(k->dim));
     std::vector<double> acc(static_cast<size_t>(nChunks));
     std::vector<float> probs;
-    for (int h = 0; h < k.heads; ++h) {
+    for (int h = 0; h < k->heads; ++h) {
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (size_t w = 0; w < pos.length; ++w) {
-        const int64_t len = std::min<int64_t>(int64_t(pos.data[w]) + 1, k.tokens);
+      for (size_t w = 0; w < nPos; ++w) {
+        const int64_t len = std::min<int64_t>(int64_t(posD[w]) + 1, k->tokens);
         if (len <= 0) continue;
-        Span sp{k.Row(0, h), k.Row(0, h), len, k.tokenStride, k.tokenStride};
+        Span sp{k->Row(0, h), k->Row(0, h), len, k->tokenStride, k->tokenStride};
         probs.assign(size_t(group) * size_t(len), 0.f);
         try {
-          AttentionProbsHeadSpans(q.data + (w * qHeads + size_t(h) * group) * k.dim, group, k.dim, k.dtype, scale, &sp, 1,
+          AttentionProbsHeadSpans(qd + (w * qHeads + size_t(h) * group) * k->dim, group, k->dim, k->dtype, scale, &sp, 1,
                                   probs.data());
         } catch (const NonFiniteRowError& e) {
           Throw("E_NONFINITE", what + ".k: kv head " + std::to_string(h) + ", token " + std::to_string(e.row) + ": NaN/Inf in the key row");
@@ -476,25 +593,30 @@ Napi::Value Importance(const Napi::CallbackInfo& info) {
         for (int g = 0; g < group; ++g)
           for (int64_t t = 0; t < len; ++t) acc[size_t(t / cs)] += probs[size_t(g) * size_t(len) + size_t(t)];
       }
-      const double norm = 1.0 / double(pos.length * size_t(group));
-      for (int64_t ch = 0; ch < nChunks; ++ch) scores[size_t(h) * size_t(nChunks) + size_t(ch)] = float(acc[size_t(ch)] * norm);
+      const double norm = 1.0 / double(nPos * size_t(group));
+      for (int64_t ch = 0; ch < nChunks; ++ch) out[size_t(h) * size_t(nChunks) + size_t(ch)] = float(acc[size_t(ch)] * norm);
     }
-    return scores;
-  });
+  };
+  op.done = [result](Napi::Env) -> Napi::Value { return result->Value(); };
+  return op;
 }
 
 void InitHotTier(Napi::Env env, Napi::Object exports) {
   exports.Set("hotTierCreate", Napi::Function::New(env, Create));
   exports.Set("hotTierDestroy", Napi::Function::New(env, Destroy));
   exports.Set("hotTierInfo", Napi::Function::New(env, Info));
-  exports.Set("hotTierFetch", Napi::Function::New(env, Fetch));
-  exports.Set("hotTierAttend", Napi::Function::New(env, Attend));
+  exports.Set("hotTierFetch", Napi::Function::New(env, RunSync<PrepareFetch>));
+  exports.Set("hotTierFetchAsync", Napi::Function::New(env, RunAsync<PrepareFetch>));
+  exports.Set("hotTierAttend", Napi::Function::New(env, RunSync<PrepareAttend>));
+  exports.Set("hotTierAttendAsync", Napi::Function::New(env, RunAsync<PrepareAttend>));
   exports.Set("hotTierRecordMass", Napi::Function::New(env, RecordMassBinding));
-  exports.Set("hotTierWarm", Napi::Function::New(env, Warm));
+  exports.Set("hotTierWarm", Napi::Function::New(env, RunSync<PrepareWarm>));
+  exports.Set("hotTierWarmAsync", Napi::Function::New(env, RunAsync<PrepareWarm>));
   exports.Set("hotTierStats", Napi::Function::New(env, Stats));
   exports.Set("hotTierResidents", Napi::Function::New(env, Residents));
   exports.Set("hotTierCheck", Napi::Function::New(env, CheckBinding));
-  exports.Set("hotTierImportance", Napi::Function::New(env, Importance));
+  exports.Set("hotTierImportance", Napi::Function::New(env, RunSync<PrepareImportance>));
+  exports.Set("hotTierImportanceAsync", Napi::Function::New(env, RunAsync<PrepareImportance>));
 }
 
 }  // namespace

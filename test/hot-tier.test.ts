@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { HotTier, type HotTierOptions } from '../src/cache/hot-tier.js';
-import { importanceScores, rankChunks, warmUp } from '../src/cache/warmup.js';
+import { importanceScores, importanceScoresAsync, rankChunks, warmUp, warmUpAsync } from '../src/cache/warmup.js';
 import { attendSparse } from '../src/attention/kernels.js';
 import type { Selection } from '../src/index/selection.js';
 import type { Dtype, KvTensor } from '../src/types.js';
@@ -188,6 +188,67 @@ describe('hot tier', () => {
     expect(s.total.hits).toBe(8);
     expect(s.total.bytesAdmitted).toBe(0);
     expect(t.stats().total.warmAdmitted).toBe(16);
+  });
+
+  it('keeps residency per sequence and tops up a resident chunk whose rows appeared after admission', () => {
+    const H = 1, Hq = 2, D = 8, c = 4;
+    const t = tier({ layers: 1, kvHeads: H, windows: 2, budget: 8, sequences: 2 });
+    const full = kvTensor(40, H, D, 'f32', 51);
+    const fullV = kvTensor(40, H, D, 'f32', 52);
+    const prefix = (kv: KvTensor, n: number): KvTensor => ({ ...kv, tokens: n, data: kv.data.subarray(0, n * H * D) });
+    // 30 tokens: chunk 7 (tokens 28..31) has only 2 rows so far.
+    const k30 = prefix(full, 30), v30 = prefix(fullV, 30);
+    const sel30: Selection = { chunkSize: c, tokens: 30, sinkEnd: 4, tailStart: 30, offsets: Int32Array.from([0, 2]), chunkIds: Int32Array.from([2, 7]) };
+    const s0 = t.fetch({ sequence: 1, layer: 0, k: k30, v: v30, selection: sel30 });
+    expect(s0.total.bytesAdmitted).toBe((4 + 2) * D * 4 * 2);
+    expect(Array.from(t.residents(0, 0, 1))).toEqual([2, 7]);
+    expect(Array.from(t.residents(0, 0, 0))).toEqual([]); // sequence 0 untouched
+    // 40 tokens: chunk 7 is complete in the source and fully inside [sinkEnd, tailStart).
+    const sel40: Selection = { ...sel30, tokens: 40, tailStart: 36 };
+    const q = randn(Hq * D, 53);
+    const got = t.step({ sequence: 1, layer: 0, k: full, v: fullV, q, qHeads: Hq, selection: sel40 });
+    expect(got.stats.total.hits).toBe(2);
+    expect(got.stats.total.bytesAdmitted).toBe(2 * D * 4 * 2); // the two new rows only
+    expect(got.sourceChunks).toBe(0);
+    const want = attendSparse({ q, qHeads: Hq, k: full, v: fullV, selection: sel40 });
+    expect(Buffer.from(got.out.buffer).equals(Buffer.from(want.out.buffer))).toBe(true);
+    expect(t.stats(0).total.hits + t.stats(0).total.misses).toBe(0);
+    expect(t.stats(1).total.hits).toBe(2);
+    expect(t.check()).toBe('');
+  });
+
+  it('async variants give bit-identical results and the same residency as the sync ones', async () => {
+    const H = 2, Hq = 4, D = 8, c = 4, T = 128;
+    const a = tier({ layers: 1, kvHeads: H, windows: 2, budget: 16 });
+    const b = tier({ layers: 1, kvHeads: H, windows: 2, budget: 16 });
+    const k = kvTensor(T, H, D, 'f32', 31);
+    const v = kvTensor(T, H, D, 'f32', 32);
+    const W = 4;
+    const q0 = randn(W * Hq * D, 33);
+    const positions = Int32Array.from({ length: W }, (_, i) => T - W + i);
+    const s1 = importanceScores(k, { q: q0, qHeads: Hq, positions }, c);
+    const s2 = await importanceScoresAsync(k, { q: q0, qHeads: Hq, positions }, c);
+    expect(Array.from(s2)).toEqual(Array.from(s1));
+    const warm = { layer: 0, k, v, q: q0, qHeads: Hq, positions, sinkEnd: 4, tailStart: T - 16 };
+    expect(Array.from(await warmUpAsync(b, warm))).toEqual(Array.from(warmUp(a, warm)));
+    const r = rng(34);
+    const hot = Array.from({ length: 8 }, () => Math.floor(r() * (T / c)));
+    for (let step = 0; step < 6; step++) {
+      const sel = randomSelection(r, T, H, c, 4, hot);
+      const q = randn(Hq * D, 40 + step);
+      const x = a.step({ layer: 0, k, v, q, qHeads: Hq, selection: sel });
+      const y = await b.stepAsync({ layer: 0, k, v, q, qHeads: Hq, selection: sel });
+      expect(Buffer.from(y.out.buffer).equals(Buffer.from(x.out.buffer))).toBe(true);
+      expect(Array.from(y.chunkMass)).toEqual(Array.from(x.chunkMass));
+      expect(y.stats).toEqual(x.stats);
+      expect(y.sourceChunks).toBe(0);
+    }
+    for (let h = 0; h < H; h++) expect(Array.from(b.residents(0, h))).toEqual(Array.from(a.residents(0, h)));
+    // Validation errors reject the promise with the typed error.
+    const sel = randomSelection(r, T, H, c, 4, hot);
+    await expectKvdError(() => b.fetchAsync({ layer: 3, k, v, selection: sel }), 'E_RANGE', /layer/);
+    await expectKvdError(() => b.attendAsync({ layer: 0, k, v, selection: sel, q: new Float32Array(1), qHeads: Hq }), 'E_SHAPE', /q \(qHeads\*dim\)/);
+    await expectKvdError(() => importanceScoresAsync(k, { q: q0, qHeads: 3, positions }, c), 'E_SHAPE', /multiple of the kv heads/);
   });
 
   it('rejects bad input with typed errors', async () => {

@@ -117,6 +117,29 @@ export interface LayerArgs {
   v: KvTensor;
 }
 
+/** Arguments of {@link HotTier.attend} / {@link HotTier.step}. */
+export interface AttendArgs extends LayerArgs {
+  selection: Selection;
+  /** Queries of the decode position, Float32Array(qHeads × headDim), finite. */
+  q: Float32Array;
+  /** Query heads, a multiple of kvHeads (GQA). */
+  qHeads: number;
+  /** Softmax scale, default 1/sqrt(headDim). */
+  scale?: number;
+}
+
+/** Result of the slot-read attention. */
+export interface SlotAttentionResult {
+  /** Float32Array(qHeads × headDim): attention output, bit-identical to attendSparse. */
+  out: Float32Array;
+  /** Float32Array(qHeads): log-sum-exp per query head. */
+  lse: Float32Array;
+  /** Float32Array(selection.chunkIds.length): attention mass per selected chunk (group mean). */
+  chunkMass: Float32Array;
+  /** Selected chunks read from the source instead of a slot (not resident). */
+  sourceChunks: number;
+}
+
 const int = (min: number, max = 2 ** 31 - 1) => z.number().int().min(min).max(max);
 const OptionsSchema = z.object({
   layers: int(1, 4096),
@@ -234,7 +257,15 @@ export class HotTier {
    * misses copied from the source KV. Returns the step's counters per kv head and in total.
    */
   fetch(args: LayerArgs & { selection: Selection }): HotTierStepStats {
-    const o = native.hotTierFetch(this.live(), args) as Record<string, Float64Array>;
+    return this.stepStats(native.hotTierFetch(this.live(), args) as Record<string, Float64Array>);
+  }
+
+  /** {@link fetch} off the JS thread (the arrays must not be modified until it settles). */
+  async fetchAsync(args: LayerArgs & { selection: Selection }): Promise<HotTierStepStats> {
+    return this.stepStats((await native.hotTierFetchAsync(this.live(), args)) as Record<string, Float64Array>);
+  }
+
+  private stepStats(o: Record<string, Float64Array>): HotTierStepStats {
     const heads = Array.from({ length: this.options.kvHeads }, (_, h) => counters(o, h));
     return { heads, total: sum(heads) };
   }
@@ -244,19 +275,25 @@ export class HotTier {
    * chunks from their slots. `sourceChunks` counts selected chunks read from the source instead
    * (not resident: streamed, or fetch was skipped). Records chunk masses for lookahead eviction.
    */
-  attend(args: LayerArgs & { selection: Selection; q: Float32Array; qHeads: number; scale?: number }): {
-    out: Float32Array;
-    lse: Float32Array;
-    chunkMass: Float32Array;
-    sourceChunks: number;
-  } {
-    return native.hotTierAttend(this.live(), args);
+  attend(args: AttendArgs): SlotAttentionResult {
+    return native.hotTierAttend(this.live(), args) as SlotAttentionResult;
+  }
+
+  /** {@link attend} off the JS thread; bit-identical results. */
+  attendAsync(args: AttendArgs): Promise<SlotAttentionResult> {
+    return native.hotTierAttendAsync(this.live(), args) as Promise<SlotAttentionResult>;
   }
 
   /** fetch then attend: one decode step of one layer. */
-  step(args: LayerArgs & { selection: Selection; q: Float32Array; qHeads: number; scale?: number }) {
+  step(args: AttendArgs): SlotAttentionResult & { stats: HotTierStepStats } {
     const stats = this.fetch(args);
     return { stats, ...this.attend(args) };
+  }
+
+  /** {@link step} off the JS thread. */
+  async stepAsync(args: AttendArgs): Promise<SlotAttentionResult & { stats: HotTierStepStats }> {
+    const stats = await this.fetchAsync(args);
+    return { stats, ...(await this.attendAsync(args)) };
   }
 
   /** Records attention masses computed elsewhere (e.g. attendSparse's chunkMass) for lookahead eviction. */
@@ -270,6 +307,11 @@ export class HotTier {
    */
   warm(args: LayerArgs & { offsets: Int32Array; chunkIds: Int32Array }): Int32Array {
     return native.hotTierWarm(this.live(), args) as Int32Array;
+  }
+
+  /** {@link warm} off the JS thread. */
+  warmAsync(args: LayerArgs & { offsets: Int32Array; chunkIds: Int32Array }): Promise<Int32Array> {
+    return native.hotTierWarmAsync(this.live(), args) as Promise<Int32Array>;
   }
 
   /** Accumulated counters per (layer, kv head) and in total (all sequences, or one). */

@@ -34,6 +34,11 @@ export function importanceScores(k: KvTensor, obs: ObservationWindow, chunkSize:
   return native.hotTierImportance({ k, q: obs.q, qHeads: obs.qHeads, positions: obs.positions, chunkSize }) as Float32Array;
 }
 
+/** {@link importanceScores} off the JS thread (prefill-sized inputs take long). */
+export function importanceScoresAsync(k: KvTensor, obs: ObservationWindow, chunkSize: number): Promise<Float32Array> {
+  return native.hotTierImportanceAsync({ k, q: obs.q, qHeads: obs.qHeads, positions: obs.positions, chunkSize }) as Promise<Float32Array>;
+}
+
 /**
  * Per kv head, the chunks that may occupy slots (clipped range inside [sinkEnd, tailStart)
  * non-empty), best first (ties: lower chunk id first). Returns CSR offsets and ids.
@@ -73,4 +78,15 @@ export function warmUp(
   const scores = importanceScores(args.k, args, chunkSize);
   const ranked = rankChunks(scores, kvHeads, chunkSize, args.sinkEnd, args.tailStart);
   return tier.warm({ sequence: args.sequence, layer: args.layer, k: args.k, v: args.v, ...ranked });
+}
+
+/** {@link warmUp} with scoring and copying off the JS thread. */
+export async function warmUpAsync(
+  tier: HotTier,
+  args: { sequence?: number; layer: number; k: KvTensor; v: KvTensor; sinkEnd: number; tailStart: number } & ObservationWindow,
+): Promise<Int32Array> {
+  const { chunkSize, kvHeads } = tier.options;
+  const scores = await importanceScoresAsync(args.k, args, chunkSize);
+  const ranked = rankChunks(scores, kvHeads, chunkSize, args.sinkEnd, args.tailStart);
+  return tier.warmAsync({ sequence: args.sequence, layer: args.layer, k: args.k, v: args.v, ...ranked });
 }
