@@ -161,6 +161,50 @@ describe('Runtime with a hot tier', () => {
     expect(await osThreads()).toBe(before);
   });
 
+  it('prefill with an observation window warms the tier; outputs stay bit-identical across modes', async () => {
+    const opts: RuntimeOptions = { shape, budget: 32, microBatch: 2, maxSequences: 2, maxTokens: 400, hotTier: { windows: 2, maxBytes: 1 << 22 } };
+    const run = async (mode: 'sequential' | 'pipelined', warm: boolean) => {
+      const rt = await openRuntime({ ...opts, mode });
+      const c = makeCase(31);
+      const s = rt.createSequence();
+      const obsQ = warm ? randn(8 * shape.qHeads * shape.headDim, 77) : undefined;
+      await rt.prefill(s, 0, kvt(c.prompt(0, 0, 0), PROMPT), kvt(c.prompt(0, 0, 1), PROMPT), obsQ);
+      const outs: Float32Array[] = [];
+      for (let t = 0; t < 3; t++)
+        outs.push(...(await rt.attend(0, [{ seq: s, q: c.step(0, 0, t, 0, 64), kNew: c.step(0, 0, t, 1, 32), vNew: c.step(0, 0, t, 2, 32) }])));
+      const st = await rt.stats();
+      await rt.close();
+      return { outs: outs.map(bits), st };
+    };
+    const cold = await run('sequential', false);
+    const seqWarm = await run('sequential', true);
+    const pipWarm = await run('pipelined', true);
+    expect(cold.st.warmedChunks).toBe(0);
+    expect(seqWarm.st.warmedChunks).toBeGreaterThan(0);
+    expect(pipWarm.st.warmedChunks).toBe(seqWarm.st.warmedChunks);
+    expect(seqWarm.outs).toEqual(cold.outs); // residency never changes the numbers
+    expect(pipWarm.outs).toEqual(cold.outs);
+    expect(seqWarm.st.hits).toBeGreaterThan(cold.st.hits); // warmed chunks are hit on the first step
+  });
+
+  it('prefill obsQ and re-prefill errors', async () => {
+    const c = makeCase(2);
+    const K = kvt(c.prompt(0, 0, 0), PROMPT);
+    const plain = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400 });
+    const s0 = plain.createSequence();
+    await expectKvdError(() => plain.prefill(s0, 0, K, K, new Float32Array(64)), 'E_CONFIG', /obsQ: expected a runtime opened with a hotTier/);
+    await plain.close();
+    const rt = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: { windows: 1, maxBytes: 1 << 20 } });
+    const s = rt.createSequence();
+    await expectKvdError(() => rt.prefill(s, 0, K, K, new Float32Array(65)), 'E_SHAPE', /obsQ length: expected W x qHeads x headDim/);
+    const nan = new Float32Array(64);
+    nan[1] = Infinity;
+    await expectKvdError(() => rt.prefill(s, 0, K, K, nan), 'E_NONFINITE', /obsQ/);
+    await rt.prefill(s, 0, K, K, new Float32Array(64).fill(0.5));
+    await expectKvdError(() => rt.prefill(s, 0, K, K), 'E_CONFIG', /one prefill per layer with a hot tier/);
+    await rt.close();
+  });
+
   it('retires closed sequence handles (the tier cannot reset a residency) and validates its options', async () => {
     const rt = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: { windows: 1, maxBytes: 1 << 20 } });
     const s = rt.createSequence();

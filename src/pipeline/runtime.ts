@@ -11,7 +11,8 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
 import { KvdriveError, describe, fail } from '../errors.js';
-import { resolvePolicyOptions, type PolicyOptions } from '../index/options.js';
+import { resolvePolicyOptions, type PolicyOptions, type ResolvedPolicyOptions } from '../index/options.js';
+import { warmUpAsync } from '../cache/warmup.js';
 import type { PolicyName } from '../index/selection.js';
 import type { KvTensor, ModelShape } from '../types.js';
 import {
@@ -100,6 +101,8 @@ export interface RuntimeStats {
   /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
   hits: number;
   misses: number;
+  /** Chunks placed in the hot tier by prefill warm-up (obsQ). */
+  warmedChunks: number;
   /**
    * Wall time inside attend() during which compute was not running: what the pipeline failed to
    * hide (sequentially it is append + selection + fetch + overhead).
@@ -230,7 +233,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       throw e;
     }
   }
-  const rt = new Runtime(init, store, arena, mode, microBatch, pipeline, tier);
+  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier);
   replay = () => rt.indexRebuildRequests();
   return rt;
 }
@@ -256,11 +259,23 @@ export class Runtime {
   /** Serializes public operations (they mutate per-sequence token counts). */
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
-  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0 };
+  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0, warmedChunks: 0 };
+  /** The selection policy's resolved options (chunk geometry for warm-up). */
+  private readonly policyOptions: ResolvedPolicyOptions;
 
   /** @internal use openRuntime */
-  constructor(init: DecodeInit, store: SequenceStore, arena: SharedArena<DecodeRegions>, mode: 'sequential' | 'pipelined', microBatch: number, pipeline?: Pipeline, tier?: HotTier) {
+  constructor(
+    init: DecodeInit,
+    store: SequenceStore,
+    arena: SharedArena<DecodeRegions>,
+    mode: 'sequential' | 'pipelined',
+    microBatch: number,
+    policyOptions: ResolvedPolicyOptions,
+    pipeline?: Pipeline,
+    tier?: HotTier,
+  ) {
     this.tier = tier;
+    this.policyOptions = policyOptions;
     this.init = init;
     this.shape = init.shape;
     this.store = store;
@@ -337,8 +352,12 @@ export class Runtime {
    * Hands over the prompt's K and V of one layer (f32, 'thd' or 'htd' layout, kvHeads x headDim per
    * token) and builds its selection index. Replaces an earlier prefill of the same layer.
    * E_BUDGET when the prompt exceeds maxTokens.
+   *
+   * `obsQ` (needs a hot tier): the queries of the last W prompt positions, Float32Array(W x qHeads x
+   * headDim), position-major; their attention over the prompt ranks the chunks (SnapKV-style) and
+   * the most important ones are placed in the hot tier before the first decode step.
    */
-  prefill(seq: number, layer: number, k: KvTensor, v: KvTensor): Promise<void> {
+  prefill(seq: number, layer: number, k: KvTensor, v: KvTensor, obsQ?: Float32Array): Promise<void> {
     return this.serial(async () => {
       this.checkSeq('prefill', seq);
       this.checkLayer('prefill', layer);
@@ -353,11 +372,44 @@ export class Runtime {
       }
       if (k.tokens !== v.tokens) fail('E_SHAPE', 'prefill v.tokens', `k.tokens = ${k.tokens}`, v.tokens);
       if (k.tokens > this.store.layout.maxTokens) fail('E_BUDGET', 'prefill tokens', `at most maxTokens = ${this.store.layout.maxTokens}`, k.tokens);
+      if (this.tier && this.tokens[seq * this.shape.layers + layer]! >= 0)
+        fail('E_CONFIG', `prefill seq ${seq} layer ${layer}`, 'one prefill per layer with a hot tier (its slots would keep the old rows)', 'a second prefill');
+      let window = 0;
+      if (obsQ !== undefined) {
+        if (!this.tier) fail('E_CONFIG', 'prefill obsQ', 'a runtime opened with a hotTier (the observation window warms it)', 'no hot tier');
+        const row = this.shape.qHeads * headDim;
+        if (!(obsQ instanceof Float32Array)) fail('E_TYPE', 'prefill obsQ', `a Float32Array(W x ${row})`, obsQ);
+        window = obsQ.length / row;
+        if (!Number.isInteger(window) || window < 1 || window > k.tokens)
+          fail('E_SHAPE', 'prefill obsQ length', `W x qHeads x headDim with 1 <= W <= ${k.tokens} prompt tokens (rows of ${row})`, obsQ.length);
+        checkVector('prefill obsQ', obsQ, obsQ.length);
+      }
       for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
       const req = { type: 'build' as const, seq, layer, tokens: k.tokens };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
       if (this.pipeline) await this.pipeline.control(0, req);
       else await this.local!.control(req);
+      if (window > 0) {
+        // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
+        // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
+        const { sinks, local, chunkSize } = this.policyOptions;
+        const T = k.tokens;
+        const sinkEnd = Math.min(sinks, T);
+        const tailStart = Math.max(sinkEnd, Math.floor((T - local) / chunkSize) * chunkSize);
+        const positions = Int32Array.from({ length: window }, (_, w) => T - window + w);
+        const placed = await warmUpAsync(this.tier!, {
+          sequence: seq,
+          layer,
+          k: this.store.tensor(seq, layer, 0, T),
+          v: this.store.tensor(seq, layer, 1, T),
+          sinkEnd,
+          tailStart,
+          q: obsQ!,
+          qHeads: this.shape.qHeads,
+          positions,
+        });
+        for (const n of placed) this.counters.warmedChunks += n;
+      }
       this.tokens[seq * this.shape.layers + layer] = k.tokens;
     });
   }
