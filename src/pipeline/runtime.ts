@@ -1,10 +1,11 @@
 /**
  * The decode runtime a host embeds: sequences, prefill, and per-layer sparse attention for a batch,
  * either sequentially on the calling thread or pipelined over stage worker pools (selection ∥
- * compute across micro-batches). Both modes run the same stage code (decode-stages.ts) on the same
- * shared memory, so their outputs are bit-identical.
+ * fetch ∥ compute across micro-batches). Both modes run the same stage code (decode-stages.ts) on
+ * the same shared memory, so their outputs are bit-identical.
  *
- *   attend(layer, batch) ─ append k/v ─ split into micro-batches ─▶ arena slot ─▶ S ─▶ C ─▶ outputs
+ *   attend(layer, batch) ─ append k/v ─ split into micro-batches ─▶ arena slot ─▶ S ─▶ [F] ─▶ C ─▶ outputs
+ *   (F, the hot-tier fetch, only with options.hotTier)
  */
 import { fileURLToPath } from 'node:url';
 import { existsSync } from 'node:fs';
@@ -44,8 +45,9 @@ export interface RuntimeOptions {
   policyOptions?: Omit<PolicyOptions, 'qHeads' | 'kvHeads' | 'headDim'>;
   /**
    * 'sequential' (default): selection then compute on the calling thread, no workers.
-   * 'pipelined': a selection worker and a compute worker joined by ring queues; micro-batches
-   * overlap (selection of micro-batch i+1 runs while compute works on i).
+   * 'pipelined': a selection worker, a fetch worker (with a hot tier) and a compute worker joined
+   * by ring queues; micro-batches overlap (selection of micro-batch i+1 runs while later stages
+   * work on i).
    */
   mode?: 'sequential' | 'pipelined';
   /** Batch entries per micro-batch (default 1, at most 256). */
