@@ -25,6 +25,10 @@ export type {
   SparseAttentionResult,
   AttentionWeightsOptions,
 } from './attention/kernels.js';
+export { openRuntime } from './pipeline/runtime.js';
+export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry } from './pipeline/runtime.js';
+export type { StageStats } from './pipeline/stage-pool.js';
+export type { StageWorkerStats } from './pipeline/stage-contract.js';
 // Reference host: llama2.c checkpoints, tokenizer, forward pass with a pluggable attention backend.
 export { loadCheckpoint } from './model/checkpoint.js';
 export type { Checkpoint, ModelConfig } from './model/checkpoint.js';
@@ -38,6 +42,16 @@ export type { KvdriveAttentionOptions, KvdriveAttentionStats } from './model/kvd
 export { Transformer } from './model/forward.js';
 export { generate } from './model/generate.js';
 export type { GenerateOptions, GenerateResult } from './model/generate.js';
+export { HotTier, EvictionPolicies, resolveWindows } from './cache/hot-tier.js';
+export type { HotTierOptions, EvictionPolicy, TierCounters, HotTierStepStats, HotTierStats, HotTierInfo, LayerArgs, AttendArgs, SlotAttentionResult } from './cache/hot-tier.js';
+export { importanceScores, importanceScoresAsync, rankChunks, warmUp, warmUpAsync } from './cache/warmup.js';
+export type { ObservationWindow } from './cache/warmup.js';
+export { solveWindows, parseWindowAllocation, parseBytes } from './cache/window-solver.js';
+export type { SolveWindowsOptions, SolveMethod, WindowAllocation } from './cache/window-solver.js';
+export { parseProfile, WindowProfileSchema } from './cache/profile-types.js';
+export { profileTrace, measureWindows, profileTotals } from './cache/profiler.js';
+export type { ProfileOptions } from './cache/profiler.js';
+export type { WindowProfile, PairProfile } from './cache/profile-types.js';
 export { openTrace, writeTrace, memoryTrace, layerKvWithNew, TraceMetaSchema } from './trace/trace.js';
 export type { TraceMeta, TraceReader, TraceLayer, TraceLayerData, TraceExtraTensor } from './trace/trace.js';
 export { generateSyntheticTrace, SyntheticTraceOptionsSchema, NEEDLES_TENSOR } from './trace/synthetic.js';

@@ -4,7 +4,16 @@ import { register as registerDemo } from './demo.js';
 import { register as registerGenerate } from './generate.js';
 import { register as registerEval } from './eval.js';
 import { register as registerSynth } from './synth.js';
+import { register as registerProfile } from './profile.js';
+import { register as registerSolveWindows } from './solve-windows.js';
 
 export type RegisterCommand = (program: Command) => void;
 
-export const commands: RegisterCommand[] = [registerDemo, registerGenerate, registerEval, registerSynth];
+export const commands: RegisterCommand[] = [
+  registerDemo,
+  registerGenerate,
+  registerEval,
+  registerSynth,
+  registerProfile,
+  registerSolveWindows,
+];

@@ -1,0 +1,543 @@
+/**
+ * The decode runtime a host embeds: sequences, prefill, and per-layer sparse attention for a batch,
+ * either sequentially on the calling thread or pipelined over stage worker pools (selection ∥
+ * fetch ∥ compute across micro-batches). Both modes run the same stage code (decode-stages.ts) on
+ * the same shared memory, so their outputs are bit-identical.
+ *
+ *   attend(layer, batch) ─ append k/v ─ split into micro-batches ─▶ arena slot ─▶ S ─▶ [F] ─▶ C ─▶ outputs
+ *   (F, the hot-tier fetch, only with options.hotTier)
+ */
+import { fileURLToPath } from 'node:url';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { z } from 'zod';
+import { KvdriveError, describe, fail } from '../errors.js';
+import { resolvePolicyOptions, type PolicyOptions, type ResolvedPolicyOptions } from '../index/options.js';
+import { warmUpAsync } from '../cache/warmup.js';
+import type { PolicyName } from '../index/selection.js';
+import type { KvTensor, ModelShape } from '../types.js';
+import {
+  DecodeState,
+  TIMING_COMPUTE,
+  TIMING_FETCH,
+  TIMING_HITS,
+  TIMING_MISSES,
+  TIMING_SELECTION,
+  type DecodeControl,
+  type DecodeInit,
+  type DecodeRegions,
+} from './decode-stages.js';
+import { HotTier, type HotTierOptions } from '../cache/hot-tier.js';
+import { Pipeline } from './pipeline.js';
+import { SequenceStore } from './sequence-store.js';
+import { SharedArena, decodeSlotRegions } from './shared-arena.js';
+import type { StageStats } from './stage-pool.js';
+
+/** Options of {@link openRuntime}. */
+export interface RuntimeOptions {
+  /** Model shape: layers, qHeads (a multiple of kvHeads), kvHeads, headDim. */
+  shape: ModelShape;
+  /** Tokens attended per kv head per step beside the sinks and the tail (integer >= 1). */
+  budget: number;
+  /** Selection policy (default 'kvdrive'). */
+  policy?: PolicyName;
+  /** Options of the policy (chunkSize, sinks, local, ...); shape fields come from `shape`. */
+  policyOptions?: Omit<PolicyOptions, 'qHeads' | 'kvHeads' | 'headDim'>;
+  /**
+   * 'sequential' (default): selection then compute on the calling thread, no workers.
+   * 'pipelined': a selection worker, a fetch worker (with a hot tier) and a compute worker joined
+   * by ring queues; micro-batches overlap (selection of micro-batch i+1 runs while later stages
+   * work on i).
+   */
+  mode?: 'sequential' | 'pipelined';
+  /** Batch entries per micro-batch (default 1, at most 256). */
+  microBatch?: number;
+  /** Sequences open at once (default 4, at most 4096). */
+  maxSequences?: number;
+  /** Context capacity of a sequence in tokens, prompt + decoded (default 4096). */
+  maxTokens?: number;
+  /**
+   * Hard cap in bytes of the shared KV store, allocated at open as maxSequences x layers x 2 x
+   * maxTokens x kvHeads x headDim x 4 (default 1 GiB). Exceeding it is E_NOMEM at open.
+   */
+  kvMemoryBytes?: number;
+  /** Pipelined mode: spin budget of the rings in µs, or 'auto' (see PipelineOptions.spinMicros). */
+  spinMicros?: number | 'auto';
+  /**
+   * A hot tier (src/cache/hot-tier.ts) between the store and compute: adds the fetch stage (hit/miss
+   * against the residents, eviction, admission) and compute reads chunks from their slots
+   * (bit-identical outputs). `windows` and `eviction` as in HotTierOptions; `maxBytes` is its hard
+   * byte cap. The tier cannot reset one sequence's residency, so with a tier a closed sequence's
+   * handle is retired, not reused: at most maxSequences sequences over the runtime's life.
+   */
+  hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
+}
+
+/** One batch entry of {@link Runtime.attend}. */
+export interface AttendEntry {
+  /** Sequence handle from createSequence. */
+  seq: number;
+  /** Queries of the new position, Float32Array(qHeads * headDim), head-major. */
+  q: Float32Array;
+  /** Key and value of the new token, Float32Array(kvHeads * headDim) each; appended before attending. */
+  kNew: Float32Array;
+  vNew: Float32Array;
+}
+
+/** Time breakdown since open (ms). */
+export interface RuntimeStats {
+  mode: 'sequential' | 'pipelined';
+  attendCalls: number;
+  entries: number;
+  microBatches: number;
+  /** Wall time inside attend(). */
+  wallMs: number;
+  /** Validating and appending k/v on the calling thread. */
+  appendMs: number;
+  /** Selection stage (index extend + select), summed over micro-batches. */
+  selectionMs: number;
+  /** Compute stage (sparse attention), summed over micro-batches. */
+  computeMs: number;
+  /** Fetch stage (hot tier: hit/miss evaluation, eviction and admission copies); 0 without a tier. */
+  fetchMs: number;
+  /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
+  hits: number;
+  misses: number;
+  /** Chunks placed in the hot tier by prefill warm-up (obsQ). */
+  warmedChunks: number;
+  /**
+   * Wall time inside attend() during which compute was not running: what the pipeline failed to
+   * hide (sequentially it is append + selection + fetch + overhead).
+   */
+  stallMs: number;
+  /** Pipelined mode: per-stage worker counters. */
+  stages?: StageStats[];
+}
+
+const int = (min: number, max: number) => z.number().int().min(min).max(max);
+const optionsSchema = z
+  .object({
+    shape: z
+      .object({ layers: int(1, 4096), qHeads: int(1, 4096), kvHeads: int(1, 4096), headDim: int(1, 65536) })
+      .strict()
+      .refine((s) => s.qHeads % s.kvHeads === 0, { message: 'qHeads must be a multiple of kvHeads' }),
+    budget: int(1, 1 << 30),
+    policy: z.enum(['kvdrive', 'quest', 'shadowkv']).optional(),
+    policyOptions: z.record(z.string(), z.unknown()).optional(),
+    mode: z.enum(['sequential', 'pipelined']).optional(),
+    microBatch: int(1, 256).optional(),
+    maxSequences: int(1, 4096).optional(),
+    maxTokens: int(1, 1 << 24).optional(),
+    kvMemoryBytes: z.number().int().min(1).optional(),
+    spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
+    hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
+  })
+  .strict();
+
+const EXPECTED: Record<string, string> = {
+  shape: '{ layers, qHeads, kvHeads, headDim } positive integers with qHeads a multiple of kvHeads',
+  budget: 'an integer >= 1',
+  policy: "'kvdrive', 'quest' or 'shadowkv'",
+  policyOptions: 'an options object',
+  mode: "'sequential' or 'pipelined'",
+  microBatch: 'an integer in [1, 256]',
+  maxSequences: 'an integer in [1, 4096]',
+  maxTokens: 'an integer in [1, 2^24]',
+  kvMemoryBytes: 'a positive integer',
+  spinMicros: "'auto' or a number of µs in [0, 100000]",
+  hotTier: '{ windows, maxBytes, eviction? }',
+};
+
+/** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
+const PIPELINE_SLOTS = 4;
+
+function decodeStagesModule(): string {
+  const here = dirname(fileURLToPath(import.meta.url));
+  for (const p of [join(here, 'decode-stages.js'), join(here, '..', '..', 'dist', 'src', 'pipeline', 'decode-stages.js')]) if (existsSync(p)) return p;
+  throw new KvdriveError('E_NOT_FOUND', `pipelined runtime: expected compiled dist/src/pipeline/decode-stages.js, got none near ${here}; run \`npm run build:ts\``);
+}
+
+function checkVector(what: string, v: unknown, length: number): asserts v is Float32Array {
+  if (!(v instanceof Float32Array)) fail('E_TYPE', what, `a Float32Array(${length})`, v);
+  if (v.length !== length) fail('E_SHAPE', what, `${length} elements`, v.length);
+  for (let i = 0; i < v.length; i++)
+    if (!Number.isFinite(v[i]!)) throw new KvdriveError('E_NONFINITE', `${what}: expected finite values, got ${v[i]} at element ${i}`);
+}
+
+/** Opens a runtime; see {@link RuntimeOptions}. Pipelined mode starts its workers before resolving. */
+export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
+  if (options === null || typeof options !== 'object') fail('E_CONFIG', 'openRuntime options', 'an object', options);
+  const parsed = optionsSchema.safeParse(options);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    if (issue.code === 'unrecognized_keys' && issue.path.length === 0)
+      throw new KvdriveError('E_CONFIG', `openRuntime options: expected only ${Object.keys(EXPECTED).join(', ')}, got unknown ${issue.keys.join(', ')}`);
+    const key = String(issue.path[0]);
+    throw new KvdriveError('E_CONFIG', `openRuntime options.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe((options as unknown as Record<string, unknown>)[key])}`);
+  }
+  const o = parsed.data;
+  const shape: ModelShape = o.shape;
+  const policy = o.policy ?? 'kvdrive';
+  const policyOptions = (o.policyOptions ?? {}) as PolicyOptions;
+  for (const k of ['qHeads', 'kvHeads', 'headDim'])
+    if (k in policyOptions) fail('E_CONFIG', `openRuntime options.policyOptions.${k}`, 'no shape field (it comes from options.shape)', (policyOptions as Record<string, unknown>)[k]);
+  const resolved = resolvePolicyOptions(policy, { ...policyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim });
+  const maxTokens = o.maxTokens ?? 4096;
+  const mode = o.mode ?? 'sequential';
+  const microBatch = o.microBatch ?? 1;
+  // A selection holds at most `budget` tokens beside sinks and tail: floor(budget/c) whole chunks
+  // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
+  const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
+  const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
+  const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead));
+  // The tier validates its own options (E_CONFIG / E_POLICY / E_BUDGET naming the minimum bytes).
+  const tier = o.hotTier
+    ? new HotTier({
+        ...(o.hotTier as Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>),
+        layers: shape.layers,
+        kvHeads: shape.kvHeads,
+        headDim: shape.headDim,
+        dtype: 'f32',
+        chunkSize: resolved.chunkSize,
+        budget: o.budget,
+        sequences: store.layout.maxSequences,
+      })
+    : undefined;
+  const init: DecodeInit = {
+    shape,
+    budget: o.budget,
+    policy,
+    policyOptions,
+    maxChunksPerHead,
+    store: { buffer: store.buffer, layout: store.layout },
+    arena: { buffer: arena.buffer, layout: arena.layout },
+    hotTier: tier?.handle,
+  };
+  let pipeline: Pipeline | undefined;
+  // The selection worker owns the indexes; if it dies, its replacement rebuilds every index from
+  // the shared store (up to each layer's current length) before it takes a micro-batch.
+  let replay: () => unknown[] = () => [];
+  if (mode === 'pipelined') {
+    const module = decodeStagesModule();
+    try {
+      pipeline = await Pipeline.start({
+        stages: [
+          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
+          ...(tier ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
+          { name: 'compute', module, init: { ...init, role: 'compute' } },
+        ],
+        words: 3,
+        capacity: PIPELINE_SLOTS,
+        spinMicros: o.spinMicros,
+      });
+    } catch (e) {
+      tier?.destroy();
+      throw e;
+    }
+  }
+  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier);
+  replay = () => rt.indexRebuildRequests();
+  return rt;
+}
+
+/** See {@link openRuntime}. Calls to attend/prefill/closeSequence run one at a time, in call order. */
+export class Runtime {
+  readonly shape: ModelShape;
+  readonly mode: 'sequential' | 'pipelined';
+  readonly microBatch: number;
+  private readonly init: DecodeInit;
+  private readonly store: SequenceStore;
+  private readonly arena: SharedArena<DecodeRegions>;
+  private readonly pipeline: Pipeline | undefined;
+  /** Sequential mode: the stages run here. */
+  private readonly local: DecodeState | undefined;
+  private readonly tier: HotTier | undefined;
+  /** tokens[seq * layers + layer]: context length of that layer; -1 = layer not prefilled. */
+  private readonly tokens: Int32Array;
+  /** Per sequence handle: 0 free, 1 open, 2 retired (closed with a hot tier: never reused). */
+  private readonly open: Uint8Array;
+  private readonly freeSlots: number[];
+  private readonly slotWaiters: ((slot: number) => void)[] = [];
+  /** Serializes public operations (they mutate per-sequence token counts). */
+  private queue: Promise<unknown> = Promise.resolve();
+  private closed = false;
+  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0, warmedChunks: 0 };
+  /** The selection policy's resolved options (chunk geometry for warm-up). */
+  private readonly policyOptions: ResolvedPolicyOptions;
+
+  /** @internal use openRuntime */
+  constructor(
+    init: DecodeInit,
+    store: SequenceStore,
+    arena: SharedArena<DecodeRegions>,
+    mode: 'sequential' | 'pipelined',
+    microBatch: number,
+    policyOptions: ResolvedPolicyOptions,
+    pipeline?: Pipeline,
+    tier?: HotTier,
+  ) {
+    this.tier = tier;
+    this.policyOptions = policyOptions;
+    this.init = init;
+    this.shape = init.shape;
+    this.store = store;
+    this.arena = arena;
+    this.mode = mode;
+    this.microBatch = microBatch;
+    this.pipeline = pipeline;
+    this.local = mode === 'sequential' ? new DecodeState(init) : undefined;
+    const { maxSequences } = store.layout;
+    this.tokens = new Int32Array(maxSequences * init.shape.layers).fill(-1);
+    this.open = new Uint8Array(maxSequences);
+    this.freeSlots = Array.from({ length: arena.layout.slots }, (_, i) => i);
+  }
+
+  /** @internal Build requests recreating every index at its current length (selection worker replacement). */
+  indexRebuildRequests(): DecodeControl[] {
+    const L = this.shape.layers;
+    const out: DecodeControl[] = [];
+    for (let seq = 0; seq < this.open.length; seq++)
+      if (this.open[seq] === 1)
+        for (let l = 0; l < L; l++) {
+          const tokens = this.tokens[seq * L + l]!;
+          if (tokens >= 0) out.push({ type: 'build', seq, layer: l, tokens });
+        }
+    return out;
+  }
+
+  private serial<T>(fn: () => Promise<T> | T): Promise<T> {
+    const run = this.queue.then(() => {
+      if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime: expected an open runtime, got one that was closed');
+      return fn();
+    });
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private checkSeq(what: string, seq: unknown): asserts seq is number {
+    if (typeof seq !== 'number' || !Number.isInteger(seq) || seq < 0 || seq >= this.open.length || this.open[seq] !== 1)
+      fail('E_RANGE', `${what} seq`, 'a handle of an open sequence (from createSequence)', seq);
+  }
+
+  private checkLayer(what: string, layer: unknown): asserts layer is number {
+    if (typeof layer !== 'number' || !Number.isInteger(layer) || layer < 0 || layer >= this.shape.layers)
+      fail('E_RANGE', `${what} layer`, `an integer in [0, ${this.shape.layers})`, layer);
+  }
+
+  /** Opens a sequence and returns its handle. E_NOMEM when maxSequences are open. */
+  createSequence(): number {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'createSequence: expected an open runtime, got one that was closed');
+    const seq = this.open.indexOf(0);
+    if (seq < 0)
+      throw new KvdriveError(
+        'E_NOMEM',
+        this.tier
+          ? `createSequence: expected a free sequence handle, got all maxSequences = ${this.open.length} open or retired (with a hot tier closed handles are not reused)`
+          : `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`,
+      );
+    this.open[seq] = 1;
+    this.tokens.fill(-1, seq * this.shape.layers, (seq + 1) * this.shape.layers);
+    return seq;
+  }
+
+  /** Closes a sequence: its indexes are dropped and its handle may be reused. */
+  closeSequence(seq: number): Promise<void> {
+    return this.serial(async () => {
+      this.checkSeq('closeSequence', seq);
+      if (this.pipeline) await this.pipeline.control(0, { type: 'drop', seq });
+      else await this.local!.control({ type: 'drop', seq });
+      this.open[seq] = this.tier ? 2 : 0;
+    });
+  }
+
+  /**
+   * Hands over the prompt's K and V of one layer (f32, 'thd' or 'htd' layout, kvHeads x headDim per
+   * token) and builds its selection index. Replaces an earlier prefill of the same layer.
+   * E_BUDGET when the prompt exceeds maxTokens.
+   *
+   * `obsQ` (needs a hot tier): the queries of the last W prompt positions, Float32Array(W x qHeads x
+   * headDim), position-major; their attention over the prompt ranks the chunks (SnapKV-style) and
+   * the most important ones are placed in the hot tier before the first decode step.
+   */
+  prefill(seq: number, layer: number, k: KvTensor, v: KvTensor, obsQ?: Float32Array): Promise<void> {
+    return this.serial(async () => {
+      this.checkSeq('prefill', seq);
+      this.checkLayer('prefill', layer);
+      const { kvHeads, headDim } = this.shape;
+      for (const [name, t] of [['k', k], ['v', v]] as const) {
+        if (t === null || typeof t !== 'object') fail('E_TYPE', `prefill ${name}`, 'a KvTensor { data, dtype, tokens, heads, dim }', t);
+        if (t.dtype !== 'f32' || !(t.data instanceof Float32Array)) fail('E_DTYPE', `prefill ${name}`, "dtype 'f32' with Float32Array data", t.dtype);
+        if (t.heads !== kvHeads || t.dim !== headDim) fail('E_SHAPE', `prefill ${name} heads x dim`, `${kvHeads} x ${headDim}`, `${t.heads} x ${t.dim}`);
+        if (!Number.isInteger(t.tokens) || t.tokens < 0) fail('E_SHAPE', `prefill ${name}.tokens`, 'a non-negative integer', t.tokens);
+        if (t.data.length !== t.tokens * kvHeads * headDim) fail('E_SHAPE', `prefill ${name}.data length`, `tokens x heads x dim = ${t.tokens * kvHeads * headDim}`, t.data.length);
+        if (t.layout !== undefined && t.layout !== 'thd' && t.layout !== 'htd') fail('E_CONFIG', `prefill ${name}.layout`, "'thd' or 'htd'", t.layout);
+      }
+      if (k.tokens !== v.tokens) fail('E_SHAPE', 'prefill v.tokens', `k.tokens = ${k.tokens}`, v.tokens);
+      if (k.tokens > this.store.layout.maxTokens) fail('E_BUDGET', 'prefill tokens', `at most maxTokens = ${this.store.layout.maxTokens}`, k.tokens);
+      if (this.tier && this.tokens[seq * this.shape.layers + layer]! >= 0)
+        fail('E_CONFIG', `prefill seq ${seq} layer ${layer}`, 'one prefill per layer with a hot tier (its slots would keep the old rows)', 'a second prefill');
+      let window = 0;
+      if (obsQ !== undefined) {
+        if (!this.tier) fail('E_CONFIG', 'prefill obsQ', 'a runtime opened with a hotTier (the observation window warms it)', 'no hot tier');
+        const row = this.shape.qHeads * headDim;
+        if (!(obsQ instanceof Float32Array)) fail('E_TYPE', 'prefill obsQ', `a Float32Array(W x ${row})`, obsQ);
+        window = obsQ.length / row;
+        if (!Number.isInteger(window) || window < 1 || window > k.tokens)
+          fail('E_SHAPE', 'prefill obsQ length', `W x qHeads x headDim with 1 <= W <= ${k.tokens} prompt tokens (rows of ${row})`, obsQ.length);
+        checkVector('prefill obsQ', obsQ, obsQ.length);
+      }
+      for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
+      const req = { type: 'build' as const, seq, layer, tokens: k.tokens };
+      this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
+      if (this.pipeline) await this.pipeline.control(0, req);
+      else await this.local!.control(req);
+      if (window > 0) {
+        // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
+        // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
+        const { sinks, local, chunkSize } = this.policyOptions;
+        const T = k.tokens;
+        const sinkEnd = Math.min(sinks, T);
+        const tailStart = Math.max(sinkEnd, Math.floor((T - local) / chunkSize) * chunkSize);
+        const positions = Int32Array.from({ length: window }, (_, w) => T - window + w);
+        const placed = await warmUpAsync(this.tier!, {
+          sequence: seq,
+          layer,
+          k: this.store.tensor(seq, layer, 0, T),
+          v: this.store.tensor(seq, layer, 1, T),
+          sinkEnd,
+          tailStart,
+          q: obsQ!,
+          qHeads: this.shape.qHeads,
+          positions,
+        });
+        for (const n of placed) this.counters.warmedChunks += n;
+      }
+      this.tokens[seq * this.shape.layers + layer] = k.tokens;
+    });
+  }
+
+  /**
+   * Attention of layer `layer` for every batch entry: appends the entry's kNew/vNew to its sequence,
+   * selects the critical chunks for q and attends over sinks + selected + tail (the new token
+   * included). Resolves with one Float32Array(qHeads * headDim) per entry, in batch order.
+   */
+  attend(layer: number, batch: AttendEntry[]): Promise<Float32Array[]> {
+    return this.serial(() => this.attendNow(layer, batch));
+  }
+
+  private async attendNow(layer: number, batch: AttendEntry[]): Promise<Float32Array[]> {
+    const t0 = performance.now();
+    this.checkLayer('attend', layer);
+    if (!Array.isArray(batch) || batch.length === 0) fail('E_SHAPE', 'attend batch', 'a non-empty array of { seq, q, kNew, vNew }', batch);
+    const { qHeads: hq, kvHeads: hkv, headDim: d, layers: L } = this.shape;
+    const seen = new Set<number>();
+    for (let i = 0; i < batch.length; i++) {
+      const e = batch[i]!;
+      if (e === null || typeof e !== 'object') fail('E_TYPE', `attend batch[${i}]`, 'an object { seq, q, kNew, vNew }', e);
+      this.checkSeq(`attend batch[${i}]`, e.seq);
+      if (seen.has(e.seq)) fail('E_CONFIG', `attend batch[${i}].seq`, 'each sequence at most once per batch', e.seq);
+      seen.add(e.seq);
+      const t = this.tokens[e.seq * L + layer]!;
+      if (t < 0) fail('E_RANGE', `attend batch[${i}]`, `sequence ${e.seq} layer ${layer} prefilled first`, 'no prefill');
+      if (t + 1 > this.store.layout.maxTokens) fail('E_BUDGET', `attend batch[${i}] context`, `at most maxTokens = ${this.store.layout.maxTokens} tokens`, t + 1);
+      checkVector(`attend batch[${i}].q`, e.q, hq * d);
+      checkVector(`attend batch[${i}].kNew`, e.kNew, hkv * d);
+      checkVector(`attend batch[${i}].vNew`, e.vNew, hkv * d);
+    }
+    for (const e of batch) {
+      const at = this.tokens[e.seq * L + layer]!;
+      this.store.write(e.seq, layer, 0, at, e.kNew);
+      this.store.write(e.seq, layer, 1, at, e.vNew);
+      this.tokens[e.seq * L + layer] = at + 1;
+    }
+    this.counters.appendMs += performance.now() - t0;
+
+    const outputs = batch.map(() => new Float32Array(hq * d));
+    const jobs: Promise<void>[] = [];
+    for (let start = 0; start < batch.length; start += this.microBatch) {
+      const part = batch.slice(start, start + this.microBatch);
+      jobs.push(this.runMicroBatch(layer, part, outputs.slice(start, start + part.length)));
+    }
+    const settled = await Promise.allSettled(jobs);
+    const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
+    this.counters.attendCalls++;
+    this.counters.entries += batch.length;
+    this.counters.wallMs += performance.now() - t0;
+    if (failed) throw failed.reason;
+    return outputs;
+  }
+
+  private async runMicroBatch(layer: number, part: AttendEntry[], outputs: Float32Array[]): Promise<void> {
+    const slot = await this.acquireSlot();
+    try {
+      const { qHeads: hq, headDim: d, layers: L } = this.shape;
+      const a = this.arena;
+      const seqs = a.view(slot, 'seq');
+      const q = a.view(slot, 'q');
+      const meta = a.view(slot, 'selMeta');
+      const timing = a.view(slot, 'timing');
+      timing.fill(0);
+      part.forEach((e, b) => {
+        seqs[b] = e.seq;
+        q.set(e.q, b * hq * d);
+        meta[b * 4 + 1] = this.tokens[e.seq * L + layer]!;
+      });
+      if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]);
+      else {
+        this.local!.select(slot, part.length, layer);
+        if (this.tier) this.local!.fetch(slot, part.length, layer);
+        this.local!.compute(slot, part.length, layer);
+      }
+      const out = a.view(slot, 'out');
+      outputs.forEach((o, b) => o.set(out.subarray(b * hq * d, (b + 1) * hq * d)));
+      this.counters.microBatches++;
+      this.counters.selectionMs += timing[TIMING_SELECTION]!;
+      this.counters.computeMs += timing[TIMING_COMPUTE]!;
+      this.counters.fetchMs += timing[TIMING_FETCH]!;
+      this.counters.hits += timing[TIMING_HITS]!;
+      this.counters.misses += timing[TIMING_MISSES]!;
+    } finally {
+      this.releaseSlot(slot);
+    }
+  }
+
+  private acquireSlot(): Promise<number> {
+    const s = this.freeSlots.pop();
+    if (s !== undefined) return Promise.resolve(s);
+    return new Promise((r) => this.slotWaiters.push(r));
+  }
+
+  private releaseSlot(slot: number): void {
+    const w = this.slotWaiters.shift();
+    if (w) w(slot);
+    else this.freeSlots.push(slot);
+  }
+
+  /** Time breakdown since open (see {@link RuntimeStats}). */
+  async stats(): Promise<RuntimeStats> {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime stats: expected an open runtime, got one that was closed');
+    const c = this.counters;
+    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs) };
+    if (this.pipeline) s.stages = (await this.pipeline.stats()).stages;
+    return s;
+  }
+
+  /** Stops the workers (pipelined) and frees the runtime; later calls fail with E_CLOSED. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true; // later calls, and calls queued behind the current one, fail with E_CLOSED
+    await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
+    await this.queue;
+    this.tier?.destroy(); // after every worker has exited: nobody holds the handle any more
+  }
+}
+
+/** The tensor's data in 'thd' order (a view when it already is). */
+function toThd(t: KvTensor): Float32Array {
+  const data = t.data as Float32Array;
+  if (t.layout !== 'htd') return data;
+  const out = new Float32Array(data.length);
+  for (let h = 0; h < t.heads; h++)
+    for (let tok = 0; tok < t.tokens; tok++) out.set(data.subarray((h * t.tokens + tok) * t.dim, (h * t.tokens + tok + 1) * t.dim), (tok * t.heads + h) * t.dim);
+  return out;
+}
