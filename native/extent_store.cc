@@ -447,7 +447,8 @@ struct ReadItem {
   int region;
   const int32_t* ids;
   size_t n;
-  uint8_t* dest;
+  uint8_t* dest;          // base of the caller's buffer
+  const double* destOfs;  // n byte offsets into dest, one per chunk
 };
 
 struct ReadResult {
@@ -551,7 +552,7 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
       const Need& n = needs[needOfChunk[i][j]];
       const Extent& x = g.extents[n.ext];
       uint32_t pos = uint32_t(g.posOf[size_t(it.ids[j])]);
-      std::memcpy(it.dest + j * cb, stage + n.stage + (pos - x.firstPos) * cb, cb);
+      std::memcpy(it.dest + uint64_t(it.destOfs[j]), stage + n.stage + (pos - x.firstPos) * cb, cb);
     }
     res.chunks += it.n;
     res.payloadBytes += it.n * cb;
@@ -643,8 +644,9 @@ Napi::Value SegmentExtents(const Napi::CallbackInfo& info) {
 }
 
 // segmentRead({ segments, layers, heads: Int32Array per item, itemOffsets: Int32Array (items+1),
-//   chunkIds: Int32Array, dest: Uint8Array, destOffsets: Float64Array per item }, cancel?) -> Promise
-// Item i's chunks land back to back (chunkBytes each, in the order given) at dest + destOffsets[i].
+//   chunkIds: Int32Array, dest: Uint8Array, destOffsets: Float64Array per chunk }, cancel?) -> Promise
+// Chunk k (page-first, chunkBytes) lands at dest + destOffsets[k]: scattered straight into the
+// caller's buffer, no intermediate copy beyond the extent staging.
 Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     Napi::Env env = info.Env();
@@ -660,7 +662,7 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     const size_t n = segs.length;
     ExpectLength(layers.length, n, "segmentRead.layers");
     ExpectLength(heads.length, n, "segmentRead.heads");
-    ExpectLength(dofs.length, n, "segmentRead.destOffsets");
+    ExpectLength(dofs.length, ids.length, "segmentRead.destOffsets (one per chunk)");
     ExpectLength(io.length, n + 1, "segmentRead.itemOffsets (items + 1)");
     if (io.data[0] != 0 || size_t(io.data[n]) != ids.length)
       Throw("E_SHAPE", "segmentRead.itemOffsets: expected CSR offsets from 0 to chunkIds.length " + std::to_string(ids.length));
@@ -680,11 +682,14 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
       for (size_t j = 0; j < cnt; ++j)
         if (p[j] < 0 || p[j] >= s->chunks)
           Throw("E_RANGE", w + ": expected chunk ids in [0, " + std::to_string(s->chunks) + "), got " + std::to_string(p[j]));
-      double d = dofs.data[i];
-      if (!(d >= 0 && d == double(uint64_t(d)) && d + double(cnt * s->chunkBytes) <= double(dest.length)))
-        Throw("E_RANGE", w + ": expected destOffset + " + std::to_string(cnt) + " chunks * " + std::to_string(s->chunkBytes) +
-                             " bytes <= dest.byteLength " + std::to_string(dest.length) + ", got destOffset " + Num(d));
-      items[i] = ReadItem{s, layers.data[i] * s->heads + heads.data[i], p, cnt, dest.data + uint64_t(d)};
+      const double* dp = dofs.data + io.data[i];
+      for (size_t j = 0; j < cnt; ++j) {
+        double d = dp[j];
+        if (!(d >= 0 && d == double(uint64_t(d)) && d + double(s->chunkBytes) <= double(dest.length)))
+          Throw("E_RANGE", w + ": expected destOffset + chunkBytes " + std::to_string(s->chunkBytes) + " <= dest.byteLength " +
+                               std::to_string(dest.length) + ", got destOffset " + Num(d));
+      }
+      items[i] = ReadItem{s, layers.data[i] * s->heads + heads.data[i], p, cnt, dest.data, dp};
     }
     std::shared_ptr<std::atomic<bool>> cancel;
     if (info.Length() > 1 && info[1].IsNumber()) cancel = CancelFlagByHandle(HandleArg(info, 1, "segmentRead(cancel)"));
@@ -704,7 +709,7 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
           r.Set("cancelled", res->io.cancelled);
           return r;
         },
-        {dest.object, ids.object});
+        {dest.object, ids.object, dofs.object});
   });
 }
 
@@ -721,7 +726,33 @@ Napi::Value TestHooks(const Napi::CallbackInfo& info) {
   });
 }
 
+// copyChunks(src: Uint8Array, srcOffsets: Float64Array, dest: Uint8Array, destOffsets: Float64Array,
+//   bytes) -- gathers n fixed-size blocks (DRAM tier hits, staged prefetches) in one call.
+Napi::Value CopyChunks(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto src = GetArray<uint8_t>(info[0], napi_uint8_array, "copyChunks(src)");
+    auto so = GetArray<double>(info[1], napi_float64_array, "copyChunks(srcOffsets)");
+    auto dst = GetArray<uint8_t>(info[2], napi_uint8_array, "copyChunks(dest)");
+    auto dofs = GetArray<double>(info[3], napi_float64_array, "copyChunks(destOffsets)");
+    ExpectLength(dofs.length, so.length, "copyChunks(destOffsets)");
+    if (info.Length() < 5 || !info[4].IsNumber()) Throw("E_TYPE", "copyChunks(bytes): expected a block size in bytes");
+    double b = info[4].As<Napi::Number>().DoubleValue();
+    if (!(b >= 0 && b == double(uint64_t(b)))) Throw("E_RANGE", "copyChunks(bytes): expected a non-negative integer, got " + Num(b));
+    for (size_t i = 0; i < so.length; ++i) {
+      double s0 = so.data[i], d0 = dofs.data[i];
+      if (!(s0 >= 0 && s0 == double(uint64_t(s0)) && s0 + b <= double(src.length) && d0 >= 0 && d0 == double(uint64_t(d0)) &&
+            d0 + b <= double(dst.length)))
+        Throw("E_RANGE", "copyChunks block " + std::to_string(i) + ": expected offsets within src (" + std::to_string(src.length) +
+                             " bytes) and dest (" + std::to_string(dst.length) + " bytes), got " + Num(s0) + " -> " + Num(d0));
+    }
+    for (size_t i = 0; i < so.length; ++i)
+      std::memmove(dst.data + uint64_t(dofs.data[i]), src.data + uint64_t(so.data[i]), size_t(b));
+    return info.Env().Undefined();
+  });
+}
+
 void InitExtentStore(Napi::Env env, Napi::Object exports) {
+  exports.Set("copyChunks", Napi::Function::New(env, CopyChunks));
   exports.Set("segmentWrite", Napi::Function::New(env, SegmentWrite));
   exports.Set("segmentOpen", Napi::Function::New(env, SegmentOpenB));
   exports.Set("segmentRelease", Napi::Function::New(env, SegmentRelease));
