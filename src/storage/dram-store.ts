@@ -234,6 +234,13 @@ export class DramStore {
     }
   }
 
+  /** Sets the importance of a resident slot (hot path of the tiered fetch). */
+  setSlotScore(slot: number, score: number): void {
+    if (!(slot >= 0 && slot < this.capacityChunks) || this.slotOwner[slot] === -1) fail('E_RANGE', 'DramStore.setSlotScore slot', 'a resident slot', slot);
+    if (!Number.isFinite(score)) fail('E_NONFINITE', 'DramStore.setSlotScore score', 'a finite number', score);
+    this.heap.update(slot, score);
+  }
+
   /** Score of a resident chunk's slot. */
   scoreOf(slot: number): number {
     return this.heap.score[slot]!;
