@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -466,12 +467,11 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
   };
   std::vector<Need> needs;
   std::unordered_map<const void*, std::unordered_map<uint64_t, uint32_t>> index;
-  std::vector<std::vector<uint32_t>> needOfChunk(items.size());
+  std::vector<uint32_t> needOfChunk;  // per requested chunk (items concatenated)
   for (size_t i = 0; i < items.size(); ++i) {
     ReadItem& it = items[i];
     Region& g = it.seg->regions[size_t(it.region)];
     auto& m = index[it.seg.get()];
-    needOfChunk[i].resize(it.n);
     for (size_t j = 0; j < it.n; ++j) {
       uint32_t e = g.extentOf[size_t(g.posOf[size_t(it.ids[j])])];
       uint64_t key = (uint64_t(uint32_t(it.region)) << 32) | e;
@@ -480,17 +480,40 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
         f = m.emplace(key, uint32_t(needs.size())).first;
         needs.push_back(Need{it.seg.get(), it.region, e});
       }
-      needOfChunk[i][j] = f->second;
+      needOfChunk.push_back(f->second);
     }
+    res.chunks += it.n;
+    res.payloadBytes += it.n * it.seg->chunkBytes;
   }
   if (needs.empty()) return;
+  // Chunk copies grouped by extent (CSR): destination and byte offset inside the extent.
+  std::vector<uint32_t> copyStart(needs.size() + 1, 0);
+  for (uint32_t n : needOfChunk) copyStart[n + 1]++;
+  for (size_t n = 0; n < needs.size(); ++n) copyStart[n + 1] += copyStart[n];
+  std::vector<uint8_t*> copyDest(needOfChunk.size());
+  std::vector<uint64_t> copySrc(needOfChunk.size());
+  {
+    std::vector<uint32_t> fill(copyStart.begin(), copyStart.end() - 1);
+    size_t k = 0;
+    for (ReadItem& it : items) {
+      Region& g = it.seg->regions[size_t(it.region)];
+      const uint64_t cb = it.seg->chunkBytes;
+      for (size_t j = 0; j < it.n; ++j, ++k) {
+        uint32_t n = needOfChunk[k];
+        const Extent& x = g.extents[needs[n].ext];
+        uint32_t at = fill[n]++;
+        copyDest[at] = it.dest + uint64_t(it.destOfs[j]);
+        copySrc[at] = (uint64_t(g.posOf[size_t(it.ids[j])]) - x.firstPos) * cb;
+      }
+    }
+  }
   // Sort by file position and group neighbours into runs; each run is one read into staging.
   std::vector<uint32_t> ord(needs.size());
   for (uint32_t i = 0; i < ord.size(); ++i) ord[i] = i;
-  auto off = [&](const Need& n) { return n.seg->regions[size_t(n.region)].extents[n.ext].offset; };
+  auto ext = [&](const Need& n) -> const Extent& { return n.seg->regions[size_t(n.region)].extents[n.ext]; };
   std::sort(ord.begin(), ord.end(), [&](uint32_t a, uint32_t b) {
     if (needs[a].seg != needs[b].seg) return needs[a].seg < needs[b].seg;
-    return off(needs[a]) < off(needs[b]);
+    return ext(needs[a]).offset < ext(needs[b]).offset;
   });
   IoEngine& eng = *items[0].seg->engine;
   const uint64_t maxIo = eng.Options().maxIoBytes, gap = eng.Options().coalesceGapBytes;
@@ -499,30 +522,29 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     Segment* seg;
     uint64_t start, end;  // file span (aligned for O_DIRECT files)
     uint64_t stage;
+    size_t first, last;   // range in ord
   };
   std::vector<Run> runs;
   uint64_t total = 0;
   for (size_t i = 0; i < ord.size();) {
     Need& a = needs[ord[i]];
-    const Extent& ea = a.seg->regions[size_t(a.region)].extents[a.ext];
-    uint64_t s = ea.offset, e = ea.offset + ea.bytes;
+    uint64_t s = ext(a).offset, e = s + ext(a).bytes;
     size_t j = i + 1;
     while (coalesce && j < ord.size() && needs[ord[j]].seg == a.seg) {
-      const Extent& eb = a.seg->regions[size_t(needs[ord[j]].region)].extents[needs[ord[j]].ext];
+      const Extent& eb = ext(needs[ord[j]]);
       if (eb.offset > e + gap || eb.offset + eb.bytes - s > maxIo) break;
       e = std::max<uint64_t>(e, eb.offset + eb.bytes);
       ++j;
     }
     uint64_t rs = a.seg->direct ? AlignDown(s) : s;
     uint64_t re = a.seg->direct ? std::min(AlignUp(e), a.seg->fileBytes) : e;
-    Run run{a.seg, rs, re, total};
     for (size_t q = i; q < j; ++q) {
       Need& n = needs[ord[q]];
-      n.stage = total + (off(n) - rs);
-      res.extentBytes += n.seg->regions[size_t(n.region)].extents[n.ext].bytes;
+      n.stage = total + (ext(n).offset - rs);
+      res.extentBytes += ext(n).bytes;
     }
+    runs.push_back(Run{a.seg, rs, re, total, i, j});
     total += AlignUp(re - rs);
-    runs.push_back(run);
     i = j;
   }
   res.extents = needs.size();
@@ -531,32 +553,35 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
   std::vector<ReadReq> reqs;
   reqs.reserve(runs.size());
   for (const Run& r : runs) reqs.push_back(ReadReq{r.seg->file, r.start, r.end - r.start, stage + r.stage});
-  res.io = eng.ReadBatch(reqs, cancel);
-  if (res.io.cancelled) return;
-  for (const Need& n : needs) {
-    const Extent& x = n.seg->regions[size_t(n.region)].extents[n.ext];
-    uint32_t got = Crc32c(0, stage + n.stage, x.bytes);
-    if (got != x.crc) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "stored crc32c %08x, computed %08x", x.crc, got);
-      Corrupt(n.seg->path, "extent checksum mismatch in layer " + std::to_string(n.region / n.seg->heads) + ", kv head " +
-                               std::to_string(n.region % n.seg->heads) + ", extent " + std::to_string(n.ext) + " (bytes " +
+  // As each run lands: verify its extents' checksums and scatter their chunks (overlaps the
+  // remaining I/O). The first corruption is kept and thrown after the batch drained.
+  std::mutex errMu;
+  std::unique_ptr<Error> corrupt;
+  IoEngine::DoneFn onDone = [&](size_t r) {
+    for (size_t q = runs[r].first; q < runs[r].last; ++q) {
+      uint32_t ni = ord[q];
+      const Need& n = needs[ni];
+      const Extent& x = ext(n);
+      const uint8_t* src = stage + n.stage;
+      uint32_t got = Crc32c(0, src, x.bytes);
+      if (got != x.crc) {
+        std::lock_guard<std::mutex> g(errMu);
+        if (!corrupt) {
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "stored crc32c %08x, computed %08x", x.crc, got);
+          corrupt = std::make_unique<Error>(
+              "E_CORRUPT", "segment " + n.seg->path + ": extent checksum mismatch in layer " + std::to_string(n.region / n.seg->heads) +
+                               ", kv head " + std::to_string(n.region % n.seg->heads) + ", extent " + std::to_string(n.ext) + " (bytes " +
                                std::to_string(x.offset) + ".." + std::to_string(x.offset + x.bytes) + "): " + buf);
+        }
+        continue;
+      }
+      const uint64_t cb = n.seg->chunkBytes;
+      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src + copySrc[c], cb);
     }
-  }
-  for (size_t i = 0; i < items.size(); ++i) {
-    ReadItem& it = items[i];
-    Region& g = it.seg->regions[size_t(it.region)];
-    const uint64_t cb = it.seg->chunkBytes;
-    for (size_t j = 0; j < it.n; ++j) {
-      const Need& n = needs[needOfChunk[i][j]];
-      const Extent& x = g.extents[n.ext];
-      uint32_t pos = uint32_t(g.posOf[size_t(it.ids[j])]);
-      std::memcpy(it.dest + uint64_t(it.destOfs[j]), stage + n.stage + (pos - x.firstPos) * cb, cb);
-    }
-    res.chunks += it.n;
-    res.payloadBytes += it.n * cb;
-  }
+  };
+  res.io = eng.ReadBatch(reqs, cancel, &onDone);
+  if (corrupt) throw *corrupt;
 }
 
 int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* what) {

@@ -51,6 +51,7 @@ struct IoEngine::Phys {
   int slot = -1;
   uint64_t done = 0;
   std::vector<ReadReq> parts;  // requests served by this read (copied out of the slot)
+  std::vector<uint32_t> origs; // caller's request index of each part
 };
 
 namespace {
@@ -67,13 +68,15 @@ Error ReadFailed(const IoEngine::Phys& p, int err) {
                            std::to_string(p.length - p.done) + " bytes): " + ErrnoText(err));
 }
 
-// Copies the requested parts out of the bounce slot once the read completed.
-void Finish(IoEngine::Phys& p, uint8_t* slot) {
-  if (p.target) return;
-  for (const ReadReq& r : p.parts) std::memcpy(r.dest, slot + (r.offset - p.offset), r.length);
-}
-
 }  // namespace
+
+void IoEngine::Complete(Phys& p, uint8_t* slot) {
+  if (!p.target)
+    for (const ReadReq& r : p.parts) std::memcpy(r.dest, slot + (r.offset - p.offset), r.length);
+  if (!onDone_) return;
+  for (uint32_t o : p.origs)
+    if (pending_[o].fetch_sub(1) == 1) (*onDone_)(o);
+}
 
 IoEngine::IoEngine(IoOptions o) : opt_(o) {}
 
@@ -131,27 +134,34 @@ std::shared_ptr<OpenFile> IoEngine::File(int32_t file) const {
   return files_[file];
 }
 
-IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bool>* cancel) {
+IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bool>* cancel, const DoneFn* onDone) {
   IoStats st;
   // 1. Resolve files and split long requests.
   struct Item {
     ReadReq r;
     std::shared_ptr<OpenFile> f;
+    uint32_t orig;
   };
   std::vector<Item> items;
   items.reserve(in.size());
-  {
-    std::vector<std::shared_ptr<OpenFile>> cache;
-    for (const ReadReq& r : in) {
-      if (r.length == 0) continue;
-      auto f = File(r.file);
-      for (uint64_t at = 0; at < r.length; at += opt_.maxIoBytes) {
-        uint64_t len = std::min(opt_.maxIoBytes, r.length - at);
-        items.push_back({ReadReq{r.file, r.offset + at, len, r.dest + at}, f});
-        st.bytesRequested += len;
-      }
+  std::unique_ptr<std::atomic<uint32_t>[]> pending(new std::atomic<uint32_t>[in.size() ? in.size() : 1]);
+  std::vector<size_t> empty;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const ReadReq& r = in[i];
+    pending[i] = uint32_t((r.length + opt_.maxIoBytes - 1) / opt_.maxIoBytes);
+    if (r.length == 0) {
+      empty.push_back(i);
+      continue;
+    }
+    auto f = File(r.file);
+    for (uint64_t at = 0; at < r.length; at += opt_.maxIoBytes) {
+      uint64_t len = std::min(opt_.maxIoBytes, r.length - at);
+      items.push_back({ReadReq{r.file, r.offset + at, len, r.dest + at}, f, uint32_t(i)});
+      st.bytesRequested += len;
     }
   }
+  if (onDone)
+    for (size_t i : empty) (*onDone)(i);
   st.requests = items.size();
   if (items.empty()) return st;
   // 2. Sort by (file, offset) and coalesce neighbours.
@@ -165,12 +175,14 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
     p.file = items[i].f;
     uint64_t s = items[i].r.offset, e = s + items[i].r.length;
     p.parts.push_back(items[i].r);
+    p.origs.push_back(items[i].orig);
     size_t j = i + 1;
     while (opt_.coalesce && j < items.size() && items[j].r.file == items[i].r.file &&
            items[j].r.offset <= e + opt_.coalesceGapBytes &&
            std::max(e, items[j].r.offset + items[j].r.length) - s <= opt_.maxIoBytes) {
       e = std::max(e, items[j].r.offset + items[j].r.length);
       p.parts.push_back(items[j].r);
+      p.origs.push_back(items[j].orig);
       ++j;
     }
     bool direct = p.file->direct;
@@ -191,6 +203,15 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
   }
   // 3. Execute.
   std::lock_guard<std::mutex> g(batchMu_);
+  onDone_ = onDone;
+  pending_ = std::move(pending);
+  struct Reset {
+    IoEngine* e;
+    ~Reset() {
+      e->onDone_ = nullptr;
+      e->pending_.reset();
+    }
+  } reset{this};
   Run(ops, cancel, st);
   return st;
 }
@@ -272,7 +293,7 @@ class PreadEngine : public IoEngine {
             mine.bytesRead += uint64_t(r);
           }
           if (!p.target) mine.bounced++;
-          Finish(p, buf);
+          Complete(p, buf);
         } catch (const Error& e) {
           std::lock_guard<std::mutex> g(m_);
           if (!error_) error_ = std::make_unique<Error>(e);
@@ -412,10 +433,8 @@ class UringEngine : public IoEngine {
         p.done += uint64_t(res);
         st.bytesRead += uint64_t(res);
         if (p.done >= p.need) {
-          if (!p.target) {
-            st.bounced++;
-            Finish(p, slots_[p.slot]);
-          }
+          if (!p.target) st.bounced++;
+          Complete(p, p.slot >= 0 ? slots_[p.slot] : nullptr);
           release(p);
         } else if (!error) {
           retry.push_back(k);

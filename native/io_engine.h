@@ -18,6 +18,7 @@
 // concurrent callers are serialised per engine (one batch already saturates the device).
 #pragma once
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -84,7 +85,11 @@ class IoEngine {
 
   // Reads every request fully. `cancel` (optional) is polled before each submission: when raised,
   // nothing more is submitted, in-flight reads are drained and stats.cancelled is set.
-  IoStats ReadBatch(const std::vector<ReadReq>& reqs, const std::atomic<bool>* cancel = nullptr);
+  // `onDone(i)` (optional) runs as soon as request i's bytes are in place, while other reads are
+  // still in flight (consumers verify and scatter there, overlapping with I/O). It runs on the
+  // submitting thread (io_uring) or on pool threads concurrently (pread) and must not throw.
+  using DoneFn = std::function<void(size_t)>;
+  IoStats ReadBatch(const std::vector<ReadReq>& reqs, const std::atomic<bool>* cancel = nullptr, const DoneFn* onDone = nullptr);
 
   struct Phys;  // a planned physical read (defined in io_engine.cc)
 
@@ -92,6 +97,11 @@ class IoEngine {
   explicit IoEngine(IoOptions o);
   void AllocSlots(int n);
   virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) = 0;
+  // A physical read finished: copy its parts out of the bounce slot (when it used one) and notify
+  // requests whose last piece this was.
+  void Complete(Phys& p, uint8_t* slot);
+  const DoneFn* onDone_ = nullptr;                    // valid during a batch
+  std::unique_ptr<std::atomic<uint32_t>[]> pending_;  // pieces left per request, during a batch
 
   IoOptions opt_;
   std::string fallbackReason_;
