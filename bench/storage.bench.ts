@@ -153,6 +153,9 @@ async function main(): Promise<void> {
         for (let l = 0; l < shape.layers; l++) for (let h = 0; h < shape.kvHeads; h++) layout.set(`${s}/${l}/${h}`, { ...store.extents(`seg${s}`, l, h), file: rawFiles[s]! });
       const seq = new SelectionSequence(layout, 0); // fresh random clusters: every read is cold
       const ratios: number[] = [];
+      let storeCpu = 0;
+      let rawCpu = 0;
+      let totalBytes = 0;
       const storeRates: number[] = [];
       const rawRates: number[] = [];
       const fetchBuf = new Uint8Array(shape.kvHeads * (budgetTokens / shape.chunkSize + 8) * store.chunkBytes);
@@ -187,14 +190,20 @@ async function main(): Promise<void> {
           const rawReq = { files: Int32Array.from(files), offsets: Float64Array.from(offs), lengths: Float64Array.from(lens), destOffsets: Float64Array.from(dofs), dest: fetchBuf };
           const runStore = async () => {
             const t = performance.now();
+            const c = process.cpuUsage();
             const st = await store.readBatch(items, fetchBuf);
             storeMs += performance.now() - t;
+            const d = process.cpuUsage(c);
+            storeCpu += (d.user + d.system) / 1000;
             if (st.extentBytes !== at) throw new Error(`store read ${st.extentBytes} extent bytes, raw ${at}`);
           };
           const runRaw = async () => {
             const t = performance.now();
+            const c = process.cpuUsage();
             await raw.readArrays(rawReq);
             rawMs += performance.now() - t;
+            const d = process.cpuUsage(c);
+            rawCpu += (d.user + d.system) / 1000;
           };
           if ((round + l) % 2) {
             await runStore();
@@ -204,13 +213,18 @@ async function main(): Promise<void> {
             await runStore();
           }
         }
-        if (round === 0) continue; // warm-up
+        if (round === 0) {
+          storeCpu = rawCpu = 0;
+          continue; // warm-up
+        }
+        totalBytes += bytes;
         storeRates.push(bytes / storeMs / 1e6);
         rawRates.push(bytes / rawMs / 1e6);
         ratios.push(rawMs / storeMs);
       }
       console.log(
-        `sparse ${store.engineInfo.kind.padEnd(8)} raw ${median(rawRates).toFixed(2)} GB/s, store ${median(storeRates).toFixed(2)} GB/s, store/raw ${median(ratios).toFixed(3)} (median of ${ratios.length} steps, each ${shape.layers} layers x ${shape.kvHeads} heads x ${budgetTokens} tokens of whole clusters)`,
+        `sparse ${store.engineInfo.kind.padEnd(8)} raw ${median(rawRates).toFixed(2)} GB/s, store ${median(storeRates).toFixed(2)} GB/s, store/raw ${median(ratios).toFixed(3)} (median of ${ratios.length} steps, each ${shape.layers} layers x ${shape.kvHeads} heads x ${budgetTokens} tokens of whole clusters); ` +
+          `CPU ms per GB: raw ${((rawCpu / totalBytes) * 1e9).toFixed(0)}, store ${((storeCpu / totalBytes) * 1e9).toFixed(0)}`,
       );
       raw.close();
       await store.close();

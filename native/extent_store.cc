@@ -50,7 +50,6 @@ T Get(const uint8_t*& p) {
 }
 
 uint64_t AlignUp(uint64_t v) { return (v + kIoAlign - 1) & ~(kIoAlign - 1); }
-uint64_t AlignDown(uint64_t v) { return v & ~(kIoAlign - 1); }
 
 // ------------------------------------------------------------------------------------------------
 // Writer
@@ -463,7 +462,7 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     Segment* seg;
     int region;
     uint32_t ext;
-    uint64_t stage = 0;  // byte offset of the extent in staging
+    uint64_t stage = 0;  // byte offset of the extent inside its run
   };
   std::vector<Need> needs;
   std::unordered_map<const void*, std::unordered_map<uint64_t, uint32_t>> index;
@@ -520,12 +519,10 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
   const bool coalesce = eng.Options().coalesce;
   struct Run {
     Segment* seg;
-    uint64_t start, end;  // file span (aligned for O_DIRECT files)
-    uint64_t stage;
+    uint64_t start, end;  // file span of the run's extents (the engine aligns O_DIRECT reads)
     size_t first, last;   // range in ord
   };
   std::vector<Run> runs;
-  uint64_t total = 0;
   for (size_t i = 0; i < ord.size();) {
     Need& a = needs[ord[i]];
     uint64_t s = ext(a).offset, e = s + ext(a).bytes;
@@ -536,33 +533,47 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
       e = std::max<uint64_t>(e, eb.offset + eb.bytes);
       ++j;
     }
-    uint64_t rs = a.seg->direct ? AlignDown(s) : s;
-    uint64_t re = a.seg->direct ? std::min(AlignUp(e), a.seg->fileBytes) : e;
     for (size_t q = i; q < j; ++q) {
       Need& n = needs[ord[q]];
-      n.stage = total + (ext(n).offset - rs);
+      n.stage = ext(n).offset - s;  // offset of the extent inside its run
       res.extentBytes += ext(n).bytes;
     }
-    runs.push_back(Run{a.seg, rs, re, total, i, j});
-    total += AlignUp(re - rs);
+    runs.push_back(Run{a.seg, s, e, i, j});
     i = j;
   }
   res.extents = needs.size();
   res.runs = runs.size();
-  uint8_t* stage = t_staging.Get(total);
+  // In-place delivery: each run is read into a registered bounce slot of the engine and verified
+  // and scattered from there (no staging copy). A single extent larger than maxIoBytes is read
+  // into thread-local staging instead.
+  uint64_t bigTotal = 0;
+  for (const Run& r : runs)
+    if (r.end - r.start > maxIo) bigTotal += AlignUp(r.end - r.start);
+  uint8_t* stage = bigTotal ? t_staging.Get(bigTotal) : nullptr;
   std::vector<ReadReq> reqs;
+  std::vector<uint8_t*> runDest(runs.size(), nullptr);
   reqs.reserve(runs.size());
-  for (const Run& r : runs) reqs.push_back(ReadReq{r.seg->file, r.start, r.end - r.start, stage + r.stage});
+  uint64_t at = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    uint8_t* d = nullptr;
+    if (runs[r].end - runs[r].start > maxIo) {
+      d = stage + at;
+      at += AlignUp(runs[r].end - runs[r].start);
+    }
+    runDest[r] = d;
+    reqs.push_back(ReadReq{runs[r].seg->file, runs[r].start, runs[r].end - runs[r].start, d});
+  }
   // As each run lands: verify its extents' checksums and scatter their chunks (overlaps the
   // remaining I/O). The first corruption is kept and thrown after the batch drained.
   std::mutex errMu;
   std::unique_ptr<Error> corrupt;
-  IoEngine::DoneFn onDone = [&](size_t r) {
+  IoEngine::DoneFn onDone = [&](size_t r, const uint8_t* data) {
+    const uint8_t* base = data ? data : runDest[r];
     for (size_t q = runs[r].first; q < runs[r].last; ++q) {
       uint32_t ni = ord[q];
       const Need& n = needs[ni];
       const Extent& x = ext(n);
-      const uint8_t* src = stage + n.stage;
+      const uint8_t* src = base + n.stage;
       uint32_t got = Crc32c(0, src, x.bytes);
       if (got != x.crc) {
         std::lock_guard<std::mutex> g(errMu);

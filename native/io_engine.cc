@@ -71,11 +71,15 @@ Error ReadFailed(const IoEngine::Phys& p, int err) {
 }  // namespace
 
 void IoEngine::Complete(Phys& p, uint8_t* slot) {
-  if (!p.target)
-    for (const ReadReq& r : p.parts) std::memcpy(r.dest, slot + (r.offset - p.offset), r.length);
-  if (!onDone_) return;
-  for (uint32_t o : p.origs)
-    if (pending_[o].fetch_sub(1) == 1) (*onDone_)(o);
+  for (size_t k = 0; k < p.parts.size(); ++k) {
+    const ReadReq& r = p.parts[k];
+    if (!r.dest) {  // in-place delivery (never split, so this is the whole request)
+      if (onDone_) (*onDone_)(p.origs[k], slot + (r.offset - p.offset));
+      continue;
+    }
+    if (!p.target) std::memcpy(r.dest, slot + (r.offset - p.offset), r.length);
+    if (onDone_ && pending_[p.origs[k]].fetch_sub(1) == 1) (*onDone_)(p.origs[k], nullptr);
+  }
 }
 
 IoEngine::IoEngine(IoOptions o) : opt_(o) {}
@@ -154,14 +158,17 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
       continue;
     }
     auto f = File(r.file);
+    if (!r.dest && r.length > opt_.maxIoBytes)
+      Throw("E_RANGE", "read request " + std::to_string(i) + ": in-place delivery expects length <= maxIoBytes " +
+                           std::to_string(opt_.maxIoBytes) + ", got " + std::to_string(r.length));
     for (uint64_t at = 0; at < r.length; at += opt_.maxIoBytes) {
       uint64_t len = std::min(opt_.maxIoBytes, r.length - at);
-      items.push_back({ReadReq{r.file, r.offset + at, len, r.dest + at}, f, uint32_t(i)});
+      items.push_back({ReadReq{r.file, r.offset + at, len, r.dest ? r.dest + at : nullptr}, f, uint32_t(i)});
       st.bytesRequested += len;
     }
   }
   if (onDone)
-    for (size_t i : empty) (*onDone)(i);
+    for (size_t i : empty) (*onDone)(i, in[i].dest);
   st.requests = items.size();
   if (items.empty()) return st;
   // 2. Sort by (file, offset) and coalesce neighbours.
@@ -191,10 +198,10 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
     p.length = end - p.offset;
     p.need = e - p.offset;
     // Straight into caller memory when the parts tile [s, e) in order in both file and memory.
-    bool tiles = true;
+    bool tiles = p.parts[0].dest != nullptr;
     for (size_t k = 1; k < p.parts.size() && tiles; ++k)
       tiles = p.parts[k].offset == p.parts[k - 1].offset + p.parts[k - 1].length &&
-              p.parts[k].dest == p.parts[k - 1].dest + p.parts[k - 1].length;
+              p.parts[k].dest && p.parts[k].dest == p.parts[k - 1].dest + p.parts[k - 1].length;
     if (tiles && direct)
       tiles = p.offset == s && end == e && (reinterpret_cast<uintptr_t>(p.parts[0].dest) % kIoAlign) == 0;
     if (tiles) p.target = p.parts[0].dest;
@@ -337,7 +344,9 @@ class UringEngine : public IoEngine {
     *err = UringDisabledByEnv() ? ENOSYS : -io_uring_queue_init(unsigned(o.queueDepth), &ring_, 0);
     if (*err) return;
     ok_ = true;
-    AllocSlots(o.queueDepth);
+    // Twice the queue depth: completed reads keep their slot until copied out, which happens after
+    // the ring has been refilled (see Run), so a full queue of new reads must still find slots.
+    AllocSlots(2 * o.queueDepth);
     if (o.fixedBuffers) {
       std::vector<iovec> iov(slots_.size());
       for (size_t i = 0; i < slots_.size(); ++i) iov[i] = {slots_[i], size_t(slotBytes_)};
@@ -380,6 +389,10 @@ class UringEngine : public IoEngine {
       if (p.slot >= 0) freeSlots.push_back(p.slot);
       p.slot = -1;
     };
+    // Completed reads are post-processed (bounce copy-out, the caller's onDone: checksums and
+    // scatter) only after the ring has been refilled and submitted, so the device stays busy while
+    // this thread computes.
+    std::vector<size_t> doneList;
     for (;;) {
       while (!error && inflight < opt_.queueDepth) {
         if (!retry.empty()) {
@@ -404,10 +417,19 @@ class UringEngine : public IoEngine {
         }
         ++next;
       }
-      if (inflight == 0) break;
-      int r = io_uring_submit_and_wait(&ring_, 1);
-      if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && !error)
-        error = std::make_unique<Error>("E_IO", "io_uring_submit: " + ErrnoText(-r));
+      if (inflight == 0 && doneList.empty()) break;
+      if (inflight > 0) {
+        int r = doneList.empty() ? io_uring_submit_and_wait(&ring_, 1) : io_uring_submit(&ring_);
+        if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && !error)
+          error = std::make_unique<Error>("E_IO", "io_uring_submit: " + ErrnoText(-r));
+      }
+      for (size_t k : doneList) {
+        Phys& p = ops[k];
+        if (!p.target) st.bounced++;
+        Complete(p, p.slot >= 0 ? slots_[p.slot] : nullptr);
+        release(p);
+      }
+      doneList.clear();
       io_uring_cqe* cqe;
       while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
         size_t k = size_t(reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe)));
@@ -432,17 +454,10 @@ class UringEngine : public IoEngine {
         }
         p.done += uint64_t(res);
         st.bytesRead += uint64_t(res);
-        if (p.done >= p.need) {
-          if (!p.target) st.bounced++;
-          Complete(p, p.slot >= 0 ? slots_[p.slot] : nullptr);
-          release(p);
-        } else if (!error) {
-          retry.push_back(k);
-        } else {
-          release(p);
-        }
+        if (p.done >= p.need) doneList.push_back(k);
+        else if (!error) retry.push_back(k);
+        else release(p);
       }
-      if (error && inflight == 0) break;
     }
     if (error) throw *error;
   }

@@ -41,6 +41,9 @@ struct IoOptions {
   bool fixedBuffers = true;              // register bounce slots with the ring (uring only)
 };
 
+// dest == nullptr asks for in-place delivery: the bytes are read into a (registered) bounce slot
+// and handed to onDone(i, pointer) without a copy; the pointer is valid only during that call.
+// Such requests must not exceed maxIoBytes (they are never split).
 struct ReadReq {
   int32_t file;
   uint64_t offset;
@@ -85,10 +88,11 @@ class IoEngine {
 
   // Reads every request fully. `cancel` (optional) is polled before each submission: when raised,
   // nothing more is submitted, in-flight reads are drained and stats.cancelled is set.
-  // `onDone(i)` (optional) runs as soon as request i's bytes are in place, while other reads are
-  // still in flight (consumers verify and scatter there, overlapping with I/O). It runs on the
-  // submitting thread (io_uring) or on pool threads concurrently (pread) and must not throw.
-  using DoneFn = std::function<void(size_t)>;
+  // `onDone(i, data)` (optional) runs as soon as request i's bytes are in place, while other reads
+  // are still in flight (consumers verify and scatter there, overlapping with I/O); `data` is the
+  // in-place pointer for dest == nullptr requests, else nullptr (the bytes are at dest). It runs on
+  // the submitting thread (io_uring) or on pool threads concurrently (pread) and must not throw.
+  using DoneFn = std::function<void(size_t, const uint8_t*)>;
   IoStats ReadBatch(const std::vector<ReadReq>& reqs, const std::atomic<bool>* cancel = nullptr, const DoneFn* onDone = nullptr);
 
   struct Phys;  // a planned physical read (defined in io_engine.cc)

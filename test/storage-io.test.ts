@@ -97,6 +97,20 @@ describe.each(kinds)('I/O engine %s', (kind) => {
   });
 });
 
+describe('crc32c', () => {
+  it('matches the RFC 3720 check value and the portable table at every length/alignment', () => {
+    expect(native.crc32c(new TextEncoder().encode('123456789'))).toBe(0xe3069283);
+    expect(native.crc32c(new TextEncoder().encode('123456789'), true)).toBe(0xe3069283);
+    const r = rng(21);
+    const big = Uint8Array.from({ length: 3 * 8192 * 2 + 4000 }, () => Math.floor(r() * 256));
+    for (const n of [0, 1, 7, 8, 9, 255, 767, 768, 769, 2000, 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 777, big.length - 3])
+      for (const off of [0, 3]) {
+        const v = big.subarray(off, off + n);
+        expect(native.crc32c(v), `length ${n}, offset ${off}`).toBe(native.crc32c(v, true));
+      }
+  });
+});
+
 describe('engine selection', () => {
   it("falls back to pread when io_uring is refused, and 'uring' then fails", () => {
     process.env.KVDRIVE_IO_URING_DISABLE = '1';
