@@ -2,12 +2,15 @@ import { spawn, execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { SsdStore } from '../src/storage/ssd-store.js';
 import { expectKvdError, rng } from './helpers.js';
-import { expectedChunk, segmentKv, tempDir } from './storage-kv.js';
+import { expectedChunk, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
+
 // @ts-expect-error -- plain ESM helper shared with the child process
 import { crashSegment, crashShape } from './storage-crash-child.mjs';
+
+afterAll(removeTempDirs);
 
 const here = dirname(fileURLToPath(import.meta.url));
 const child = join(here, 'storage-crash-child.mjs');

@@ -1,10 +1,12 @@
 import { openSync, writeSync, closeSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { IoEngine, ioUringAvailable } from '../src/storage/io-engine.js';
 import { native } from '../src/native.js';
 import { expectKvdError, rng } from './helpers.js';
-import { tempDir } from './storage-kv.js';
+import { removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
 
 const uring = ioUringAvailable();
 if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring engine tests skipped`);

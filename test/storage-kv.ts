@@ -1,13 +1,22 @@
 /** Test data for the storage tests: random segment KV and the expected page-first chunk bytes. */
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ClusterLayout, SegmentData, StoreShape } from '../src/storage/ssd-store.js';
 import type { KvTensor } from '../src/types.js';
 import { randn, rng } from './helpers.js';
 
+const made: string[] = [];
+
+/** A fresh temporary directory; {@link removeTempDirs} deletes every one made so far. */
 export function tempDir(tag: string): string {
-  return mkdtempSync(join(tmpdir(), `kvd-storage-${tag}-`));
+  const d = mkdtempSync(join(tmpdir(), `kvd-storage-${tag}-`));
+  made.push(d);
+  return d;
+}
+
+export function removeTempDirs(): void {
+  for (const d of made.splice(0)) rmSync(d, { recursive: true, force: true });
 }
 
 function tensor(shape: StoreShape, tokens: number, seed: number): KvTensor {

@@ -1,11 +1,13 @@
 import { appendFileSync, readFileSync, readdirSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
 import { ioUringAvailable } from '../src/storage/io-engine.js';
 import { native } from '../src/native.js';
 import { expectKvdError } from './helpers.js';
-import { expectedChunk, randomClusters, segmentKv, tempDir } from './storage-kv.js';
+import { expectedChunk, randomClusters, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f16', chunkSize: 4 };
 const uring = ioUringAvailable();

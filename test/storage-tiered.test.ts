@@ -1,9 +1,14 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
 import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
 import { chunkRows, TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
 import { expectKvdError, rng } from './helpers.js';
-import { expectedChunk, randomClusters, segmentKv, tempDir } from './storage-kv.js';
+import { expectedChunk, randomClusters, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f32', chunkSize: 4 }; // 256-byte chunks
 const segTokens = 64; // 16 chunks per segment
@@ -121,6 +126,27 @@ describe('tiered KV fetch', () => {
     expect(kv.pendingPrefetches).toBe(1);
     await kv.close();
     expect(kv.pendingPrefetches).toBe(0);
+  });
+
+  it('reads through native segment handles from a worker thread (process-global registry)', async () => {
+    const { ssd, data } = await setup();
+    const addon = resolve(dirname(fileURLToPath(import.meta.url)), '..', 'build', 'Release', 'kvdrive.node');
+    const code = `
+      const { parentPort, workerData: w } = require('node:worker_threads');
+      const n = require(w.addon);
+      const dest = new Uint8Array(w.cb * 2);
+      n.segmentRead({ segments: new Int32Array([w.h]), layers: new Int32Array([1]), heads: new Int32Array([0]),
+        itemOffsets: new Int32Array([0, 2]), chunkIds: new Int32Array([3, 9]), dest, destOffsets: new Float64Array([0, w.cb]) })
+        .then(() => parentPort.postMessage(dest), (e) => parentPort.postMessage(e.code + ': ' + e.message));`;
+    const worker = new Worker(code, { eval: true, workerData: { addon, h: ssd.segmentHandle('b'), cb: ssd.chunkBytes } });
+    const got = await new Promise<unknown>((res, rej) => {
+      worker.once('message', res);
+      worker.once('error', rej);
+    });
+    await worker.terminate();
+    expect(got).toBeInstanceOf(Uint8Array);
+    const want = Buffer.concat([expectedChunk(shape, data[1]!, 1, 0, 3), expectedChunk(shape, data[1]!, 1, 0, 9)]);
+    expect(Buffer.compare(got as Uint8Array, want)).toBe(0);
   });
 
   it('rejects bad requests with typed errors', async () => {
