@@ -11,6 +11,7 @@
  *    and a FlexGen-style baseline that reads each layer's whole KV from SSD every step.
  *
  * Run: npm run build:ts && node --expose-gc dist/bench/storage.bench.js [--gib 1] [--dir /tmp]
+ *      [--sparse-only | --replay-only]
  * The store file is deleted afterwards.
  */
 import { rmSync, mkdtempSync } from 'node:fs';
@@ -155,6 +156,10 @@ async function main(): Promise<void> {
       const ratios: number[] = [];
       let storeCpu = 0;
       let rawCpu = 0;
+      let storeIos = 0;
+      let rawIos = 0;
+      let storeRead = 0;
+      let rawRead = 0;
       let totalBytes = 0;
       const storeRates: number[] = [];
       const rawRates: number[] = [];
@@ -196,11 +201,15 @@ async function main(): Promise<void> {
             const d = process.cpuUsage(c);
             storeCpu += (d.user + d.system) / 1000;
             if (st.extentBytes !== at) throw new Error(`store read ${st.extentBytes} extent bytes, raw ${at}`);
+            storeIos += st.ios;
+            storeRead += st.bytesRead;
           };
           const runRaw = async () => {
             const t = performance.now();
             const c = process.cpuUsage();
-            await raw.readArrays(rawReq);
+            const rs = await raw.readArrays(rawReq);
+            rawIos += rs.ios;
+            rawRead += rs.bytesRead;
             rawMs += performance.now() - t;
             const d = process.cpuUsage(c);
             rawCpu += (d.user + d.system) / 1000;
@@ -224,13 +233,15 @@ async function main(): Promise<void> {
       }
       console.log(
         `sparse ${store.engineInfo.kind.padEnd(8)} raw ${median(rawRates).toFixed(2)} GB/s, store ${median(storeRates).toFixed(2)} GB/s, store/raw ${median(ratios).toFixed(3)} (median of ${ratios.length} steps, each ${shape.layers} layers x ${shape.kvHeads} heads x ${budgetTokens} tokens of whole clusters); ` +
-          `CPU ms per GB: raw ${((rawCpu / totalBytes) * 1e9).toFixed(0)}, store ${((storeCpu / totalBytes) * 1e9).toFixed(0)}`,
+          `CPU ms per GB: raw ${((rawCpu / totalBytes) * 1e9).toFixed(0)}, store ${((storeCpu / totalBytes) * 1e9).toFixed(0)}; ` +
+          `I/Os raw ${rawIos} store ${storeIos}, device bytes raw ${(rawRead / 2 ** 20).toFixed(0)} MiB store ${(storeRead / 2 ** 20).toFixed(0)} MiB`,
       );
       raw.close();
       await store.close();
     }
 
     // ---- 2. end-to-end replay: DRAM+SSD vs DRAM-only vs FlexGen-style -------------------------
+    if (process.argv.includes('--sparse-only')) return;
     const kvBytes = nSegments * segBytes;
     const ssd = await SsdStore.open({ dir, kind: kinds[0]!, direct: true, queueDepth, maxIoBytes });
     const layout: Layout = new Map();

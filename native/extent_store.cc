@@ -14,7 +14,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "args.h"
@@ -465,22 +464,25 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     uint64_t stage = 0;  // byte offset of the extent inside its run
   };
   std::vector<Need> needs;
-  std::unordered_map<const void*, std::unordered_map<uint64_t, uint32_t>> index;
   std::vector<uint32_t> needOfChunk;  // per requested chunk (items concatenated)
+  // Extent -> need index within one item, via a per-thread mark array (entries reset after each
+  // item). Items naming the same (segment, layer, head) twice read shared extents twice: correct,
+  // merely redundant (TieredKv sends one item per (segment, head)).
+  thread_local std::vector<int32_t> mark;
   for (size_t i = 0; i < items.size(); ++i) {
     ReadItem& it = items[i];
     Region& g = it.seg->regions[size_t(it.region)];
-    auto& m = index[it.seg.get()];
+    if (mark.size() < g.extents.size()) mark.assign(g.extents.size(), -1);
+    const size_t firstNeed = needs.size();
     for (size_t j = 0; j < it.n; ++j) {
       uint32_t e = g.extentOf[size_t(g.posOf[size_t(it.ids[j])])];
-      uint64_t key = (uint64_t(uint32_t(it.region)) << 32) | e;
-      auto f = m.find(key);
-      if (f == m.end()) {
-        f = m.emplace(key, uint32_t(needs.size())).first;
+      if (mark[e] < 0) {
+        mark[e] = int32_t(needs.size());
         needs.push_back(Need{it.seg.get(), it.region, e});
       }
-      needOfChunk.push_back(f->second);
+      needOfChunk.push_back(uint32_t(mark[e]));
     }
+    for (size_t q = firstNeed; q < needs.size(); ++q) mark[needs[q].ext] = -1;
     res.chunks += it.n;
     res.payloadBytes += it.n * it.seg->chunkBytes;
   }
