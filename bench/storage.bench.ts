@@ -275,29 +275,25 @@ async function main(): Promise<void> {
     for (let s = 0; s < steps; s++) requests.push(Array.from({ length: shape.layers }, (_, l) => fetchRequest(l, seq.step(l), layout, weight)));
     const maxChunks = Math.max(...requests.flat().map((r) => r.chunkIds.length));
     const dest = new Uint8Array(maxChunks * ssd.chunkBytes);
-    const replay = async (kv: TieredKv, label: string) => {
-      const times: number[] = [];
-      let dramB = 0;
-      let ssdB = 0;
-      let ssdRead = 0;
-      let ios = 0;
-      for (let s = 0; s < steps; s++) {
-        const t = performance.now();
-        for (const r of requests[s]!) {
-          const st = await kv.fetch(r, dest);
-          dramB += st.dramBytes;
-          ssdB += st.ssdBytes;
-          ssdRead += st.ssdReadBytes;
-          ios += st.ssdRuns;
-        }
-        times.push(performance.now() - t);
+    const tally = () => ({ times: [] as number[], dramB: 0, ssdB: 0, ssdRead: 0, runs: 0 });
+    const runStep = async (kv: TieredKv, s: number, t: ReturnType<typeof tally>) => {
+      const t0 = performance.now();
+      for (const r of requests[s]!) {
+        const st = await kv.fetch(r, dest);
+        t.dramB += st.dramBytes;
+        t.ssdB += st.ssdBytes;
+        t.ssdRead += st.ssdReadBytes;
+        t.runs += st.ssdRuns;
       }
-      const warm = times.slice(2);
+      t.times.push(performance.now() - t0);
+    };
+    const report = (label: string, t: ReturnType<typeof tally>) => {
+      const m = median(t.times.slice(2));
       console.log(
-        `replay ${label.padEnd(10)} ${median(warm).toFixed(1)} ms/step (median of steps 3..${steps}); per step: DRAM ${(dramB / steps / 2 ** 20).toFixed(1)} MiB, ` +
-          `SSD ${(ssdB / steps / 2 ** 20).toFixed(1)} MiB of chunks (${(ssdRead / steps / 2 ** 20).toFixed(1)} MiB read in ${(ios / steps).toFixed(0)} runs)`,
+        `replay ${label.padEnd(10)} ${m.toFixed(1)} ms/step (median of steps 3..${steps}); per step: DRAM ${(t.dramB / steps / 2 ** 20).toFixed(1)} MiB, ` +
+          `SSD ${(t.ssdB / steps / 2 ** 20).toFixed(1)} MiB of chunks (${(t.ssdRead / steps / 2 ** 20).toFixed(1)} MiB read in ${(t.runs / steps).toFixed(0)} runs)`,
       );
-      return median(warm);
+      return m;
     };
     // DRAM+SSD: budget one third of the KV, filled by importance-guided warm-up (kvdrive §7.1:
     // the highest-scoring chunks of every segment, from the KV still in memory after prefill).
@@ -318,13 +314,6 @@ async function main(): Promise<void> {
     }
     console.log(`  warm-up filled ${(dram.stats().usedBytes / 2 ** 20).toFixed(0)} MiB of DRAM by importance in ${((performance.now() - tWarm) / 1000).toFixed(1)} s`);
     const tiered = new TieredKv({ ssd, dram, segments: segIds });
-    const tTiered = await replay(tiered, 'DRAM+SSD');
-    const ds = dram.stats();
-    console.log(
-      `  DRAM budget ${(budget / 2 ** 20).toFixed(0)} MiB for ${(kvBytes / 2 ** 20).toFixed(0)} MiB of KV (1/3); resident ${(ds.usedBytes / 2 ** 20).toFixed(0)} MiB; ` +
-        `reserved ${(ds.reservedBytes / 2 ** 20).toFixed(0)} MiB <= budget; replay promoted ${tiered.totals().promoted} chunks, evicted ${ds.evicted}, rejected ${ds.rejected}`,
-    );
-    await tiered.close();
     // DRAM-only: every chunk resident (budget >= KV), loaded by fetching everything once.
     const full = new DramStore({ budgetBytes: kvBytes + chunksPerSeg * nSegments * shape.layers * shape.kvHeads * (DramStore.metadataBytesPerSlot + 1), shape });
     const onlyDram = new TieredKv({ ssd, dram: full, segments: segIds });
@@ -337,7 +326,26 @@ async function main(): Promise<void> {
         await onlyDram.fetch({ layer: l, offsets, chunkIds: all, scores: new Float32Array(all.length).fill(1) }, bigDest);
       }
     if (full.stats().residentChunks !== all.length * shape.layers * shape.kvHeads) throw new Error('DRAM-only store did not hold all KV');
-    const tDram = await replay(onlyDram, 'DRAM-only');
+    // Interleaved (alternating order per step) so both see the same machine load.
+    const tT = tally();
+    const tD = tally();
+    for (let s = 0; s < steps; s++) {
+      if (s % 2) {
+        await runStep(tiered, s, tT);
+        await runStep(onlyDram, s, tD);
+      } else {
+        await runStep(onlyDram, s, tD);
+        await runStep(tiered, s, tT);
+      }
+    }
+    const tTiered = report('DRAM+SSD', tT);
+    const ds = dram.stats();
+    console.log(
+      `  DRAM budget ${(budget / 2 ** 20).toFixed(0)} MiB for ${(kvBytes / 2 ** 20).toFixed(0)} MiB of KV (1/3); resident ${(ds.usedBytes / 2 ** 20).toFixed(0)} MiB; ` +
+        `reserved ${(ds.reservedBytes / 2 ** 20).toFixed(0)} MiB <= budget; replay promoted ${tiered.totals().promoted} chunks`,
+    );
+    const tDram = report('DRAM-only', tD);
+    await tiered.close();
     await onlyDram.close();
     // FlexGen-style: each layer's whole KV read from SSD every step (sequential region reads).
     const engine = new IoEngine({ kind: kinds[0]!, queueDepth, maxIoBytes });
