@@ -73,7 +73,7 @@ describe.each(kinds)('I/O engine %s', (kind) => {
     expect(st2.ios).toBe(256);
   });
 
-  it('E_CORRUPT on a short read, E_RANGE for a bad file id or destination, E_CLOSED after close', async () => {
+  it('E_CORRUPT on a short read, E_IO with errno text, E_RANGE for a bad file id or destination, E_CLOSED after close', async () => {
     const { path } = dataFile(10_000, 13);
     const e = new IoEngine({ kind });
     const f = e.open(path).file;
@@ -82,6 +82,9 @@ describe.each(kinds)('I/O engine %s', (kind) => {
     await expectKvdError(() => e.read([{ file: 42, offset: 0, length: 10, destOffset: 0 }], dest), 'E_RANGE', /open file id, got 42/);
     await expectKvdError(() => e.read([{ file: f, offset: 0, length: 10, destOffset: 8190 }], dest), 'E_RANGE', /dest\.byteLength 8192/);
     await expectKvdError(() => e.open(join(tempDir('nf'), 'missing.bin')), 'E_NOT_FOUND', /missing\.bin/);
+    // A directory opens read-only but cannot be read: the errno text comes through as E_IO.
+    const d = e.open(tempDir('dir')).file;
+    await expectKvdError(() => e.read([{ file: d, offset: 0, length: 10, destOffset: 0 }], dest), 'E_IO', /reading .*kvd-storage-dir.*Is a directory/);
     e.close();
     await expectKvdError(() => e.read([{ file: f, offset: 0, length: 10, destOffset: 0 }], dest), 'E_CLOSED', /closed/);
   });
