@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
+import { SlotHeap } from '../src/storage/slot-heap.js';
 import { expectedChunk, segmentKv } from './storage-kv.js';
 import type { StoreShape } from '../src/storage/ssd-store.js';
 import { expectKvdError, rng } from './helpers.js';
@@ -11,6 +12,35 @@ function page(bytes: number, tag: number): Uint8Array {
   for (let i = 0; i < bytes; i++) p[i] = (tag * 31 + i) & 0xff;
   return p;
 }
+
+describe('slot heap (lazy increases)', () => {
+  it('always yields the exact minimum score under random inserts, updates and removals', () => {
+    const r = rng(8);
+    const n = 300;
+    const h = new SlotHeap(n);
+    const live = new Map<number, number>();
+    for (let op = 0; op < 20000; op++) {
+      const slot = Math.floor(r() * n);
+      const x = r();
+      if (!live.has(slot)) {
+        h.insert(slot, x);
+        live.set(slot, x);
+      } else if (x < 0.15) {
+        h.remove(slot);
+        live.delete(slot);
+      } else {
+        const s = Math.floor(r() * 50) / 50; // ties included
+        h.update(slot, s);
+        live.set(slot, s);
+      }
+      if (op % 7 === 0 && live.size) {
+        const top = h.peek();
+        expect(live.get(top)).toBe(Math.min(...live.values()));
+      }
+    }
+    expect(h.size).toBe(live.size);
+  });
+});
 
 describe('DRAM store', () => {
   it('never exceeds its budget and keeps the most important chunks', () => {

@@ -64,7 +64,7 @@ interface SegmentEntry {
 }
 
 export class DramStore {
-  /** Per-slot metadata: owner ordinal, key and free-list entry (12 bytes) and the importance heap (12 bytes). */
+  /** Per-slot metadata: owner ordinal, key and free-list entry (12 bytes) and the importance heap (16 bytes). */
   static readonly metadataBytesPerSlot = 12 + SlotHeap.bytesPerSlot;
 
   readonly shape: StoreShape;
