@@ -23,6 +23,7 @@
 #include "errors.h"
 #include "handles.h"
 #include "io_engine.h"
+#include "page_spans.h"
 #include "registry.h"
 
 namespace kvd {
@@ -789,7 +790,39 @@ Napi::Value CopyChunks(const Napi::CallbackInfo& info) {
   });
 }
 
+// fetchBufferSpans(buf: Uint8Array, first, n, chunkSize, dim, dtype) -> Float64Array of
+// [kOffset, vOffset, len, kStride, vStride] per span, byte offsets into buf: lets tests check the
+// native span accessor (page_spans.h) against the TypeScript layout (chunkRows).
+Napi::Value FetchBufferSpansB(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto buf = GetArray<uint8_t>(info[0], napi_uint8_array, "fetchBufferSpans(buf)");
+    Napi::Object o = Napi::Object::New(info.Env());
+    const char* names[] = {"first", "n", "chunkSize", "dim"};
+    for (int i = 0; i < 4; ++i) o.Set(names[i], info[size_t(i) + 1]);
+    int64_t first = GetInt(o, "first", "fetchBufferSpans", 0, int64_t(1) << 40);
+    int64_t n = GetInt(o, "n", "fetchBufferSpans", 0, int64_t(1) << 40);
+    int c = int(GetInt(o, "chunkSize", "fetchBufferSpans", 1, 1 << 16));
+    int d = int(GetInt(o, "dim", "fetchBufferSpans", 1, 1 << 16));
+    if (info.Length() < 6 || !info[5].IsString()) Throw("E_DTYPE", "fetchBufferSpans(dtype): expected 'f32', 'f16' or 'bf16'");
+    Dtype dt = ParseDtype(info[5].As<Napi::String>());
+    if (uint64_t(first + n) * PageFirstChunkBytes(c, d, dt) > buf.length)
+      Throw("E_RANGE", "fetchBufferSpans: expected entries within the buffer (" + std::to_string(buf.length) + " bytes)");
+    std::vector<Span> spans;
+    FetchBufferSpans(buf.data, size_t(first), size_t(n), c, d, dt, spans);
+    auto r = Napi::Float64Array::New(info.Env(), spans.size() * 5);
+    for (size_t i = 0; i < spans.size(); ++i) {
+      r[i * 5 + 0] = double(static_cast<const uint8_t*>(spans[i].k) - buf.data);
+      r[i * 5 + 1] = double(static_cast<const uint8_t*>(spans[i].v) - buf.data);
+      r[i * 5 + 2] = double(spans[i].len);
+      r[i * 5 + 3] = double(spans[i].kStride);
+      r[i * 5 + 4] = double(spans[i].vStride);
+    }
+    return r;
+  });
+}
+
 void InitExtentStore(Napi::Env env, Napi::Object exports) {
+  exports.Set("fetchBufferSpans", Napi::Function::New(env, FetchBufferSpansB));
   exports.Set("copyChunks", Napi::Function::New(env, CopyChunks));
   exports.Set("segmentWrite", Napi::Function::New(env, SegmentWrite));
   exports.Set("segmentOpen", Napi::Function::New(env, SegmentOpenB));

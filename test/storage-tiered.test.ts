@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
+import { native } from '../src/native.js';
 import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
 import { chunkRows, TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
 import { expectKvdError, rng } from './helpers.js';
@@ -67,10 +68,15 @@ describe('tiered KV fetch', () => {
     expect(again.dramChunks).toBe(8);
     expect(again.ssdBytes).toBe(0);
     expect(dram!.stats().reservedBytes).toBeLessThanOrEqual(dram!.budgetBytes);
-    // Row views of the page-first layout.
+    // Row views of the page-first layout, and the native span accessor agrees with them.
     const rows = chunkRows(dest, 0, shape);
     expect(rows.k.length).toBe(shape.chunkSize * shape.headDim);
     expect(Array.from(rows.k.subarray(0, 8))).toEqual(Array.from((data[0]!.layers[1]!.k.data as Float32Array).subarray(0, 8)));
+    const spans = native.fetchBufferSpans(dest, 2, 3, shape.chunkSize, shape.headDim, shape.dtype) as Float64Array;
+    for (let i = 0; i < 3; i++) {
+      const r = chunkRows(dest, 2 + i, shape);
+      expect(Array.from(spans.subarray(i * 5, i * 5 + 5))).toEqual([r.k.byteOffset - dest.byteOffset, r.v.byteOffset - dest.byteOffset, shape.chunkSize, shape.headDim, shape.headDim]);
+    }
   });
 
   it('works SSD-only and keeps the DRAM budget under a long replay', async () => {

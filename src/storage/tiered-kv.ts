@@ -8,7 +8,8 @@
  * Output layout (first version; the integrator points native attention spans at it): entry i of the
  * request (kv head h's chunk ids in request order, heads in order) occupies bytes
  * [i * chunkBytes, (i + 1) * chunkBytes) of `dest`, page-first: chunkSize K rows then chunkSize V
- * rows of headDim elements in the store dtype (see {@link chunkRows}).
+ * rows of headDim elements in the store dtype (see {@link chunkRows}). Native attention gets one
+ * `Span` per entry from native/page_spans.h (`FetchBufferSpans`), without another copy.
  */
 import { z } from 'zod';
 import { fail, KvdriveError } from '../errors.js';
