@@ -594,7 +594,22 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
       for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src + copySrc[c], cb);
     }
   };
-  res.io = eng.ReadBatch(reqs, cancel, &onDone);
+  try {
+    res.io = eng.ReadBatch(reqs, cancel, &onDone);
+  } catch (const Error& e) {
+    if (e.code != "E_CORRUPT") throw;
+    // A short read: name the first requested extent that lies beyond the file's current end.
+    for (uint32_t ni : ord) {
+      const Need& n = needs[ni];
+      const Extent& x = ext(n);
+      struct stat st;
+      if (::stat(n.seg->path.c_str(), &st) == 0 && x.offset + x.bytes > uint64_t(st.st_size))
+        Throw("E_CORRUPT", "segment " + n.seg->path + ": extent " + std::to_string(n.ext) + " of layer " + std::to_string(n.region / n.seg->heads) +
+                               ", kv head " + std::to_string(n.region % n.seg->heads) + " (bytes " + std::to_string(x.offset) + ".." +
+                               std::to_string(x.offset + x.bytes) + ") is truncated: " + e.what());
+    }
+    throw;
+  }
   if (corrupt) throw *corrupt;
 }
 

@@ -139,7 +139,7 @@ describe('SSD store integrity and errors', () => {
     const s = await openStore({ dir, shape, kind: 'pread' });
     await s.writeSegment('t', segmentKv(shape, 32, 9));
     truncateSync(join(dir, 't.kvseg'), 10);
-    await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /short read: .*t\.kvseg/);
+    await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
   });
 
   it('refuses a manifest or segment of another version with E_VERSION', async () => {
