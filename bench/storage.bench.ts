@@ -4,7 +4,8 @@
  * 1. sparse: the SSD store's sparse cluster reads (whole extents, coalesced, crc32c-verified,
  *    scattered into a fetch buffer) against a raw read of exactly the same extents through the
  *    same engine options (block size maxIoBytes, queue depth), same file, O_DIRECT, same run;
- *    for io_uring and pread. Reported: store throughput / raw throughput (target >= 0.85).
+ *    for io_uring and pread. Reported: store throughput / raw throughput (target >= 0.85), and a
+ *    control (a second identical raw engine / the first) that shows the noise floor.
  * 2. replay: end-to-end fetch replay of a synthetic selection sequence (temporal locality: most
  *    clusters of a step stay selected the next step) over KV 3x the DRAM budget. Per-step fetch
  *    time of DRAM+SSD (TieredKv with promotion) against DRAM-only (all KV resident, the bound)
@@ -167,11 +168,15 @@ async function main(): Promise<void> {
       const store = await SsdStore.open({ dir, kind, direct: true, queueDepth, maxIoBytes });
       const raw = new IoEngine({ kind, queueDepth, maxIoBytes });
       const rawFiles = segIds.map((id) => raw.open(join(dir, `${id}.kvseg`), true).file);
+      // Control: a second, identical raw engine; raw2/raw shows the run-to-run noise floor.
+      const raw2 = new IoEngine({ kind, queueDepth, maxIoBytes });
+      const raw2Files = segIds.map((id) => raw2.open(join(dir, `${id}.kvseg`), true).file);
       const layout: Layout = new Map();
       for (let s = 0; s < nSegments; s++)
         for (let l = 0; l < shape.layers; l++) for (let h = 0; h < shape.kvHeads; h++) layout.set(`${s}/${l}/${h}`, { ...store.extents(`seg${s}`, l, h), file: rawFiles[s]! });
       const seq = new SelectionSequence(layout, 0); // fresh random clusters: every read is cold
       const ratios: number[] = [];
+      const controls: number[] = [];
       let storeCpu = 0;
       let rawCpu = 0;
       let storeIos = 0;
@@ -186,6 +191,7 @@ async function main(): Promise<void> {
         // One step = every layer; the same selection is read by both paths (alternating order).
         let storeMs = 0;
         let rawMs = 0;
+        let raw2Ms = 0;
         let bytes = 0;
         for (let l = 0; l < shape.layers; l++) {
           const sel = seq.step(l);
@@ -232,13 +238,15 @@ async function main(): Promise<void> {
             const d = process.cpuUsage(c);
             rawCpu += (d.user + d.system) / 1000;
           };
-          if ((round + l) % 2) {
-            await runStore();
-            await runRaw();
-          } else {
-            await runRaw();
-            await runStore();
-          }
+          const raw2Req = { ...rawReq, files: Int32Array.from(rawReq.files, (f) => raw2Files[rawFiles.indexOf(f)]!) };
+          const runRaw2 = async () => {
+            const t = performance.now();
+            await raw2.readArrays(raw2Req);
+            raw2Ms += performance.now() - t;
+          };
+          // Rotate the order so no path always runs first.
+          const order = [runRaw, runStore, runRaw2];
+          for (let k = 0; k < 3; k++) await order[(round + l + k) % 3]!();
         }
         if (round === 0) {
           storeCpu = rawCpu = 0;
@@ -248,13 +256,15 @@ async function main(): Promise<void> {
         storeRates.push(bytes / storeMs / 1e6);
         rawRates.push(bytes / rawMs / 1e6);
         ratios.push(rawMs / storeMs);
+        controls.push(rawMs / raw2Ms);
       }
       console.log(
-        `sparse ${store.engineInfo.kind.padEnd(8)} raw ${median(rawRates).toFixed(2)} GB/s, store ${median(storeRates).toFixed(2)} GB/s, store/raw ${median(ratios).toFixed(3)} (median of ${ratios.length} steps, each ${shape.layers} layers x ${shape.kvHeads} heads x ${budgetTokens} tokens of whole clusters); ` +
+        `sparse ${store.engineInfo.kind.padEnd(8)} raw ${median(rawRates).toFixed(2)} GB/s, store ${median(storeRates).toFixed(2)} GB/s, store/raw ${median(ratios).toFixed(3)} (control raw2/raw ${median(controls).toFixed(3)}; median of ${ratios.length} steps, each ${shape.layers} layers x ${shape.kvHeads} heads x ${budgetTokens} tokens of whole clusters); ` +
           `CPU ms per GB: raw ${((rawCpu / totalBytes) * 1e9).toFixed(0)}, store ${((storeCpu / totalBytes) * 1e9).toFixed(0)}; ` +
           `I/Os raw ${rawIos} store ${storeIos}, device bytes raw ${(rawRead / 2 ** 20).toFixed(0)} MiB store ${(storeRead / 2 ** 20).toFixed(0)} MiB`,
       );
       raw.close();
+      raw2.close();
       await store.close();
     }
 
