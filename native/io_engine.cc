@@ -168,7 +168,7 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
     }
   }
   if (onDone)
-    for (size_t i : empty) (*onDone)(i, in[i].dest);
+    for (size_t i : empty) (*onDone)(i, nullptr);
   st.requests = items.size();
   if (items.empty()) return st;
   // 2. Sort by (file, offset) and coalesce neighbours.

@@ -172,14 +172,13 @@ export class SsdStore {
   readonly shape: StoreShape;
   /** Bytes of one page-first chunk. */
   readonly chunkBytes: number;
-  /** Chunks per (layer, head) of a segment must be tokens / chunkSize. */
   private readonly engine: IoEngine;
   private readonly direct: boolean;
   private readonly open = new Map<string, OpenSegment>();
   private readonly broken = new Map<string, { entry: ManifestEntry; error: KvdriveError }>();
   private readonly writing = new Set<string>();
   private manifestChain: Promise<void> = Promise.resolve();
-  private inflight = new Set<Promise<unknown>>();
+  private readonly inflight = new Set<Promise<unknown>>();
   private closed = false;
 
   private constructor(dir: string, shape: StoreShape, engine: IoEngine, direct: boolean) {
