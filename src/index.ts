@@ -59,3 +59,11 @@ export type { SyntheticTrace, SyntheticTraceOptions, SyntheticNeedle, HeadRole }
 export { openSafetensors, writeSafetensors, SafetensorsFile, SafetensorsWriter } from './trace/safetensors.js';
 export type { Tensor, TensorData, TensorInfo, TensorSpec, DataDtype, SafetensorsDtype } from './trace/safetensors.js';
 export { f32ArrayToF16, f32ArrayToBf16, f16ArrayToF32, bf16ArrayToF32 } from './util/f16.js';
+export { IoEngine, ioUringAvailable } from './storage/io-engine.js';
+export type { IoEngineKind, IoEngineOptions, IoEngineInfo, IoBatchStats, IoRead } from './storage/io-engine.js';
+export { SsdStore, SSD_MANIFEST_VERSION, chunkBytesOf } from './storage/ssd-store.js';
+export type { SsdStoreOptions, StoreShape, SegmentData, ClusterLayout, SegmentInfo, ChunkReadItem, SsdReadStats } from './storage/ssd-store.js';
+export { DramStore } from './storage/dram-store.js';
+export type { DramStoreOptions, DramStats } from './storage/dram-store.js';
+export { TieredKv, chunkRows } from './storage/tiered-kv.js';
+export type { TieredKvOptions, FetchRequest, FetchStats, PrefetchHandle } from './storage/tiered-kv.js';

@@ -1,0 +1,139 @@
+// Batched file reads for the SSD tier: an io_uring engine (liburing, when the build found it) and a
+// pread thread-pool engine chosen at run time when io_uring is missing or refused.
+//
+// A batch is a list of (file, offset, length, dest) reads; ReadBatch returns when all are done (or
+// throws after draining what is in flight). Before submission the batch is planned:
+//  - requests longer than maxIoBytes are split;
+//  - requests are sorted by (file, offset) and neighbours (gap <= coalesceGapBytes, merged size <=
+//    maxIoBytes) are merged into one physical read;
+//  - a physical read goes straight into the caller's memory when that is possible (its requests are
+//    contiguous in the file and in memory, and, for O_DIRECT files, offset/length/address are
+//    aligned), else into a bounce slot (aligned, registered with the ring as a fixed buffer) and the
+//    requested bytes are copied out on completion.
+// At most queueDepth physical reads are in flight; bounce memory is queueDepth slots of
+// maxIoBytes + 2 * kIoAlign bytes, allocated once per engine.
+//
+// Errors: E_IO with the errno text and file name; E_CORRUPT when the file ends before a requested
+// byte (short read); E_RANGE for an unknown file id. Engines are thread-safe: batches from
+// concurrent callers are serialised per engine (one batch already saturates the device).
+#pragma once
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace kvd {
+
+constexpr uint64_t kIoAlign = 4096;  // O_DIRECT alignment for offset, length and buffer address
+
+enum class IoKind { Auto, Uring, Pread };
+
+struct IoOptions {
+  IoKind kind = IoKind::Auto;
+  int queueDepth = 32;                   // physical reads in flight (uring) / worker threads (pread)
+  int threads = 4;                       // pread pool size
+  uint64_t maxIoBytes = 1 << 20;         // largest physical read after coalescing
+  uint64_t coalesceGapBytes = 0;         // merge neighbours separated by at most this many bytes
+  bool coalesce = true;
+  bool fixedBuffers = true;              // register bounce slots with the ring (uring only)
+};
+
+// dest == nullptr asks for in-place delivery: the bytes are read into a (registered) bounce slot
+// and handed to onDone(i, pointer) without a copy; the pointer is valid only during that call.
+// Such requests must not exceed maxIoBytes (they are never split).
+struct ReadReq {
+  int32_t file;
+  uint64_t offset;
+  uint64_t length;
+  uint8_t* dest;
+};
+
+struct IoStats {
+  uint64_t requests = 0;       // logical requests after splitting
+  uint64_t ios = 0;            // physical reads submitted (including resubmissions of partial reads)
+  uint64_t bytesRequested = 0; // sum of request lengths
+  uint64_t bytesRead = 0;      // bytes transferred from files (>= requested with gaps/alignment)
+  uint64_t bounced = 0;        // physical reads that went through a bounce slot
+  bool cancelled = false;      // stopped early because the cancel flag was raised
+  void Add(const IoStats& o) {
+    requests += o.requests; ios += o.ios; bytesRequested += o.bytesRequested; bytesRead += o.bytesRead;
+    bounced += o.bounced; cancelled = cancelled || o.cancelled;
+  }
+};
+
+struct OpenFile {
+  int fd = -1;
+  std::string path;
+  bool direct = false;
+  ~OpenFile();
+};
+
+class IoEngine {
+ public:
+  virtual ~IoEngine() = default;
+  virtual const char* Kind() const = 0;
+  const IoOptions& Options() const { return opt_; }
+  // Why Auto did not get io_uring ("" when it did or was not asked for).
+  const std::string& FallbackReason() const { return fallbackReason_; }
+  bool FixedBuffersActive() const { return fixedActive_; }
+
+  // Opens `path` read-only (O_DIRECT when asked and supported by the file system; returns whether
+  // O_DIRECT is in effect through `directOut`). Returns a file id for ReadReq.
+  int32_t Open(const std::string& path, bool direct, bool* directOut = nullptr);
+  void Close(int32_t file);
+  std::shared_ptr<OpenFile> File(int32_t file) const;
+
+  // Reads every request fully. `cancel` (optional) is polled before each submission: when raised,
+  // nothing more is submitted, in-flight reads are drained and stats.cancelled is set.
+  // `onDone(i, data)` (optional) runs as soon as request i's bytes are in place, while other reads
+  // are still in flight (consumers verify and scatter there, overlapping with I/O); `data` is the
+  // in-place pointer for dest == nullptr requests, else nullptr (the bytes are at dest). It runs on
+  // the submitting thread (io_uring) or on pool threads concurrently (pread) and must not throw.
+  using DoneFn = std::function<void(size_t, const uint8_t*)>;
+  IoStats ReadBatch(const std::vector<ReadReq>& reqs, const std::atomic<bool>* cancel = nullptr, const DoneFn* onDone = nullptr);
+
+  struct Phys;  // a planned physical read (defined in io_engine.cc)
+
+ protected:
+  explicit IoEngine(IoOptions o);
+  void AllocSlots(int n);
+  virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) = 0;
+  // A physical read finished: copy its parts out of the bounce slot (when it used one) and notify
+  // requests whose last piece this was.
+  void Complete(Phys& p, uint8_t* slot);
+  const DoneFn* onDone_ = nullptr;                    // valid during a batch
+  std::unique_ptr<std::atomic<uint32_t>[]> pending_;  // pieces left per request, during a batch
+
+  IoOptions opt_;
+  std::string fallbackReason_;
+  bool fixedActive_ = false;
+  uint64_t slotBytes_ = 0;
+  std::vector<uint8_t*> slots_;  // aligned bounce slots, owned
+  std::mutex batchMu_;
+  mutable std::mutex filesMu_;
+  std::vector<std::shared_ptr<OpenFile>> files_;  // index = file id
+ public:
+  void FreeSlots();
+  void SetFallbackReason(std::string why) { fallbackReason_ = std::move(why); }
+};
+
+// Creates an engine. Auto: io_uring if built and the kernel accepts the ring, else pread (reason in
+// FallbackReason()). Uring forced: E_CONFIG when not built, E_IO when the kernel refuses.
+std::shared_ptr<IoEngine> CreateIoEngine(const IoOptions& o);
+// Whether this build has the io_uring engine, and whether the kernel accepts a ring now ("" if so).
+bool UringBuilt();
+std::string UringProbe();
+
+// Process-global engine lookup by handle (see handles.h).
+std::shared_ptr<IoEngine> EngineByHandle(int64_t h);
+
+// Cancel flags reachable by handle, raised from JS to stop a read early (prefetch cancellation).
+std::shared_ptr<std::atomic<bool>> CancelFlagByHandle(int64_t h);
+
+// Error text for errno (strerror_r, thread-safe).
+std::string ErrnoText(int err);
+
+}  // namespace kvd

@@ -1,0 +1,323 @@
+/**
+ * DRAM tier: chunks of sealed segments held in host memory, page-first (a chunk's K rows then its
+ * V rows, exactly the SSD extent layout, so a chunk moves between tiers with one memcpy), under a
+ * hard byte budget, evicting the least important chunk first. Importance scores come from the
+ * caller (warm-up attention mass from the observation window, decode attention mass later).
+ *
+ * Memory (all allocated once at construction, never grown):
+ *  - arena: capacity x chunkBytes (a SharedArrayBuffer by default, so pipeline workers can read
+ *    resident chunks by slot offset);
+ *  - per-slot metadata: {@link DramStore.metadataBytesPerSlot} bytes (owner segment, key, heap);
+ *  capacity = floor(budgetBytes / (chunkBytes + metadataBytesPerSlot)), so arena + metadata never
+ *  exceed budgetBytes. Outside the budget, stated: a slot map of 4 bytes per (layer, kv head, chunk)
+ *  of each registered segment ({@link DramStore.indexBytes}; 0.2% of the KV it indexes at 2 KiB
+ *  chunks) and a few hundred bytes of JS objects per registered segment.
+ */
+import { z } from 'zod';
+import { fail, KvdriveError } from '../errors.js';
+import { native } from '../native.js';
+import type { SegmentData, StoreShape } from './ssd-store.js';
+import { chunkBytesOf, storeShapeSchema } from './ssd-store.js';
+import { parseOptions } from './io-engine.js';
+import { SlotHeap } from './slot-heap.js';
+
+/** Options of a {@link DramStore}. */
+export interface DramStoreOptions {
+  /** Hard budget for resident chunk data plus per-slot metadata, bytes (>= one chunk). */
+  budgetBytes: number;
+  /** KV geometry (the SSD store's shape). */
+  shape: StoreShape;
+  /** Back the arena with a SharedArrayBuffer (default true) so worker threads can read it. */
+  shared?: boolean;
+}
+
+const dramOptionsSchema = z
+  .object({
+    budgetBytes: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+    shape: storeShapeSchema,
+    shared: z.boolean().optional(),
+  })
+  .strict();
+
+/** Counters of a DRAM store. */
+export interface DramStats {
+  budgetBytes: number;
+  capacityChunks: number;
+  residentChunks: number;
+  /** Resident chunk bytes. */
+  usedBytes: number;
+  /** Arena + slot metadata (<= budgetBytes). */
+  reservedBytes: number;
+  /** Slot maps of registered segments (stated overhead outside the budget). */
+  indexBytes: number;
+  admitted: number;
+  evicted: number;
+  /** Admissions refused because every resident chunk was at least as important. */
+  rejected: number;
+}
+
+interface SegmentEntry {
+  ordinal: number;
+  chunks: number;
+  /** (layer * kvHeads + head) * chunks + chunk -> slot, -1 when not resident. */
+  slots: Int32Array;
+}
+
+export class DramStore {
+  /** Per-slot metadata: owner ordinal, key and free-list entry (12 bytes) and the importance heap (16 bytes). */
+  static readonly metadataBytesPerSlot = 12 + SlotHeap.bytesPerSlot;
+
+  readonly shape: StoreShape;
+  readonly chunkBytes: number;
+  readonly budgetBytes: number;
+  readonly capacityChunks: number;
+  /** Resident chunk data; slot s occupies bytes [s * chunkBytes, (s + 1) * chunkBytes). */
+  readonly arena: Uint8Array;
+
+  private readonly slotOwner: Int32Array; // segment ordinal, -1 when free
+  private readonly slotKey: Int32Array;
+  private readonly heap: SlotHeap;
+  private readonly free: Int32Array; // stack of free slots, freeTop entries
+  private freeTop = 0;
+  private readonly segs = new Map<string, SegmentEntry>();
+  private readonly byOrdinal = new Map<number, SegmentEntry>();
+  private nextOrdinal = 0;
+  private counters = { admitted: 0, evicted: 0, rejected: 0 };
+
+  constructor(options: DramStoreOptions) {
+    const o = parseOptions(dramOptionsSchema, options, 'DramStore options');
+    this.shape = o.shape;
+    this.chunkBytes = chunkBytesOf(o.shape);
+    this.budgetBytes = o.budgetBytes;
+    const cap = Math.floor(o.budgetBytes / (this.chunkBytes + DramStore.metadataBytesPerSlot));
+    if (cap < 1)
+      fail('E_BUDGET', 'DramStore options.budgetBytes', `at least one chunk plus metadata (${this.chunkBytes + DramStore.metadataBytesPerSlot} bytes)`, o.budgetBytes);
+    if (cap > 0x7fffffff) fail('E_BUDGET', 'DramStore options.budgetBytes', 'fewer than 2^31 chunks', o.budgetBytes);
+    this.capacityChunks = cap;
+    const bytes = cap * this.chunkBytes;
+    this.arena = new Uint8Array(o.shared === false ? new ArrayBuffer(bytes) : new SharedArrayBuffer(bytes));
+    this.slotOwner = new Int32Array(cap).fill(-1);
+    this.slotKey = new Int32Array(cap);
+    this.heap = new SlotHeap(cap);
+    this.free = new Int32Array(cap);
+    for (let s = cap - 1; s >= 0; s--) this.free[this.freeTop++] = s;
+  }
+
+  /** Registers a sealed segment of `tokens` tokens so its chunks can become resident. */
+  addSegment(id: string, tokens: number): void {
+    if (this.segs.has(id)) fail('E_CONFIG', `DramStore segment '${id}'`, 'an id not registered yet', id);
+    if (!Number.isInteger(tokens) || tokens < this.shape.chunkSize || tokens % this.shape.chunkSize !== 0)
+      fail('E_SHAPE', `DramStore segment '${id}' tokens`, `a positive multiple of chunkSize ${this.shape.chunkSize}`, tokens);
+    const chunks = tokens / this.shape.chunkSize;
+    const e: SegmentEntry = { ordinal: this.nextOrdinal++, chunks, slots: new Int32Array(this.shape.layers * this.shape.kvHeads * chunks).fill(-1) };
+    this.segs.set(id, e);
+    this.byOrdinal.set(e.ordinal, e);
+  }
+
+  /** Drops a segment and frees its resident chunks. */
+  removeSegment(id: string): void {
+    const e = this.entry(id);
+    for (let k = 0; k < e.slots.length; k++) if (e.slots[k]! >= 0) this.release(e.slots[k]!);
+    this.segs.delete(id);
+    this.byOrdinal.delete(e.ordinal);
+  }
+
+  hasSegment(id: string): boolean {
+    return this.segs.has(id);
+  }
+
+  private entry(id: string): SegmentEntry {
+    const e = this.segs.get(id);
+    if (!e) throw new KvdriveError('E_NOT_FOUND', `DramStore segment ${JSON.stringify(id)}: expected a registered segment (addSegment), got an unknown id`);
+    return e;
+  }
+
+  private key(e: SegmentEntry, id: string, layer: number, head: number, chunk: number): number {
+    const s = this.shape;
+    if (!Number.isInteger(layer) || layer < 0 || layer >= s.layers || !Number.isInteger(head) || head < 0 || head >= s.kvHeads)
+      fail('E_RANGE', `DramStore segment '${id}'`, `layer in [0, ${s.layers}) and kv head in [0, ${s.kvHeads})`, `layer ${layer}, kv head ${head}`);
+    if (!Number.isInteger(chunk) || chunk < 0 || chunk >= e.chunks) fail('E_RANGE', `DramStore segment '${id}' chunk id`, `an integer in [0, ${e.chunks})`, chunk);
+    return (layer * s.kvHeads + head) * e.chunks + chunk;
+  }
+
+  /**
+   * The slot map of a segment for hot loops: index (layer * kvHeads + head) * chunks + chunk gives
+   * the slot (bytes at slot * chunkBytes in {@link arena}) or -1. Read-only for callers.
+   */
+  slotMap(id: string): { slots: Int32Array; chunks: number } {
+    const e = this.entry(id);
+    return { slots: e.slots, chunks: e.chunks };
+  }
+
+  /** Slot of a resident chunk, or -1. */
+  lookup(id: string, layer: number, head: number, chunk: number): number {
+    const e = this.entry(id);
+    return e.slots[this.key(e, id, layer, head, chunk)]!;
+  }
+
+  /** View of a resident chunk's page-first bytes (valid until it is evicted). */
+  chunk(slot: number): Uint8Array {
+    return this.arena.subarray(slot * this.chunkBytes, (slot + 1) * this.chunkBytes);
+  }
+
+  /**
+   * Makes chunks resident: chunk ids[i] of (layer, head) with importance scores[i], bytes at
+   * src[srcOffsets[i]]. A chunk already resident gets its score updated. When full, the least
+   * important resident chunk is evicted if it scores below the newcomer; otherwise the newcomer is
+   * rejected. Returns how many were admitted.
+   */
+  put(id: string, layer: number, head: number, ids: ArrayLike<number>, scores: ArrayLike<number>, src: Uint8Array, srcOffsets: ArrayLike<number>): number {
+    const e = this.entry(id);
+    if (scores.length !== ids.length || srcOffsets.length !== ids.length)
+      fail('E_SHAPE', 'DramStore.put scores/srcOffsets', `${ids.length} entries (one per chunk id)`, `${scores.length}/${srcOffsets.length}`);
+    // Validate everything before changing any state.
+    for (let i = 0; i < ids.length; i++) {
+      this.key(e, id, layer, head, ids[i]!);
+      if (!Number.isFinite(scores[i]!)) fail('E_NONFINITE', `DramStore.put score of chunk ${ids[i]}`, 'a finite number', scores[i]);
+      const o = srcOffsets[i]!;
+      if (!Number.isInteger(o) || o < 0 || o + this.chunkBytes > src.length)
+        fail('E_RANGE', `DramStore.put srcOffsets[${i}]`, `an offset with offset + ${this.chunkBytes} <= src.length ${src.length}`, o);
+    }
+    const from: number[] = [];
+    const to: number[] = [];
+    for (let i = 0; i < ids.length; i++) {
+      const k = this.key(e, id, layer, head, ids[i]!);
+      const score = scores[i]!;
+      const existing = e.slots[k]!;
+      if (existing >= 0) {
+        this.heap.update(existing, score);
+        continue;
+      }
+      const slot = this.allocate(score);
+      if (slot < 0) {
+        this.counters.rejected++;
+        continue;
+      }
+      this.slotOwner[slot] = e.ordinal;
+      this.slotKey[slot] = k;
+      e.slots[k] = slot;
+      this.heap.insert(slot, score);
+      from.push(srcOffsets[i]!);
+      to.push(slot * this.chunkBytes);
+      this.counters.admitted++;
+    }
+    if (from.length) native.copyChunks(src, Float64Array.from(from), this.arena, Float64Array.from(to), this.chunkBytes);
+    return from.length;
+  }
+
+  /** A free slot, evicting the least important chunk when that scores below `score`; -1 if none. */
+  private allocate(score: number): number {
+    if (this.freeTop > 0) return this.free[--this.freeTop]!;
+    const victim = this.heap.peek();
+    if (victim < 0 || this.heap.score[victim]! >= score) return -1;
+    this.release(victim);
+    this.counters.evicted++;
+    return this.free[--this.freeTop]!;
+  }
+
+  private release(slot: number): void {
+    const owner = this.byOrdinal.get(this.slotOwner[slot]!);
+    if (owner) owner.slots[this.slotKey[slot]!] = -1;
+    this.slotOwner[slot] = -1;
+    this.heap.remove(slot);
+    this.free[this.freeTop++] = slot;
+  }
+
+  /** Sets importance scores of resident chunks (non-resident ids are ignored). */
+  setScores(id: string, layer: number, head: number, ids: ArrayLike<number>, scores: ArrayLike<number>): void {
+    const e = this.entry(id);
+    if (scores.length !== ids.length) fail('E_SHAPE', 'DramStore.setScores scores', `${ids.length} entries`, scores.length);
+    for (let i = 0; i < ids.length; i++) {
+      const slot = e.slots[this.key(e, id, layer, head, ids[i]!)]!;
+      if (!Number.isFinite(scores[i]!)) fail('E_NONFINITE', `DramStore.setScores score of chunk ${ids[i]}`, 'a finite number', scores[i]);
+      if (slot >= 0) this.heap.update(slot, scores[i]!);
+    }
+  }
+
+  /** Sets the importance of a resident slot (hot path of the tiered fetch). */
+  setSlotScore(slot: number, score: number): void {
+    if (!(slot >= 0 && slot < this.capacityChunks) || this.slotOwner[slot] === -1) fail('E_RANGE', 'DramStore.setSlotScore slot', 'a resident slot', slot);
+    if (!Number.isFinite(score)) fail('E_NONFINITE', 'DramStore.setSlotScore score', 'a finite number', score);
+    this.heap.update(slot, score);
+  }
+
+  /** Score of a resident chunk's slot. */
+  scoreOf(slot: number): number {
+    return this.heap.score[slot]!;
+  }
+
+  /** Evicts one chunk if resident; returns whether it was. */
+  evict(id: string, layer: number, head: number, chunk: number): boolean {
+    const e = this.entry(id);
+    const slot = e.slots[this.key(e, id, layer, head, chunk)]!;
+    if (slot < 0) return false;
+    this.release(slot);
+    this.counters.evicted++;
+    return true;
+  }
+
+  /**
+   * Importance-guided warm-up from a segment's KV in memory (end of prefill): admits chunks of
+   * every (layer, head) in descending score order until the budget is full. `scores[(layer *
+   * kvHeads + head) * chunks + chunk]` is the chunk's importance. Returns how many were admitted.
+   */
+  warm(id: string, data: SegmentData, scores: Float32Array): number {
+    const e = this.entry(id);
+    const s = this.shape;
+    if (scores.length !== e.slots.length) fail('E_SHAPE', 'DramStore.warm scores', `${e.slots.length} entries (layers*kvHeads*chunks)`, scores.length);
+    const order = Array.from({ length: scores.length }, (_, i) => i).sort((a, b) => scores[b]! - scores[a]!);
+    const take = order.slice(0, Math.min(order.length, this.capacityChunks));
+    const es = s.dtype === 'f32' ? 4 : 2;
+    const rowBytes = s.headDim * es;
+    const page = new Uint8Array(this.chunkBytes);
+    let admitted = 0;
+    for (const k of take) {
+      const chunk = k % e.chunks;
+      const region = (k - chunk) / e.chunks;
+      const layer = Math.floor(region / s.kvHeads);
+      const head = region % s.kvHeads;
+      const lay = data.layers[layer];
+      if (!lay) fail('E_SHAPE', 'DramStore.warm data.layers', `${s.layers} layers`, data.layers.length);
+      let at = 0;
+      for (const t of [lay.k, lay.v]) {
+        if (t.dtype !== s.dtype || t.heads !== s.kvHeads || t.dim !== s.headDim || t.tokens !== e.chunks * s.chunkSize)
+          fail('E_SHAPE', `DramStore.warm data.layers[${layer}]`, `${e.chunks * s.chunkSize} x ${s.kvHeads} x ${s.headDim} ${s.dtype}`, `${t.tokens} x ${t.heads} x ${t.dim} ${t.dtype}`);
+        const bytes = new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+        for (let r = 0; r < s.chunkSize; r++) {
+          const off = ((chunk * s.chunkSize + r) * s.kvHeads + head) * rowBytes;
+          page.set(bytes.subarray(off, off + rowBytes), at);
+          at += rowBytes;
+        }
+      }
+      admitted += this.put(id, layer, head, [chunk], [scores[k]!], page, [0]);
+    }
+    return admitted;
+  }
+
+  /** Gathers resident chunks by slot into `dest` at byte offsets (one native memcpy loop). */
+  copyOut(slots: Int32Array, dest: Uint8Array, destOffsets: Float64Array): void {
+    if (destOffsets.length !== slots.length) fail('E_SHAPE', 'DramStore.copyOut destOffsets', `${slots.length} entries`, destOffsets.length);
+    const src = new Float64Array(slots.length);
+    for (let i = 0; i < slots.length; i++) {
+      const s = slots[i]!;
+      if (s < 0 || s >= this.capacityChunks || this.slotOwner[s] === -1) fail('E_RANGE', `DramStore.copyOut slot`, 'a resident slot', s);
+      src[i] = s * this.chunkBytes;
+    }
+    native.copyChunks(this.arena, src, dest, destOffsets, this.chunkBytes);
+  }
+
+  stats(): DramStats {
+    let indexBytes = 0;
+    for (const e of this.segs.values()) indexBytes += e.slots.byteLength;
+    const resident = this.capacityChunks - this.freeTop;
+    return {
+      budgetBytes: this.budgetBytes,
+      capacityChunks: this.capacityChunks,
+      residentChunks: resident,
+      usedBytes: resident * this.chunkBytes,
+      reservedBytes: this.capacityChunks * (this.chunkBytes + DramStore.metadataBytesPerSlot),
+      indexBytes,
+      ...this.counters,
+    };
+  }
+}

@@ -1,0 +1,163 @@
+/**
+ * The batched read engine behind the SSD tier (native/io_engine.cc): io_uring (when the addon was
+ * built with liburing and the kernel accepts a ring) or a pread thread pool, chosen at run time.
+ * Used directly by benchmarks and tests; {@link SsdStore} owns one per store.
+ */
+import { z } from 'zod';
+import { fail, KvdriveError } from '../errors.js';
+import { native } from '../native.js';
+
+/** Which engine to run. 'auto' picks io_uring and falls back to pread when missing or refused. */
+export type IoEngineKind = 'auto' | 'uring' | 'pread';
+
+/** Options of an I/O engine; every field is optional. */
+export interface IoEngineOptions {
+  /** Engine choice (default 'auto'); 'uring' fails with E_CONFIG/E_IO when io_uring is unavailable. */
+  kind?: IoEngineKind;
+  /** Physical reads in flight (io_uring queue depth), 1..4096 (default 32). */
+  queueDepth?: number;
+  /** pread pool threads, 1..256 (default min(queueDepth, 64)): the pread engine's queue depth. */
+  threads?: number;
+  /** Largest physical read after coalescing, bytes, multiple of 4096 (default 256 KiB). */
+  maxIoBytes?: number;
+  /** Merge neighbouring requests separated by at most this many bytes (default 0: touching only). */
+  coalesceGapBytes?: number;
+  /** Merge neighbouring requests into larger reads (default true). */
+  coalesce?: boolean;
+  /** Register bounce buffers with the ring as fixed buffers (default true; io_uring only). */
+  fixedBuffers?: boolean;
+}
+
+export const ioEngineOptionsSchema = z
+  .object({
+    kind: z.enum(['auto', 'uring', 'pread']).optional(),
+    queueDepth: z.number().int().min(1).max(4096).optional(),
+    threads: z.number().int().min(1).max(256).optional(),
+    maxIoBytes: z
+      .number()
+      .int()
+      .min(4096)
+      .max(64 << 20)
+      .refine((v) => v % 4096 === 0, 'a multiple of 4096')
+      .optional(),
+    coalesceGapBytes: z.number().int().min(0).optional(),
+    coalesce: z.boolean().optional(),
+    fixedBuffers: z.boolean().optional(),
+  })
+  .strict();
+
+/** What the engine actually runs with. */
+export interface IoEngineInfo {
+  kind: 'io_uring' | 'pread';
+  /** Why 'auto' did not get io_uring ('' when it did). */
+  fallbackReason: string;
+  fixedBuffers: boolean;
+  queueDepth: number;
+  threads: number;
+  maxIoBytes: number;
+  coalesce: boolean;
+  coalesceGapBytes: number;
+}
+
+/** Counters of one batch. */
+export interface IoBatchStats {
+  /** Logical requests after splitting at maxIoBytes. */
+  requests: number;
+  /** Physical reads submitted (coalescing makes this smaller than requests). */
+  ios: number;
+  bytesRequested: number;
+  /** Bytes transferred from the device (alignment and gaps included). */
+  bytesRead: number;
+  /** Physical reads that went through a bounce buffer. */
+  bounced: number;
+  cancelled: boolean;
+}
+
+/** One read: `length` bytes at `offset` of `file` into `dest` at `destOffset`. */
+export interface IoRead {
+  file: number;
+  offset: number;
+  length: number;
+  destOffset: number;
+}
+
+/** Validates options with zod and rethrows failures as E_CONFIG naming the field. */
+export function parseOptions<T>(schema: z.ZodType<T>, value: unknown, what: string): T {
+  const r = schema.safeParse(value ?? {});
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  const path = issue.path.length ? `${what}.${issue.path.join('.')}` : what;
+  const given = issue.path.reduce<unknown>((o, k) => (o && typeof o === 'object' ? (o as Record<PropertyKey, unknown>)[k as PropertyKey] : undefined), value);
+  fail('E_CONFIG', path, issue.message.replace(/^Invalid input: /, ''), given);
+}
+
+/** Whether this build has io_uring and whether the kernel accepts a ring right now. */
+export function ioUringAvailable(): { built: boolean; usable: boolean; reason: string } {
+  return native.ioUringAvailable();
+}
+
+/**
+ * A native I/O engine reached by an integer handle (process-global, usable from worker threads
+ * through `handle`). Close it when done: it owns threads, a ring and bounce buffers.
+ */
+export class IoEngine {
+  readonly handle: number;
+  readonly info: IoEngineInfo;
+  private closed = false;
+
+  constructor(options: IoEngineOptions = {}) {
+    const o = parseOptions(ioEngineOptionsSchema, options, 'ioEngine options');
+    const r = native.ioEngineCreate(o) as IoEngineInfo & { handle: number };
+    this.handle = r.handle;
+    const { handle: _h, ...info } = r;
+    this.info = info;
+  }
+
+  private check(): void {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'I/O engine: expected an open engine, got a closed one');
+  }
+
+  /** Opens a file for reading; `direct` asks for O_DIRECT (ignored where the file system lacks it). */
+  open(path: string, direct = false): { file: number; direct: boolean } {
+    this.check();
+    return native.ioEngineOpen(this.handle, path, direct);
+  }
+
+  closeFile(file: number): void {
+    this.check();
+    native.ioEngineCloseFile(this.handle, file);
+  }
+
+  /** Reads every request into `dest`; resolves when all arrived. */
+  async read(reads: readonly IoRead[], dest: Uint8Array, cancelFlag?: number): Promise<IoBatchStats> {
+    this.check();
+    const n = reads.length;
+    const files = new Int32Array(n);
+    const offsets = new Float64Array(n);
+    const lengths = new Float64Array(n);
+    const destOffsets = new Float64Array(n);
+    for (let i = 0; i < n; i++) {
+      const r = reads[i]!;
+      files[i] = r.file;
+      offsets[i] = r.offset;
+      lengths[i] = r.length;
+      destOffsets[i] = r.destOffset;
+    }
+    return this.readArrays({ files, offsets, lengths, destOffsets, dest }, cancelFlag);
+  }
+
+  /** Like {@link read} with the request already in typed arrays (no per-read objects). */
+  async readArrays(
+    req: { files: Int32Array; offsets: Float64Array; lengths: Float64Array; destOffsets: Float64Array; dest: Uint8Array },
+    cancelFlag?: number,
+  ): Promise<IoBatchStats> {
+    this.check();
+    return native.ioEngineRead(this.handle, req, cancelFlag);
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    native.ioEngineRelease(this.handle);
+  }
+}

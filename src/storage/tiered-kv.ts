@@ -1,0 +1,442 @@
+/**
+ * Sparse synchronization (kvdrive §7.3): per decode step and layer, fetch only the selected chunks
+ * of a sequence's segment chain — from the DRAM tier when resident, else from SSD extents (whole
+ * clusters, neighbours coalesced, checksums verified) — into a caller-provided contiguous buffer.
+ * Chunks fetched from SSD are promoted into DRAM by importance. A prefetch API issues the SSD reads
+ * for the next step's likely chunks early into a preallocated staging pool and can cancel them.
+ *
+ * Output layout (first version; the integrator points native attention spans at it): entry i of the
+ * request (kv head h's chunk ids in request order, heads in order) occupies bytes
+ * [i * chunkBytes, (i + 1) * chunkBytes) of `dest`, page-first: chunkSize K rows then chunkSize V
+ * rows of headDim elements in the store dtype (see {@link chunkRows}). Native attention gets one
+ * `Span` per entry from native/page_spans.h (`FetchBufferSpans`), without another copy.
+ */
+import { z } from 'zod';
+import { fail, KvdriveError } from '../errors.js';
+import type { Selection } from '../index/selection.js';
+import { native } from '../native.js';
+import type { DramStore } from './dram-store.js';
+import { parseOptions } from './io-engine.js';
+import type { SsdStore, StoreShape } from './ssd-store.js';
+
+/** Options of a {@link TieredKv}. */
+export interface TieredKvOptions {
+  /** The SSD tier holding every segment (the full backing store). */
+  ssd: SsdStore;
+  /** The DRAM tier (optional: SSD-only when omitted). Segments are registered in it if missing. */
+  dram?: DramStore;
+  /** The sequence's sealed segment ids in token order; global chunk ids run across them. */
+  segments: string[];
+  /** Prefetch staging pool: number of buffers (default 2; 0 disables prefetch). */
+  stagingBuffers?: number;
+  /** Bytes per staging buffer (default 8 MiB); a prefetch stages at most this much. */
+  stagingBytes?: number;
+  /** Promote chunks fetched from SSD into DRAM by their request score (default true). */
+  promote?: boolean;
+}
+
+const optionsSchema = z
+  .object({
+    ssd: z.custom<SsdStore>((v) => typeof v === 'object' && v !== null, 'an SsdStore'),
+    dram: z.custom<DramStore>((v) => typeof v === 'object' && v !== null, 'a DramStore').optional(),
+    segments: z.array(z.string()).min(1),
+    stagingBuffers: z.number().int().min(0).max(64).optional(),
+    stagingBytes: z.number().int().min(1).max(2 ** 31).optional(),
+    promote: z.boolean().optional(),
+  })
+  .strict();
+
+/** Chunks of one layer to fetch, per kv head (the shape of a {@link Selection}). */
+export interface FetchRequest {
+  layer: number;
+  /** kvHeads + 1 offsets into chunkIds: head h owns chunkIds[offsets[h] .. offsets[h+1]). */
+  offsets: Int32Array;
+  /** Global chunk ids (across the segment chain). */
+  chunkIds: Int32Array;
+  /** Optional importance per entry (attention mass); ranks DRAM residency. Default 0. */
+  scores?: Float32Array;
+  /** Tokens per chunk the ids refer to; when given it must equal the store's (E_CONFIG). */
+  chunkSize?: number;
+}
+
+/** Bytes and chunks moved per tier in one fetch. */
+export interface FetchStats {
+  chunks: number;
+  dramChunks: number;
+  dramBytes: number;
+  /** Chunks served from completed prefetches (their SSD bytes were counted by the prefetch). */
+  prefetchedChunks: number;
+  prefetchedBytes: number;
+  ssdChunks: number;
+  /** Requested chunk bytes read from SSD in this call. */
+  ssdBytes: number;
+  /** Bytes the device transferred in this call (whole extents, alignment). */
+  ssdReadBytes: number;
+  ssdExtents: number;
+  ssdRuns: number;
+  /** Chunks newly admitted into DRAM. */
+  promoted: number;
+  /** Wall time of the call, milliseconds. */
+  ms: number;
+}
+
+/** A prefetch in flight or staged. */
+export interface PrefetchHandle {
+  readonly id: number;
+  readonly layer: number;
+  /** Chunks this prefetch reads (misses of DRAM that fit one staging buffer). */
+  readonly chunks: number;
+  /** Settles when the reads finished (or were cancelled); never rejects: after a failed prefetch the
+   * fetch reads those chunks itself, so a read error surfaces there. */
+  readonly done: Promise<void>;
+}
+
+interface Prefetch {
+  handle: PrefetchHandle;
+  layer: number;
+  buffer: Uint8Array;
+  staged: Map<number, number>; // key (head * totalChunks + global chunk) -> byte offset in buffer
+  flag: number;
+  state: 'reading' | 'ready' | 'failed' | 'cancelled';
+  error?: unknown;
+  ssdReadBytes: number;
+}
+
+/** K and V rows of entry `i` of a fetch buffer, as typed views (f32: Float32Array, else Uint16Array). */
+export function chunkRows(buf: Uint8Array, i: number, shape: StoreShape): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array } {
+  const n = shape.chunkSize * shape.headDim;
+  const es = shape.dtype === 'f32' ? 4 : 2;
+  const base = buf.byteOffset + i * 2 * n * es;
+  const b = buf.buffer as ArrayBuffer;
+  if (shape.dtype === 'f32') return { k: new Float32Array(b, base, n), v: new Float32Array(b, base + n * es, n) };
+  return { k: new Uint16Array(b, base, n), v: new Uint16Array(b, base + n * es, n) };
+}
+
+export class TieredKv {
+  readonly shape: StoreShape;
+  readonly chunkBytes: number;
+  /** Chunks per (layer, kv head) over the whole segment chain. */
+  readonly totalChunks: number;
+  private readonly ssd: SsdStore;
+  private readonly dram?: DramStore;
+  private readonly segments: string[];
+  private readonly segHandles: Int32Array;
+  private readonly segStart: Int32Array; // first global chunk of each segment (+ total at the end)
+  private readonly chunkSeg: Int32Array; // global chunk -> segment index
+  private readonly dramMaps: Array<{ slots: Int32Array; chunks: number }> = [];
+  private readonly promote: boolean;
+  private readonly pool: Uint8Array[] = [];
+  private readonly stagingBytes: number;
+  private readonly prefetches = new Map<number, Prefetch>();
+  private nextPrefetch = 1;
+  private closed = false;
+  private readonly totalsAcc: FetchStats = TieredKv.zeroStats();
+
+  constructor(options: TieredKvOptions) {
+    const o = parseOptions(optionsSchema, options, 'TieredKv options');
+    this.ssd = o.ssd;
+    this.dram = o.dram;
+    this.shape = o.ssd.shape;
+    this.chunkBytes = o.ssd.chunkBytes;
+    this.promote = o.promote ?? true;
+    if (o.dram && o.dram.chunkBytes !== this.chunkBytes)
+      fail('E_CONFIG', 'TieredKv options.dram', `a DRAM store of the SSD store's shape (chunk ${this.chunkBytes} bytes)`, `chunk ${o.dram.chunkBytes} bytes`);
+    this.segments = [...o.segments];
+    const info = new Map(o.ssd.segments().map((s) => [s.id, s]));
+    this.segHandles = new Int32Array(this.segments.length);
+    this.segStart = new Int32Array(this.segments.length + 1);
+    for (let s = 0; s < this.segments.length; s++) {
+      const id = this.segments[s]!;
+      this.segHandles[s] = o.ssd.segmentHandle(id); // E_NOT_FOUND / E_CORRUPT for unusable ids
+      const chunks = info.get(id)!.chunks;
+      this.segStart[s + 1] = this.segStart[s]! + chunks;
+      if (o.dram) {
+        if (!o.dram.hasSegment(id)) o.dram.addSegment(id, chunks * this.shape.chunkSize);
+        this.dramMaps.push(o.dram.slotMap(id));
+      }
+    }
+    this.totalChunks = this.segStart[this.segments.length]!;
+    this.chunkSeg = new Int32Array(this.totalChunks);
+    for (let s = 0; s < this.segments.length; s++) this.chunkSeg.fill(s, this.segStart[s]!, this.segStart[s + 1]!);
+    this.stagingBytes = o.stagingBytes ?? 8 << 20;
+    if (this.stagingBytes < this.chunkBytes) fail('E_CONFIG', 'TieredKv options.stagingBytes', `at least one chunk (${this.chunkBytes} bytes)`, this.stagingBytes);
+    for (let i = 0; i < (o.stagingBuffers ?? 2); i++) this.pool.push(new Uint8Array(this.stagingBytes));
+  }
+
+  private static zeroStats(): FetchStats {
+    return { chunks: 0, dramChunks: 0, dramBytes: 0, prefetchedChunks: 0, prefetchedBytes: 0, ssdChunks: 0, ssdBytes: 0, ssdReadBytes: 0, ssdExtents: 0, ssdRuns: 0, promoted: 0, ms: 0 };
+  }
+
+  /** Builds a fetch request from a Selection of one layer (chunk sizes must match the store). */
+  static requestFromSelection(sel: Selection, layer: number, scores?: Float32Array): FetchRequest {
+    return { layer, offsets: sel.offsets, chunkIds: sel.chunkIds, scores, chunkSize: sel.chunkSize };
+  }
+
+  private check(): void {
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'TieredKv: expected an open instance, got a closed one');
+  }
+
+  private validate(req: FetchRequest): void {
+    const s = this.shape;
+    const cs = req.chunkSize;
+    if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'fetch request chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
+    if (!Number.isInteger(req.layer) || req.layer < 0 || req.layer >= s.layers) fail('E_RANGE', 'fetch request layer', `an integer in [0, ${s.layers})`, req.layer);
+    if (!(req.offsets instanceof Int32Array) || req.offsets.length !== s.kvHeads + 1)
+      fail('E_SHAPE', 'fetch request offsets', `an Int32Array of kvHeads + 1 = ${s.kvHeads + 1} entries`, req.offsets);
+    if (!(req.chunkIds instanceof Int32Array)) fail('E_TYPE', 'fetch request chunkIds', 'an Int32Array', req.chunkIds);
+    const off = req.offsets;
+    if (off[0] !== 0 || off[s.kvHeads] !== req.chunkIds.length) fail('E_SHAPE', 'fetch request offsets', `0 .. chunkIds.length ${req.chunkIds.length}`, `${off[0]} .. ${off[s.kvHeads]}`);
+    for (let h = 0; h < s.kvHeads; h++) if (off[h + 1]! < off[h]!) fail('E_SHAPE', 'fetch request offsets', 'non-decreasing offsets', Array.from(off).join(','));
+    const ids = req.chunkIds;
+    for (let i = 0; i < ids.length; i++) {
+      const g = ids[i]!;
+      if (!(g >= 0 && g < this.totalChunks)) fail('E_RANGE', `fetch request chunkIds[${i}]`, `a chunk id in [0, ${this.totalChunks}) (sealed chunks of the segment chain)`, g);
+    }
+    if (req.scores !== undefined) {
+      if (!(req.scores instanceof Float32Array) || req.scores.length !== ids.length)
+        fail('E_SHAPE', 'fetch request scores', `a Float32Array of ${ids.length} entries`, req.scores);
+      for (let i = 0; i < ids.length; i++) if (!Number.isFinite(req.scores[i]!)) fail('E_NONFINITE', `fetch request scores[${i}]`, 'a finite number', req.scores[i]);
+    }
+  }
+
+  /** DRAM slot of (layer, head, global chunk), or -1. */
+  private dramSlot(layer: number, head: number, g: number): number {
+    if (!this.dram) return -1;
+    const s = this.chunkSeg[g]!;
+    const m = this.dramMaps[s]!;
+    return m.slots[(layer * this.shape.kvHeads + head) * m.chunks + (g - this.segStart[s]!)]!;
+  }
+
+  /**
+   * Fetches the request's chunks into `dest` (entry i at i * chunkBytes). Waits for prefetches of
+   * this layer still reading, uses their staged chunks, then releases them.
+   */
+  async fetch(req: FetchRequest, dest: Uint8Array): Promise<FetchStats> {
+    this.check();
+    const t0 = performance.now();
+    this.validate(req);
+    const n = req.chunkIds.length;
+    if (!(dest instanceof Uint8Array) || dest.length < n * this.chunkBytes)
+      fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${n} chunks x ${this.chunkBytes} bytes`, dest);
+    const layer = req.layer;
+    const H = this.shape.kvHeads;
+    const cb = this.chunkBytes;
+    const mine = [...this.prefetches.values()].filter((p) => p.layer === layer);
+    await Promise.all(mine.map((p) => p.handle.done));
+    const ready = mine.filter((p) => p.state === 'ready');
+    const stagedSrc = ready.map(() => [] as number[]);
+    const stagedDst = ready.map(() => [] as number[]);
+    const st = TieredKv.zeroStats();
+    const dramSlots: number[] = [];
+    const dramDest: number[] = [];
+    const missIdx: number[] = [];
+    // Misses grouped by (segment, head) so each group is one item of the SSD read.
+    const groups = new Map<number, number[]>();
+    try {
+      for (let h = 0; h < H; h++) {
+        for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
+          const g = req.chunkIds[i]!;
+          const key = h * this.totalChunks + g;
+          let staged = false;
+          for (let q = 0; q < ready.length; q++) {
+            const at = ready[q]!.staged.get(key);
+            if (at !== undefined) {
+              stagedSrc[q]!.push(at);
+              stagedDst[q]!.push(i * cb);
+              st.prefetchedChunks++;
+              staged = true;
+              missIdx.push(i); // promoted like an SSD fetch
+              break;
+            }
+          }
+          if (staged) continue;
+          const slot = this.dramSlot(layer, h, g);
+          if (slot >= 0) {
+            dramSlots.push(slot);
+            dramDest.push(i * cb);
+            continue;
+          }
+          const gk = this.chunkSeg[g]! * H + h;
+          let list = groups.get(gk);
+          if (!list) groups.set(gk, (list = []));
+          list.push(i);
+          missIdx.push(i);
+        }
+      }
+      for (let q = 0; q < ready.length; q++)
+        if (stagedSrc[q]!.length) native.copyChunks(ready[q]!.buffer, Float64Array.from(stagedSrc[q]!), dest, Float64Array.from(stagedDst[q]!), cb);
+      if (dramSlots.length) {
+        this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
+        st.dramChunks = dramSlots.length;
+        if (req.scores) {
+          // Decode attention mass refreshes the importance of resident chunks.
+          for (let q = 0; q < dramSlots.length; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[dramDest[q]! / cb]!);
+        }
+      }
+      if (groups.size) {
+        const r = await this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb);
+        st.ssdChunks = r.chunks;
+        st.ssdReadBytes = r.bytesRead;
+        st.ssdExtents = r.extents;
+        st.ssdRuns = r.runs;
+      }
+      if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest);
+    } finally {
+      for (const p of mine) this.releasePrefetch(p);
+    }
+    st.chunks = n;
+    st.dramBytes = st.dramChunks * cb;
+    st.ssdBytes = st.ssdChunks * cb;
+    st.prefetchedBytes = st.prefetchedChunks * cb;
+    st.ms = performance.now() - t0;
+    for (const k of Object.keys(st) as Array<keyof FetchStats>) this.totalsAcc[k] += st[k];
+    return st;
+  }
+
+  /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
+  private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number) {
+    const H = this.shape.kvHeads;
+    const nItems = groups.size;
+    const segments = new Int32Array(nItems);
+    const layers = new Int32Array(nItems).fill(layer);
+    const heads = new Int32Array(nItems);
+    const itemOffsets = new Int32Array(nItems + 1);
+    let total = 0;
+    for (const list of groups.values()) total += list.length;
+    const chunkIds = new Int32Array(total);
+    const destOffsets = new Float64Array(total);
+    let it = 0;
+    let k = 0;
+    for (const [gk, list] of groups) {
+      const s = Math.floor(gk / H);
+      segments[it] = this.segHandles[s]!;
+      heads[it] = gk % H;
+      for (const i of list) {
+        chunkIds[k] = ids[i]! - this.segStart[s]!;
+        destOffsets[k] = destOf(i);
+        k++;
+      }
+      itemOffsets[++it] = k;
+    }
+    return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets }, flag);
+  }
+
+  private promoteFrom(layer: number, req: FetchRequest, idx: number[], dest: Uint8Array): number {
+    const H = this.shape.kvHeads;
+    let admitted = 0;
+    // Group by (segment, head) for DramStore.put.
+    const byKey = new Map<number, number[]>();
+    let h = 0;
+    for (const i of idx.sort((a, b) => a - b)) {
+      while (i >= req.offsets[h + 1]!) h++;
+      const gk = this.chunkSeg[req.chunkIds[i]!]! * H + h;
+      let l = byKey.get(gk);
+      if (!l) byKey.set(gk, (l = []));
+      l.push(i);
+    }
+    for (const [gk, list] of byKey) {
+      const s = Math.floor(gk / H);
+      const ids = list.map((i) => req.chunkIds[i]! - this.segStart[s]!);
+      const scores = list.map((i) => (req.scores ? req.scores[i]! : 0));
+      admitted += this.dram!.put(this.segments[s]!, layer, gk % H, ids, scores, dest, list.map((i) => i * this.chunkBytes));
+    }
+    return admitted;
+  }
+
+  /**
+   * Starts reading, into a staging buffer, the chunks of `req` that are not DRAM-resident (up to
+   * one staging buffer). The next {@link fetch} of the same layer uses them. Returns undefined when
+   * no staging buffer is free or nothing needs reading.
+   */
+  prefetch(req: FetchRequest): PrefetchHandle | undefined {
+    this.check();
+    this.validate(req);
+    if (!this.pool.length) return undefined;
+    const H = this.shape.kvHeads;
+    const cap = Math.floor(this.stagingBytes / this.chunkBytes);
+    const groups = new Map<number, number[]>();
+    const staged = new Map<number, number>();
+    const stagedElsewhere = new Set<number>();
+    for (const p of this.prefetches.values()) if (p.layer === req.layer) for (const k of p.staged.keys()) stagedElsewhere.add(k);
+    let count = 0;
+    for (let h = 0; h < H && count < cap; h++)
+      for (let i = req.offsets[h]!; i < req.offsets[h + 1]! && count < cap; i++) {
+        const g = req.chunkIds[i]!;
+        const key = h * this.totalChunks + g;
+        if (staged.has(key) || stagedElsewhere.has(key) || this.dramSlot(req.layer, h, g) >= 0) continue;
+        staged.set(key, count * this.chunkBytes);
+        const gk = this.chunkSeg[g]! * H + h;
+        let list = groups.get(gk);
+        if (!list) groups.set(gk, (list = []));
+        list.push(i);
+        count++;
+      }
+    if (count === 0) return undefined;
+    const buffer = this.pool.pop()!;
+    const flag = native.cancelFlagCreate() as number;
+    const id = this.nextPrefetch++;
+    const p = { layer: req.layer, buffer, staged, flag, state: 'reading', ssdReadBytes: 0 } as Prefetch;
+    const done = this.readGroups(req.layer, groups, req.chunkIds, buffer, (i) => staged.get(this.keyOfEntry(req, i))!, flag).then(
+      (r) => {
+        p.ssdReadBytes = r.bytesRead;
+        if (p.state === 'reading') p.state = r.cancelled ? 'cancelled' : 'ready';
+      },
+      (e: unknown) => {
+        if (p.state === 'reading') {
+          p.state = 'failed';
+          p.error = e;
+        }
+      },
+    );
+    p.handle = { id, layer: req.layer, chunks: count, done };
+    this.prefetches.set(id, p);
+    return p.handle;
+  }
+
+  private keyOfEntry(req: FetchRequest, i: number): number {
+    let h = 0;
+    while (i >= req.offsets[h + 1]!) h++;
+    return h * this.totalChunks + req.chunkIds[i]!;
+  }
+
+  /** Cancels a prefetch: stops submitting its reads, drops what it staged, frees its buffer. */
+  async cancel(handle: PrefetchHandle): Promise<void> {
+    const p = this.prefetches.get(handle.id);
+    if (!p) return;
+    p.state = 'cancelled';
+    native.cancelFlagRaise(p.flag);
+    await p.handle.done;
+    this.releasePrefetch(p);
+  }
+
+  private releasePrefetch(p: Prefetch): void {
+    if (!this.prefetches.delete(p.handle.id)) return;
+    native.cancelFlagRelease(p.flag);
+    p.staged.clear();
+    this.pool.push(p.buffer);
+  }
+
+  /** Prefetches not yet consumed by a fetch or cancelled. */
+  get pendingPrefetches(): number {
+    return this.prefetches.size;
+  }
+
+  /** Cumulative per-tier counters since construction. */
+  totals(): FetchStats {
+    return { ...this.totalsAcc };
+  }
+
+  /** Cancels outstanding prefetches; the stores stay open (they belong to the caller). */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    for (const p of [...this.prefetches.values()]) {
+      p.state = 'cancelled';
+      native.cancelFlagRaise(p.flag);
+      await p.handle.done;
+      this.prefetches.delete(p.handle.id);
+      native.cancelFlagRelease(p.flag);
+      this.pool.push(p.buffer);
+    }
+  }
+}

@@ -1,0 +1,155 @@
+import { describe, expect, it } from 'vitest';
+import { DramStore } from '../src/storage/dram-store.js';
+import { SlotHeap } from '../src/storage/slot-heap.js';
+import { expectedChunk, segmentKv } from './storage-kv.js';
+import type { StoreShape } from '../src/storage/ssd-store.js';
+import { expectKvdError, rng } from './helpers.js';
+
+const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: 4 }; // 256-byte chunks
+
+function page(bytes: number, tag: number): Uint8Array {
+  const p = new Uint8Array(bytes);
+  for (let i = 0; i < bytes; i++) p[i] = (tag * 31 + i) & 0xff;
+  return p;
+}
+
+describe('slot heap (lazy increases)', () => {
+  it('always yields the exact minimum score under random inserts, updates and removals', () => {
+    const r = rng(8);
+    const n = 300;
+    const h = new SlotHeap(n);
+    const live = new Map<number, number>();
+    for (let op = 0; op < 20000; op++) {
+      const slot = Math.floor(r() * n);
+      const x = r();
+      if (!live.has(slot)) {
+        h.insert(slot, x);
+        live.set(slot, x);
+      } else if (x < 0.15) {
+        h.remove(slot);
+        live.delete(slot);
+      } else {
+        const s = Math.floor(r() * 50) / 50; // ties included
+        h.update(slot, s);
+        live.set(slot, s);
+      }
+      if (op % 7 === 0 && live.size) {
+        const top = h.peek();
+        expect(live.get(top)).toBe(Math.min(...live.values()));
+      }
+    }
+    expect(h.size).toBe(live.size);
+  });
+});
+
+describe('DRAM store', () => {
+  it('never exceeds its budget and keeps the most important chunks', () => {
+    const budget = 40 * (256 + DramStore.metadataBytesPerSlot) + 100;
+    const d = new DramStore({ budgetBytes: budget, shape });
+    expect(d.capacityChunks).toBe(40);
+    d.addSegment('s', 4 * 64); // 64 chunks per (layer, head), 256 in all
+    const r = rng(5);
+    const scores = new Map<number, number>();
+    for (let round = 0; round < 3; round++) {
+      for (let k = 0; k < 256; k++) {
+        const score = r();
+        const layer = k >> 7;
+        const head = (k >> 6) & 1;
+        const chunk = k & 63;
+        d.put('s', layer, head, [chunk], [score], page(256, k), [0]);
+        if (d.lookup('s', layer, head, chunk) >= 0) scores.set(k, score);
+        const st = d.stats();
+        expect(st.residentChunks).toBeLessThanOrEqual(st.capacityChunks);
+        expect(st.reservedBytes).toBeLessThanOrEqual(budget);
+      }
+    }
+    // Resident: 40 chunks whose scores are >= every evicted-or-rejected chunk's last offered score.
+    const resident: number[] = [];
+    for (let k = 0; k < 256; k++) if (d.lookup('s', k >> 7, (k >> 6) & 1, k & 63) >= 0) resident.push(k);
+    expect(resident.length).toBe(40);
+    const minResident = Math.min(...resident.map((k) => d.scoreOf(d.lookup('s', k >> 7, (k >> 6) & 1, k & 63))));
+    const st = d.stats();
+    expect(st.evicted + st.rejected).toBeGreaterThan(0);
+    // The bytes of each resident chunk are the ones put.
+    for (const k of resident) expect(d.chunk(d.lookup('s', k >> 7, (k >> 6) & 1, k & 63))).toEqual(page(256, k));
+    // A newcomer scoring below the least important resident chunk is rejected, above it admitted.
+    const outside = [...Array(256).keys()].find((k) => !resident.includes(k))!;
+    expect(d.put('s', outside >> 7, (outside >> 6) & 1, [outside & 63], [minResident - 1], page(256, 0), [0])).toBe(0);
+    expect(d.put('s', outside >> 7, (outside >> 6) & 1, [outside & 63], [minResident + 1], page(256, 0), [0])).toBe(1);
+    expect(d.stats().residentChunks).toBe(40);
+  });
+
+  it('re-scoring changes which chunk is evicted', () => {
+    const d = new DramStore({ budgetBytes: 2 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
+    d.addSegment('s', 16);
+    d.put('s', 0, 0, [0, 1], [1, 2], page(512, 1), [0, 256]);
+    d.setScores('s', 0, 0, [0, 1], [5, 0.5]);
+    d.put('s', 0, 0, [2], [3], page(256, 2), [0]);
+    expect(d.lookup('s', 0, 0, 1)).toBe(-1);
+    expect(d.lookup('s', 0, 0, 0)).toBeGreaterThanOrEqual(0);
+    expect(d.lookup('s', 0, 0, 2)).toBeGreaterThanOrEqual(0);
+  });
+
+  it('warms from KV in memory by importance, page-first', () => {
+    const d = new DramStore({ budgetBytes: 10 * (256 + DramStore.metadataBytesPerSlot), shape });
+    const data = segmentKv(shape, 32, 3); // 8 chunks per (layer, head), 32 in all
+    d.addSegment('w', 32);
+    const scores = Float32Array.from({ length: 32 }, (_, i) => (i * 7) % 32);
+    expect(d.warm('w', data, scores)).toBe(10);
+    for (let k = 0; k < 32; k++) {
+      const slot = d.lookup('w', k >> 4, (k >> 3) & 1, k & 7);
+      expect(slot >= 0).toBe(scores[k]! >= 22);
+      if (slot >= 0) expect(d.chunk(slot)).toEqual(expectedChunk(shape, data, k >> 4, (k >> 3) & 1, k & 7));
+    }
+  });
+
+  it('RSS growth stays within the configured budget plus stated overhead', () => {
+    const big: StoreShape = { layers: 4, kvHeads: 8, headDim: 128, dtype: 'f16', chunkSize: 4 }; // 2 KiB chunks
+    const budget = 48 << 20;
+    (globalThis as { gc?: () => void }).gc?.();
+    const before = process.memoryUsage().rss;
+    const d = new DramStore({ budgetBytes: budget, shape: big });
+    // Offer 3x the budget: 3 segments of 8192 chunks per (layer, head)... in batches of 1024 chunks.
+    const src = page(1024 * 2048, 9);
+    const offs = Float64Array.from({ length: 1024 }, (_, i) => i * 2048);
+    const r = rng(1);
+    const perRegion = 2048;
+    for (let s = 0; s < 3; s++) {
+      d.addSegment(`seg${s}`, perRegion * 4);
+      for (let l = 0; l < 4; l++)
+        for (let h = 0; h < 8; h++)
+          for (let c = 0; c < perRegion; c += 1024) {
+            const ids = Int32Array.from({ length: 1024 }, (_, i) => c + i);
+            d.put(`seg${s}`, l, h, ids, Float32Array.from({ length: 1024 }, () => r()), src, offs);
+          }
+    }
+    const st = d.stats();
+    const growth = process.memoryUsage().rss - before;
+    const offered = 3 * 4 * 8 * perRegion * 2048;
+    expect(offered).toBeGreaterThan(2.9 * budget);
+    expect(st.residentChunks).toBe(st.capacityChunks);
+    // Stated overhead outside the budget: segment slot maps, the 2 MiB source page and the
+    // per-call typed arrays, plus 16 MiB for V8 heap / allocator slack.
+    const allowance = st.indexBytes + src.byteLength + (16 << 20);
+    console.log(`DRAM tier RSS: +${(growth / 2 ** 20).toFixed(1)} MiB for a ${(budget / 2 ** 20).toFixed(0)} MiB budget (offered ${(offered / 2 ** 20).toFixed(0)} MiB; index ${(st.indexBytes / 2 ** 20).toFixed(2)} MiB)`);
+    expect(growth).toBeLessThanOrEqual(budget + allowance);
+    // The measurement is real: the arena pages were touched.
+    expect(growth).toBeGreaterThan(0.8 * st.usedBytes);
+  });
+
+  it('rejects bad input with typed errors', async () => {
+    const d = new DramStore({ budgetBytes: 1 << 16, shape });
+    d.addSegment('s', 16);
+    await expectKvdError(() => new DramStore({ budgetBytes: 100, shape }), 'E_BUDGET', /at least one chunk/);
+    await expectKvdError(() => new DramStore({ budgetBytes: -1, shape }), 'E_CONFIG', /budgetBytes/);
+    await expectKvdError(() => new DramStore({ budgetBytes: 1 << 20, shape: { ...shape, dtype: 'f8' as never } }), 'E_CONFIG', /shape\.dtype/);
+    await expectKvdError(() => d.lookup('nope', 0, 0, 0), 'E_NOT_FOUND', /unknown id/);
+    await expectKvdError(() => d.lookup('s', 0, 0, 4), 'E_RANGE', /\[0, 4\), got 4/);
+    await expectKvdError(() => d.lookup('s', 0, 2, 0), 'E_RANGE', /kv head in \[0, 2\)/);
+    await expectKvdError(() => d.put('s', 0, 0, [0], [NaN], page(256, 0), [0]), 'E_NONFINITE', /score/);
+    await expectKvdError(() => d.put('s', 0, 0, [0], [1], page(100, 0), [0]), 'E_RANGE', /srcOffsets\[0\]/);
+    expect(d.lookup('s', 0, 0, 0)).toBe(-1); // nothing half-admitted
+    await expectKvdError(() => d.addSegment('s', 16), 'E_CONFIG', /not registered yet/);
+    await expectKvdError(() => d.addSegment('t', 6), 'E_SHAPE', /multiple of chunkSize 4/);
+  });
+});

@@ -1,0 +1,205 @@
+import { appendFileSync, readFileSync, readdirSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
+import { ioUringAvailable } from '../src/storage/io-engine.js';
+import { native } from '../src/native.js';
+import { expectKvdError } from './helpers.js';
+import { expectedChunk, randomClusters, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
+
+const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f16', chunkSize: 4 };
+const uring = ioUringAvailable();
+const engines = [{ kind: 'pread' as const }, ...(uring.usable ? [{ kind: 'uring' as const }] : [])];
+if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring store tests skipped`);
+
+const stores: SsdStore[] = [];
+afterEach(async () => {
+  for (const s of stores.splice(0)) await s.close();
+});
+async function openStore(opts: Parameters<typeof SsdStore.open>[0]): Promise<SsdStore> {
+  const s = await SsdStore.open(opts);
+  stores.push(s);
+  return s;
+}
+
+describe.each(engines)('SSD store, engine $kind', ({ kind }) => {
+  for (const direct of [false, true]) {
+    it(`reads back exactly what was written (direct=${direct}), cluster-contiguous`, async () => {
+      const dir = tempDir('rw');
+      const store = await openStore({ dir, shape, kind, direct, queueDepth: 4 });
+      expect(store.engineInfo.kind).toBe(kind === 'uring' ? 'io_uring' : 'pread');
+      const tokens = 64; // 16 chunks
+      const data = segmentKv(shape, tokens, 1);
+      const clusters = randomClusters(shape, 16, 7);
+      await store.writeSegment('s0', { ...data, clusters });
+      const data2 = segmentKv(shape, tokens, 2);
+      await store.writeSegment('s1', data2);
+      // Every chunk of every (layer, head), in a scrambled request order, across both segments.
+      const ids = [5, 0, 15, 3, 3, 9, 12, 1];
+      const items = [];
+      for (let l = 0; l < shape.layers; l++)
+        for (let h = 0; h < shape.kvHeads; h++) items.push({ segment: 's0', layer: l, kvHead: h, chunkIds: ids }, { segment: 's1', layer: l, kvHead: h, chunkIds: [...ids].reverse() });
+      const dest = new Uint8Array(items.length * ids.length * store.chunkBytes);
+      const st = await store.readBatch(items, dest);
+      expect(st.chunks).toBe(items.length * ids.length);
+      let k = 0;
+      for (const it of items)
+        for (const j of it.chunkIds) {
+          const src = it.segment === 's0' ? data : data2;
+          expect(dest.subarray(k * store.chunkBytes, (k + 1) * store.chunkBytes)).toEqual(expectedChunk(shape, src, it.layer, it.kvHead, j));
+          k++;
+        }
+      // One cluster = one extent = one sequential range on disk, in membership order.
+      const ext = store.extents('s0', 1, 1);
+      const cl = clusters[1 * shape.kvHeads + 1]!;
+      expect(Array.from(ext.order)).toEqual(Array.from(cl.chunkIds));
+      expect(ext.offsets.length).toBe(cl.offsets.length - 1);
+      for (let e = 1; e < ext.offsets.length; e++) expect(ext.offsets[e]).toBe(ext.offsets[e - 1]! + ext.bytes[e - 1]!);
+      // Reading one whole cluster costs one run.
+      const one = await store.readBatch([{ segment: 's0', layer: 1, kvHead: 1, chunkIds: cl.chunkIds.subarray(cl.offsets[2]!, cl.offsets[3]!) }], new Uint8Array(16 * store.chunkBytes));
+      expect(one.extents).toBe(1);
+      expect(one.runs).toBe(1);
+    });
+  }
+
+  it('reopens the store and reads the same bytes', async () => {
+    const dir = tempDir('reopen');
+    const data = segmentKv(shape, 32, 3);
+    const a = await openStore({ dir, shape, kind });
+    await a.writeSegment('x', data);
+    await a.close();
+    const b = await openStore({ dir, kind });
+    expect(b.shape).toEqual(shape);
+    expect(b.segments().map((s) => [s.id, s.status])).toEqual([['x', 'ok']]);
+    const got = await b.readChunks('x', 1, 0, [7, 2]);
+    expect(got.subarray(0, b.chunkBytes)).toEqual(expectedChunk(shape, data, 1, 0, 7));
+    expect(got.subarray(b.chunkBytes)).toEqual(expectedChunk(shape, data, 1, 0, 2));
+  });
+});
+
+describe('SSD store integrity and errors', () => {
+  it('coalesces neighbouring extents into one read and keeps separate runs apart', async () => {
+    const dir = tempDir('coalesce');
+    const store = await openStore({ dir, shape, kind: 'pread', maxIoBytes: 1 << 20 });
+    await store.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 }); // 16 extents per region
+    const all = Array.from({ length: 32 }, (_, j) => j);
+    const st = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
+    expect(st.extents).toBe(16);
+    expect(st.runs).toBe(1);
+    const sparse = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: [0, 1, 2, 3, 20, 21, 30] }], new Uint8Array(7 * store.chunkBytes));
+    expect(sparse.extents).toBe(4); // extents 0, 1, 10, 15
+    expect(sparse.runs).toBe(3);
+    const off = await openStore({ dir: tempDir('nocoalesce'), shape, kind: 'pread', coalesce: false });
+    await off.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 });
+    const st2 = await off.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
+    expect(st2.runs).toBe(16);
+  });
+
+  it('detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable', async () => {
+    const dir = tempDir('crc');
+    const store = await openStore({ dir, shape, kind: 'pread' });
+    const good = segmentKv(shape, 32, 5);
+    await store.writeSegment('bad', segmentKv(shape, 32, 6));
+    await store.writeSegment('good', good);
+    const ext = store.extents('bad', 1, 0);
+    const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
+    const at = ext.offsets[1]! + 5;
+    const b = Buffer.alloc(1);
+    const { readSync } = await import('node:fs');
+    readSync(fd, b, 0, 1, at);
+    b[0] = b[0]! ^ 0xff;
+    writeSync(fd, b, 0, 1, at);
+    closeSync(fd);
+    // Chunks of extent 0 are fine; extent 1 is not.
+    await store.readChunks('bad', 1, 0, [ext.order[0]!]);
+    await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
+    const got = await store.readChunks('good', 0, 1, [3]);
+    expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
+  });
+
+  it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {
+    const dir = tempDir('trunc');
+    const a = await openStore({ dir, shape, kind: 'pread' });
+    const good = segmentKv(shape, 32, 8);
+    await a.writeSegment('t', segmentKv(shape, 32, 9));
+    await a.writeSegment('g', good);
+    await a.close();
+    const path = join(dir, 't.kvseg');
+    truncateSync(path, statSync(path).size - 100);
+    const b = await openStore({ dir, kind: 'pread' });
+    expect(b.segments().find((s) => s.id === 't')!.status).toBe('corrupt');
+    await expectKvdError(() => b.readChunks('t', 0, 0, [0]), 'E_CORRUPT', /t\.kvseg/);
+    expect(await b.readChunks('g', 1, 1, [1])).toEqual(expectedChunk(shape, good, 1, 1, 1));
+  });
+
+  it('reports a short read of a file truncated after open as E_CORRUPT', async () => {
+    const dir = tempDir('short');
+    const s = await openStore({ dir, shape, kind: 'pread' });
+    await s.writeSegment('t', segmentKv(shape, 32, 9));
+    truncateSync(join(dir, 't.kvseg'), 10);
+    await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
+  });
+
+  it('refuses a manifest or segment of another version with E_VERSION', async () => {
+    const dir = tempDir('ver');
+    const s = await openStore({ dir, shape, kind: 'pread' });
+    await s.writeSegment('v', segmentKv(shape, 16, 1));
+    await s.close();
+    const m = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
+    writeFileSync(join(dir, 'manifest.json'), JSON.stringify({ ...m, version: 99 }));
+    await expectKvdError(() => SsdStore.open({ dir }), 'E_VERSION', /expected manifest version 1, got 99/);
+    writeFileSync(join(dir, 'manifest.json'), JSON.stringify(m));
+    // Patch the segment footer's version field (bytes 8..11 of the 64-byte footer).
+    const path = join(dir, 'v.kvseg');
+    const size = statSync(path).size;
+    const fd = openSync(path, 'r+');
+    const v = Buffer.alloc(4);
+    v.writeUInt32LE(7);
+    writeSync(fd, v, 0, 4, size - 64 + 8);
+    closeSync(fd);
+    const r = await openStore({ dir });
+    expect(r.segments()[0]!.status).toBe('corrupt');
+    await expectKvdError(() => r.readChunks('v', 0, 0, [0]), 'E_VERSION', /expected segment format version 1, got 7/);
+  });
+
+  it('rejects bad input with typed errors', async () => {
+    const dir = tempDir('bad');
+    const s = await openStore({ dir, shape, kind: 'pread' });
+    await s.writeSegment('a', segmentKv(shape, 16, 1));
+    await expectKvdError(() => s.readChunks('a', 0, 0, [4]), 'E_RANGE', /chunk ids in \[0, 4\), got 4/);
+    await expectKvdError(() => s.readChunks('a', 2, 0, [0]), 'E_RANGE', /layer in \[0, 2\)/);
+    await expectKvdError(() => s.readChunks('nope', 0, 0, [0]), 'E_NOT_FOUND', /unknown id/);
+    await expectKvdError(() => s.writeSegment('a', segmentKv(shape, 16, 1)), 'E_CONFIG', /not yet in the store/);
+    await expectKvdError(() => s.writeSegment('b/c', segmentKv(shape, 16, 1)), 'E_CONFIG', /segment id/);
+    await expectKvdError(() => s.writeSegment('b', segmentKv(shape, 18, 1)), 'E_SHAPE', /multiple of chunkSize 4, got 18/);
+    await expectKvdError(() => s.writeSegment('b', segmentKv({ ...shape, headDim: 4 }, 16, 1)), 'E_SHAPE', /8 dims/);
+    const cl = randomClusters(shape, 4, 1);
+    cl[1]!.chunkIds[0] = 9;
+    await expectKvdError(() => s.writeSegment('b', { ...segmentKv(shape, 16, 1), clusters: cl }), 'E_RANGE', /chunk id in \[0, 4\), got 9/);
+    await expectKvdError(() => SsdStore.open({ dir: tempDir('x'), shape, queueDepth: 0 }), 'E_CONFIG', /queueDepth/);
+    await expectKvdError(() => SsdStore.open({ dir: tempDir('y') }), 'E_CONFIG', /shape/);
+    await expectKvdError(() => SsdStore.open({ dir, shape: { ...shape, headDim: 16 } }), 'E_CONFIG', /stored shape/);
+    await expectKvdError(() => SsdStore.open({ dir: tempDir('z'), create: false }), 'E_NOT_FOUND', /manifest/);
+    await s.close();
+    await expectKvdError(() => s.readChunks('a', 0, 0, [0]), 'E_CLOSED', /closed/);
+    await expectKvdError(() => s.writeSegment('q', segmentKv(shape, 16, 1)), 'E_CLOSED', /closed/);
+  });
+
+  it('maps ENOSPC to E_NOSPC via the native write hook; nothing listed, others readable', async () => {
+    const dir = tempDir('nospc-hook');
+    const s = await openStore({ dir, shape, kind: 'pread' });
+    const good = segmentKv(shape, 16, 3);
+    await s.writeSegment('ok', good);
+    native.ioTestHooks({ failWritesAfterBytes: 1000 });
+    try {
+      await expectKvdError(() => s.writeSegment('full', segmentKv(shape, 64, 4)), 'E_NOSPC', /no space left/);
+    } finally {
+      native.ioTestHooks({ failWritesAfterBytes: -1 });
+    }
+    expect(s.segments().map((x) => x.id)).toEqual(['ok']);
+    expect(readdirSync(dir).sort()).toEqual(['manifest.json', 'ok.kvseg']);
+    expect(await s.readChunks('ok', 1, 0, [2])).toEqual(expectedChunk(shape, good, 1, 0, 2));
+  });
+});

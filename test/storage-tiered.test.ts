@@ -1,0 +1,175 @@
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { DramStore } from '../src/storage/dram-store.js';
+import { native } from '../src/native.js';
+import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
+import { chunkRows, TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
+import { expectKvdError, rng } from './helpers.js';
+import { expectedChunk, randomClusters, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
+
+const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f32', chunkSize: 4 }; // 256-byte chunks
+const segTokens = 64; // 16 chunks per segment
+const opened: SsdStore[] = [];
+afterEach(async () => {
+  for (const s of opened.splice(0)) await s.close();
+});
+
+async function setup(budgetChunks?: number): Promise<{ ssd: SsdStore; dram?: DramStore; data: SegmentData[] }> {
+  const ssd = await SsdStore.open({ dir: tempDir('tiered'), shape, kind: 'pread' });
+  opened.push(ssd);
+  const data = [segmentKv(shape, segTokens, 1), segmentKv(shape, segTokens, 2)];
+  await ssd.writeSegment('a', { ...data[0]!, clusters: randomClusters(shape, 16, 3) });
+  await ssd.writeSegment('b', data[1]!);
+  const dram = budgetChunks === undefined ? undefined : new DramStore({ budgetBytes: budgetChunks * (ssd.chunkBytes + DramStore.metadataBytesPerSlot), shape });
+  return { ssd, dram, data };
+}
+
+function request(layer: number, perHead: number[][], scores?: number[]): FetchRequest {
+  const offsets = new Int32Array(perHead.length + 1);
+  perHead.forEach((ids, h) => (offsets[h + 1] = offsets[h]! + ids.length));
+  return { layer, offsets, chunkIds: Int32Array.from(perHead.flat()), scores: scores ? Float32Array.from(scores) : undefined };
+}
+
+function expectFetched(dest: Uint8Array, req: FetchRequest, data: SegmentData[], cb: number): void {
+  for (let h = 0; h < shape.kvHeads; h++)
+    for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
+      const g = req.chunkIds[i]!;
+      const want = expectedChunk(shape, data[Math.floor(g / 16)]!, req.layer, h, g % 16);
+      expect(Buffer.compare(dest.subarray(i * cb, (i + 1) * cb), want), `entry ${i} (head ${h}, chunk ${g})`).toBe(0);
+    }
+}
+
+describe('tiered KV fetch', () => {
+  it('serves DRAM hits and SSD misses exactly, promotes misses, reports bytes per tier', async () => {
+    const { ssd, dram, data } = await setup(24);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'] });
+    expect(kv.totalChunks).toBe(32);
+    // Warm a few chunks of segment a into DRAM.
+    dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => ((i % 16) % 5 === 0 ? 10 : 0)));
+    const req = request(1, [[0, 5, 17, 31, 10], [3, 16, 30]], [1, 2, 3, 4, 5, 6, 7, 8]);
+    const dest = new Uint8Array(8 * kv.chunkBytes);
+    const st = await kv.fetch(req, dest);
+    expectFetched(dest, req, data, kv.chunkBytes);
+    expect(st.chunks).toBe(8);
+    expect(st.dramChunks + st.ssdChunks).toBe(8);
+    expect(st.dramChunks).toBe(3); // chunks 0, 5, 10 of segment a, layer 1, head 0 were warmed
+    expect(st.ssdChunks).toBe(5);
+    expect(st.ssdBytes).toBe(st.ssdChunks * kv.chunkBytes);
+    expect(st.ssdReadBytes).toBeGreaterThanOrEqual(st.ssdBytes);
+    expect(st.promoted).toBe(st.ssdChunks);
+    // Same step again: everything is resident now.
+    dest.fill(0);
+    const again = await kv.fetch(req, dest);
+    expectFetched(dest, req, data, kv.chunkBytes);
+    expect(again.dramChunks).toBe(8);
+    expect(again.ssdBytes).toBe(0);
+    expect(dram!.stats().reservedBytes).toBeLessThanOrEqual(dram!.budgetBytes);
+    // Row views of the page-first layout, and the native span accessor agrees with them.
+    const rows = chunkRows(dest, 0, shape);
+    expect(rows.k.length).toBe(shape.chunkSize * shape.headDim);
+    expect(Array.from(rows.k.subarray(0, 8))).toEqual(Array.from((data[0]!.layers[1]!.k.data as Float32Array).subarray(0, 8)));
+    const spans = native.fetchBufferSpans(dest, 2, 3, shape.chunkSize, shape.headDim, shape.dtype) as Float64Array;
+    for (let i = 0; i < 3; i++) {
+      const r = chunkRows(dest, 2 + i, shape);
+      expect(Array.from(spans.subarray(i * 5, i * 5 + 5))).toEqual([r.k.byteOffset - dest.byteOffset, r.v.byteOffset - dest.byteOffset, shape.chunkSize, shape.headDim, shape.headDim]);
+    }
+  });
+
+  it('works SSD-only and keeps the DRAM budget under a long replay', async () => {
+    const { ssd, dram, data } = await setup(10);
+    const only = new TieredKv({ ssd, segments: ['a', 'b'] });
+    const r = rng(4);
+    const tiered = new TieredKv({ ssd, dram, segments: ['b', 'a'] });
+    for (let step = 0; step < 20; step++) {
+      const perHead = [0, 1].map(() => [...new Set(Array.from({ length: 6 }, () => Math.floor(r() * 32)))]);
+      const req = request(step % 2, perHead, perHead.flat().map(() => r()));
+      const dest = new Uint8Array(req.chunkIds.length * ssd.chunkBytes);
+      const s1 = await only.fetch(req, dest);
+      expect(s1.ssdChunks).toBe(req.chunkIds.length);
+      expectFetched(dest, req, data, ssd.chunkBytes);
+      const s2 = await tiered.fetch(req, dest);
+      const swapped = [data[1]!, data[0]!]; // segment chain b, a
+      expectFetched(dest, req, swapped, ssd.chunkBytes);
+      expect(s2.dramChunks + s2.ssdChunks).toBe(req.chunkIds.length);
+      const ds = dram!.stats();
+      expect(ds.residentChunks).toBeLessThanOrEqual(ds.capacityChunks);
+      expect(ds.reservedBytes).toBeLessThanOrEqual(ds.budgetBytes);
+    }
+    expect(tiered.totals().dramChunks).toBeGreaterThan(0);
+  });
+
+  it('prefetches into staging, serves the next fetch from it, and cancels', async () => {
+    const { ssd, dram, data } = await setup(4);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], stagingBuffers: 1, stagingBytes: 16 * ssd.chunkBytes, promote: false });
+    const req = request(0, [[1, 2, 3, 20], [7, 8, 25, 26]]);
+    const p = kv.prefetch(req)!;
+    expect(p.chunks).toBe(8);
+    expect(kv.prefetch(req)).toBeUndefined(); // the only staging buffer is taken
+    await p.done;
+    const dest = new Uint8Array(8 * kv.chunkBytes);
+    const st = await kv.fetch(req, dest);
+    expectFetched(dest, req, data, kv.chunkBytes);
+    expect(st.prefetchedChunks).toBe(8);
+    expect(st.ssdChunks).toBe(0);
+    expect(kv.pendingPrefetches).toBe(0);
+    // Cancelled prefetches stage nothing; the fetch reads from SSD itself.
+    const q = kv.prefetch(req)!;
+    await kv.cancel(q);
+    expect(kv.pendingPrefetches).toBe(0);
+    const st2 = await kv.fetch(req, dest);
+    expect(st2.prefetchedChunks).toBe(0);
+    expect(st2.ssdChunks).toBe(8);
+    expectFetched(dest, req, data, kv.chunkBytes);
+    // A prefetch for another layer is not used by this layer's fetch.
+    const other = kv.prefetch(request(1, [[1], [2]]))!;
+    await other.done;
+    const st3 = await kv.fetch(req, dest);
+    expect(st3.prefetchedChunks).toBe(0);
+    expect(kv.pendingPrefetches).toBe(1);
+    await kv.close();
+    expect(kv.pendingPrefetches).toBe(0);
+  });
+
+  it('reads through native segment handles from a worker thread (process-global registry)', async () => {
+    const { ssd, data } = await setup();
+    const addon = resolve(dirname(fileURLToPath(import.meta.url)), '..', 'build', 'Release', 'kvdrive.node');
+    const code = `
+      const { parentPort, workerData: w } = require('node:worker_threads');
+      const n = require(w.addon);
+      const dest = new Uint8Array(w.cb * 2);
+      n.segmentRead({ segments: new Int32Array([w.h]), layers: new Int32Array([1]), heads: new Int32Array([0]),
+        itemOffsets: new Int32Array([0, 2]), chunkIds: new Int32Array([3, 9]), dest, destOffsets: new Float64Array([0, w.cb]) })
+        .then(() => parentPort.postMessage(dest), (e) => parentPort.postMessage(e.code + ': ' + e.message));`;
+    const worker = new Worker(code, { eval: true, workerData: { addon, h: ssd.segmentHandle('b'), cb: ssd.chunkBytes } });
+    const got = await new Promise<unknown>((res, rej) => {
+      worker.once('message', res);
+      worker.once('error', rej);
+    });
+    await worker.terminate();
+    expect(got).toBeInstanceOf(Uint8Array);
+    const want = Buffer.concat([expectedChunk(shape, data[1]!, 1, 0, 3), expectedChunk(shape, data[1]!, 1, 0, 9)]);
+    expect(Buffer.compare(got as Uint8Array, want)).toBe(0);
+  });
+
+  it('rejects bad requests with typed errors', async () => {
+    const { ssd, dram } = await setup(4);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'] });
+    const dest = new Uint8Array(64 * kv.chunkBytes);
+    await expectKvdError(() => kv.fetch(request(0, [[32], []]), dest), 'E_RANGE', /chunk id in \[0, 32\).*got 32/);
+    await expectKvdError(() => kv.fetch(request(2, [[0], []]), dest), 'E_RANGE', /layer/);
+    await expectKvdError(() => kv.fetch(request(0, [[0]]), dest), 'E_SHAPE', /kvHeads \+ 1 = 3/);
+    await expectKvdError(() => kv.fetch({ ...request(0, [[0], []]), chunkSize: 8 }, dest), 'E_CONFIG', /chunk size 4/);
+    await expectKvdError(() => kv.fetch(request(0, [[0, 1], []]), new Uint8Array(10)), 'E_SHAPE', /at least 2 chunks/);
+    await expectKvdError(() => kv.fetch(request(0, [[0], []], [NaN]), dest), 'E_NONFINITE', /scores/);
+    await expectKvdError(() => new TieredKv({ ssd, segments: ['a', 'zz'] }), 'E_NOT_FOUND', /zz/);
+    await expectKvdError(() => new TieredKv({ ssd, segments: [] }), 'E_CONFIG', /segments/);
+    await ssd.close();
+    await expectKvdError(() => kv.fetch(request(0, [[0], []]), dest), 'E_CLOSED', /closed/);
+    await kv.close();
+    await expectKvdError(() => kv.fetch(request(0, [[0], []]), dest), 'E_CLOSED', /TieredKv/);
+  });
+});
