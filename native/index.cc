@@ -114,7 +114,9 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
   });
 }
 
-// scoreCentroids(q, groupSize, centroids, n, dim) -> Float32Array(n): max over the group of q·c.
+// scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
+// group of q·c. layout 'rows': n x dim row-major (transposed into tiles first, inside the call);
+// 'tiles': already in the index's tile layout (centroidTiles()), so the call is the kernel alone.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto q = GetF32(info[0], "scoreCentroids q");
@@ -122,11 +124,37 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     auto c = GetF32(info[2], "scoreCentroids centroids");
     const int64_t n = ArgInt(info, 3, "scoreCentroids n", 0, int64_t(1) << 40);
     const int dim = int(ArgInt(info, 4, "scoreCentroids dim", 1, 65536));
+    std::string layout = "rows";
+    if (info.Length() > 5 && !info[5].IsUndefined()) {
+      layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
+      if (layout != "rows" && layout != "tiles")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows' or 'tiles', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+    }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
-    ExpectLength(c.length, size_t(n) * dim, "scoreCentroids centroids (n*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
     auto out = Napi::Float32Array::New(info.Env(), size_t(n));
-    ScoreRowsMax(q.data, g, c.data, size_t(n), dim, out.Data());
+    if (layout == "tiles") {
+      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
+      ScoreTilesMax(q.data, g, c.data, size_t(n), dim, out.Data());
+    } else {
+      ExpectLength(c.length, size_t(n) * dim, "scoreCentroids centroids (n*dim)");
+      std::vector<float> tiles(TileFloats(size_t(n), dim));
+      TransposeTiles(c.data, size_t(n), dim, tiles.data());
+      ScoreTilesMax(q.data, g, tiles.data(), size_t(n), dim, out.Data());
+    }
+    return out;
+  });
+}
+
+// centroidTiles(centroids, n, dim) -> Float32Array: n x dim row-major centroids in the tile layout.
+Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto c = GetF32(info[0], "centroidTiles centroids");
+    const int64_t n = ArgInt(info, 1, "centroidTiles n", 0, int64_t(1) << 40);
+    const int dim = int(ArgInt(info, 2, "centroidTiles dim", 1, 65536));
+    ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
+    auto out = Napi::Float32Array::New(info.Env(), TileFloats(size_t(n), dim));
+    TransposeTiles(c.data, size_t(n), dim, out.Data());
     return out;
   });
 }
@@ -151,14 +179,15 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "SelectionIndex",
-                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("extend", &SelectionIndex::Extend),
+                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("buildSync", &SelectionIndex::BuildSync),
+                        InstanceMethod("extend", &SelectionIndex::Extend),
                         InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
                         InstanceMethod("geometry", &SelectionIndex::Geometry)});
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
-  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, threads })
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
     try {
       if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
@@ -183,6 +212,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
         cfg_.candidateFactor = v;
+      }
+      Napi::Value vw = o.Get("varianceWeight");
+      if (!vw.IsUndefined()) {
+        double v = vw.IsNumber() ? vw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.varianceWeight = v;
       }
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
@@ -256,6 +291,24 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       busy_ = true;
       w->Queue();
       return p;
+    });
+  }
+
+  // buildSync(k, tokens): build() on the calling thread, for synchronous hosts (an attention
+  // backend called once per layer and position) that start the index from a short or empty
+  // context and grow it with extend(). Same checks and typed errors as build(); the previous index
+  // is replaced only once the new one is complete, so a failed build leaves it untouched.
+  Napi::Value BuildSync(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("buildSync");
+      KvView kv = GetKvView(info[0], "buildSync k");
+      const int64_t tokens = ArgInt(info, 1, "buildSync tokens", 0, int64_t(1) << 40);
+      if (tokens > kv.tokens)
+        Throw("E_SHAPE", "buildSync tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
+      auto next = std::make_unique<LayerIndex>(cfg_);
+      next->Build(kv, tokens);
+      index_ = std::move(next);
+      return info.Env().Undefined();
     });
   }
 
@@ -345,7 +398,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         o.Set("endChunk", Napi::Number::New(env, double(segs[s].c1)));
         o.Set("full", segs[s].clusteredFull);
         o.Set("k", segs[s].k);
-        o.Set("centroids", ToJs(env, segs[s].centroids));
+        o.Set("centroids", ToJs(env, index_->SegmentCentroids(segs[s])));
         o.Set("offsets", ToJs(env, segs[s].offsets));
         o.Set("members", ToJs(env, segs[s].members));
         o.Set("inertia", Napi::Number::New(env, segs[s].inertia));
@@ -364,6 +417,7 @@ void InitIndex(Napi::Env env, Napi::Object exports) {
   exports.Set("chunkMeans", Napi::Function::New(env, ChunkMeansJs));
   exports.Set("kmeans", Napi::Function::New(env, KMeansJs));
   exports.Set("scoreCentroids", Napi::Function::New(env, ScoreCentroidsJs));
+  exports.Set("centroidTiles", Napi::Function::New(env, CentroidTilesJs));
   exports.Set("indexKernelLevel", Napi::Function::New(env, IndexKernelLevelJs));
   exports.Set("SelectionIndex", SelectionIndex::Define(env));
 }

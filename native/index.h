@@ -26,17 +26,33 @@ SimdLevel IndexKernelLevel();
 void SetIndexKernelCap(SimdLevel cap);
 SimdLevel IndexKernelCap();
 
-// out[i] = max_{j<group} q[j]·rows[i] for i < n (rows row-major, n x dim).
-void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out);
-// Like ScoreRowsMax for the rows named by ids (row ids[i] of `rows`).
+// out[i] = max_{j<group} q[j]·rows[i] for i < n (rows row-major, n x dim). With var (n values) and
+// coef (group values): out[i] = max_j (q[j]·rows[i] + coef[j] * var[i]) (variance-aware scores).
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                  const float* var = nullptr, const float* coef = nullptr);
+// Like ScoreRowsMax for the rows named by ids (row ids[i] of `rows`, variance var[ids[i]]).
 void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
-                        float* out);
+                        float* out, const float* var = nullptr, const float* coef = nullptr);
 // Quest upper bound for pages with per-channel min / max (each n x dim):
 // out[i] = max_j sum_d max(q[j][d]*mn[i][d], q[j][d]*mx[i][d]).
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
 
+// Centroid tiles: k row-major centroids as ceil(k/16) tiles of dim x 16 (lane l of tile t is
+// centroid 16t + l; padding lanes are zero). The layout the scoring and k-means kernels stream.
+inline size_t TileFloats(size_t k, int dim) { return (k + 15) / 16 * size_t(dim) * 16; }
+void TransposeTiles(const float* c, size_t k, int dim, float* ct);
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
+// out[i] = max_j (q[j]·c_i + coef[j] * var[i]) over k tiled centroids (var/coef may be null: plain
+// max of dots). Each dot accumulates sequentially over d (not DotFixed's order).
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                   const float* var = nullptr, const float* coef = nullptr);
+
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);
+// out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out);
+// out[i] = DotFixed(x_i, x_i).
+void RowNormsFixed(const float* x, size_t n, int dim, float* out);
 
 // For each point i < n: best[i] = argmin_j (cnorm[j] - 2 x_i·c_j) over k centroids (ties: lowest j),
 // dist[i] = max(0, xnorm[i] + that minimum). Points x (n x dim) and centroids c (k x dim) row-major.
@@ -71,8 +87,9 @@ KMeansResult KMeans(const float* x, size_t n, int dim, const KMeansOptions& opt)
 // Chunk j covers tokens [origin + j*chunk, origin + (j+1)*chunk) minus those below floorTok (the
 // sinks, always attended anyway). Writes the mean key of chunks j in [c0, c1) of kv head h as
 // (c1-c0) x dim f32 rows. Requires origin + c1*chunk <= kv.tokens and every chunk non-empty.
+// With var != nullptr also writes each chunk's per-dimension key variance, mean_t ||k_t - mean||² / dim.
 void ChunkMeans(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
-                float* out);
+                float* out, float* var = nullptr);
 // Per-channel min and max of the same token ranges (Quest pages).
 void ChunkMinMax(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
                  float* mn, float* mx);

@@ -9,6 +9,7 @@
 // The vector helpers are always inlined, so no vector crosses a call boundary (no ABI concern).
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -21,6 +22,7 @@ namespace kvd {
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 
 #define KVD_INLINE inline __attribute__((always_inline))
 
@@ -30,13 +32,24 @@ KVD_INLINE v16 Load16(const float* p) {
   return v;
 }
 
-// Sum of the 16 lanes plus the scalar tail (already added lane-wise by the caller): fixed tree.
-KVD_INLINE float Reduce16(v16 acc) {
+// Sum of the 16 lanes in a fixed tree: lane i += lane i+8, then i += i+4, i += i+2, i += i+1.
+// Done with lane shuffles (no trip through memory); each step is the same scalar addition at
+// every level, so the result is identical everywhere.
+KVD_INLINE float Reduce16(v16 a) {
+  a += __builtin_shuffle(a, v16i{8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+  a += __builtin_shuffle(a, v16i{4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  a += __builtin_shuffle(a, v16i{2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+  a += __builtin_shuffle(a, v16i{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  return a[0];
+}
+
+// Adds the scalar tail a[d..dim) * b[d..dim) lane-wise into lanes 0.. of acc (dim - d < 16).
+KVD_INLINE void AddTail(v16& acc, const float* a, const float* b, int d, int dim) {
+  if (d >= dim) return;
   float l[16];
   std::memcpy(l, &acc, sizeof(l));
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) l[i] += l[i + w];
-  return l[0];
+  for (int t = 0; d + t < dim; ++t) l[t] += a[d + t] * b[d + t];
+  std::memcpy(&acc, l, sizeof(l));
 }
 
 // Dot of `nq` (<= 4) queries with one row; query j accumulates exactly like DotBody.
@@ -50,10 +63,7 @@ KVD_INLINE void Dots(const float* const* qs, const float* row, int dim, float* o
     for (int j = 0; j < NQ; ++j) acc[j] += Load16(qs[j] + d) * r;
   }
   for (int j = 0; j < NQ; ++j) {
-    float l[16];
-    std::memcpy(l, &acc[j], sizeof(l));
-    for (int t = 0; d + t < dim; ++t) l[t] += qs[j][d + t] * row[d + t];
-    std::memcpy(&acc[j], l, sizeof(l));
+    AddTail(acc[j], qs[j], row, d, dim);
     out[j] = Reduce16(acc[j]);
   }
 }
@@ -65,29 +75,69 @@ KVD_INLINE float DotBody(const float* a, const float* b, int dim) {
   return out;
 }
 
-KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim) {
+// Four rows at a time against one vector: independent accumulators hide the add latency; each
+// row's sum still runs in DotBody's order, so out[i] == DotBody(x_i, c) exactly.
+KVD_INLINE void DotsManyBody(const float* x, size_t n, int dim, const float* c, float* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* r0 = x + i * dim;
+    const float* r1 = r0 + dim;
+    const float* r2 = r1 + dim;
+    const float* r3 = r2 + dim;
+    v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      v16 cv = Load16(c + d);
+      a0 += Load16(r0 + d) * cv;
+      a1 += Load16(r1 + d) * cv;
+      a2 += Load16(r2 + d) * cv;
+      a3 += Load16(r3 + d) * cv;
+    }
+    AddTail(a0, r0, c, d, dim);
+    AddTail(a1, r1, c, d, dim);
+    AddTail(a2, r2, c, d, dim);
+    AddTail(a3, r3, c, d, dim);
+    out[i] = Reduce16(a0);
+    out[i + 1] = Reduce16(a1);
+    out[i + 2] = Reduce16(a2);
+    out[i + 3] = Reduce16(a3);
+  }
+  for (; i < n; ++i) out[i] = DotBody(x + i * dim, c, dim);
+}
+
+KVD_INLINE void RowNormsBody(const float* x, size_t n, int dim, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = DotBody(x + i * dim, x + i * dim, dim);
+}
+
+// max_j (q_j·row + coef[j] * var); coef == nullptr means no variance term.
+KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim, const float* coef, float var) {
   float best = -std::numeric_limits<float>::infinity();
   float out[4];
   int j = 0;
   for (; j + 4 <= group; j += 4) {
     const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
     Dots<4>(qs, row, dim, out);
+    if (coef)
+      for (int t = 0; t < 4; ++t) out[t] += coef[j + t] * var;
     for (int t = 0; t < 4; ++t) best = out[t] > best ? out[t] : best;
   }
   for (; j < group; ++j) {
     float s = DotBody(q + size_t(j) * dim, row, dim);
+    if (coef) s += coef[j] * var;
     best = s > best ? s : best;
   }
   return best;
 }
 
-KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim);
+KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                                 const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim, var ? coef : nullptr, var ? var[i] : 0.f);
 }
 
 KVD_INLINE void ScoreRowsMaxGatherBody(const float* q, int group, const float* rows, const int32_t* ids, size_t n,
-                                       int dim, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim);
+                                       int dim, float* out, const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i)
+    out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim, var ? coef : nullptr, var ? var[ids[i]] : 0.f);
 }
 
 KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, int dim) {
@@ -99,13 +149,15 @@ KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, i
     v16 b = qv * Load16(mx + d);
     acc += a > b ? a : b;
   }
-  float l[16];
-  std::memcpy(l, &acc, sizeof(l));
-  for (int t = 0; d + t < dim; ++t) {
-    float a = q[d + t] * mn[d + t], b = q[d + t] * mx[d + t];
-    l[t] += a > b ? a : b;
+  if (d < dim) {
+    float l[16];
+    std::memcpy(l, &acc, sizeof(l));
+    for (int t = 0; d + t < dim; ++t) {
+      float a = q[d + t] * mn[d + t], b = q[d + t] * mx[d + t];
+      l[t] += a > b ? a : b;
+    }
+    std::memcpy(&acc, l, sizeof(l));
   }
-  std::memcpy(&acc, l, sizeof(l));
   return Reduce16(acc);
 }
 
@@ -121,44 +173,75 @@ KVD_INLINE void ScoreMinMaxBody(const float* q, int group, const float* mn, cons
   }
 }
 
-// Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
-// zero-padded); 4 points share every centroid load and 16 centroids every point load. Output
-// (i, j) accumulates x_i[d] * c_j[d] sequentially over d.
-KVD_INLINE void NearestBody(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm,
-                            size_t k, int dim, int32_t* best, float* dist) {
+// Centroid scoring from tiles of 16 transposed centroids (ct: tiles x dim x 16): each lane is one
+// centroid, accumulated sequentially over d for each query head (no horizontal reductions), four
+// query heads per pass over a tile. out[i] = max_j (q_j·c_i + coef[j] * var[i]).
+KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                                  const float* var, const float* coef) {
   const size_t tiles = (k + 15) / 16;
-  for (size_t i0 = 0; i0 < n; i0 += 4) {
-    const float* xr[4];
-    for (int r = 0; r < 4; ++r) xr[r] = x + (i0 + r < n ? i0 + r : i0) * size_t(dim);
-    float bestv[4];
-    int32_t besti[4] = {0, 0, 0, 0};
-    for (int r = 0; r < 4; ++r) bestv[r] = std::numeric_limits<float>::infinity();
-    for (size_t t = 0; t < tiles; ++t) {
-      const float* c = ct + t * size_t(dim) * 16;
+  for (size_t t = 0; t < tiles; ++t) {
+    const float* c = ct + t * size_t(dim) * 16;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    v16 vv = v16{};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
+    v16 best = v16{} - std::numeric_limits<float>::infinity();
+    for (int j0 = 0; j0 < group; j0 += 4) {
+      const int nj = group - j0 < 4 ? group - j0 : 4;
+      const float* qj[4];
+      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim;
       v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
       for (int d = 0; d < dim; ++d) {
         v16 cv = Load16(c + size_t(d) * 16);
-        a0 += cv * xr[0][d];
-        a1 += cv * xr[1][d];
-        a2 += cv * xr[2][d];
-        a3 += cv * xr[3][d];
+        a0 += cv * qj[0][d];
+        a1 += cv * qj[1][d];
+        a2 += cv * qj[2][d];
+        a3 += cv * qj[3][d];
       }
-      float acc[4][16];
-      std::memcpy(acc[0], &a0, 64);
-      std::memcpy(acc[1], &a1, 64);
-      std::memcpy(acc[2], &a2, 64);
-      std::memcpy(acc[3], &a3, 64);
+      v16* acc[4] = {&a0, &a1, &a2, &a3};
+      for (int r = 0; r < nj; ++r) {
+        v16 s = *acc[r];
+        if (var) s += vv * coef[j0 + r];
+        best = s > best ? s : best;
+      }
+    }
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+  }
+}
+
+// Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
+// zero-padded); R points share every centroid load and 16 centroids every point load. Output
+// (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
+// the same bits. R = 8 keeps 8 independent add chains in flight (AVX-512 has the registers).
+template <int R>
+KVD_INLINE void NearestBody(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm,
+                            size_t k, int dim, int32_t* best, float* dist) {
+  const size_t tiles = (k + 15) / 16;
+  for (size_t i0 = 0; i0 < n; i0 += R) {
+    const float* xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = x + (i0 + r < n ? i0 + r : i0) * size_t(dim);
+    float bestv[R];
+    int32_t besti[R];
+    for (int r = 0; r < R; ++r) bestv[r] = std::numeric_limits<float>::infinity(), besti[r] = 0;
+    for (size_t t = 0; t < tiles; ++t) {
+      const float* c = ct + t * size_t(dim) * 16;
+      v16 a[R];
+      for (int r = 0; r < R; ++r) a[r] = v16{};
+      for (int d = 0; d < dim; ++d) {
+        v16 cv = Load16(c + size_t(d) * 16);
+        for (int r = 0; r < R; ++r) a[r] += cv * xr[r][d];
+      }
       const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-      for (int r = 0; r < 4; ++r)
-        for (size_t l = 0; l < jn; ++l) {
-          float s = cnorm[t * 16 + l] - 2.f * acc[r][l];
-          if (s < bestv[r]) {
-            bestv[r] = s;
+      for (int r = 0; r < R; ++r) {
+        v16 s = Load16(cnorm + t * 16) - a[r] * 2.f;
+        for (size_t l = 0; l < jn; ++l)
+          if (s[l] < bestv[r]) {
+            bestv[r] = s[l];
             besti[r] = int32_t(t * 16 + l);
           }
-        }
+      }
     }
-    for (int r = 0; r < 4 && i0 + r < n; ++r) {
+    for (int r = 0; r < R && i0 + r < n; ++r) {
       float dd = xnorm[i0 + r] + bestv[r];
       best[i0 + r] = besti[r];
       dist[i0 + r] = dd > 0.f ? dd : 0.f;
@@ -170,34 +253,48 @@ KVD_INLINE void NearestBody(const float* x, const float* xnorm, size_t n, const 
 
 struct Table {
   float (*dot)(const float*, const float*, int);
-  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*);
-  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*);
+  void (*dotsMany)(const float*, size_t, int, const float*, float*);
+  void (*rowNorms)(const float*, size_t, int, float*);
+  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*, const float*,
+                             const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
+  void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
 };
 
-#define KVD_INDEX_LEVEL(NAME, ATTR)                                                                             \
+#define KVD_INDEX_LEVEL(NAME, ATTR, ROWS)                                                                             \
   ATTR float Dot##NAME(const float* a, const float* b, int dim) { return DotBody(a, b, dim); }                  \
-  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out) {      \
-    ScoreRowsMaxBody(q, g, rows, n, dim, out);                                                                  \
+  ATTR void DotsMany##NAME(const float* x, size_t n, int dim, const float* c, float* out) {                    \
+    DotsManyBody(x, n, dim, c, out);                                                                            \
+  }                                                                                                             \
+  ATTR void RowNorms##NAME(const float* x, size_t n, int dim, float* out) { RowNormsBody(x, n, dim, out); }     \
+  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out,        \
+                                const float* var, const float* coef) {                                         \
+    ScoreRowsMaxBody(q, g, rows, n, dim, out, var, coef);                                                       \
   }                                                                                                             \
   ATTR void ScoreRowsMaxGather##NAME(const float* q, int g, const float* rows, const int32_t* ids, size_t n,   \
-                                     int dim, float* out) {                                                    \
-    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out);                                                       \
+                                     int dim, float* out, const float* var, const float* coef) {               \
+    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out, var, coef);                                            \
   }                                                                                                             \
   ATTR void ScoreMinMax##NAME(const float* q, int g, const float* mn, const float* mx, size_t n, int dim,      \
                               float* out) {                                                                    \
     ScoreMinMaxBody(q, g, mn, mx, n, dim, out);                                                                 \
   }                                                                                                             \
+  ATTR void ScoreTilesMax##NAME(const float* q, int g, const float* ct, size_t k, int dim, float* out,         \
+                                 const float* var, const float* coef) {                                        \
+    ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);                                                        \
+  }                                                                                                             \
   ATTR void Nearest##NAME(const float* x, const float* xn, size_t n, const float* ct, const float* cn, size_t k, \
                           int dim, int32_t* best, float* dist) {                                               \
-    NearestBody(x, xn, n, ct, cn, k, dim, best, dist);                                                          \
+    NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
-  const Table k##NAME = {Dot##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, Nearest##NAME};
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, \
+                           Nearest##NAME};
 
-KVD_INDEX_LEVEL(Scalar, )
-KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2"))))
-KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))))
+KVD_INDEX_LEVEL(Scalar, , 4)
+KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2"))), 4)
+KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8)
 
 SimdLevel CpuMax() {
   static const SimdLevel l = [] {
@@ -244,25 +341,47 @@ void SetIndexKernelCap(SimdLevel cap) { g_cap = cap; }
 SimdLevel IndexKernelCap() { return g_cap; }
 
 float DotFixed(const float* a, const float* b, int dim) { return Active().dot(a, b, dim); }
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out) { Active().dotsMany(x, n, dim, c, out); }
+void RowNormsFixed(const float* x, size_t n, int dim, float* out) { Active().rowNorms(x, n, dim, out); }
 
-void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out) {
-  Active().scoreRowsMax(q, group, rows, n, dim, out);
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out, const float* var,
+                  const float* coef) {
+  Active().scoreRowsMax(q, group, rows, n, dim, out, var, coef);
 }
 void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
-                        float* out) {
-  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out);
+                        float* out, const float* var, const float* coef) {
+  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out, var, coef);
 }
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
 }
 
+void TransposeTiles(const float* c, size_t k, int dim, float* ct) {
+  const size_t tiles = (k + 15) / 16;
+  std::fill(ct, ct + tiles * size_t(dim) * 16, 0.f);
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = c[j * dim + d];
+}
+
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) c[j * dim + d] = ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)];
+}
+
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out, const float* var,
+                   const float* coef) {
+  Active().scoreTilesMax(q, group, ct, k, dim, out, var, coef);
+}
+
 void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,
                       int dim, int32_t* best, float* dist) {
   const size_t tiles = (k + 15) / 16;
-  std::vector<float> ct(tiles * size_t(dim) * 16, 0.f);
-  for (size_t j = 0; j < k; ++j)
-    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = c[j * dim + d];
-  Active().nearest(x, xnorm, n, ct.data(), cnorm, k, dim, best, dist);
+  std::vector<float> ct(tiles * size_t(dim) * 16);
+  TransposeTiles(c, k, dim, ct.data());
+  // The kernel reads centroid norms 16 at a time: pad them (the padded lanes are never compared).
+  std::vector<float> cn(tiles * 16, 0.f);
+  std::copy(cnorm, cnorm + k, cn.begin());
+  Active().nearest(x, xnorm, n, ct.data(), cn.data(), k, dim, best, dist);
 }
 
 }  // namespace kvd

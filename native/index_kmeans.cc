@@ -34,8 +34,9 @@ void SeedPlusPlus(const float* x, const float* xnorm, size_t n, int dim, int k, 
   std::vector<double> cum(n);
   auto distTo = [&](const float* c, float* out) {
     const float cn = DotFixed(c, c, dim);
+    DotsFixed(x, n, dim, c, out);
     for (size_t i = 0; i < n; ++i) {
-      float d = xnorm[i] + cn - 2.f * DotFixed(x + i * dim, c, dim);
+      float d = xnorm[i] + cn - 2.f * out[i];
       out[i] = d > 0.f ? d : 0.f;
     }
   };
@@ -89,7 +90,7 @@ KMeansResult KMeans(const float* x, size_t n, int dim, const KMeansOptions& opt)
   std::vector<float> xnorm(n), cnorm(k), dist(n);
   std::vector<int32_t> best(n), counts(k);
   std::vector<double> sums(k * dim);
-  for (size_t i = 0; i < n; ++i) xnorm[i] = DotFixed(x + i * dim, x + i * dim, dim);
+  RowNormsFixed(x, n, dim, xnorm.data());
 
   SplitMix64 rng{opt.seed};
   const int trials = opt.trials > 0 ? opt.trials : 2 + int(std::log(double(k)));

@@ -9,19 +9,30 @@
 
 namespace kvd {
 
-void ChunkMeans(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1, float* out) {
+void ChunkMeans(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1, float* out,
+                float* var) {
   const SimdKernels& simd = Simd();
-  std::vector<float> row(kv.dim);
+  std::vector<float> rows(size_t(chunk) * kv.dim);  // the chunk's keys in f32, for the variance pass
   for (int64_t j = c0; j < c1; ++j) {
     float* m = out + (j - c0) * kv.dim;
     std::fill(m, m + kv.dim, 0.f);
     const int64_t t0 = std::max(origin + j * chunk, floorTok), t1 = origin + (j + 1) * chunk;
     for (int64_t t = t0; t < t1; ++t) {
-      simd.to_f32(row.data(), kv.Row(t, h), kv.dtype, kv.dim);
+      float* row = rows.data() + size_t(t - t0) * kv.dim;
+      simd.to_f32(row, kv.Row(t, h), kv.dtype, kv.dim);
       for (int d = 0; d < kv.dim; ++d) m[d] += row[d];
     }
     const float inv = 1.f / float(t1 - t0);
     for (int d = 0; d < kv.dim; ++d) m[d] *= inv;
+    if (var) {
+      // Per-dimension variance of the chunk's keys around their mean (two-pass, f64 sum).
+      double ss = 0;
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* row = rows.data() + size_t(t - t0) * kv.dim;
+        for (int d = 0; d < kv.dim; ++d) ss += double(row[d] - m[d]) * double(row[d] - m[d]);
+      }
+      var[j - c0] = float(ss / double((t1 - t0) * int64_t(kv.dim)));
+    }
   }
 }
 

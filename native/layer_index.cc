@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,18 @@ struct Ranked {
   int32_t id;
 };
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+
+// Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
+// Elements before `sorted` are already final, so growing the prefix in steps gives the same order
+// as one full sort (the comparators are strict total orders).
+template <typename T, typename Cmp>
+size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
+  next = std::min(next, v.size());
+  if (next <= sorted) return sorted;
+  if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
+  std::sort(v.begin() + sorted, v.begin() + next, cmp);
+  return next;
+}
 
 }  // namespace
 
@@ -71,7 +84,12 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1) {
     H.maxs.resize(base + n);
     ChunkMinMax(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, H.maxs.data() + base);
   } else {
-    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base);
+    float* var = nullptr;
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      H.var.resize(size_t(c1 - firstChunk()));
+      var = H.var.data() + (c0 - firstChunk());
+    }
+    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, var);
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
@@ -92,6 +110,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   KMeansOptions o;
   o.k = int(std::min<int64_t>(int64_t(n), std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster)));
   o.maxIters = cfg_.kmeansIters;
+  o.trials = cfg_.kmeansTrials;
   o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
   KMeansResult r = KMeans(H.reps.data() + size_t(seg.c0 - firstChunk()) * dim_, n, dim_, o);
   seg.k = o.k;
@@ -100,14 +119,44 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.inertia = r.inertia;
   seg.counts.assign(seg.k, 0);
   seg.sums.assign(size_t(seg.k) * dim_, 0.0);
+  seg.sumSq.assign(seg.k, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const float* p = H.reps.data() + size_t(seg.c0 - firstChunk() + int64_t(i)) * dim_;
+    const size_t row = size_t(seg.c0 - firstChunk() + int64_t(i));
+    const float* p = H.reps.data() + row * dim_;
     double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
-    for (int d = 0; d < dim_; ++d) s[d] += p[d];
+    double sq = double(H.var[row]) * dim_;
+    for (int d = 0; d < dim_; ++d) s[d] += p[d], sq += double(p[d]) * p[d];
+    seg.sumSq[seg.assign[i]] += sq;
     ++seg.counts[seg.assign[i]];
   }
+  seg.var.assign(seg.k, 0.f);
+  for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
   seg.clusteredFull = seg.c1 == seg.cEnd;
+  seg.tiles.resize(TileFloats(seg.k, dim_));
+  TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  if (seg.clusteredFull) {
+    // A full segment never grows again: the running sums (k x dim doubles) and the row-major
+    // centroids are no longer needed (select reads the tiles).
+    std::vector<double>().swap(seg.sums);
+    std::vector<double>().swap(seg.sumSq);
+    std::vector<float>().swap(seg.centroids);
+  }
   RebuildCsr(seg);
+}
+
+// Variance of the member tokens around the centroid c, per dimension:
+// (E_members[mean_t |k_t|²] - 2 c·m + |c|²) / dim with m the mean of the member chunk means.
+void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
+  if (seg.counts[c] == 0) {
+    seg.var[c] = 0.f;
+    return;
+  }
+  const double n = seg.counts[c];
+  const float* cc = seg.centroids.data() + size_t(c) * dim_;
+  const double* s = seg.sums.data() + size_t(c) * dim_;
+  double v = seg.sumSq[c] / n;
+  for (int d = 0; d < dim_; ++d) v += double(cc[d]) * cc[d] - 2.0 * double(cc[d]) * (s[d] / n);
+  seg.var[c] = float(std::max(0.0, v) / dim_);
 }
 
 // Online step for a segment that is not full yet: the chunk opens a new cluster while the segment
@@ -125,6 +174,8 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     seg.centroids.insert(seg.centroids.end(), x, x + dim_);
     seg.sums.resize(size_t(seg.k) * dim_, 0.0);
     seg.counts.push_back(0);
+    seg.sumSq.push_back(0.0);
+    seg.var.push_back(0.f);
   } else {
     float best = 0;
     c = -1;
@@ -135,13 +186,45 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     }
   }
   double* s = seg.sums.data() + size_t(c) * dim_;
-  for (int d = 0; d < dim_; ++d) s[d] += x[d];
+  double sq = double(H.var[size_t(j - firstChunk())]) * dim_;
+  for (int d = 0; d < dim_; ++d) s[d] += x[d], sq += double(x[d]) * x[d];
+  seg.sumSq[c] += sq;
   ++seg.counts[c];
   for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
+  ClusterVariance(h, seg, c);
   seg.assign.push_back(c);
   seg.c1 = j + 1;
-  if (seg.c1 == seg.cEnd) ClusterSegment(h, seg);
-  else RebuildCsr(seg);
+  if (seg.c1 == seg.cEnd) {
+    ClusterSegment(h, seg);
+  } else {
+    seg.tiles.resize(TileFloats(seg.k, dim_));
+    TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    RebuildCsr(seg);
+  }
+}
+
+// Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
+// exception (main thread's first) is rethrown after both finish.
+void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
+  std::exception_ptr helperError, mainError;
+  std::thread helper;
+  const bool split = cfg_.threads > 1 && heads_ > 1;
+  if (split)
+    helper = std::thread([&] {
+      try {
+        for (int h = 1; h < heads_; h += 2) fn(h);
+      } catch (...) {
+        helperError = std::current_exception();
+      }
+    });
+  try {
+    for (int h = 0; h < heads_; h += split ? 2 : 1) fn(h);
+  } catch (...) {
+    mainError = std::current_exception();
+  }
+  if (split) helper.join();
+  if (mainError) std::rethrow_exception(mainError);
+  if (helperError) std::rethrow_exception(helperError);
 }
 
 void LayerIndex::Build(const KvView& kv, int64_t tokens) {
@@ -159,7 +242,9 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
 
   auto buildHead = [&](int h) {
     ComputeReps(kv, h, c0, c1);
-    if (cfg_.policy != PolicyKind::Kvdrive) return;
+    // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
+    // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
+    if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
     HeadIndex& H = heads_data_[h];
     for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
       Segment seg;
@@ -170,27 +255,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       H.segments.push_back(std::move(seg));
     }
   };
-  // Heads are independent; split them over threads (odd heads on the helper thread).
-  std::exception_ptr helperError;
-  std::thread helper;
-  const bool split = cfg_.threads > 1 && heads_ > 1;
-  if (split)
-    helper = std::thread([&] {
-      try {
-        for (int h = 1; h < heads_; h += 2) buildHead(h);
-      } catch (...) {
-        helperError = std::current_exception();
-      }
-    });
-  std::exception_ptr mainError;
-  try {
-    for (int h = 0; h < heads_; h += split ? 2 : 1) buildHead(h);
-  } catch (...) {
-    mainError = std::current_exception();
-  }
-  if (split) helper.join();
-  if (mainError) std::rethrow_exception(mainError);
-  if (helperError) std::rethrow_exception(helperError);
+  ForEachHead(buildHead);
   endChunk_ = c1;
   built_ = true;
 }
@@ -211,13 +276,17 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
         for (int r = 0; r <= h; ++r) {
           heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
+          if (cfg_.policy == PolicyKind::Kvdrive) heads_data_[r].var.resize(size_t(c0 - firstChunk()));
         }
         throw;
       }
     }
     if (cfg_.policy == PolicyKind::Kvdrive) {
       const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
-      for (int h = 0; h < heads_; ++h) {
+      // Usually one chunk per head; when a segment fills, its k-means runs here (heads split over
+      // threads like the build).
+      const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
+      auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
         for (int64_t j = c0; j < c1; ++j) {
           if (H.segments.empty() || H.segments.back().cEnd <= j) {
@@ -228,7 +297,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
           }
           AddChunkOnline(h, H.segments.back(), j);
         }
-      }
+      };
+      if (fills) ForEachHead(extendHead);
+      else
+        for (int h = 0; h < heads_; ++h) extendHead(h);
     }
     endChunk_ = c1;
   }
@@ -249,13 +321,20 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
     if (cfg_.policy == PolicyKind::Kvdrive) {
+      // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
+      std::vector<float> coef(g);
+      for (int j = 0; j < g; ++j)
+        coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
+                        double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const bool useVar = cfg_.varianceWeight > 0;
       // Level 1: every centroid, max over the GQA group.
       std::vector<Ranked> clusters;
       std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreRowsMax(qh, g, seg.centroids.data(), size_t(seg.k), dim_, scores.data());
+        ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
+                      coef.data());
         out.vectorsScored += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
@@ -272,12 +351,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       double candTokens = 0;
       size_t sorted = 0, i = 0;
+      // First guess: enough clusters of average size for the target, plus a quarter.
+      const double avgTokens = order.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(order.size());
+      size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
       while (i < order.size() && candTokens < target) {
-        if (i == sorted) {
-          size_t next = std::min(order.size(), std::max<size_t>(16, sorted * 2));
-          std::partial_sort(order.begin() + sorted, order.begin() + next, order.end(), better);
-          sorted = next;
-        }
+        if (i == sorted) sorted = ExtendSorted(order, sorted, std::max(guess, sorted * 2), better);
         const auto [s, c] = where[order[i++]];
         const Segment& seg = H.segments[s];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
@@ -289,7 +367,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<int32_t> rows(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
       scores.resize(ids.size());
-      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data());
+      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
+                         useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
     } else {
@@ -307,12 +386,9 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
     size_t sorted = 0;
+    const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) {
-        size_t next = std::min(ranked.size(), std::max<size_t>(i + 1, std::max<size_t>(64, sorted * 2)));
-        std::partial_sort(ranked.begin() + sorted, ranked.begin() + next, ranked.end(), Better);
-        sorted = next;
-      }
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
     const int64_t shortLen = ChunkTokens(firstChunk());
@@ -343,12 +419,19 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   return out;
 }
 
+std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
+  if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
+  std::vector<float> c(size_t(seg.k) * dim_);
+  UntransposeTiles(seg.tiles.data(), seg.k, dim_, c.data());
+  return c;
+}
+
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size()) * 4;
+    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size()) * 4 + int64_t(s.sums.size()) * 8 +
+      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

@@ -10,12 +10,14 @@
 //  - kvdrive: chunk means (c = 4) clustered by k-means per segment of `segmentTokens` tokens
 //    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
 //    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
-//    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens.
+//    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens. Both levels add
+//    the variance term of IndexConfig::varianceWeight.
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id, so selections are deterministic.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "index.h"
@@ -32,8 +34,19 @@ struct IndexConfig {
   int sinks = 4;
   int local = 64;
   int kmeansIters = 8;
+  // k-means++ draws per centre for segment clustering. Greedy seeding with 2 + ln k draws (what the
+  // kmeans() binding uses) costs ~7 Lloyd iterations at k = 256; 2 draws keep the build linear and
+  // cheap while avoiding most of plain k-means++'s bad seeds.
+  int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 4.0;
+  double candidateFactor = 2.0;
+  // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
+  // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
+  // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
+  // It lifts chunks and clusters whose few strong keys the mean averages away. w = 1 is the Gaussian
+  // estimate; keys aligned with q are heavier-tailed than that, and 3 (src/index/options.ts default)
+  // met the recall target on the synthetic needle cases.
+  double varianceWeight = 3.0;
   int threads = 2;  // build splits kv heads over this many threads
 };
 
@@ -43,18 +56,24 @@ struct Segment {
   int64_t cEnd = 0;        // where the segment ends once full
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
-  std::vector<float> centroids;   // k x dim
-  std::vector<double> sums;       // k x dim member sums (running means for chunks added online)
+  std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
+  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
+  std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
+                                  // released once the segment is full
   std::vector<int32_t> counts;    // k
   std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
+  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
+                                  // released once the segment is full
+  std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
   double inertia = 0;             // of the last k-means run
 };
 
 struct HeadIndex {
   std::vector<float> reps;  // (endChunk - firstChunk) x dim: chunk means, or page minima for quest
   std::vector<float> maxs;  // quest page maxima, same shape
+  std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
   std::vector<Segment> segments;  // kvdrive only, ascending
 };
 
@@ -89,6 +108,8 @@ class LayerIndex {
   int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
   int64_t endChunk() const { return endChunk_; }
   const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index (representatives, centroids, running sums, membership lists).
   int64_t Bytes() const;
 
@@ -98,7 +119,9 @@ class LayerIndex {
   void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1);
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
+  void ClusterVariance(int h, Segment& seg, int c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
+  void ForEachHead(const std::function<void(int)>& fn) const;
 
   IndexConfig cfg_;
   bool built_ = false;

@@ -33,6 +33,8 @@ export type { Tokenizer } from './model/tokenizer.js';
 export type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './model/attention-backend.js';
 export { registerBackend, createBackend } from './model/backends.js';
 export { DenseTsAttention } from './model/dense-attention.js';
+export { KvdriveAttention } from './model/kvdrive-attention.js';
+export type { KvdriveAttentionOptions, KvdriveAttentionStats } from './model/kvdrive-attention.js';
 export { Transformer } from './model/forward.js';
 export { generate } from './model/generate.js';
 export type { GenerateOptions, GenerateResult } from './model/generate.js';

@@ -1,10 +1,18 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyName, type Selection } from '../src/index.js';
-import { chunkOracleMass, denseGroupProbs, oracleMass, structuredCase } from './index-data.js';
+import { createPolicy, type PolicyName, type PolicyOptions, type Selection } from '../src/index.js';
+import { chunkOracleMass, denseGroupProbs, oracleMass, structuredCase, type StructuredCase } from './index-data.js';
 
-// 8192 tokens, GQA 8/2, head dim 32: keys in topic runs, 4 planted 12-token needles per kv head.
-const CASE = structuredCase({ tokens: 8192, kvHeads: 2, qHeads: 8, dim: 32, seed: 4 });
+// 8192 tokens, GQA 8/2, head dim 32, keys in topic runs; budget 256 tokens (3.1%) per kv head.
 const BUDGET = 256;
+const shape = { tokens: 8192, kvHeads: 2, qHeads: 8, dim: 32 };
+const NEEDLE_CASES: [string, StructuredCase][] = [
+  ['4 needles x 12 tokens', structuredCase({ ...shape, seed: 4, needleTokens: 12 })],
+  ['4 needles x 6 tokens', structuredCase({ ...shape, seed: 5, needleTokens: 6 })],
+  ['4 needles x 8 tokens', structuredCase({ ...shape, seed: 7, needleTokens: 8 })],
+];
+const PLAIN_CASE = structuredCase({ ...shape, seed: 5, needlesPerHead: 0 });
+// Not looked at when choosing varianceWeight / candidateFactor.
+const HELD_OUT = structuredCase({ ...shape, seed: 9, needleTokens: 10 });
 
 /** Attention mass (group-averaged probability) of the selected chunks of kv head h. */
 function selectedMass(sel: Selection, h: number, p: Float64Array): number {
@@ -16,8 +24,7 @@ function selectedMass(sel: Selection, h: number, p: Float64Array): number {
   return s;
 }
 
-async function evaluate(name: PolicyName, options = {}) {
-  const c = CASE;
+async function evaluate(c: StructuredCase, name: PolicyName, options: PolicyOptions = {}) {
   const policy = createPolicy(name, options);
   await policy.build({ data: c.keys, dtype: 'f32', tokens: c.tokens, heads: c.kvHeads, dim: c.dim }, c.tokens);
   let got = 0;
@@ -46,45 +53,63 @@ async function evaluate(name: PolicyName, options = {}) {
   }
   return {
     recall: got / tokenOracle,
-    recallOfChunkOracle: got / chunkOracle,
+    ofChunkOracle: got / chunkOracle,
     needleChunks,
     needleChunksFound,
     vectorsPerStep: vectors / c.queries.length,
   };
 }
 
-describe('selection recall on structured keys with planted needles (8192 tokens, budget 256)', () => {
-  it('kvdrive retrieves every needle and matches scoring all chunk means at a fraction of the vectors', async () => {
-    const r = await evaluate('kvdrive');
-    const all = await evaluate('shadowkv', { chunkSize: 4 }); // every chunk mean scored, same chunks
-    const quest = await evaluate('quest');
-    const shadow = await evaluate('shadowkv');
+const f = (x: number) => x.toFixed(4);
+
+describe('selection recall vs the oracle (exact top-K tokens of dense attention), budget 256 of 8192', () => {
+  it.each(NEEDLE_CASES)('%s: kvdrive retrieves every needle, recall >= 0.97 x oracle, far fewer vectors than all chunk means', async (_, c) => {
+    const r = await evaluate(c, 'kvdrive');
+    const exhaustive = await evaluate(c, 'kvdrive', { candidateFactor: 1e6 }); // level 2 over every chunk
+    const means = await evaluate(c, 'shadowkv', { chunkSize: 4 }); // plain q·mean over every chunk
+    const quest = await evaluate(c, 'quest');
+    const shadow = await evaluate(c, 'shadowkv');
     console.log(
-      `recall vs token oracle (vs best chunk set): kvdrive ${r.recall.toFixed(4)} (${r.recallOfChunkOracle.toFixed(4)}), ` +
-        `${r.vectorsPerStep} vectors/step; all c=4 chunk means ${all.recall.toFixed(4)}, ${all.vectorsPerStep}; ` +
-        `shadowkv c=8 ${shadow.recall.toFixed(4)}, ${shadow.vectorsPerStep}; quest ${quest.recall.toFixed(4)}, ${quest.vectorsPerStep}`,
+      `recall/oracle: kvdrive ${f(r.recall)} (of best chunk set ${f(r.ofChunkOracle)}, ${r.vectorsPerStep} vectors/step); ` +
+        `kvdrive over all chunks ${f(exhaustive.recall)} (${exhaustive.vectorsPerStep}); plain chunk means c=4 ${f(means.recall)} (${means.vectorsPerStep}); ` +
+        `shadowkv c=8 ${f(shadow.recall)} (${shadow.vectorsPerStep}); quest ${f(quest.recall)} (${quest.vectorsPerStep})`,
     );
     expect(r.needleChunks).toBeGreaterThan(0);
     expect(r.needleChunksFound).toBe(r.needleChunks);
-    // The hierarchy (centroids, then the candidates' chunk means) loses < 1% against scoring every
-    // chunk mean, while scoring under half as many vectors.
-    expect(r.recall).toBeGreaterThanOrEqual(0.99 * all.recall);
-    expect(r.vectorsPerStep).toBeLessThan(0.5 * all.vectorsPerStep);
-    // Against the best chunk set at the same budget and against exact top-K tokens. Measured 0.955
-    // and 0.946 here: BELOW the 0.97 target. The hierarchy is not the cause (it equals scoring every
-    // chunk mean); ranking by q·mean is: a chunk straddling a needle edge has its one or two strong
-    // keys averaged away. These bounds guard against regressions; raising them needs a better
-    // level-2 score than the chunk mean.
-    expect(r.recallOfChunkOracle).toBeGreaterThanOrEqual(0.95);
-    expect(r.recall).toBeGreaterThanOrEqual(0.94);
-    expect(r.recall).toBeGreaterThan(quest.recall);
+    expect(r.recall).toBeGreaterThanOrEqual(0.97);
+    // The hierarchy loses < 1% against scoring every chunk, at under half the vectors of all chunk means.
+    expect(r.recall).toBeGreaterThanOrEqual(0.99 * exhaustive.recall);
+    expect(r.vectorsPerStep).toBeLessThan(0.5 * means.vectorsPerStep);
+    expect(r.recall).toBeGreaterThan(Math.max(means.recall, shadow.recall, quest.recall));
   });
 
-  it('cluster-only ranking (candidateFactor 1) does not beat the chunk re-rank', async () => {
-    const coarse = await evaluate('kvdrive', { candidateFactor: 1 });
-    const fine = await evaluate('kvdrive');
-    console.log(`kvdrive recall: candidateFactor 1 ${coarse.recall.toFixed(4)}, default ${fine.recall.toFixed(4)}`);
-    expect(fine.recall).toBeGreaterThanOrEqual(coarse.recall);
-    expect(fine.vectorsPerStep).toBeGreaterThan(coarse.vectorsPerStep);
+  it('held-out needle case: every needle, as good as exhaustive scoring, better than plain means (recall 0.965 < 0.97 here)', async () => {
+    const r = await evaluate(HELD_OUT, 'kvdrive');
+    const exhaustive = await evaluate(HELD_OUT, 'kvdrive', { candidateFactor: 1e6 });
+    const means = await evaluate(HELD_OUT, 'shadowkv', { chunkSize: 4 });
+    console.log(`held out: kvdrive ${f(r.recall)} (of best chunk set ${f(r.ofChunkOracle)}); exhaustive ${f(exhaustive.recall)}; plain chunk means ${f(means.recall)}`);
+    expect(r.needleChunksFound).toBe(r.needleChunks);
+    expect(r.recall).toBeGreaterThanOrEqual(0.99 * exhaustive.recall);
+    expect(r.recall).toBeGreaterThan(means.recall);
+    expect(r.recall).toBeGreaterThanOrEqual(0.96);
+  });
+
+  it('without needles: chunk granularity bounds every policy; kvdrive stays at least as good as plain chunk means', async () => {
+    const r = await evaluate(PLAIN_CASE, 'kvdrive');
+    const means = await evaluate(PLAIN_CASE, 'shadowkv', { chunkSize: 4 });
+    console.log(`no needles: kvdrive ${f(r.recall)} (of best chunk set ${f(r.ofChunkOracle)}); plain chunk means ${f(means.recall)}`);
+    expect(r.recall).toBeGreaterThanOrEqual(means.recall);
+    expect(r.ofChunkOracle).toBeGreaterThanOrEqual(0.97);
+  });
+
+  it('the variance term and the chunk re-rank each add recall', async () => {
+    const c = NEEDLE_CASES[1]![1];
+    const full = await evaluate(c, 'kvdrive');
+    const noVar = await evaluate(c, 'kvdrive', { varianceWeight: 0 });
+    const coarse = await evaluate(c, 'kvdrive', { candidateFactor: 1 });
+    console.log(`kvdrive recall: default ${f(full.recall)}, varianceWeight 0 ${f(noVar.recall)}, candidateFactor 1 ${f(coarse.recall)}`);
+    expect(full.recall).toBeGreaterThan(noVar.recall);
+    expect(full.recall).toBeGreaterThanOrEqual(coarse.recall);
+    expect(full.vectorsPerStep).toBeGreaterThan(coarse.vectorsPerStep);
   });
 });

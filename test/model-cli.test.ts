@@ -30,13 +30,34 @@ describe('kvdrive generate', () => {
     return fx ? ['--model', join(fx, 'stories260K', 'stories260K.bin'), '--tokenizer', join(fx, 'stories260K', 'tok512.bin')] : undefined;
   };
 
-  it('prints the greedy story, then tokens/s; --budget is noted for the dense backend', async (ctx) => {
+  it('prints the greedy story, then tokens/s; --budget is noted for an explicit dense backend', async (ctx) => {
     const f = files();
     if (!f) return ctx.skip();
-    const { out, err } = await run([...f, '--steps', '30', '--temperature', '0', '--budget', '64']);
+    const { out, err } = await run([...f, '--steps', '30', '--temperature', '0', '--backend', 'dense', '--budget', '64']);
     expect(out.startsWith('Once upon a time, there was a little girl named Lily.')).toBe(true);
-    expect(err).toMatch(/achieved tok\/s: \d+(\.\d+)? \(30 positions/);
+    expect(err).toMatch(/achieved tok\/s: \d+(\.\d+)? \(30 positions in [\d.]+ ms, backend dense/);
     expect(err).toMatch(/--budget 64 applies to the kvdrive sparse backend/);
+    expect(err).not.toMatch(/kvdrive attention/);
+  });
+
+  it('--budget selects the kvdrive backend (any --policy) and prints its per layer-step cost', async (ctx) => {
+    const f = files();
+    if (!f) return ctx.skip();
+    const dense = await run([...f, '--steps', '40', '--temperature', '0']);
+    expect(dense.err).toMatch(/backend dense/);
+    for (const policy of ['kvdrive', 'quest', 'shadowkv']) {
+      const { out, err } = await run([...f, '--steps', '40', '--temperature', '0', '--budget', '512', '--policy', policy]);
+      // A budget covering the whole context reproduces dense attention, hence the same greedy story.
+      expect(out).toBe(dense.out);
+      expect(err).toMatch(/backend kvdrive, stopped by steps/);
+      expect(err).toMatch(new RegExp(`kvdrive attention \\(policy ${policy}, budget 512\\): per layer-step selection [\\d.]+ ms .*attention [\\d.]+ ms over 200 layer-steps; attended 100\\.0% of the context`));
+    }
+    // A small budget (beyond the 64-token local window: 40 positions never leave it, so use 120).
+    const small = await run([...f, '--steps', '120', '--temperature', '0', '--budget', '8']);
+    expect(small.out.length).toBeGreaterThan(0);
+    const share = Number(/attended ([\d.]+)% of the context/.exec(small.err)?.[1]);
+    expect(share).toBeGreaterThan(0);
+    expect(share).toBeLessThan(100);
   });
 
   it('writes a trace with --trace-out / --trace-prompt', async (ctx) => {
@@ -57,7 +78,10 @@ describe('kvdrive generate', () => {
     await expectKvdError(() => run([...f, '--top-p', '1.1']), 'E_CONFIG', /option --top-p: expected a number in \[0, 1\]/);
     await expectKvdError(() => run(['--model', '/nonexistent/m.bin', '--tokenizer', '/nonexistent/t.bin']), 'E_NOT_FOUND', /checkpoint not found/);
     if (!files()) return ctx.skip();
-    await expectKvdError(() => run([...f, '--backend', 'nope']), 'E_CONFIG', /attention backend: expected one of dense, got "nope"/);
+    await expectKvdError(() => run([...f, '--backend', 'nope']), 'E_CONFIG', /attention backend: expected one of dense, kvdrive, got "nope"/);
+    await expectKvdError(() => run([...f, '--backend', 'kvdrive']), 'E_BUDGET', /kvdrive attention options\.budget: expected an integer ≥ 1 \(tokens per kv head\), got undefined/);
+    await expectKvdError(() => run([...f, '--budget', '16', '--policy', 'lru']), 'E_POLICY', /option --policy: expected one of kvdrive, quest, shadowkv, got "lru"/);
+    await expectKvdError(() => run([...f, '--policy', 'quest']), 'E_CONFIG', /option --policy: expected the kvdrive backend \(give --budget\)/);
     await expectKvdError(() => run([...f, '--trace-prompt', '3']), 'E_CONFIG', /--trace-prompt: expected to be given together with --trace-out/);
   });
 });

@@ -1,10 +1,15 @@
 /**
  * `kvdrive generate`: run the reference host (a llama2.c checkpoint) and print the text as it is
- * generated, then the speed. Attention goes through a named backend (`--backend`, default dense).
+ * generated, then the speed. Attention goes through a named backend (`--backend`); without one it
+ * is the kvdrive sparse backend when `--budget` is given and dense otherwise. With the kvdrive
+ * backend the mean selection and attention time per layer-step and the share of the context
+ * attended are printed at the end.
  */
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
+import type { PolicyName } from '../index/selection.js';
 import { backendNames, createBackend } from '../model/backends.js';
+import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
 import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
 import { generate } from '../model/generate.js';
@@ -21,7 +26,16 @@ interface GenerateCliOptions {
   seed: number;
   traceOut?: string;
   tracePrompt?: number;
-  backend: string;
+  backend?: string;
+  policy?: PolicyName;
+}
+
+const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
+
+/** Commander parser for --policy (E_POLICY for an unknown name). */
+function policyName(value: string): PolicyName {
+  if (!(POLICIES as readonly string[]).includes(value)) fail('E_POLICY', 'option --policy', `one of ${POLICIES.join(', ')}`, value);
+  return value as PolicyName;
 }
 
 /** Commander parser for an integer option ≥ min (E_CONFIG, or E_BUDGET for --budget). */
@@ -55,12 +69,13 @@ export function register(program: Command): void {
     .option('--temperature <x>', '0 = greedy, else sampling temperature', number('--temperature', 0), 1)
     .option('--top-p <p>', 'nucleus sampling mass; 0 or 1 disables it', number('--top-p', 0, 1), 0.9)
     .option('--seed <n>', 'sampling RNG seed', integer('--seed', 0), 0)
-    .option('--backend <name>', `attention backend (${backendNames().join(', ')})`, 'dense')
+    .option('--backend <name>', `attention backend (${backendNames().join(', ')}; default: kvdrive with --budget, else dense)`)
     .option(
       '--budget <k>',
-      'tokens attended per (layer, kv head) per step by the kvdrive sparse backend; the dense backend attends all',
+      'tokens attended per (layer, kv head) per step beside sinks and local window; selects the kvdrive sparse backend',
       integer('--budget', 1),
     )
+    .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, policyName)
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integer('--trace-prompt', 1))
     .action(async (opts: GenerateCliOptions) => {
@@ -68,9 +83,12 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
-      if (opts.budget !== undefined && opts.backend === 'dense')
+      const backendName = opts.backend ?? (opts.budget !== undefined ? 'kvdrive' : 'dense');
+      if (opts.policy !== undefined && backendName === 'dense')
+        fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
+      if (opts.budget !== undefined && backendName === 'dense')
         process.stderr.write(`note: --budget ${opts.budget} applies to the kvdrive sparse backend; the dense backend attends every position\n`);
-      const backend = createBackend(opts.backend, attentionShape(model.config), { budget: opts.budget });
+      const backend = createBackend(backendName, attentionShape(model.config), { budget: opts.budget, policy: opts.policy });
       try {
         const r = await generate({
           model,
@@ -87,8 +105,9 @@ export function register(program: Command): void {
         });
         process.stdout.write('\n');
         process.stderr.write(
-          `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${opts.backend}, stopped by ${r.stoppedBy})\n`,
+          `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${backendName}, stopped by ${r.stoppedBy})\n`,
         );
+        if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
         if (r.trace && opts.traceOut)
           process.stderr.write(`trace: ${opts.traceOut} (${r.trace.layers} layers, ${r.trace.promptTokens} prompt tokens, ${r.trace.decodeSteps} decode steps)\n`);
       } finally {

@@ -21,10 +21,11 @@ export interface KMeansResult {
 }
 
 /**
- * Seeded, deterministic k-means (k-means++ init, Lloyd iterations until stable or `iters`).
+ * Seeded, deterministic k-means (greedy k-means++ init with `trials` draws per centre, default
+ * 2 + ln k; Lloyd iterations until stable or `iters`).
  * points: n x dim row-major f32. Same seed + data give an identical result at every SIMD level.
  */
-export function kmeans(points: Float32Array, dim: number, opts: { k: number; iters?: number; seed?: number }): KMeansResult {
+export function kmeans(points: Float32Array, dim: number, opts: { k: number; iters?: number; seed?: number; trials?: number }): KMeansResult {
   return native.kmeans(points, dim, opts) as KMeansResult;
 }
 
@@ -37,11 +38,25 @@ export function chunkMeans(k: KvTensor, opts: { start?: number; end?: number; ch
 }
 
 /**
- * Scores n centroids (n x dim) for one GQA group: out[i] = max over the group's query heads
- * (q: groupSize x dim) of q·centroid_i.
+ * Scores n centroids for one GQA group: out[i] = max over the group's query heads (q: groupSize x
+ * dim) of q·centroid_i. layout 'rows' (default): centroids n x dim row-major, transposed into the
+ * index's tile layout inside the call; 'tiles': already tiled by {@link centroidTiles} (the kernel
+ * alone, as the index runs it).
  */
-export function scoreCentroids(q: Float32Array, groupSize: number, centroids: Float32Array, n: number, dim: number): Float32Array {
-  return native.scoreCentroids(q, groupSize, centroids, n, dim) as Float32Array;
+export function scoreCentroids(
+  q: Float32Array,
+  groupSize: number,
+  centroids: Float32Array,
+  n: number,
+  dim: number,
+  layout: 'rows' | 'tiles' = 'rows',
+): Float32Array {
+  return native.scoreCentroids(q, groupSize, centroids, n, dim, layout) as Float32Array;
+}
+
+/** n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes. */
+export function centroidTiles(centroids: Float32Array, n: number, dim: number): Float32Array {
+  return native.centroidTiles(centroids, n, dim) as Float32Array;
 }
 
 export type IndexKernelLevel = 'scalar' | 'avx2' | 'avx512';

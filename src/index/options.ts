@@ -30,9 +30,19 @@ export interface PolicyOptions {
   seed?: number;
   /**
    * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
-   * their chunks are re-ranked by q·chunk-mean (default 4; >= 1). Larger = higher recall, more scoring.
+   * their chunks are re-ranked by q·chunk-mean (default 2; >= 1). Larger = higher recall, more scoring;
+   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts).
    */
   candidateFactor?: number;
+  /**
+   * kvdrive only: weight w of the variance term in centroid and chunk scores (default 3; 0 = plain
+   * q·mean). A chunk's attention mass is Σ_t exp(s·q·k_t) ≈ exp(s·q·mean + s²/2·qᵀΣq); with an
+   * isotropic Σ = var·I the score becomes q·mean + w·(s/2)·|q|²·var (s = 1/sqrt(headDim)), so chunks
+   * and clusters whose few strong keys the mean averages away are not ranked too low. w = 1 is the
+   * Gaussian estimate; a key aligned with q is a heavy tail the isotropic variance underrates, and
+   * w = 3 was chosen on the synthetic needle cases of test/index-recall.test.ts (re-tune on traces).
+   */
+  varianceWeight?: number;
   /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
   threads?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
@@ -53,6 +63,7 @@ export interface ResolvedPolicyOptions {
   kmeansIters: number;
   seed: number;
   candidateFactor: number;
+  varianceWeight: number;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -60,7 +71,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'threads'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -74,6 +85,7 @@ const schema = z
     kmeansIters: int(0, 1000).optional(),
     seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
     candidateFactor: z.number().min(1).max(1e6).optional(),
+    varianceWeight: z.number().min(0).max(1000).optional(),
     threads: int(1, 2).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
@@ -90,6 +102,7 @@ const EXPECTED: Record<string, string> = {
   kmeansIters: 'an integer in [0, 1000]',
   seed: 'a safe integer >= 0',
   candidateFactor: 'a number in [1, 1e6]',
+  varianceWeight: 'a number in [0, 1000]',
   threads: 'the integer 1 or 2',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
@@ -131,7 +144,8 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     local: o.local ?? 64,
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
-    candidateFactor: o.candidateFactor ?? 4,
+    candidateFactor: o.candidateFactor ?? 2,
+    varianceWeight: o.varianceWeight ?? 3,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,

@@ -28,6 +28,12 @@ export interface SelectionPolicy {
   /** Index tokens [0, tokens) of one layer's keys (prefill). Off the JS thread. */
   build(k: KvTensor, tokens: number): Promise<void>;
   /**
+   * {@link build} on the calling thread, for synchronous hosts (an attention backend called per
+   * layer and position) that start from a short or empty context and grow it with {@link extend}.
+   * Same checks and typed errors; a failed build leaves the previous index in place.
+   */
+  buildSync(k: KvTensor, tokens: number): void;
+  /**
    * Called each decode step as the context grows (k now holds `tokens` tokens): seals chunks that
    * left the local window into the index, incrementally (kvdrive: a new chunk joins the nearest
    * centroid of its open segment, and a segment that fills up is re-clustered) — cheap, synchronous.
@@ -66,6 +72,7 @@ export interface SegmentClusters {
 
 interface NativeIndex {
   build(k: KvTensor, tokens: number): Promise<void>;
+  buildSync(k: KvTensor, tokens: number): void;
   extend(k: KvTensor, tokens: number): void;
   select(q: Float32Array, budget: number, pool?: number): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
@@ -116,6 +123,12 @@ export class NativeSelectionPolicy implements SelectionPolicy {
     } catch (e) {
       throw fromNative(e);
     }
+  }
+
+  buildSync(k: KvTensor, tokens: number): void {
+    this.checkKv('buildSync', k);
+    checkTokens('buildSync', tokens);
+    call(() => this.index.buildSync(k, tokens));
   }
 
   extend(k: KvTensor, tokens: number): void {

@@ -24,13 +24,20 @@ export interface AttentionShape {
   seqLen: number;
 }
 
-/** Options every backend factory accepts. */
+import type { PolicyOptions } from '../index/options.js';
+import type { PolicyName } from '../index/selection.js';
+
+/** Options every backend factory accepts (the dense backend ignores the sparse ones). */
 export interface BackendOptions {
   /**
    * Tokens attended per (layer, kv head) per step beside the always-kept sinks and local window
    * (DESIGN.md §2). Applies to the kvdrive sparse backend; the dense backend attends every position.
    */
   budget?: number;
+  /** kvdrive backend: selection policy (default 'kvdrive'). */
+  policy?: PolicyName;
+  /** kvdrive backend: options of the selection policy (see PolicyOptions). */
+  policyOptions?: PolicyOptions;
 }
 
 /** Creates a backend for a model shape. */

@@ -1,13 +1,23 @@
 /**
  * Registry of attention backends by name, for `kvdrive generate --backend` and other callers that
- * pick a backend from configuration. "dense" (the TS reference) is always present; the kvdrive
- * sparse backend registers itself here.
+ * pick a backend from configuration: "dense" (the TS reference) and "kvdrive" (the sparse backend,
+ * src/model/kvdrive-attention.ts, which needs a budget) are always present.
  */
 import { KvdriveError, fail } from '../errors.js';
 import type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './attention-backend.js';
 import { DenseTsAttention } from './dense-attention.js';
+import { KvdriveAttention } from './kvdrive-attention.js';
 
-const factories = new Map<string, BackendFactory>([['dense', (shape) => new DenseTsAttention(shape)]]);
+/** Builds the kvdrive sparse backend; its options are validated by KvdriveAttention (E_BUDGET without a budget). */
+function kvdriveFactory(shape: AttentionShape, options: BackendOptions): AttentionBackend {
+  // budget may be missing here: the constructor's validation turns that into E_BUDGET.
+  return new KvdriveAttention(shape, { budget: options.budget as number, policy: options.policy, policyOptions: options.policyOptions });
+}
+
+const factories = new Map<string, BackendFactory>([
+  ['dense', (shape) => new DenseTsAttention(shape)],
+  ['kvdrive', kvdriveFactory],
+]);
 
 /** Registers a backend under a name (used by `kvdrive generate --backend`). */
 export function registerBackend(name: string, factory: BackendFactory): void {

@@ -3,8 +3,9 @@
  *
  * Keys are built pre-RoPE as a sum of parts, then rotated at their positions:
  *   k_t = noise (σ = keyNoise per element)
- *       + topic centre of t's segment      (low-frequency "semantic" pairs; segments of ~topicSpan
- *                                            tokens, topics recur, so close tokens cluster)
+ *       + w_t × topic centre of t's segment (low-frequency "semantic" pairs; segments of ~topicSpan
+ *                                            tokens, topics recur, so close tokens cluster; w_t a
+ *                                            log-normal per-token salience giving heavy tails)
  *       + positional bias b                (high-frequency pairs: makes local heads possible)
  *       + outlier channels                 (a few fixed channels with a large constant, as in real K)
  *   sinks (the first sinkTokens): the topic part is replaced by a large vector on the lowest-
@@ -14,11 +15,15 @@
  *   every head: the sink direction (logit ≈ sinkLogit on sinks);
  *   'local': the positional bias (logit ≈ localLogit for the last few dozen tokens, decaying with
  *            distance as RoPE dephases the high-frequency pairs);
- *   'retrieval': one topic's centre (logit ≈ topicLogit on that topic's tokens, anywhere in the
- *            context), plus at a needle's steps the needle's direction (logit ≈ needleLogit);
+ *   'retrieval': one topic's centre (logit ≈ topicLogit·w_t on that topic's tokens, fading with
+ *            distance as RoPE turns the mid-frequency pairs), plus at a needle's steps the
+ *            needle's direction (logit ≈ needleLogit);
  *   'mixed': half of both, focused on the current (last) topic;
  *   all: an AR(1) query-noise process renewed by the fraction queryDrift per step, so consecutive
- *   steps' top-K sets overlap (≈70–90% with the defaults, like Fig. 7 of the KVDrive paper).
+ *   steps' top-K sets overlap 70–90% (Finding 1 / Fig. 7 of the KVDrive paper). Measured with the
+ *   defaults, dense softmax: T=2048 (D 64) top-64 overlap ≈0.82–0.87, top-1.56% mass ≈0.72–0.79;
+ *   T=128K (32/8 heads, D 128) top-2048 overlap ≈0.72–0.75, top-2048 mass ≈0.78.
+ * The logit defaults grow with ln T so the structure keeps its share of attention at any length.
  * A needle's key is written in the rotated frame of its steps' queries (its pre-RoPE content is the
  * needle direction turned back by the relative position), so the match survives any distance, as
  * a learned retrieval would; pair norms are unchanged by this.
@@ -64,16 +69,31 @@ export const SyntheticTraceOptionsSchema = z
     ropeStyle: z.enum(['half', 'interleaved', 'none']).default('half'),
     /** Attention-sink tokens at the start of the prompt. Default 4. */
     sinkTokens: int(0, 1024).default(4),
-    /** Scaled logit (q·k/√D) every query gives a sink token. Default 8. */
-    sinkLogit: real(0, 50).default(8),
+    /**
+     * Scaled logit (q·k/√D) every query gives a sink token. Default ln(promptTokens), so sinks keep
+     * a share of the attention comparable to the whole rest of the context at any length.
+     */
+    sinkLogit: real(0, 50).optional(),
     /** Mean length in tokens of a topic segment (lengths drawn in [span/2, 3·span/2]). Default 256. */
     topicSpan: int(4, 1 << 24).default(256),
-    /** Distinct topics per (layer, kv head); segments draw topics from these, so topics recur. Default 16. */
-    topics: int(1, 4096).default(16),
-    /** Scaled logit a retrieval head gives tokens of its topic. Default 3. */
-    topicLogit: real(0, 50).default(3),
-    /** Peak scaled logit a local head gives the most recent tokens. Default 8. */
-    localLogit: real(0, 50).default(8),
+    /**
+     * Distinct topics per (layer, kv head); segments draw topics from these, so topics recur.
+     * Default max(8, round(promptTokens / (4·topicSpan))): each topic recurs about four times.
+     */
+    topics: int(1, 1 << 20).optional(),
+    /**
+     * Spread of the per-token salience: the topic part of a key is scaled by a log-normal weight
+     * with this σ (mean 1), so a few tokens of a topic stand out (keywords) and attention has a
+     * heavy tail inside the topic. Default 0.3.
+     */
+    salience: real(0, 3).default(0.3),
+    /**
+     * Scaled logit a retrieval head gives tokens of its topic (of salience 1). Default
+     * 0.7·ln(promptTokens), so the topic's tokens outweigh the rest of a long context.
+     */
+    topicLogit: real(0, 50).optional(),
+    /** Peak scaled logit a local head gives the most recent tokens. Default ln(promptTokens) + 2. */
+    localLogit: real(0, 50).optional(),
     /** Fraction of query heads per layer that are local heads. Default 0.25. */
     localHeads: real(0, 1).default(0.25),
     /** Fraction of query heads per layer that are retrieval heads (at least one when needles > 0). Default 0.25. */
@@ -86,15 +106,18 @@ export const SyntheticTraceOptionsSchema = z
     keyNoise: real(0, 100).default(1),
     /**
      * Strength of the query noise process, as the standard deviation (over tokens) of the scaled
-     * logits it adds. Default 1.
+     * logits it adds. Default 0.7.
      */
-    queryNoise: real(0, 100).default(1),
-    /** Fraction of the query noise renewed per decode step (0: frozen, 1: independent steps). Default 0.1. */
-    queryDrift: real(0, 1).default(0.1),
+    queryNoise: real(0, 100).default(0.7),
+    /** Fraction of the query noise renewed per decode step (0: frozen, 1: independent steps). Default 0.25. */
+    queryDrift: real(0, 1).default(0.25),
     /** Needles planted per layer. Default 2. */
     needlesPerLayer: int(0, 1024).default(2),
-    /** Scaled logit the needle's retrieval head gives the needle at its steps. Default 12. */
-    needleLogit: real(0, 100).default(12),
+    /**
+     * Scaled logit the needle's retrieval head gives the needle at its steps. Default
+     * 2·topicLogit + 5, above the most salient topic tokens.
+     */
+    needleLogit: real(0, 100).optional(),
     /** Decode steps each needle stays attended (clamped to decodeSteps). Default 2. */
     needleSteps: int(1, 1 << 16).default(2),
     /** Needles are placed in the first needleDepth fraction of the prompt (after the sinks). Default 0.5. */
@@ -111,8 +134,14 @@ export const SyntheticTraceOptionsSchema = z
 
 /** Input options (all optional). */
 export type SyntheticTraceOptions = z.input<typeof SyntheticTraceOptionsSchema>;
-/** Options with defaults applied. */
-export type ResolvedSyntheticOptions = z.output<typeof SyntheticTraceOptionsSchema>;
+/** Options with defaults applied (including the length-dependent ones). */
+export type ResolvedSyntheticOptions = Omit<z.output<typeof SyntheticTraceOptionsSchema>, 'sinkLogit' | 'localLogit' | 'needleLogit' | 'topicLogit' | 'topics'> & {
+  sinkLogit: number;
+  topicLogit: number;
+  localLogit: number;
+  needleLogit: number;
+  topics: number;
+};
 
 /** Role of a query head. */
 export type HeadRole = 'local' | 'retrieval' | 'mixed';
@@ -232,9 +261,9 @@ function normals(): Float32Array {
 // the target logits so that q·k/√D on the part equals the logit.
 // Large against the noise (real K caches are strongly low-rank), so the per-token logit noise each
 // query part brings (its logit / its norm, in keyNoise units) stays below one.
-const SINK_NORM = 16;
+const SINK_NORM = 32;
 const POS_NORM = 12;
-const TOPIC_NORM = 6;
+const TOPIC_NORM = 10;
 const NEEDLE_NORM = 16;
 /** Distance in tokens over which the local heads' positional kernel decays to ~0. */
 const LOCAL_REACH = 256;
@@ -347,8 +376,10 @@ function rotate(v: Float64Array, pos: number, bands: Bands): void {
 interface LayerPlan {
   roles: HeadRole[];
   needles: SyntheticNeedle[];
-  /** [kvHead][topic] → pre-RoPE constant key part (topic centre + positional bias + outliers), length D. */
-  base: Float32Array[][];
+  /** [kvHead] → pre-RoPE key part every ordinary token has (positional bias + outliers), length D. */
+  common: Float32Array[];
+  /** [kvHead][topic] → pre-RoPE topic part (scaled by each token's salience), length D. */
+  topicVec: Float32Array[][];
   /** [kvHead] → constant key part of sink tokens. */
   sinkBase: Float32Array[];
   /** [kvHead] → Map token → pre-RoPE needle key constant part (already turned back). */
@@ -407,7 +438,7 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
   const sinkDir: Float64Array[] = [];
   const posDir: Float64Array[] = [];
   const centres: Float64Array[][] = [];
-  const base: Float32Array[][] = [];
+  const topicVec: Float32Array[][] = [];
   const sinkBase: Float32Array[] = [];
   const commons: Float64Array[] = []; // per kv head: positional bias + outliers (in every key)
   const semChannels: number[] = [];
@@ -425,14 +456,14 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
     for (let i = 0; i < D; i++) common[i] = POS_NORM * o.keyNoise * posDir[h]![i]! + outliers[i]!;
     commons.push(common);
     const cs: Float64Array[] = [];
-    const bs: Float32Array[] = [];
+    const ts: Float32Array[] = [];
     for (let j = 0; j < o.topics; j++) {
       const c = unitOnBand(r, D, bands, bands.semBand);
       cs.push(c);
-      bs.push(Float32Array.from(c, (x, i) => TOPIC_NORM * o.keyNoise * x + common[i]!));
+      ts.push(Float32Array.from(c, (x) => TOPIC_NORM * o.keyNoise * x));
     }
     centres.push(cs);
-    base.push(bs);
+    topicVec.push(ts);
     // Sink keys are their own massive vector: outlier channels but no positional bias, so the local
     // heads' kernel (which fluctuates at long distance) does not move them.
     sinkBase.push(Float32Array.from(sinkDir[h]!, (x, i) => SINK_NORM * o.keyNoise * x + outliers[i]!));
@@ -509,7 +540,8 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
   return {
     roles,
     needles,
-    base,
+    common: commons.map((c) => Float32Array.from(c)),
+    topicVec,
     sinkBase,
     needleKeys,
     q,
@@ -563,6 +595,8 @@ function generateKeys(
   const sinStep = Float64Array.from(bands.theta, (t) => Math.sin(t));
   const first = bands.first;
   const second = bands.second;
+  const zeros = new Float32Array(D);
+  const salienceHalfVar = (o.salience * o.salience) / 2; // log-normal weight with mean 1
   let x = seed | 0 || 1;
   for (let b0 = t0; b0 < t1; b0 += BLOCK) {
     const b1 = Math.min(t1, b0 + BLOCK);
@@ -574,7 +608,13 @@ function generateKeys(
       const rowOff = (t - b0) * row;
       for (let h = 0; h < H; h++) {
         const special = t < o.sinkTokens ? plan.sinkBase[h]! : plan.needleKeys[h]!.get(t);
-        const c = special ?? plan.base[h]![topicOf[t]!]!;
+        // Ordinary token: common part + salience × its topic's part. Sinks/needles: their own vector.
+        const c = special ?? plan.common[h]!;
+        const tv = special ? zeros : plan.topicVec[h]![topicOf[t]!]!;
+        x ^= x << 13;
+        x ^= x >>> 17;
+        x ^= x << 5;
+        const w = special ? 0 : Math.exp(o.salience * tab[x & 0xffff]! - salienceHalfVar);
         const off = rowOff + h * D;
         for (let p = 0; p < P; p++) {
           x ^= x << 13;
@@ -582,8 +622,8 @@ function generateKeys(
           x ^= x << 5;
           const i = first[p]!;
           const j = second[p]!;
-          const kx = c[i]! + sigma * tab[x & 0xffff]!;
-          const ky = c[j]! + sigma * tab[x >>> 16]!;
+          const kx = c[i]! + w * tv[i]! + sigma * tab[x & 0xffff]!;
+          const ky = c[j]! + w * tv[j]! + sigma * tab[x >>> 16]!;
           const cp = cos[p]!;
           const sp = sin[p]!;
           buf[off + i] = kx * cp - ky * sp;
@@ -657,7 +697,16 @@ export function resolveSyntheticOptions(options: SyntheticTraceOptions = {}): Re
       .join('; ');
     throw new KvdriveError('E_CONFIG', `synthetic trace options: expected ${what}; got ${given}`);
   }
-  return r.data;
+  const o = r.data;
+  const logT = Math.log(o.promptTokens);
+  return {
+    ...o,
+    sinkLogit: o.sinkLogit ?? logT,
+    localLogit: o.localLogit ?? logT + 2,
+    topicLogit: o.topicLogit ?? 0.7 * logT,
+    needleLogit: o.needleLogit ?? 2 * (o.topicLogit ?? 0.7 * logT) + 5,
+    topics: o.topics ?? Math.max(8, Math.round(o.promptTokens / (4 * o.topicSpan))),
+  };
 }
 
 /**

@@ -1,0 +1,26 @@
+/** Commander value parsers that turn bad option values into typed errors naming the flag. */
+import { fail, type ErrorCode } from '../errors.js';
+
+/** An integer option ≥ min (and ≤ max); `code` E_CONFIG unless the flag is a budget. */
+export function integerOption(flag: string, min: number, max = Number.MAX_SAFE_INTEGER, code: ErrorCode = 'E_CONFIG') {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isSafeInteger(n) || n < min || n > max)
+      fail(code, `option ${flag}`, max === Number.MAX_SAFE_INTEGER ? `an integer ≥ ${min}` : `an integer in [${min}, ${max}]`, value);
+    return n;
+  };
+}
+
+/** One of a fixed set of names. */
+export function choiceOption<T extends string>(flag: string, choices: readonly T[], code: ErrorCode = 'E_CONFIG') {
+  return (value: string): T => {
+    if (!(choices as readonly string[]).includes(value)) fail(code, `option ${flag}`, `one of ${choices.join(', ')}`, value);
+    return value as T;
+  };
+}
+
+/** A comma-separated list of names from a fixed set (e.g. policies). */
+export function choiceListOption<T extends string>(flag: string, choices: readonly T[], code: ErrorCode = 'E_CONFIG') {
+  const one = choiceOption(flag, choices, code);
+  return (value: string): T[] => value.split(',').map((s) => one(s.trim()));
+}
