@@ -202,7 +202,7 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   const int64_t latest = p.step;  // the step whose attention mass is "current" for eviction
   const int64_t now = p.step + 1;
   const int64_t c = cfg_.chunkSize;
-  const int64_t chunkBytes = int64_t(chunkElems()) * int64_t(DtypeSize(cfg_.dtype)) * 2;
+  const int64_t rowBytes2 = int64_t(cfg_.dim) * int64_t(DtypeSize(cfg_.dtype)) * 2;  // one K row + one V row
   thread_local std::vector<int32_t> missIdx;
   missIdx.clear();
   // 1. Hits: mark as used now (protects them from eviction this step), refresh rows that did not
@@ -270,8 +270,10 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   for (int32_t i : missIdx) {
     const int32_t chunk = sel.ids[i];
     if (p.freeSlots.empty()) {
+      // Read from the source for this step only: the rows that exist, like an admission would copy.
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(c, src.k->tokens - int64_t(chunk) * c));
       ++st.streamed;
-      st.bytesStreamed += chunkBytes;
+      st.bytesStreamed += rows * rowBytes2;
       continue;
     }
     const int32_t slot = p.freeSlots.back();
