@@ -90,8 +90,8 @@ int64_t Tier::RequiredBytes(const TierConfig& c, int64_t* slotBytesOut, int64_t*
   for (int l = 0; l < c.layers; ++l)
     for (int h = 0; h < c.kvHeads; ++h) {
       const int64_t cap = int64_t(c.windows[size_t(l) * c.kvHeads + h]) * perStep;
-      // slotChunk, slotRows, freeSlots (int32), lastUse, uses, massStep (int64), mass (float)
-      const int64_t perSlotMeta = 4 * 3 + 8 * 3 + 4;
+      // slotChunk, slotRows, freeSlots (int32), lastUse, uses, massStep, poolStamp (int64), mass, poolScore (float)
+      const int64_t perSlotMeta = 4 * 3 + 8 * 4 + 4 * 2;
       const int64_t m = cap > 0 ? int64_t(MapBuckets(int32_t(cap))) * 8 : 0;
       slots += cap;
       meta += cap * perSlotMeta + m;
@@ -140,6 +140,8 @@ Tier::Tier(const TierConfig& c) : cfg_(c) {
         p.uses.assign(cap, 0);
         p.mass.assign(cap, 0.f);
         p.massStep.assign(cap, -1);
+        p.poolScore.assign(cap, 0.f);
+        p.poolStamp.assign(cap, -1);
         p.freeSlots.resize(cap);
         for (size_t i = 0; i < cap; ++i) p.freeSlots[i] = int32_t(cap - 1 - i);  // pop gives slot 0 first
         if (cap > 0) {
@@ -200,9 +202,9 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   const int64_t latest = p.step;  // the step whose attention mass is "current" for eviction
   const int64_t now = p.step + 1;
   const int64_t c = cfg_.chunkSize;
-  const int64_t chunkBytes = int64_t(chunkElems()) * int64_t(DtypeSize(cfg_.dtype)) * 2;
-  std::vector<int32_t> missIdx;
-  missIdx.reserve(size_t(sel.n));
+  const int64_t rowBytes2 = int64_t(cfg_.dim) * int64_t(DtypeSize(cfg_.dtype)) * 2;  // one K row + one V row
+  thread_local std::vector<int32_t> missIdx;
+  missIdx.clear();
   // 1. Hits: mark as used now (protects them from eviction this step), refresh rows that did not
   //    exist yet when the chunk was admitted.
   for (int32_t i = 0; i < sel.n; ++i) {
@@ -223,21 +225,25 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   const int64_t placeable = std::min<int64_t>(st.misses, int64_t(p.capacity) - st.hits);
   int64_t toEvict = placeable - int64_t(p.freeSlots.size());
   if (toEvict > 0) {
-    std::unordered_map<int32_t, float> pool;
+    // Mark residents that are in this step's lookahead pool (score kept in the slot).
     if (cfg_.eviction == Eviction::Lookahead)
-      for (int32_t i = 0; i < sel.poolN; ++i) pool.emplace(sel.poolIds[i], sel.poolScores[i]);
-    std::vector<VictimKey> keys;
-    keys.reserve(size_t(p.resident));
+      for (int32_t i = 0; i < sel.poolN; ++i) {
+        const int32_t slot = p.Find(sel.poolIds[i]);
+        if (slot < 0) continue;
+        p.poolScore[size_t(slot)] = sel.poolScores[i];
+        p.poolStamp[size_t(slot)] = now;
+      }
+    thread_local std::vector<VictimKey> keys;
+    keys.clear();
     for (int32_t s = 0; s < p.capacity; ++s) {
       const int32_t chunk = p.slotChunk[size_t(s)];
       if (chunk < 0 || p.lastUse[size_t(s)] == now) continue;
       VictimKey k{0, 0.0, p.lastUse[size_t(s)], chunk, s};
       switch (cfg_.eviction) {
         case Eviction::Lookahead: {
-          auto it = pool.find(chunk);
-          if (it != pool.end()) {
+          if (p.poolStamp[size_t(s)] == now) {
             k.tier = 1;
-            k.score = it->second;
+            k.score = p.poolScore[size_t(s)];
           } else {
             k.score = p.massStep[size_t(s)] == latest ? double(p.mass[size_t(s)]) : 0.0;
           }
@@ -264,8 +270,10 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   for (int32_t i : missIdx) {
     const int32_t chunk = sel.ids[i];
     if (p.freeSlots.empty()) {
+      // Read from the source for this step only: the rows that exist, like an admission would copy.
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(c, src.k->tokens - int64_t(chunk) * c));
       ++st.streamed;
-      st.bytesStreamed += chunkBytes;
+      st.bytesStreamed += rows * rowBytes2;
       continue;
     }
     const int32_t slot = p.freeSlots.back();

@@ -17,6 +17,9 @@
 // destroyed while a worker still uses it is freed when that worker lets go). Steps on DIFFERENT
 // (sequence, layer) pairs may run concurrently; at most one operation per (sequence, layer) at a
 // time — enforced: a concurrent second one throws E_CONFIG instead of corrupting the map.
+// Per-call scratch (miss list, eviction candidates) lives in thread-local buffers that grow to the
+// largest selection seen on that thread and are reused; the tier itself never allocates after
+// creation.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -67,6 +70,8 @@ struct PairState {
   std::vector<int64_t> uses;       // times selected since admission (LFU)
   std::vector<float> mass;         // attention mass at massStep
   std::vector<int64_t> massStep;
+  std::vector<float> poolScore;    // lookahead pool score of the resident, valid when poolStamp == step
+  std::vector<int64_t> poolStamp;
   std::vector<int32_t> freeSlots;  // stack
   std::vector<int32_t> mapKey;     // chunk id, -1 = empty
   std::vector<int32_t> mapSlot;
@@ -142,7 +147,6 @@ class Tier {
  private:
   // Copies rows of chunk `chunk` available in the source (from row `from`) into `slot`.
   int64_t CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src);
-  int32_t ChooseVictim(PairState& p, int64_t now, const HeadSelection& sel, std::vector<int32_t>& scratch);
 
   TierConfig cfg_;
   int32_t perStep_ = 0;
