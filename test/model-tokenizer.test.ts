@@ -57,7 +57,8 @@ describe('Tokenizer (stories260K fixture)', () => {
     return fx ? loadTokenizer(join(fx, 'stories260K', 'tok512.bin'), { vocabSize: 512 }) : undefined;
   };
 
-  it.each([
+  // it.for (not it.each) passes the test context second, so ctx.skip() works without the fixture.
+  it.for([
     'Once upon a time, there was a little girl named Lily.',
     'She said, "I can\'t find it!"\nThe end.',
     '  two leading spaces and  double  spaces ',
