@@ -219,6 +219,17 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
         cfg_.varianceWeight = v;
       }
+      Napi::Value rf = o.Get("rerankFactor");
+      if (!rf.IsUndefined()) {
+        double v = rf.IsNumber() ? rf.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".rerankFactor: expected a number in [0, 1e6], got " + (rf.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.rerankFactor = v;
+      }
+      Napi::Value tg = o.Get("tokenGranular");
+      if (!tg.IsUndefined()) {
+        if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
+        cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
+      }
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
                               ", got " + std::to_string(cfg_.segmentTokens));
@@ -322,7 +333,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
     });
   }
 
-  // select(q, budget, pool = 0) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
+  // select(q, budget, pool = 0, keys?) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
   //   tokens, sinkEnd, tailStart, chunkSize, vectorsScored, bytesScored }
   Napi::Value Select(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
@@ -341,10 +352,22 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         if (pool < budget)
           Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
       }
-      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool);
+      // keys: the layer's keys, read in place on this thread (kvdrive's exact level-3 re-rank).
+      KvView keys;
+      const bool haveKeys = info.Length() > 3 && !info[3].IsUndefined();
+      if (haveKeys) {
+        keys = GetKvView(info[3], "select keys");
+        if (keys.heads != heads || keys.dim != dim)
+          Throw("E_SHAPE", "select keys: expected " + std::to_string(heads) + " kv heads x dim " + std::to_string(dim) +
+                               " as at build, got " + std::to_string(keys.heads) + " x " + std::to_string(keys.dim));
+        if (keys.tokens < index_->tokens())
+          Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index_->tokens()) +
+                               " tokens, got " + std::to_string(keys.tokens));
+      }
+      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
       Napi::Env env = info.Env();
       Napi::Object o = Napi::Object::New(env);
-      o.Set("chunkSize", index_->config().chunk);
+      o.Set("chunkSize", r.chunk);
       o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
       o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
       o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));

@@ -30,10 +30,6 @@ void RebuildCsr(Segment& seg) {
 }
 
 // Ranking order: higher score first, then lower chunk id.
-struct Ranked {
-  float score;
-  int32_t id;
-};
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
 
 // Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
@@ -307,10 +303,87 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
   tokens_ = tokens;
 }
 
-SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool) const {
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget,
+                             std::vector<Ranked>& ranked, SelectResult& out) const {
+  // The best level-2 chunks up to rerankFactor x K tokens (at least one chunk).
+  const double target = cfg_.rerankFactor * double(budget);
+  size_t n = 0;
+  double toks = 0;
+  ExtendSorted(ranked, 0, ranked.size(), Better);
+  while (n < ranked.size() && (n == 0 || toks < target)) toks += double(ChunkTokens(ranked[n++].id));
+  const SimdKernels& simd = Simd();
+  const float scale = float(1.0 / std::sqrt(double(dim_)));
+  // Scaled logits s·q_j·k_t of the re-ranked tokens, token-major (g per token), then of the always
+  // attended sinks and tail, which only feed the normalisers.
+  std::vector<float> row(dim_), logits;
+  logits.reserve(size_t(toks + 1) * g);
+  auto scoreToken = [&](int64_t t) {
+    simd.to_f32(row.data(), keys.Row(t, h), keys.dtype, dim_);
+    for (int j = 0; j < g; ++j) {
+      const float l = scale * DotFixed(qh + size_t(j) * dim_, row.data(), dim_);
+      if (!std::isfinite(l))
+        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                                 ", token " + std::to_string(t));
+      logits.push_back(l);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t j = ranked[i].id;
+    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) scoreToken(t);
+  }
+  for (int64_t t = 0; t < sinkEnd(); ++t) scoreToken(t);
+  for (int64_t t = tailStart(); t < tokens_; ++t) scoreToken(t);
+  // Per query head: m_j = max logit, z_j = sum exp(logit - m_j) over everything scored. A chunk's
+  // score is sum_j sum_t exp(logit - m_j) / z_j, its estimated share of the group's attention mass
+  // (z_j underestimates the true normaliser by the same factor for every chunk of head j).
+  const size_t scored = logits.size() / g;
+  std::vector<double> m(g, -1e300), z(g, 0.0);
+  for (size_t t = 0; t < scored; ++t)
+    for (int j = 0; j < g; ++j) m[j] = std::max(m[j], double(logits[t * g + j]));
+  for (size_t t = 0; t < scored; ++t)
+    for (int j = 0; j < g; ++j) z[j] += std::exp(double(logits[t * g + j]) - m[j]);
+  size_t at = 0;
+  if (cfg_.tokenGranular) {
+    // Token ids from here on: the re-ranked chunks' tokens by their own mass, then the remaining
+    // chunks' tokens in level-2 order (ranked below every re-ranked token; scores kept).
+    std::vector<Ranked> tok;
+    tok.reserve(size_t(toks) + (ranked.size() - n) * size_t(cfg_.chunk));
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t j = ranked[i].id;
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t, ++at) {
+        double mass = 0;
+        for (int r = 0; r < g; ++r) mass += std::exp(double(logits[at * g + r]) - m[r]) / z[r];
+        tok.push_back({float(mass), int32_t(t)});
+      }
+    }
+    std::sort(tok.begin(), tok.end(), Better);
+    for (size_t i = n; i < ranked.size(); ++i) {
+      const int64_t j = ranked[i].id;
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
+        tok.push_back({ranked[i].score, int32_t(t)});
+    }
+    ranked.swap(tok);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t j = ranked[i].id;
+      const int64_t len = ChunkTokens(j);
+      double mass = 0;
+      for (int64_t t = 0; t < len; ++t, ++at)
+        for (int r = 0; r < g; ++r) mass += std::exp(double(logits[at * g + r]) - m[r]) / z[r];
+      ranked[i].score = float(mass);
+    }
+    // Ranks below n keep their level-2 order (and scores); every re-ranked chunk ranks above them.
+    std::sort(ranked.begin(), ranked.begin() + n, Better);
+  }
+  out.keysScored += int64_t(scored);
+  out.bytesScored += int64_t(scored) * dim_ * int64_t(DtypeSize(keys.dtype));
+}
+
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
   SelectResult out;
+  out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
   std::vector<Ranked> ranked;
@@ -320,6 +393,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
+    bool rerankedAll = false;  // ranked is in final order already
     if (cfg_.policy == PolicyKind::Kvdrive) {
       // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
       std::vector<float> coef(g);
@@ -371,6 +445,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
                          useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
+      if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
+        RerankExact(qh, g, h, *keys, budget, ranked, out);
+        rerankedAll = true;
+      }
     } else {
       const size_t n = size_t(endChunk_ - firstChunk());
       scores.resize(n);
@@ -385,21 +463,24 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
-    size_t sorted = 0;
+    size_t sorted = rerankedAll ? ranked.size() : 0;
     const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
       if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
-    const int64_t shortLen = ChunkTokens(firstChunk());
-    bool shortSeen = false;
-    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? cfg_.chunk : shortLen); };
+    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
+    const bool tokens = rerankedAll && cfg_.tokenGranular;
+    if (tokens) out.chunk = 1;
+    const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
+    bool shortSeen = tokens;
+    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
     int64_t used = 0, poolUsed = 0;
     const size_t selBegin = out.ids.size();
     for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
       const Ranked& r = rankedAt(i);
-      const int64_t len = ChunkTokens(r.id);
-      if (r.id == firstChunk()) shortSeen = true;
+      const int64_t len = tokens ? 1 : ChunkTokens(r.id);
+      if (!tokens && r.id == firstChunk()) shortSeen = true;
       if (used + len <= budget) {
         used += len;
         out.ids.push_back(r.id);
@@ -415,7 +496,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
-  out.bytesScored = out.vectorsScored * vecBytes;
+  out.bytesScored += out.vectorsScored * vecBytes;  // index vectors (f32); key rows were added as read
+  out.vectorsScored += out.keysScored;
   return out;
 }
 

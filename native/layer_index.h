@@ -11,7 +11,12 @@
 //    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
 //    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
 //    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens. Both levels add
-//    the variance term of IndexConfig::varianceWeight.
+//    the variance term of IndexConfig::varianceWeight. Given the keys (the host's KV, read in place),
+//    level 3 re-ranks the best level-2 chunks up to rerankFactor x K tokens by their estimated share
+//    of dense attention mass, summed over the GQA group: exact q·k of their tokens, each query head
+//    normalised over the scored tokens plus sinks and tail. A chunk mean averages a single strong
+//    key away; the exact scores do not (this is what finds needles and closes most of the gap to
+//    the token oracle).
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id, so selections are deterministic.
@@ -47,6 +52,13 @@ struct IndexConfig {
   // estimate; keys aligned with q are heavier-tailed than that, and 3 (src/index/options.ts default)
   // met the recall target on the synthetic needle cases.
   double varianceWeight = 3.0;
+  // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
+  // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
+  // 0 disables the re-rank.
+  double rerankFactor = 1.5;
+  // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
+  // the best tokens of the re-ranked chunks first.
+  bool tokenGranular = true;
   int threads = 2;  // build splits kv heads over this many threads
 };
 
@@ -77,11 +89,19 @@ struct HeadIndex {
   std::vector<Segment> segments;  // kvdrive only, ascending
 };
 
+// One ranked chunk of a select: higher score first, then lower chunk id.
+struct Ranked {
+  float score;
+  int32_t id;
+};
+
 struct SelectResult {
+  int chunk = 0;                                  // tokens per id: cfg.chunk, or 1 (token-granular re-rank)
   std::vector<int32_t> offsets, ids;              // per head, ascending ids
   std::vector<int32_t> poolOffsets, poolIds;      // per head, best first (when pool > 0)
   std::vector<float> poolScores;
-  int64_t vectorsScored = 0;
+  int64_t vectorsScored = 0;  // index vectors + key rows
+  int64_t keysScored = 0;     // key rows read by the level-3 re-rank
   int64_t bytesScored = 0;
 };
 
@@ -96,7 +116,9 @@ class LayerIndex {
   void Extend(const KvView& kv, int64_t tokens);
   // Selection for one decode position: q is qHeads x dim (qHeads a multiple of heads), budget K >= 1
   // tokens per kv head, pool M >= K tokens (0: no pool).
-  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool) const;
+  // keys (optional): the layer's keys holding at least tokens() tokens, same heads and dim as at
+  // build, for kvdrive's exact level-3 re-rank.
+  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr) const;
 
   const IndexConfig& config() const { return cfg_; }
   bool built() const { return built_; }
@@ -122,6 +144,9 @@ class LayerIndex {
   void ClusterVariance(int h, Segment& seg, int c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
+  // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
+  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, std::vector<Ranked>& ranked,
+                   SelectResult& out) const;
 
   IndexConfig cfg_;
   bool built_ = false;

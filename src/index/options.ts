@@ -43,6 +43,19 @@ export interface PolicyOptions {
    * w = 3 was chosen on the synthetic needle cases of test/index-recall.test.ts (re-tune on traces).
    */
   varianceWeight?: number;
+  /**
+   * kvdrive only: when select() is given the layer's keys, the best level-2 chunks up to
+   * rerankFactor x budget tokens are re-ranked by their exact share of attention mass (q·k of each
+   * token, summed over the GQA group; default 1.5; 0 disables; >= 0).
+   */
+  rerankFactor?: number;
+  /**
+   * kvdrive only: with the keyed re-rank, select single tokens (the Selection's chunkSize is then 1)
+   * — the best tokens of the re-ranked chunks by exact score — rather than whole chunks (default
+   * true). Whole chunks cap recall at the best chunk set, which misses the token oracle where
+   * strong keys are scattered.
+   */
+  tokenGranular?: boolean;
   /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
   threads?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
@@ -64,6 +77,8 @@ export interface ResolvedPolicyOptions {
   seed: number;
   candidateFactor: number;
   varianceWeight: number;
+  rerankFactor: number;
+  tokenGranular: boolean;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -71,7 +86,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'tokenGranular', 'threads'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -86,6 +101,8 @@ const schema = z
     seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
     candidateFactor: z.number().min(1).max(1e6).optional(),
     varianceWeight: z.number().min(0).max(1000).optional(),
+    rerankFactor: z.number().min(0).max(1e6).optional(),
+    tokenGranular: z.boolean().optional(),
     threads: int(1, 2).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
@@ -103,6 +120,8 @@ const EXPECTED: Record<string, string> = {
   seed: 'a safe integer >= 0',
   candidateFactor: 'a number in [1, 1e6]',
   varianceWeight: 'a number in [0, 1000]',
+  rerankFactor: 'a number in [0, 1e6]',
+  tokenGranular: 'a boolean',
   threads: 'the integer 1 or 2',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
@@ -146,6 +165,8 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     seed: o.seed ?? 0,
     candidateFactor: o.candidateFactor ?? 2,
     varianceWeight: o.varianceWeight ?? 3,
+    rerankFactor: o.rerankFactor ?? 1.5,
+    tokenGranular: o.tokenGranular ?? true,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,
