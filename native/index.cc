@@ -225,6 +225,18 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".rerankFactor: expected a number in [0, 1e6], got " + (rf.IsNumber() ? Num(v) : "a non-number"));
         cfg_.rerankFactor = v;
       }
+      Napi::Value rw = o.Get("radiusWeight");
+      if (!rw.IsUndefined()) {
+        double v = rw.IsNumber() ? rw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".radiusWeight: expected a number in [0, 1000], got " + (rw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.radiusWeight = v;
+      }
+      Napi::Value of = o.Get("outlierFraction");
+      if (!of.IsUndefined()) {
+        double v = of.IsNumber() ? of.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".outlierFraction: expected a number in [0, 1], got " + (of.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.outlierFraction = v;
+      }
       Napi::Value tg = o.Get("tokenGranular");
       if (!tg.IsUndefined()) {
         if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));

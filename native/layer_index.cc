@@ -5,6 +5,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -127,6 +128,13 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   }
   seg.var.assign(seg.k, 0.f);
   for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
+  seg.radius.assign(seg.k, 0.f);
+  for (size_t i = 0; i < n; ++i) {
+    const int c = seg.assign[i];
+    const int64_t j = seg.c0 + int64_t(i);
+    seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
+  }
+  PickOutliers(h, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
   seg.tiles.resize(TileFloats(seg.k, dim_));
   TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
@@ -138,6 +146,31 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
     std::vector<float>().swap(seg.centroids);
   }
   RebuildCsr(seg);
+}
+
+// The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
+// lower id), ascending by id.
+void LayerIndex::PickOutliers(int h, Segment& seg) const {
+  seg.outliers.clear();
+  const size_t n = size_t(seg.c1 - seg.c0);
+  const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
+  if (want == 0) return;
+  const float* var = heads_data_[h].var.data() + (seg.c0 - firstChunk());
+  std::vector<Ranked> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
+  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), Better);
+  for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
+  std::sort(seg.outliers.begin(), seg.outliers.end());
+}
+
+// Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
+// (the chunk's own spread bounds any one token's distance from its mean).
+float LayerIndex::MemberRadius(int h, int64_t j, const float* c) const {
+  const HeadIndex& H = heads_data_[h];
+  const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+  double d2 = 0;
+  for (int d = 0; d < dim_; ++d) d2 += double(m[d] - c[d]) * double(m[d] - c[d]);
+  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(H.var[size_t(j - firstChunk())])));
 }
 
 // Variance of the member tokens around the centroid c, per dimension:
@@ -188,8 +221,11 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   ++seg.counts[c];
   for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
   ClusterVariance(h, seg, c);
+  if (seg.radius.size() < size_t(seg.k)) seg.radius.resize(seg.k, 0.f);
+  seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
   seg.assign.push_back(c);
   seg.c1 = j + 1;
+  PickOutliers(h, seg);
   if (seg.c1 == seg.cEnd) {
     ClusterSegment(h, seg);
   } else {
@@ -305,58 +341,66 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
 
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
-  // The best level-2 chunks up to rerankFactor x K tokens (at least one chunk).
+  // The best level-2 chunks up to rerankFactor x K tokens (at least one chunk), in rank order.
   const double target = cfg_.rerankFactor * double(budget);
-  size_t n = 0;
+  const size_t guess = size_t(target / cfg_.chunk) + 2;
+  size_t sorted = ExtendSorted(ranked, 0, guess, Better), n = 0;
   double toks = 0;
-  ExtendSorted(ranked, 0, ranked.size(), Better);
-  while (n < ranked.size() && (n == 0 || toks < target)) toks += double(ChunkTokens(ranked[n++].id));
+  while (n < ranked.size() && (n == 0 || toks < target)) {
+    if (n == sorted) sorted = ExtendSorted(ranked, sorted, sorted * 2, Better);
+    toks += double(ChunkTokens(ranked[n++].id));
+  }
+  // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
+  ExtendSorted(ranked, sorted, ranked.size(), Better);
+  for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+
+  // Keys of the re-ranked tokens, then the always attended sinks and tail (which only feed the
+  // normalisers), gathered as f32 rows; then one matrix-vector product per query head.
   const SimdKernels& simd = Simd();
-  const float scale = float(1.0 / std::sqrt(double(dim_)));
-  // Scaled logits s·q_j·k_t of the re-ranked tokens, token-major (g per token), then of the always
-  // attended sinks and tail, which only feed the normalisers.
-  std::vector<float> row(dim_), logits;
-  logits.reserve(size_t(toks + 1) * g);
-  auto scoreToken = [&](int64_t t) {
-    simd.to_f32(row.data(), keys.Row(t, h), keys.dtype, dim_);
-    for (int j = 0; j < g; ++j) {
-      const float l = scale * DotFixed(qh + size_t(j) * dim_, row.data(), dim_);
-      if (!std::isfinite(l))
-        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
-                                 ", token " + std::to_string(t));
-      logits.push_back(l);
-    }
-  };
+  std::vector<int64_t> toksAt;
+  toksAt.reserve(size_t(toks) + size_t(sinkEnd()) + size_t(tokens_ - tailStart()));
   for (size_t i = 0; i < n; ++i) {
     const int64_t j = ranked[i].id;
-    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) scoreToken(t);
+    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
   }
-  for (int64_t t = 0; t < sinkEnd(); ++t) scoreToken(t);
-  for (int64_t t = tailStart(); t < tokens_; ++t) scoreToken(t);
-  // Per query head: m_j = max logit, z_j = sum exp(logit - m_j) over everything scored. A chunk's
-  // score is sum_j sum_t exp(logit - m_j) / z_j, its estimated share of the group's attention mass
-  // (z_j underestimates the true normaliser by the same factor for every chunk of head j).
-  const size_t scored = logits.size() / g;
-  std::vector<double> m(g, -1e300), z(g, 0.0);
-  for (size_t t = 0; t < scored; ++t)
-    for (int j = 0; j < g; ++j) m[j] = std::max(m[j], double(logits[t * g + j]));
-  for (size_t t = 0; t < scored; ++t)
-    for (int j = 0; j < g; ++j) z[j] += std::exp(double(logits[t * g + j]) - m[j]);
-  size_t at = 0;
-  if (cfg_.tokenGranular) {
-    // Token ids from here on: the re-ranked chunks' tokens by their own mass, then the remaining
-    // chunks' tokens in level-2 order (ranked below every re-ranked token; scores kept).
-    std::vector<Ranked> tok;
-    tok.reserve(size_t(toks) + (ranked.size() - n) * size_t(cfg_.chunk));
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t j = ranked[i].id;
-      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t, ++at) {
-        double mass = 0;
-        for (int r = 0; r < g; ++r) mass += std::exp(double(logits[at * g + r]) - m[r]) / z[r];
-        tok.push_back({float(mass), int32_t(t)});
-      }
+  const size_t nRe = toksAt.size();
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
+  const size_t nAll = toksAt.size();
+  std::vector<float> rows(nAll * dim_), logits(size_t(g) * nAll);  // logits: head-major, g x nAll
+  for (size_t i = 0; i < nAll; ++i) simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[i], h), keys.dtype, dim_);
+  for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nAll, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll);
+  // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
+  // — t's estimated share of that head's attention (z underestimates the true normaliser by the
+  // same factor for every token of the head).
+  const float scale = float(1.0 / std::sqrt(double(dim_)));
+  for (int j = 0; j < g; ++j) {
+    float* l = logits.data() + size_t(j) * nAll;
+    float m = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < nAll; ++i) {
+      l[i] *= scale;
+      if (!std::isfinite(l[i]))
+        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                                 ", token " + std::to_string(toksAt[i]));
+      m = std::max(m, l[i]);
     }
-    std::sort(tok.begin(), tok.end(), Better);
+    double z = 0;
+    for (size_t i = 0; i < nAll; ++i) z += (l[i] = std::exp(l[i] - m));
+    const float inv = float(1.0 / z);
+    for (size_t i = 0; i < nRe; ++i) l[i] *= inv;
+  }
+  // Group share of token i (sum over the query heads).
+  auto share = [&](size_t i) {
+    float w = 0;
+    for (int j = 0; j < g; ++j) w += logits[size_t(j) * nAll + i];
+    return w;
+  };
+  if (cfg_.tokenGranular) {
+    // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
+    // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
+    std::vector<Ranked> tok;
+    tok.reserve(nRe + (ranked.size() - n) * size_t(cfg_.chunk));
+    for (size_t i = 0; i < nRe; ++i) tok.push_back({share(i), int32_t(toksAt[i])});
     for (size_t i = n; i < ranked.size(); ++i) {
       const int64_t j = ranked[i].id;
       for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
@@ -364,19 +408,16 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     }
     ranked.swap(tok);
   } else {
+    size_t at = 0;
     for (size_t i = 0; i < n; ++i) {
-      const int64_t j = ranked[i].id;
-      const int64_t len = ChunkTokens(j);
-      double mass = 0;
-      for (int64_t t = 0; t < len; ++t, ++at)
-        for (int r = 0; r < g; ++r) mass += std::exp(double(logits[at * g + r]) - m[r]) / z[r];
-      ranked[i].score = float(mass);
+      const int64_t len = ChunkTokens(ranked[i].id);
+      float mass = 0;
+      for (int64_t t = 0; t < len; ++t) mass += share(at++);
+      ranked[i].score = mass;
     }
-    // Ranks below n keep their level-2 order (and scores); every re-ranked chunk ranks above them.
-    std::sort(ranked.begin(), ranked.begin() + n, Better);
   }
-  out.keysScored += int64_t(scored);
-  out.bytesScored += int64_t(scored) * dim_ * int64_t(DtypeSize(keys.dtype));
+  out.keysScored += int64_t(nAll);
+  out.bytesScored += int64_t(nAll) * dim_ * int64_t(DtypeSize(keys.dtype));
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
@@ -393,7 +434,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
-    bool rerankedAll = false;  // ranked is in final order already
+    bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
     if (cfg_.policy == PolicyKind::Kvdrive) {
       // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
       std::vector<float> coef(g);
@@ -401,14 +442,29 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
                         double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
       const bool useVar = cfg_.varianceWeight > 0;
+      const bool useRadius = cfg_.radiusWeight > 0;
+      double qMax2 = 0;
+      for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
+      const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
+      std::vector<float> extra, ones(g, 1.f);
       // Level 1: every centroid, max over the GQA group.
       std::vector<Ranked> clusters;
       std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
-                      coef.data());
+        if (useRadius) {
+          // One spread term per cluster with the group's largest |q| (the max over the group is
+          // then taken over q_j·c + that term).
+          extra.resize(seg.k);
+          for (int c = 0; c < seg.k; ++c)
+            extra[c] = float(varCoefMax * (useVar ? seg.var[c] : 0.f) + radCoef * seg.radius[c]);
+          ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
+        } else {
+          ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
+                        coef.data());
+        }
         out.vectorsScored += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
@@ -437,6 +493,16 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           candTokens += double(ChunkTokens(seg.members[m]));
         }
       }
+      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
+      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
+      if (cfg_.outlierFraction > 0) {
+        const size_t before = ids.size();
+        for (const Segment& seg : H.segments) ids.insert(ids.end(), seg.outliers.begin(), seg.outliers.end());
+        if (ids.size() > before) {
+          std::sort(ids.begin(), ids.end());
+          ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+        }
+      }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
       std::vector<int32_t> rows(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
@@ -447,7 +513,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
         RerankExact(qh, g, h, *keys, budget, ranked, out);
-        rerankedAll = true;
+        reranked = true;
       }
     } else {
       const size_t n = size_t(endChunk_ - firstChunk());
@@ -463,14 +529,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
-    size_t sorted = rerankedAll ? ranked.size() : 0;
+    size_t sorted = 0;
     const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
       if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
     // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
-    const bool tokens = rerankedAll && cfg_.tokenGranular;
+    const bool tokens = reranked && cfg_.tokenGranular;
     if (tokens) out.chunk = 1;
     const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
     bool shortSeen = tokens;
@@ -513,7 +579,7 @@ int64_t LayerIndex::Bytes() const {
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

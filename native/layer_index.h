@@ -44,7 +44,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 2.0;
+  double candidateFactor = 4.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -55,7 +55,14 @@ struct IndexConfig {
   // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
   // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
   // 0 disables the re-rank.
-  double rerankFactor = 1.5;
+  double rerankFactor = 4.0;
+  // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
+  // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
+  // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).
+  double radiusWeight = 0.1;
+  // kvdrive: share of each segment's chunks, those with the highest key variance, that join the
+  // level-2 candidates whatever their cluster scores (0: none).
+  double outlierFraction = 0.03;
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;
@@ -79,6 +86,10 @@ struct Segment {
   std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
                                   // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
+  std::vector<int32_t> outliers;  // chunk ids with the highest key variance (outlierFraction), ascending
+  std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
+                                  // (max over member chunks of |mean - centroid| + chunk spread);
+                                  // for an open segment, measured against the centroid at insertion
   double inertia = 0;             // of the last k-means run
 };
 
@@ -142,6 +153,8 @@ class LayerIndex {
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ClusterVariance(int h, Segment& seg, int c) const;
+  void PickOutliers(int h, Segment& seg) const;
+  float MemberRadius(int h, int64_t j, const float* c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.

@@ -30,8 +30,9 @@ export interface PolicyOptions {
   seed?: number;
   /**
    * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
-   * their chunks are re-ranked by q·chunk-mean (default 2; >= 1). Larger = higher recall, more scoring;
-   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts).
+   * their chunks are re-ranked by q·chunk-mean (default 4; >= 1). Larger = higher recall, more scoring;
+   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts); on the
+   * `kvdrive demo` workload (bench/index-tune.ts) 4 with rerankFactor 4 beat 2 and 3.
    */
   candidateFactor?: number;
   /**
@@ -46,9 +47,26 @@ export interface PolicyOptions {
   /**
    * kvdrive only: when select() is given the layer's keys, the best level-2 chunks up to
    * rerankFactor x budget tokens are re-ranked by their exact share of attention mass (q·k of each
-   * token, summed over the GQA group; default 1.5; 0 disables; >= 0).
+   * token, summed over the GQA group; default 4; 0 disables; >= 0). On the demo workload at 128K /
+   * budget 2048, recall / oracle went 0.938 -> 0.955 from 3 to 4 and 0.981 at 8 (with every chunk a
+   * candidate): the chunk-mean ranking of level 2 is what the exact scores correct.
    */
   rerankFactor?: number;
+  /**
+   * kvdrive only: weight b of the cluster-radius term of centroid scores, score += b·|q|·radius
+   * (default 0.1; 0 = off; >= 0; 0.1-0.2 added ~0.01 of recall / oracle on the demo workload at
+   * 32K, 0.4 lost it again). radius bounds how far any member token lies from the centroid, so a
+   * cluster holding one strong key (a needle) is not averaged away as the variance term would be.
+   */
+  radiusWeight?: number;
+  /**
+   * kvdrive only: share of each segment's chunks — those with the highest key variance — that are
+   * always level-2 candidates, whatever their cluster's score (default 0.03; in [0, 1]; 0.01 found
+   * every planted needle of the demo workload at 32K, 0.03 at 128K). A strong key
+   * among weak, opposed neighbours drags its cluster's centroid away from every query; its chunk's
+   * variance gives it away.
+   */
+  outlierFraction?: number;
   /**
    * kvdrive only: with the keyed re-rank, select single tokens (the Selection's chunkSize is then 1)
    * — the best tokens of the re-ranked chunks by exact score — rather than whole chunks (default
@@ -78,6 +96,8 @@ export interface ResolvedPolicyOptions {
   candidateFactor: number;
   varianceWeight: number;
   rerankFactor: number;
+  radiusWeight: number;
+  outlierFraction: number;
   tokenGranular: boolean;
   threads: number;
   qHeads?: number;
@@ -86,7 +106,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'tokenGranular', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'threads'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -102,6 +122,8 @@ const schema = z
     candidateFactor: z.number().min(1).max(1e6).optional(),
     varianceWeight: z.number().min(0).max(1000).optional(),
     rerankFactor: z.number().min(0).max(1e6).optional(),
+    radiusWeight: z.number().min(0).max(1000).optional(),
+    outlierFraction: z.number().min(0).max(1).optional(),
     tokenGranular: z.boolean().optional(),
     threads: int(1, 2).optional(),
     qHeads: int(1, 4096).optional(),
@@ -121,6 +143,8 @@ const EXPECTED: Record<string, string> = {
   candidateFactor: 'a number in [1, 1e6]',
   varianceWeight: 'a number in [0, 1000]',
   rerankFactor: 'a number in [0, 1e6]',
+  radiusWeight: 'a number in [0, 1000]',
+  outlierFraction: 'a number in [0, 1]',
   tokenGranular: 'a boolean',
   threads: 'the integer 1 or 2',
   qHeads: 'an integer in [1, 4096]',
@@ -163,9 +187,11 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     local: o.local ?? 64,
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
-    candidateFactor: o.candidateFactor ?? 2,
+    candidateFactor: o.candidateFactor ?? 4,
     varianceWeight: o.varianceWeight ?? 3,
-    rerankFactor: o.rerankFactor ?? 1.5,
+    rerankFactor: o.rerankFactor ?? 4,
+    radiusWeight: o.radiusWeight ?? 0.1,
+    outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
