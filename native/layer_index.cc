@@ -137,7 +137,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   PickOutliers(h, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
   seg.tiles.resize(TileFloats(seg.k, dim_));
-  TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
   if (seg.clusteredFull) {
     // A full segment never grows again: the running sums (k x dim doubles) and the row-major
     // centroids are no longer needed (select reads the tiles).
@@ -230,7 +230,7 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     ClusterSegment(h, seg);
   } else {
     seg.tiles.resize(TileFloats(seg.k, dim_));
-    TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
     RebuildCsr(seg);
   }
 }
@@ -367,9 +367,14 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
   for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
   const size_t nAll = toksAt.size();
-  std::vector<float> rows(nAll * dim_), logits(size_t(g) * nAll);  // logits: head-major, g x nAll
-  for (size_t i = 0; i < nAll; ++i) simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[i], h), keys.dtype, dim_);
-  for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nAll, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll);
+  // Blocks of 128 rows (64 KiB at dim 128) stay in L1/L2 across the g passes.
+  constexpr size_t kBlock = 128;
+  std::vector<float> rows(kBlock * dim_), logits(size_t(g) * nAll);  // logits: head-major, g x nAll
+  for (size_t b0 = 0; b0 < nAll; b0 += kBlock) {
+    const size_t nb = std::min(kBlock, nAll - b0);
+    for (size_t i = 0; i < nb; ++i) simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
+    for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nb, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll + b0);
+  }
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
   // same factor for every token of the head).
@@ -424,6 +429,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
   SelectResult out;
+  int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
   out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
@@ -460,12 +466,13 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           extra.resize(seg.k);
           for (int c = 0; c < seg.k; ++c)
             extra[c] = float(varCoefMax * (useVar ? seg.var[c] : 0.f) + radCoef * seg.radius[c]);
-          ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
         } else {
-          ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
-                        coef.data());
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(),
+                           useVar ? seg.var.data() : nullptr, coef.data());
         }
         out.vectorsScored += seg.k;
+        f16Vectors += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
           // Rank key id: the cluster's first member chunk (unique, and orders ties by position).
@@ -562,7 +569,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
-  out.bytesScored += out.vectorsScored * vecBytes;  // index vectors (f32); key rows were added as read
+  // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
+  out.bytesScored += (out.vectorsScored - f16Vectors) * vecBytes + f16Vectors * int64_t(dim_) * 2;
   out.vectorsScored += out.keysScored;
   return out;
 }
@@ -570,7 +578,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
   std::vector<float> c(size_t(seg.k) * dim_);
-  UntransposeTiles(seg.tiles.data(), seg.k, dim_, c.data());
+  UntransposeTilesF16(seg.tiles.data(), seg.k, dim_, c.data());
   return c;
 }
 
@@ -579,7 +587,7 @@ int64_t LayerIndex::Bytes() const {
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

@@ -76,7 +76,8 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
-  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
+  std::vector<uint16_t> tiles;    // the centroids as f16 tiles (TileFloats(k, dim) values), what select
+                                  // scores: half the bytes of f32, widened exactly in the kernel
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
