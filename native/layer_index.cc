@@ -45,6 +45,21 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
   return next;
 }
 
+// Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
+// allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
+// carry over: every use clears or overwrites first.
+struct SelectScratch {
+  std::vector<Ranked> ranked, clusters, tok;
+  std::vector<int32_t> ids, order, rows;
+  std::vector<float> scores, coef, extra, ones, keyRows, logits;
+  std::vector<std::pair<int, int>> where;
+  std::vector<int64_t> toksAt;
+};
+SelectScratch& Scratch() {
+  thread_local SelectScratch s;
+  return s;
+}
+
 }  // namespace
 
 int64_t LayerIndex::SealedEnd(int64_t tokens) const {
@@ -339,7 +354,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
   tokens_ = tokens;
 }
 
-void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget,
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
   // The best level-2 chunks up to rerankFactor x K tokens (at least one chunk), in rank order.
   const double target = cfg_.rerankFactor * double(budget);
@@ -351,13 +366,21 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     toks += double(ChunkTokens(ranked[n++].id));
   }
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
-  ExtendSorted(ranked, sorted, ranked.size(), Better);
-  for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+  // Token-granular selections that the re-ranked tokens already fill never look at the rest.
+  const bool needRest = !cfg_.tokenGranular || double(want) > toks;
+  if (needRest) {
+    ExtendSorted(ranked, sorted, ranked.size(), Better);
+    for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+  } else {
+    ranked.resize(n);
+  }
 
   // Keys of the re-ranked tokens, then the always attended sinks and tail (which only feed the
   // normalisers), gathered as f32 rows; then one matrix-vector product per query head.
   const SimdKernels& simd = Simd();
-  std::vector<int64_t> toksAt;
+  SelectScratch& sc = Scratch();
+  std::vector<int64_t>& toksAt = sc.toksAt;
+  toksAt.clear();
   toksAt.reserve(size_t(toks) + size_t(sinkEnd()) + size_t(tokens_ - tailStart()));
   for (size_t i = 0; i < n; ++i) {
     const int64_t j = ranked[i].id;
@@ -369,10 +392,20 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   const size_t nAll = toksAt.size();
   // Blocks of 128 rows (64 KiB at dim 128) stay in L1/L2 across the g passes.
   constexpr size_t kBlock = 128;
-  std::vector<float> rows(kBlock * dim_), logits(size_t(g) * nAll);  // logits: head-major, g x nAll
+  std::vector<float>& rows = sc.keyRows;
+  std::vector<float>& logits = sc.logits;  // head-major, g x nAll
+  rows.resize(kBlock * dim_);
+  logits.resize(size_t(g) * nAll);
   for (size_t b0 = 0; b0 < nAll; b0 += kBlock) {
     const size_t nb = std::min(kBlock, nAll - b0);
-    for (size_t i = 0; i < nb; ++i) simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
+    for (size_t i = 0; i < nb; ++i) {
+      // Key rows are scattered (one kv head of a token-major cache): prefetch a few rows ahead.
+      if (b0 + i + 4 < nAll) {
+        const char* p = static_cast<const char*>(keys.Row(toksAt[b0 + i + 4], h));
+        for (size_t b = 0; b < size_t(dim_) * DtypeSize(keys.dtype); b += 64) __builtin_prefetch(p + b);
+      }
+      simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
+    }
     for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nb, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll + b0);
   }
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
@@ -403,7 +436,8 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   if (cfg_.tokenGranular) {
     // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
     // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
-    std::vector<Ranked> tok;
+    std::vector<Ranked>& tok = sc.tok;
+    tok.clear();
     tok.reserve(nRe + (ranked.size() - n) * size_t(cfg_.chunk));
     for (size_t i = 0; i < nRe; ++i) tok.push_back({share(i), int32_t(toksAt[i])});
     for (size_t i = n; i < ranked.size(); ++i) {
@@ -433,9 +467,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
-  std::vector<Ranked> ranked;
-  std::vector<int32_t> ids;
-  std::vector<float> scores;
+  SelectScratch& sc = Scratch();
+  std::vector<Ranked>& ranked = sc.ranked;
+  std::vector<int32_t>& ids = sc.ids;
+  std::vector<float>& scores = sc.scores;
   for (int h = 0; h < heads_; ++h) {
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
@@ -443,7 +478,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
     if (cfg_.policy == PolicyKind::Kvdrive) {
       // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
-      std::vector<float> coef(g);
+      std::vector<float>& coef = sc.coef;
+      coef.resize(g);
       for (int j = 0; j < g; ++j)
         coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
                         double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
@@ -453,10 +489,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
       const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
       const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
-      std::vector<float> extra, ones(g, 1.f);
+      std::vector<float>& extra = sc.extra;
+      std::vector<float>& ones = sc.ones;
+      ones.assign(g, 1.f);
       // Level 1: every centroid, max over the GQA group.
-      std::vector<Ranked> clusters;
-      std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
+      std::vector<Ranked>& clusters = sc.clusters;
+      std::vector<std::pair<int, int>>& where = sc.where;  // (segment, cluster) of clusters[i].id
+      clusters.clear();
+      where.clear();
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
@@ -480,7 +520,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           where.emplace_back(int(s), c);
         }
       }
-      std::vector<int32_t> order(clusters.size());
+      std::vector<int32_t>& order = sc.order;
+      order.resize(clusters.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
       auto better = [&](int32_t a, int32_t b) { return Better(clusters[a], clusters[b]); };
       // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
@@ -511,7 +552,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
       }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
-      std::vector<int32_t> rows(ids.size());
+      std::vector<int32_t>& rows = sc.rows;
+      rows.resize(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
       scores.resize(ids.size());
       ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
@@ -519,7 +561,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
-        RerankExact(qh, g, h, *keys, budget, ranked, out);
+        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
         reranked = true;
       }
     } else {

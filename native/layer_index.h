@@ -159,8 +159,9 @@ class LayerIndex {
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
-  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, std::vector<Ranked>& ranked,
-                   SelectResult& out) const;
+  // want: max(budget, pool) tokens the caller will fill.
+  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+                   std::vector<Ranked>& ranked, SelectResult& out) const;
 
   IndexConfig cfg_;
   bool built_ = false;
