@@ -115,24 +115,31 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
 }
 
 // scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
-// group of q·c. layout 'rows': n x dim row-major (transposed into tiles first, inside the call);
-// 'tiles': already in the index's tile layout (centroidTiles()), so the call is the kernel alone.
+// group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
+// 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles16': f16 tiles
+// (centroidTiles(.., 'f16'), a Uint16Array of binary16 bits), the layout the index scores.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto q = GetF32(info[0], "scoreCentroids q");
     const int g = int(ArgInt(info, 1, "scoreCentroids groupSize", 1, 4096));
-    auto c = GetF32(info[2], "scoreCentroids centroids");
     const int64_t n = ArgInt(info, 3, "scoreCentroids n", 0, int64_t(1) << 40);
     const int dim = int(ArgInt(info, 4, "scoreCentroids dim", 1, 65536));
     std::string layout = "rows";
     if (info.Length() > 5 && !info[5].IsUndefined()) {
       layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
-      if (layout != "rows" && layout != "tiles")
-        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows' or 'tiles', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+      if (layout != "rows" && layout != "tiles" && layout != "tiles16")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles16', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
     }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
     auto out = Napi::Float32Array::New(info.Env(), size_t(n));
+    if (layout == "tiles16") {
+      auto c = GetArray<uint16_t>(info[2], napi_uint16_array, "scoreCentroids centroids (f16 tiles)");
+      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles16: ceil(n/16)*16*dim)");
+      ScoreTilesMaxF16(q.data, g, c.data, size_t(n), dim, out.Data());
+      return out;
+    }
+    auto c = GetF32(info[2], "scoreCentroids centroids");
     if (layout == "tiles") {
       ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
       ScoreTilesMax(q.data, g, c.data, size_t(n), dim, out.Data());
@@ -146,13 +153,26 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   });
 }
 
-// centroidTiles(centroids, n, dim) -> Float32Array: n x dim row-major centroids in the tile layout.
+// centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array, or Uint16Array of f16 bits for
+// dtype 'f16': n x dim row-major centroids in the tile layout.
 Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto c = GetF32(info[0], "centroidTiles centroids");
     const int64_t n = ArgInt(info, 1, "centroidTiles n", 0, int64_t(1) << 40);
     const int dim = int(ArgInt(info, 2, "centroidTiles dim", 1, 65536));
+    std::string dt = "f32";
+    if (info.Length() > 3 && !info[3].IsUndefined()) {
+      dt = info[3].IsString() ? std::string(info[3].As<Napi::String>()) : "";
+      if (dt != "f32" && dt != "f16")
+        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'f16', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
+    }
     ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
+    CheckFinite(c.data, c.length, "centroidTiles centroids");
+    if (dt == "f16") {
+      auto out = Napi::Uint16Array::New(info.Env(), TileFloats(size_t(n), dim));
+      TransposeTilesF16(c.data, size_t(n), dim, out.Data());
+      return out;
+    }
     auto out = Napi::Float32Array::New(info.Env(), TileFloats(size_t(n), dim));
     TransposeTiles(c.data, size_t(n), dim, out.Data());
     return out;

@@ -30,9 +30,10 @@ export interface PolicyOptions {
   seed?: number;
   /**
    * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
-   * their chunks are re-ranked by q·chunk-mean (default 4; >= 1). Larger = higher recall, more scoring;
+   * their chunks are re-ranked by q·chunk-mean (default 6; >= 1). Larger = higher recall, more scoring;
    * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts); on the
-   * `kvdrive demo` workload (bench/index-tune.ts) 4 with rerankFactor 4 beat 2 and 3.
+   * `kvdrive demo` workload (bench/index-tune.ts) it goes with rerankFactor (candidates beyond the
+   * re-ranked ones are not selected with the keys), see there.
    */
   candidateFactor?: number;
   /**
@@ -47,9 +48,10 @@ export interface PolicyOptions {
   /**
    * kvdrive only: when select() is given the layer's keys, the best level-2 chunks up to
    * rerankFactor x budget tokens are re-ranked by their exact share of attention mass (q·k of each
-   * token, summed over the GQA group; default 4; 0 disables; >= 0). On the demo workload at 128K /
-   * budget 2048, recall / oracle went 0.938 -> 0.955 from 3 to 4 and 0.981 at 8 (with every chunk a
-   * candidate): the chunk-mean ranking of level 2 is what the exact scores correct.
+   * token, summed over the GQA group; default 6; 0 disables; >= 0). On the demo workload at 128K /
+   * budget 2048 (candidateFactor = rerankFactor), recall / oracle was 0.938 at 3, 0.960 at 4, 0.971
+   * at 5, 0.977 at 6 (0.989 at 32K / budget 512): the chunk-mean ranking of level 2 is what the exact
+   * scores correct. Cost grows linearly: rerankFactor x budget key rows read per kv head and step.
    */
   rerankFactor?: number;
   /**
@@ -187,9 +189,9 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     local: o.local ?? 64,
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
-    candidateFactor: o.candidateFactor ?? 4,
+    candidateFactor: o.candidateFactor ?? 6,
     varianceWeight: o.varianceWeight ?? 3,
-    rerankFactor: o.rerankFactor ?? 4,
+    rerankFactor: o.rerankFactor ?? 6,
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
