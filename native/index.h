@@ -54,6 +54,8 @@ void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, i
 // Row-major f32 centroids <-> f16 tiles (round to nearest even on the way in).
 void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct);
 void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c);
+// Writes centroid j (dim values) into its lanes of f16 tiles that already hold >= j + 1 centroids.
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct);
 
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);

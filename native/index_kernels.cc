@@ -462,6 +462,11 @@ void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct) {
     for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = F32ToF16(c[j * dim + d]);
 }
 
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct) {
+  uint16_t* lane = ct + (j / 16) * size_t(dim) * 16 + (j % 16);
+  for (int d = 0; d < dim; ++d) lane[size_t(d) * 16] = F32ToF16(centroid[d]);
+}
+
 void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c) {
   for (size_t j = 0; j < k; ++j)
     for (int d = 0; d < dim; ++d) c[j * dim + d] = F16ToF32(ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)]);

@@ -209,8 +209,9 @@ void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
 void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   const HeadIndex& H = heads_data_[h];
   const float* x = H.reps.data() + size_t(j - firstChunk()) * dim_;
-  int64_t toks = 0;
-  for (int64_t t = seg.c0; t <= j; ++t) toks += ChunkTokens(t);
+  // Tokens of chunks [c0, j]: one run [max(c0*chunk, sinks), (j+1)*chunk) (only firstChunk can
+  // hold sinks, and c0 >= firstChunk).
+  const int64_t toks = (j + 1) * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
   const int64_t want = (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster;
   int32_t c;
   if (seg.k < want) {
@@ -244,8 +245,10 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   if (seg.c1 == seg.cEnd) {
     ClusterSegment(h, seg);
   } else {
-    seg.tiles.resize(TileFloats(seg.k, dim_));
-    TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
+    // sits at t*dim*16 whatever k is, and padding lanes are zero).
+    seg.tiles.resize(TileFloats(seg.k, dim_), 0);
+    SetTileF16(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data());
     RebuildCsr(seg);
   }
 }
@@ -288,6 +291,15 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
 
   auto buildHead = [&](int h) {
+    // Room for the context to double before the per-chunk arrays reallocate: extend() then appends
+    // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
+    // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
+    // this costs address space, not memory.
+    const size_t room = size_t(2 * (c1 - c0) + segChunks);
+    HeadIndex& R = heads_data_[h];
+    R.reps.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Quest) R.maxs.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Kvdrive) R.var.reserve(room);
     ComputeReps(kv, h, c0, c1);
     // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
     // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.

@@ -54,8 +54,8 @@ describe('kvdrive exact re-rank with the keys', () => {
     expect(keyed.total).toBeGreaterThan(0);
     expect(keyed.found).toBe(keyed.total);
     expect(keyed.recall).toBeGreaterThan(plain.recall);
-    // Measured 0.95 here (index only 0.80); 0.98 on the demo workload at 32K (bench/index-tune.ts).
-    expect(keyed.recall).toBeGreaterThanOrEqual(0.93);
+    // Measured 0.967 here (index only 0.80); 0.989 on the demo workload at 32K (bench/index-tune.ts).
+    expect(keyed.recall).toBeGreaterThanOrEqual(0.95);
     for (const sel of keyed.sels) {
       expect(sel.chunkSize).toBe(1);
       for (let h = 0; h < shape.kvHeads; h++) {
