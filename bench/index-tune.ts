@@ -26,11 +26,13 @@ const SETS: (PolicyOptions & { policy?: PolicyName })[] = process.argv[6]
   ? JSON.parse(process.argv[6])
   : [{}, { policy: 'shadowkv', chunkSize: 4 }];
 
+// TUNE_NO_KEYS=1: select without the keys (index only); TUNE_SEED: trace seed (the demo's is 1).
 const NO_KEYS = process.env.TUNE_NO_KEYS === '1';
+const SEED = Number(process.env.TUNE_SEED ?? 1);
 const cpuMs = (c: NodeJS.CpuUsage) => (c.user + c.system) / 1000;
 
 const trace = generateSyntheticTrace({
-  layers: LAYERS, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: 1,
+  layers: LAYERS, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: SEED,
 });
 const meta = trace.meta;
 const needles = await traceNeedles(trace);
@@ -117,7 +119,7 @@ for (let l = 0; l < LAYERS; l++) {
   }
 }
 
-console.log(`context ${CONTEXT}, budget ${BUDGET}, ${LAYERS} layer(s) x ${STEPS} steps, 32/8 heads, dim 128, f16`);
+console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${LAYERS} layer(s) x ${STEPS} steps, 32/8 heads, dim 128, f16`);
 const base = acc.findIndex((_, i) => SETS[i]!.policy === 'shadowkv' && SETS[i]!.chunkSize === 4);
 for (let i = 0; i < SETS.length; i++) {
   const a = acc[i]!;

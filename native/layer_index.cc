@@ -54,6 +54,7 @@ struct SelectScratch {
   std::vector<float> scores, coef, extra, ones, keyRows, logits;
   std::vector<std::pair<int, int>> where;
   std::vector<int64_t> toksAt;
+  std::vector<uint8_t> mark;
 };
 SelectScratch& Scratch() {
   thread_local SelectScratch s;
@@ -368,15 +369,14 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
 
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
-  // The best level-2 chunks up to rerankFactor x K tokens (at least one chunk), in rank order.
+  // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
+  // selection, unordered (they are re-scored below).
   const double target = cfg_.rerankFactor * double(budget);
-  const size_t guess = size_t(target / cfg_.chunk) + 2;
-  size_t sorted = ExtendSorted(ranked, 0, guess, Better), n = 0;
+  const size_t n = std::min(ranked.size(), std::max<size_t>(1, size_t(std::ceil(target / cfg_.chunk))));
+  if (n < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (n - 1), ranked.end(), Better);
+  const size_t sorted = n;
   double toks = 0;
-  while (n < ranked.size() && (n == 0 || toks < target)) {
-    if (n == sorted) sorted = ExtendSorted(ranked, sorted, sorted * 2, Better);
-    toks += double(ChunkTokens(ranked[n++].id));
-  }
+  for (size_t i = 0; i < n; ++i) toks += double(ChunkTokens(ranked[i].id));
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
   const bool needRest = !cfg_.tokenGranular || double(want) > toks;
@@ -556,12 +556,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Outlier chunks (highest key variance of each segment) are always candidates: one strong
       // key among weak, opposed neighbours drags its cluster's centroid away from any query.
       if (cfg_.outlierFraction > 0) {
-        const size_t before = ids.size();
-        for (const Segment& seg : H.segments) ids.insert(ids.end(), seg.outliers.begin(), seg.outliers.end());
-        if (ids.size() > before) {
-          std::sort(ids.begin(), ids.end());
-          ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-        }
+        std::vector<uint8_t>& mark = sc.mark;  // 1 for chunk ids already candidates; all 0 between uses
+        mark.resize(size_t(endChunk_), 0);
+        for (int32_t id : ids) mark[size_t(id)] = 1;
+        const size_t fromClusters = ids.size();
+        for (const Segment& seg : H.segments)
+          for (int32_t id : seg.outliers)
+            if (!mark[size_t(id)]) ids.push_back(id);
+        for (size_t t = 0; t < fromClusters; ++t) mark[size_t(ids[t])] = 0;
       }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
       std::vector<int32_t>& rows = sc.rows;
