@@ -38,7 +38,10 @@ export interface SelectOptions {
 /** The selection side of one layer's KV cache. */
 export interface SelectionPolicy {
   readonly name: PolicyName;
-  /** Tokens per selectable chunk (Selection.chunkSize). */
+  /**
+   * Tokens per indexed chunk. Consumers must read Selection.chunkSize: a kvdrive select given the
+   * keys with tokenGranular (the default) selects single tokens and returns chunkSize 1.
+   */
   readonly chunkSize: number;
   /** Index tokens [0, tokens) of one layer's keys (prefill). Off the JS thread. */
   build(k: KvTensor, tokens: number): Promise<void>;
