@@ -5,8 +5,9 @@
  *  2. one 4096-token segment k-means (1024 chunk means -> 256 clusters, dim 128) vs one Lloyd
  *     iteration's worth of work at the scalar level;
  *  3. index build of one layer (tokens x 8 kv heads x dim 128, bf16 keys);
- *  4. select() per decode step per layer: kvdrive vs scoring all chunk means (shadowkv, c = 4) vs
- *     quest, with vectors scored.
+ *  4. select() per decode step per layer: kvdrive (index only, and with the keys: exact level-3
+ *     re-rank) vs scoring all chunk means (shadowkv, c = 4) vs quest, with vectors and bytes scored.
+ *  Recall on the demo workload: bench/index-tune.ts.
  *
  *   npm run build:ts && node dist/bench/index.bench.js [tokens=32768]
  */
@@ -26,9 +27,11 @@ const best = indexKernelLevel('best');
   const q = uniform(g * DIM, 1);
   const c = uniform(n * DIM, 2);
   const tiles = centroidTiles(c, n, DIM);
+  const tiles16 = centroidTiles(c, n, DIM, 'f16');
   const run = () => scoreCentroids(q, g, tiles, n, DIM, 'tiles');
+  const run16 = () => scoreCentroids(q, g, tiles16, n, DIM, 'tiles16');
   const runRows = () => scoreCentroids(q, g, c, n, DIM);
-  const tb = await meanMs({ best: run, rows: runRows });
+  const tb = await meanMs({ best: run, f16: run16, rows: runRows });
   indexKernelLevel('scalar');
   const tScalar = (await meanMs({ scalar: run })).scalar!;
   indexKernelLevel('best');
@@ -36,7 +39,8 @@ const best = indexKernelLevel('best');
   const gf = (ms: number) => (flop / ms / 1e6).toFixed(2);
   console.log(`scoreCentroids ${n} centroids x group ${g} x dim ${DIM} (tiled, as the index): ${best} ${gf(tb.best!)} GFLOP/s ` +
     `(${tb.best!.toFixed(3)} ms), scalar build ${gf(tScalar)} GFLOP/s; ratio ${(tScalar / tb.best!).toFixed(2)}x; ` +
-    `row-major input incl. transpose ${gf(tb.rows!)} GFLOP/s`);
+    `row-major input incl. transpose ${gf(tb.rows!)} GFLOP/s; f16 tiles (what the index scores, half the bytes) ` +
+    `${gf(tb.f16!)} GFLOP/s, ratio vs f32 tiles ${(tb.best! / tb.f16!).toFixed(2)}x`);
 }
 
 // 2. one segment's k-means
@@ -82,17 +86,20 @@ const best = indexKernelLevel('best');
       `${((cpu.user + cpu.system) / 1000).toFixed(0)} ms CPU, index ${(p.indexBytes() / 2 ** 20).toFixed(1)} MiB`);
   }
   const budget = Math.round(TOKENS * 0.0156);
-  const t = await meanMs(Object.fromEntries(Object.entries(policies).map(([n, p]) => [n, () => p.select(q, budget)])), 500);
+  // kvdriveKeys: the same kvdrive index, selecting with the keys (exact level-3 re-rank).
+  const selectFor = (name: string) => (name === 'kvdriveKeys' ? { keys: k } : undefined);
+  const withKeys: Record<string, (typeof policies)[keyof typeof policies]> = { ...policies, kvdriveKeys: policies.kvdrive };
+  const t = await meanMs(Object.fromEntries(Object.entries(withKeys).map(([n, p]) => [n, () => p.select(q, budget, selectFor(n))])), 500);
   // CPU time per step too: on a shared machine wall time includes waiting for a core.
   const cpuMs: Record<string, number> = {};
-  for (const [name, p] of Object.entries(policies)) {
+  for (const [name, p] of Object.entries(withKeys)) {
     const c0 = process.cpuUsage();
-    for (let i = 0; i < 50; i++) p.select(q, budget);
+    for (let i = 0; i < 50; i++) p.select(q, budget, selectFor(name));
     const u = process.cpuUsage(c0);
     cpuMs[name] = (u.user + u.system) / 1000 / 50;
   }
-  for (const [name, p] of Object.entries(policies)) {
-    p.select(q, budget);
+  for (const [name, p] of Object.entries(withKeys)) {
+    p.select(q, budget, selectFor(name));
     const s = p.lastSelectStats();
     console.log(`select ${name}: ${t[name]!.toFixed(3)} ms/step wall, ${cpuMs[name]!.toFixed(3)} ms CPU (32 q heads, budget ${budget}), ` +
       `${s.vectorsScored} vectors, ${(s.bytesScored / 2 ** 20).toFixed(2)} MiB scored; ratio vs allMeans: wall ${(t.allMeans! / t[name]!).toFixed(2)}x, ` +

@@ -115,24 +115,31 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
 }
 
 // scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
-// group of q·c. layout 'rows': n x dim row-major (transposed into tiles first, inside the call);
-// 'tiles': already in the index's tile layout (centroidTiles()), so the call is the kernel alone.
+// group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
+// 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles16': f16 tiles
+// (centroidTiles(.., 'f16'), a Uint16Array of binary16 bits), the layout the index scores.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto q = GetF32(info[0], "scoreCentroids q");
     const int g = int(ArgInt(info, 1, "scoreCentroids groupSize", 1, 4096));
-    auto c = GetF32(info[2], "scoreCentroids centroids");
     const int64_t n = ArgInt(info, 3, "scoreCentroids n", 0, int64_t(1) << 40);
     const int dim = int(ArgInt(info, 4, "scoreCentroids dim", 1, 65536));
     std::string layout = "rows";
     if (info.Length() > 5 && !info[5].IsUndefined()) {
       layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
-      if (layout != "rows" && layout != "tiles")
-        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows' or 'tiles', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+      if (layout != "rows" && layout != "tiles" && layout != "tiles16")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles16', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
     }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
     auto out = Napi::Float32Array::New(info.Env(), size_t(n));
+    if (layout == "tiles16") {
+      auto c = GetArray<uint16_t>(info[2], napi_uint16_array, "scoreCentroids centroids (f16 tiles)");
+      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles16: ceil(n/16)*16*dim)");
+      ScoreTilesMaxF16(q.data, g, c.data, size_t(n), dim, out.Data());
+      return out;
+    }
+    auto c = GetF32(info[2], "scoreCentroids centroids");
     if (layout == "tiles") {
       ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
       ScoreTilesMax(q.data, g, c.data, size_t(n), dim, out.Data());
@@ -146,13 +153,26 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   });
 }
 
-// centroidTiles(centroids, n, dim) -> Float32Array: n x dim row-major centroids in the tile layout.
+// centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array, or Uint16Array of f16 bits for
+// dtype 'f16': n x dim row-major centroids in the tile layout.
 Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto c = GetF32(info[0], "centroidTiles centroids");
     const int64_t n = ArgInt(info, 1, "centroidTiles n", 0, int64_t(1) << 40);
     const int dim = int(ArgInt(info, 2, "centroidTiles dim", 1, 65536));
+    std::string dt = "f32";
+    if (info.Length() > 3 && !info[3].IsUndefined()) {
+      dt = info[3].IsString() ? std::string(info[3].As<Napi::String>()) : "";
+      if (dt != "f32" && dt != "f16")
+        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'f16', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
+    }
     ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
+    CheckFinite(c.data, c.length, "centroidTiles centroids");
+    if (dt == "f16") {
+      auto out = Napi::Uint16Array::New(info.Env(), TileFloats(size_t(n), dim));
+      TransposeTilesF16(c.data, size_t(n), dim, out.Data());
+      return out;
+    }
     auto out = Napi::Float32Array::New(info.Env(), TileFloats(size_t(n), dim));
     TransposeTiles(c.data, size_t(n), dim, out.Data());
     return out;
@@ -218,6 +238,29 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = vw.IsNumber() ? vw.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
         cfg_.varianceWeight = v;
+      }
+      Napi::Value rf = o.Get("rerankFactor");
+      if (!rf.IsUndefined()) {
+        double v = rf.IsNumber() ? rf.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".rerankFactor: expected a number in [0, 1e6], got " + (rf.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.rerankFactor = v;
+      }
+      Napi::Value rw = o.Get("radiusWeight");
+      if (!rw.IsUndefined()) {
+        double v = rw.IsNumber() ? rw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".radiusWeight: expected a number in [0, 1000], got " + (rw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.radiusWeight = v;
+      }
+      Napi::Value of = o.Get("outlierFraction");
+      if (!of.IsUndefined()) {
+        double v = of.IsNumber() ? of.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".outlierFraction: expected a number in [0, 1], got " + (of.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.outlierFraction = v;
+      }
+      Napi::Value tg = o.Get("tokenGranular");
+      if (!tg.IsUndefined()) {
+        if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
+        cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
       }
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
@@ -322,7 +365,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
     });
   }
 
-  // select(q, budget, pool = 0) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
+  // select(q, budget, pool = 0, keys?) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
   //   tokens, sinkEnd, tailStart, chunkSize, vectorsScored, bytesScored }
   Napi::Value Select(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
@@ -341,10 +384,22 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         if (pool < budget)
           Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
       }
-      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool);
+      // keys: the layer's keys, read in place on this thread (kvdrive's exact level-3 re-rank).
+      KvView keys;
+      const bool haveKeys = info.Length() > 3 && !info[3].IsUndefined();
+      if (haveKeys) {
+        keys = GetKvView(info[3], "select keys");
+        if (keys.heads != heads || keys.dim != dim)
+          Throw("E_SHAPE", "select keys: expected " + std::to_string(heads) + " kv heads x dim " + std::to_string(dim) +
+                               " as at build, got " + std::to_string(keys.heads) + " x " + std::to_string(keys.dim));
+        if (keys.tokens < index_->tokens())
+          Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index_->tokens()) +
+                               " tokens, got " + std::to_string(keys.tokens));
+      }
+      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
       Napi::Env env = info.Env();
       Napi::Object o = Napi::Object::New(env);
-      o.Set("chunkSize", index_->config().chunk);
+      o.Set("chunkSize", r.chunk);
       o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
       o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
       o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));

@@ -47,6 +47,16 @@ void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
 void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
                    const float* var = nullptr, const float* coef = nullptr);
 
+// The same over tiles stored as f16 (IEEE binary16 bits, TileFloats(k, dim) values): half the bytes
+// per centroid; values are widened exactly, so the scores equal ScoreTilesMax over the widened tiles.
+void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out,
+                      const float* var = nullptr, const float* coef = nullptr);
+// Row-major f32 centroids <-> f16 tiles (round to nearest even on the way in).
+void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct);
+void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c);
+// Writes centroid j (dim values) into its lanes of f16 tiles that already hold >= j + 1 centroids.
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct);
+
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);
 // out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include <immintrin.h>
+
+#include "dtype.h"
 #include "index.h"
 
 namespace kvd {
@@ -29,6 +32,33 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 KVD_INLINE v16 Load16(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// 16 f16 values (IEEE binary16 bits) widened to f32; exact at every level, so f16 tiles score
+// bit-identically everywhere. L: 0 scalar, 1 AVX2 + F16C, 2 AVX-512F.
+template <int L>
+KVD_INLINE v16 LoadH16(const uint16_t* p);
+template <>
+KVD_INLINE v16 LoadH16<0>(const uint16_t* p) {
+  v16 v;
+  for (int i = 0; i < 16; ++i) v[i] = F16ToF32(p[i]);
+  return v;
+}
+template <>
+KVD_INLINE __attribute__((target("avx2,f16c"))) v16 LoadH16<1>(const uint16_t* p) {
+  __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  v16 v;
+  std::memcpy(&v, &a, 32);
+  std::memcpy(reinterpret_cast<char*>(&v) + 32, &b, 32);
+  return v;
+}
+template <>
+KVD_INLINE __attribute__((target("avx512f"))) v16 LoadH16<2>(const uint16_t* p) {
+  __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  v16 v;
+  std::memcpy(&v, &a, 64);
   return v;
 }
 
@@ -136,8 +166,16 @@ KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, s
 
 KVD_INLINE void ScoreRowsMaxGatherBody(const float* q, int group, const float* rows, const int32_t* ids, size_t n,
                                        int dim, float* out, const float* var, const float* coef) {
-  for (size_t i = 0; i < n; ++i)
+  // Rows are scattered over the whole representative array: prefetch a few ids ahead so the
+  // misses overlap (a row of dim 128 is 8 cache lines).
+  constexpr size_t kAhead = 4;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const char* p = reinterpret_cast<const char*>(rows + size_t(ids[i + kAhead]) * dim);
+      for (size_t b = 0; b < size_t(dim) * sizeof(float); b += 64) __builtin_prefetch(p + b);
+    }
     out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim, var ? coef : nullptr, var ? var[ids[i]] : 0.f);
+  }
 }
 
 KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, int dim) {
@@ -209,6 +247,41 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
   }
 }
 
+// The f16-tile variant (uint16_t bits widened on load: half the bytes streamed, same arithmetic as
+// ScoreTilesMaxBody). A macro, so LoadH16's target-specific intrinsics sit directly in each level's
+// function (an always-inline helper without the target attribute could not inline them).
+#define KVD_SCORE_TILES_H_BODY(LV) \
+ \
+  const size_t tiles = (k + 15) / 16; \
+  for (size_t t = 0; t < tiles; ++t) { \
+    const uint16_t* c = ct + t * size_t(dim) * 16; \
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16; \
+    v16 vv = v16{}; \
+    if (var) \
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l]; \
+    v16 best = v16{} - std::numeric_limits<float>::infinity(); \
+    for (int j0 = 0; j0 < group; j0 += 4) { \
+      const int nj = group - j0 < 4 ? group - j0 : 4; \
+      const float* qj[4]; \
+      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim; \
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{}; \
+      for (int d = 0; d < dim; ++d) { \
+        v16 cv = LoadH16<LV>(c + size_t(d) * 16); \
+        a0 += cv * qj[0][d]; \
+        a1 += cv * qj[1][d]; \
+        a2 += cv * qj[2][d]; \
+        a3 += cv * qj[3][d]; \
+      } \
+      v16* acc[4] = {&a0, &a1, &a2, &a3}; \
+      for (int r = 0; r < nj; ++r) { \
+        v16 s = *acc[r]; \
+        if (var) s += vv * coef[j0 + r]; \
+        best = s > best ? s : best; \
+      } \
+    } \
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l]; \
+  }
+
 // Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
 // zero-padded); R points share every centroid load and 16 centroids every point load. Output
 // (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
@@ -260,10 +333,11 @@ struct Table {
                              const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
   void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreTilesMaxH)(const float*, int, const uint16_t*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
 };
 
-#define KVD_INDEX_LEVEL(NAME, ATTR, ROWS)                                                                             \
+#define KVD_INDEX_LEVEL(NAME, ATTR, ROWS, LV)                                                                           \
   ATTR float Dot##NAME(const float* a, const float* b, int dim) { return DotBody(a, b, dim); }                  \
   ATTR void DotsMany##NAME(const float* x, size_t n, int dim, const float* c, float* out) {                    \
     DotsManyBody(x, n, dim, c, out);                                                                            \
@@ -285,22 +359,26 @@ struct Table {
                                  const float* var, const float* coef) {                                        \
     ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);                                                        \
   }                                                                                                             \
+  ATTR void ScoreTilesMaxH##NAME(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, \
+                                  const float* var, const float* coef) {                                       \
+    KVD_SCORE_TILES_H_BODY(LV)                                                                                  \
+  }                                                                                                             \
   ATTR void Nearest##NAME(const float* x, const float* xn, size_t n, const float* ct, const float* cn, size_t k, \
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
-  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, \
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, ScoreTilesMaxH##NAME, \
                            Nearest##NAME};
 
-KVD_INDEX_LEVEL(Scalar, , 4)
-KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2"))), 4)
-KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8)
+KVD_INDEX_LEVEL(Scalar, , 4, 0)
+KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c"))), 4, 1)
+KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 
 SimdLevel CpuMax() {
   static const SimdLevel l = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return SimdLevel::Avx512;
-    if (__builtin_cpu_supports("avx2")) return SimdLevel::Avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::Avx2;
     return SimdLevel::Scalar;
   }();
   return l;
@@ -371,6 +449,27 @@ void UntransposeTiles(const float* ct, size_t k, int dim, float* c) {
 void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out, const float* var,
                    const float* coef) {
   Active().scoreTilesMax(q, group, ct, k, dim, out, var, coef);
+}
+
+void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, const float* var,
+                      const float* coef) {
+  Active().scoreTilesMaxH(q, group, ct, k, dim, out, var, coef);
+}
+
+void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct) {
+  std::fill(ct, ct + TileFloats(k, dim), uint16_t(0));
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = F32ToF16(c[j * dim + d]);
+}
+
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct) {
+  uint16_t* lane = ct + (j / 16) * size_t(dim) * 16 + (j % 16);
+  for (int d = 0; d < dim; ++d) lane[size_t(d) * 16] = F32ToF16(centroid[d]);
+}
+
+void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) c[j * dim + d] = F16ToF32(ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)]);
 }
 
 void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -30,10 +31,6 @@ void RebuildCsr(Segment& seg) {
 }
 
 // Ranking order: higher score first, then lower chunk id.
-struct Ranked {
-  float score;
-  int32_t id;
-};
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
 
 // Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
@@ -46,6 +43,22 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
   if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
   std::sort(v.begin() + sorted, v.begin() + next, cmp);
   return next;
+}
+
+// Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
+// allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
+// carry over: every use clears or overwrites first.
+struct SelectScratch {
+  std::vector<Ranked> ranked, clusters, tok;
+  std::vector<int32_t> ids, order, rows;
+  std::vector<float> scores, coef, extra, ones, keyRows, logits;
+  std::vector<std::pair<int, int>> where;
+  std::vector<int64_t> toksAt;
+  std::vector<uint8_t> mark;
+};
+SelectScratch& Scratch() {
+  thread_local SelectScratch s;
+  return s;
 }
 
 }  // namespace
@@ -131,9 +144,16 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   }
   seg.var.assign(seg.k, 0.f);
   for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
+  seg.radius.assign(seg.k, 0.f);
+  for (size_t i = 0; i < n; ++i) {
+    const int c = seg.assign[i];
+    const int64_t j = seg.c0 + int64_t(i);
+    seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
+  }
+  PickOutliers(h, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
   seg.tiles.resize(TileFloats(seg.k, dim_));
-  TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
   if (seg.clusteredFull) {
     // A full segment never grows again: the running sums (k x dim doubles) and the row-major
     // centroids are no longer needed (select reads the tiles).
@@ -142,6 +162,31 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
     std::vector<float>().swap(seg.centroids);
   }
   RebuildCsr(seg);
+}
+
+// The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
+// lower id), ascending by id.
+void LayerIndex::PickOutliers(int h, Segment& seg) const {
+  seg.outliers.clear();
+  const size_t n = size_t(seg.c1 - seg.c0);
+  const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
+  if (want == 0) return;
+  const float* var = heads_data_[h].var.data() + (seg.c0 - firstChunk());
+  std::vector<Ranked> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
+  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), Better);
+  for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
+  std::sort(seg.outliers.begin(), seg.outliers.end());
+}
+
+// Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
+// (the chunk's own spread bounds any one token's distance from its mean).
+float LayerIndex::MemberRadius(int h, int64_t j, const float* c) const {
+  const HeadIndex& H = heads_data_[h];
+  const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+  double d2 = 0;
+  for (int d = 0; d < dim_; ++d) d2 += double(m[d] - c[d]) * double(m[d] - c[d]);
+  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(H.var[size_t(j - firstChunk())])));
 }
 
 // Variance of the member tokens around the centroid c, per dimension:
@@ -165,8 +210,9 @@ void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
 void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   const HeadIndex& H = heads_data_[h];
   const float* x = H.reps.data() + size_t(j - firstChunk()) * dim_;
-  int64_t toks = 0;
-  for (int64_t t = seg.c0; t <= j; ++t) toks += ChunkTokens(t);
+  // Tokens of chunks [c0, j]: one run [max(c0*chunk, sinks), (j+1)*chunk) (only firstChunk can
+  // hold sinks, and c0 >= firstChunk).
+  const int64_t toks = (j + 1) * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
   const int64_t want = (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster;
   int32_t c;
   if (seg.k < want) {
@@ -192,13 +238,18 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   ++seg.counts[c];
   for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
   ClusterVariance(h, seg, c);
+  if (seg.radius.size() < size_t(seg.k)) seg.radius.resize(seg.k, 0.f);
+  seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
   seg.assign.push_back(c);
   seg.c1 = j + 1;
+  PickOutliers(h, seg);
   if (seg.c1 == seg.cEnd) {
     ClusterSegment(h, seg);
   } else {
-    seg.tiles.resize(TileFloats(seg.k, dim_));
-    TransposeTiles(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+    // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
+    // sits at t*dim*16 whatever k is, and padding lanes are zero).
+    seg.tiles.resize(TileFloats(seg.k, dim_), 0);
+    SetTileF16(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data());
     RebuildCsr(seg);
   }
 }
@@ -241,6 +292,15 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
 
   auto buildHead = [&](int h) {
+    // Room for the context to double before the per-chunk arrays reallocate: extend() then appends
+    // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
+    // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
+    // this costs address space, not memory.
+    const size_t room = size_t(2 * (c1 - c0) + segChunks);
+    HeadIndex& R = heads_data_[h];
+    R.reps.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Quest) R.maxs.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Kvdrive) R.var.reserve(room);
     ComputeReps(kv, h, c0, c1);
     // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
     // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
@@ -307,35 +367,164 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
   tokens_ = tokens;
 }
 
-SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool) const {
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+                             std::vector<Ranked>& ranked, SelectResult& out) const {
+  // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
+  // selection, unordered (they are re-scored below).
+  const double target = cfg_.rerankFactor * double(budget);
+  const size_t n = std::min(ranked.size(), std::max<size_t>(1, size_t(std::ceil(target / cfg_.chunk))));
+  if (n < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (n - 1), ranked.end(), Better);
+  const size_t sorted = n;
+  double toks = 0;
+  for (size_t i = 0; i < n; ++i) toks += double(ChunkTokens(ranked[i].id));
+  // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
+  // Token-granular selections that the re-ranked tokens already fill never look at the rest.
+  const bool needRest = !cfg_.tokenGranular || double(want) > toks;
+  if (needRest) {
+    ExtendSorted(ranked, sorted, ranked.size(), Better);
+    for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+  } else {
+    ranked.resize(n);
+  }
+
+  // Keys of the re-ranked tokens, then the always attended sinks and tail (which only feed the
+  // normalisers), gathered as f32 rows; then one matrix-vector product per query head.
+  const SimdKernels& simd = Simd();
+  SelectScratch& sc = Scratch();
+  std::vector<int64_t>& toksAt = sc.toksAt;
+  toksAt.clear();
+  toksAt.reserve(size_t(toks) + size_t(sinkEnd()) + size_t(tokens_ - tailStart()));
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t j = ranked[i].id;
+    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
+  }
+  const size_t nRe = toksAt.size();
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
+  const size_t nAll = toksAt.size();
+  // Blocks of 128 rows (64 KiB at dim 128) stay in L1/L2 across the g passes.
+  constexpr size_t kBlock = 128;
+  std::vector<float>& rows = sc.keyRows;
+  std::vector<float>& logits = sc.logits;  // head-major, g x nAll
+  rows.resize(kBlock * dim_);
+  logits.resize(size_t(g) * nAll);
+  for (size_t b0 = 0; b0 < nAll; b0 += kBlock) {
+    const size_t nb = std::min(kBlock, nAll - b0);
+    for (size_t i = 0; i < nb; ++i) {
+      // Key rows are scattered (one kv head of a token-major cache): prefetch a few rows ahead.
+      if (b0 + i + 4 < nAll) {
+        const char* p = static_cast<const char*>(keys.Row(toksAt[b0 + i + 4], h));
+        for (size_t b = 0; b < size_t(dim_) * DtypeSize(keys.dtype); b += 64) __builtin_prefetch(p + b);
+      }
+      simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
+    }
+    for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nb, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll + b0);
+  }
+  // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
+  // — t's estimated share of that head's attention (z underestimates the true normaliser by the
+  // same factor for every token of the head).
+  const float scale = float(1.0 / std::sqrt(double(dim_)));
+  for (int j = 0; j < g; ++j) {
+    float* l = logits.data() + size_t(j) * nAll;
+    float m = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < nAll; ++i) {
+      l[i] *= scale;
+      if (!std::isfinite(l[i]))
+        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                                 ", token " + std::to_string(toksAt[i]));
+      m = std::max(m, l[i]);
+    }
+    double z = 0;
+    for (size_t i = 0; i < nAll; ++i) z += (l[i] = std::exp(l[i] - m));
+    const float inv = float(1.0 / z);
+    for (size_t i = 0; i < nRe; ++i) l[i] *= inv;
+  }
+  // Group share of token i (sum over the query heads).
+  auto share = [&](size_t i) {
+    float w = 0;
+    for (int j = 0; j < g; ++j) w += logits[size_t(j) * nAll + i];
+    return w;
+  };
+  if (cfg_.tokenGranular) {
+    // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
+    // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
+    std::vector<Ranked>& tok = sc.tok;
+    tok.clear();
+    tok.reserve(nRe + (ranked.size() - n) * size_t(cfg_.chunk));
+    for (size_t i = 0; i < nRe; ++i) tok.push_back({share(i), int32_t(toksAt[i])});
+    for (size_t i = n; i < ranked.size(); ++i) {
+      const int64_t j = ranked[i].id;
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
+        tok.push_back({ranked[i].score, int32_t(t)});
+    }
+    ranked.swap(tok);
+  } else {
+    size_t at = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t len = ChunkTokens(ranked[i].id);
+      float mass = 0;
+      for (int64_t t = 0; t < len; ++t) mass += share(at++);
+      ranked[i].score = mass;
+    }
+  }
+  out.keysScored += int64_t(nAll);
+  out.bytesScored += int64_t(nAll) * dim_ * int64_t(DtypeSize(keys.dtype));
+}
+
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
   SelectResult out;
+  int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
+  out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
-  std::vector<Ranked> ranked;
-  std::vector<int32_t> ids;
-  std::vector<float> scores;
+  SelectScratch& sc = Scratch();
+  std::vector<Ranked>& ranked = sc.ranked;
+  std::vector<int32_t>& ids = sc.ids;
+  std::vector<float>& scores = sc.scores;
   for (int h = 0; h < heads_; ++h) {
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
+    bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
     if (cfg_.policy == PolicyKind::Kvdrive) {
       // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
-      std::vector<float> coef(g);
+      std::vector<float>& coef = sc.coef;
+      coef.resize(g);
       for (int j = 0; j < g; ++j)
         coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
                         double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
       const bool useVar = cfg_.varianceWeight > 0;
+      const bool useRadius = cfg_.radiusWeight > 0;
+      double qMax2 = 0;
+      for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
+      const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
+      std::vector<float>& extra = sc.extra;
+      std::vector<float>& ones = sc.ones;
+      ones.assign(g, 1.f);
       // Level 1: every centroid, max over the GQA group.
-      std::vector<Ranked> clusters;
-      std::vector<std::pair<int, int>> where;  // (segment, cluster) of clusters[i].id
+      std::vector<Ranked>& clusters = sc.clusters;
+      std::vector<std::pair<int, int>>& where = sc.where;  // (segment, cluster) of clusters[i].id
+      clusters.clear();
+      where.clear();
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
-        ScoreTilesMax(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), useVar ? seg.var.data() : nullptr,
-                      coef.data());
+        if (useRadius) {
+          // One spread term per cluster with the group's largest |q| (the max over the group is
+          // then taken over q_j·c + that term).
+          extra.resize(seg.k);
+          for (int c = 0; c < seg.k; ++c)
+            extra[c] = float(varCoefMax * (useVar ? seg.var[c] : 0.f) + radCoef * seg.radius[c]);
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
+        } else {
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(),
+                           useVar ? seg.var.data() : nullptr, coef.data());
+        }
         out.vectorsScored += seg.k;
+        f16Vectors += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           if (seg.counts[c] == 0) continue;
           // Rank key id: the cluster's first member chunk (unique, and orders ties by position).
@@ -343,7 +532,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           where.emplace_back(int(s), c);
         }
       }
-      std::vector<int32_t> order(clusters.size());
+      std::vector<int32_t>& order = sc.order;
+      order.resize(clusters.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
       auto better = [&](int32_t a, int32_t b) { return Better(clusters[a], clusters[b]); };
       // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
@@ -363,14 +553,31 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           candTokens += double(ChunkTokens(seg.members[m]));
         }
       }
+      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
+      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
+      if (cfg_.outlierFraction > 0) {
+        std::vector<uint8_t>& mark = sc.mark;  // 1 for chunk ids already candidates; all 0 between uses
+        mark.resize(size_t(endChunk_), 0);
+        for (int32_t id : ids) mark[size_t(id)] = 1;
+        const size_t fromClusters = ids.size();
+        for (const Segment& seg : H.segments)
+          for (int32_t id : seg.outliers)
+            if (!mark[size_t(id)]) ids.push_back(id);
+        for (size_t t = 0; t < fromClusters; ++t) mark[size_t(ids[t])] = 0;
+      }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
-      std::vector<int32_t> rows(ids.size());
+      std::vector<int32_t>& rows = sc.rows;
+      rows.resize(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
       scores.resize(ids.size());
       ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
                          useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
+      if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
+        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        reranked = true;
+      }
     } else {
       const size_t n = size_t(endChunk_ - firstChunk());
       scores.resize(n);
@@ -391,15 +598,18 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
-    const int64_t shortLen = ChunkTokens(firstChunk());
-    bool shortSeen = false;
-    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? cfg_.chunk : shortLen); };
+    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
+    const bool tokens = reranked && cfg_.tokenGranular;
+    if (tokens) out.chunk = 1;
+    const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
+    bool shortSeen = tokens;
+    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
     int64_t used = 0, poolUsed = 0;
     const size_t selBegin = out.ids.size();
     for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
       const Ranked& r = rankedAt(i);
-      const int64_t len = ChunkTokens(r.id);
-      if (r.id == firstChunk()) shortSeen = true;
+      const int64_t len = tokens ? 1 : ChunkTokens(r.id);
+      if (!tokens && r.id == firstChunk()) shortSeen = true;
       if (used + len <= budget) {
         used += len;
         out.ids.push_back(r.id);
@@ -415,14 +625,16 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
-  out.bytesScored = out.vectorsScored * vecBytes;
+  // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
+  out.bytesScored += (out.vectorsScored - f16Vectors) * vecBytes + f16Vectors * int64_t(dim_) * 2;
+  out.vectorsScored += out.keysScored;
   return out;
 }
 
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
   std::vector<float> c(size_t(seg.k) * dim_);
-  UntransposeTiles(seg.tiles.data(), seg.k, dim_, c.data());
+  UntransposeTilesF16(seg.tiles.data(), seg.k, dim_, c.data());
   return c;
 }
 
@@ -431,7 +643,7 @@ int64_t LayerIndex::Bytes() const {
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
     for (const Segment& s : H.segments)
-      b += int64_t(s.centroids.size() + s.tiles.size() + s.var.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

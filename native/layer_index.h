@@ -11,7 +11,12 @@
 //    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
 //    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
 //    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens. Both levels add
-//    the variance term of IndexConfig::varianceWeight.
+//    the variance term of IndexConfig::varianceWeight. Given the keys (the host's KV, read in place),
+//    level 3 re-ranks the best level-2 chunks up to rerankFactor x K tokens by their estimated share
+//    of dense attention mass, summed over the GQA group: exact q·k of their tokens, each query head
+//    normalised over the scored tokens plus sinks and tail. A chunk mean averages a single strong
+//    key away; the exact scores do not (this is what finds needles and closes most of the gap to
+//    the token oracle).
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id, so selections are deterministic.
@@ -39,7 +44,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 2.0;
+  double candidateFactor = 6.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -47,6 +52,20 @@ struct IndexConfig {
   // estimate; keys aligned with q are heavier-tailed than that, and 3 (src/index/options.ts default)
   // met the recall target on the synthetic needle cases.
   double varianceWeight = 3.0;
+  // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
+  // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
+  // 0 disables the re-rank.
+  double rerankFactor = 6.0;
+  // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
+  // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
+  // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).
+  double radiusWeight = 0.1;
+  // kvdrive: share of each segment's chunks, those with the highest key variance, that join the
+  // level-2 candidates whatever their cluster scores (0: none).
+  double outlierFraction = 0.03;
+  // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
+  // the best tokens of the re-ranked chunks first.
+  bool tokenGranular = true;
   int threads = 2;  // build splits kv heads over this many threads
 };
 
@@ -57,7 +76,8 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
-  std::vector<float> tiles;       // the centroids as tiles (TileFloats(k, dim)), what select scores
+  std::vector<uint16_t> tiles;    // the centroids as f16 tiles (TileFloats(k, dim) values), what select
+                                  // scores: half the bytes of f32, widened exactly in the kernel
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
@@ -67,6 +87,10 @@ struct Segment {
   std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
                                   // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
+  std::vector<int32_t> outliers;  // chunk ids with the highest key variance (outlierFraction), ascending
+  std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
+                                  // (max over member chunks of |mean - centroid| + chunk spread);
+                                  // for an open segment, measured against the centroid at insertion
   double inertia = 0;             // of the last k-means run
 };
 
@@ -77,11 +101,19 @@ struct HeadIndex {
   std::vector<Segment> segments;  // kvdrive only, ascending
 };
 
+// One ranked chunk of a select: higher score first, then lower chunk id.
+struct Ranked {
+  float score;
+  int32_t id;
+};
+
 struct SelectResult {
+  int chunk = 0;                                  // tokens per id: cfg.chunk, or 1 (token-granular re-rank)
   std::vector<int32_t> offsets, ids;              // per head, ascending ids
   std::vector<int32_t> poolOffsets, poolIds;      // per head, best first (when pool > 0)
   std::vector<float> poolScores;
-  int64_t vectorsScored = 0;
+  int64_t vectorsScored = 0;  // index vectors + key rows
+  int64_t keysScored = 0;     // key rows read by the level-3 re-rank
   int64_t bytesScored = 0;
 };
 
@@ -96,7 +128,9 @@ class LayerIndex {
   void Extend(const KvView& kv, int64_t tokens);
   // Selection for one decode position: q is qHeads x dim (qHeads a multiple of heads), budget K >= 1
   // tokens per kv head, pool M >= K tokens (0: no pool).
-  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool) const;
+  // keys (optional): the layer's keys holding at least tokens() tokens, same heads and dim as at
+  // build, for kvdrive's exact level-3 re-rank.
+  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr) const;
 
   const IndexConfig& config() const { return cfg_; }
   bool built() const { return built_; }
@@ -120,8 +154,14 @@ class LayerIndex {
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ClusterVariance(int h, Segment& seg, int c) const;
+  void PickOutliers(int h, Segment& seg) const;
+  float MemberRadius(int h, int64_t j, const float* c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
+  // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
+  // want: max(budget, pool) tokens the caller will fill.
+  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+                   std::vector<Ranked>& ranked, SelectResult& out) const;
 
   IndexConfig cfg_;
   bool built_ = false;

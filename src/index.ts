@@ -7,7 +7,7 @@ export type { Dtype, DtypeArray, KvTensor, ModelShape } from './types.js';
 export { cpuFeatures, setSimdLevel } from './native.js';
 export type { CpuFeatures, SimdLevel } from './native.js';
 export { createPolicy } from './index/policy.js';
-export type { SelectionPolicy, SelectStats } from './index/policy.js';
+export type { SelectionPolicy, SelectOptions, SelectStats } from './index/policy.js';
 export type { PolicyOptions } from './index/options.js';
 export type { Selection, PolicyName } from './index/selection.js';
 export {

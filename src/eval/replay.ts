@@ -131,7 +131,8 @@ export async function replayLayer(
     for (const run of runs) {
       const ts = performance.now();
       run.policy.extend(kView, tokens);
-      const sel: Selection = run.policy.select(q, opts.budget);
+      // The keys let kvdrive re-rank its best candidates exactly (the others ignore them).
+      const sel: Selection = run.policy.select(q, opts.budget, { keys: kView });
       const selectMs = performance.now() - ts;
       const ta = performance.now();
       const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel });

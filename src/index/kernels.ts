@@ -40,23 +40,31 @@ export function chunkMeans(k: KvTensor, opts: { start?: number; end?: number; ch
 /**
  * Scores n centroids for one GQA group: out[i] = max over the group's query heads (q: groupSize x
  * dim) of q·centroid_i. layout 'rows' (default): centroids n x dim row-major, transposed into the
- * index's tile layout inside the call; 'tiles': already tiled by {@link centroidTiles} (the kernel
- * alone, as the index runs it).
+ * index's tile layout inside the call; 'tiles': f32 tiles from {@link centroidTiles} (the kernel
+ * alone); 'tiles16': f16 tiles from `centroidTiles(.., 'f16')` (a Uint16Array of binary16 bits) —
+ * what the index stores and scores: half the bytes, widened exactly, so scores equal 'tiles' over
+ * the f16-rounded centroids.
  */
 export function scoreCentroids(
   q: Float32Array,
   groupSize: number,
-  centroids: Float32Array,
+  centroids: Float32Array | Uint16Array,
   n: number,
   dim: number,
-  layout: 'rows' | 'tiles' = 'rows',
+  layout: 'rows' | 'tiles' | 'tiles16' = 'rows',
 ): Float32Array {
   return native.scoreCentroids(q, groupSize, centroids, n, dim, layout) as Float32Array;
 }
 
-/** n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes. */
-export function centroidTiles(centroids: Float32Array, n: number, dim: number): Float32Array {
-  return native.centroidTiles(centroids, n, dim) as Float32Array;
+/**
+ * n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes, as f32
+ * (default) or as f16 bits (dtype 'f16', round to nearest even; E_DTYPE for another dtype).
+ */
+export function centroidTiles(centroids: Float32Array, n: number, dim: number): Float32Array;
+export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32'): Float32Array;
+export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f16'): Uint16Array;
+export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32' | 'f16' = 'f32'): Float32Array | Uint16Array {
+  return native.centroidTiles(centroids, n, dim, dtype) as Float32Array | Uint16Array;
 }
 
 export type IndexKernelLevel = 'scalar' | 'avx2' | 'avx512';

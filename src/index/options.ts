@@ -30,8 +30,10 @@ export interface PolicyOptions {
   seed?: number;
   /**
    * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
-   * their chunks are re-ranked by q·chunk-mean (default 2; >= 1). Larger = higher recall, more scoring;
-   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts).
+   * their chunks are re-ranked by q·chunk-mean (default 6; >= 1). Larger = higher recall, more scoring;
+   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts); on the
+   * `kvdrive demo` workload (bench/index-tune.ts) it goes with rerankFactor (candidates beyond the
+   * re-ranked ones are not selected with the keys), see there.
    */
   candidateFactor?: number;
   /**
@@ -41,8 +43,43 @@ export interface PolicyOptions {
    * and clusters whose few strong keys the mean averages away are not ranked too low. w = 1 is the
    * Gaussian estimate; a key aligned with q is a heavy tail the isotropic variance underrates, and
    * w = 3 was chosen on the synthetic needle cases of test/index-recall.test.ts (re-tune on traces).
+   * With the keyed re-rank on the demo workload at 128K (bench/index-tune.ts, seeds 1/2/3),
+   * recall / oracle was 0.977/0.963/0.981 at w = 3 (needles 4/2/4 of 4) and 0.973/0.976/0.980 at
+   * w = 5 (every needle); 5 is not the default because index-only selection then falls below plain
+   * chunk means on needle-free data (test/index-recall.test.ts).
    */
   varianceWeight?: number;
+  /**
+   * kvdrive only: when select() is given the layer's keys, the best level-2 chunks up to
+   * rerankFactor x budget tokens are re-ranked by their exact share of attention mass (q·k of each
+   * token, summed over the GQA group; default 6; 0 disables; >= 0). On the demo workload at 128K /
+   * budget 2048 (candidateFactor = rerankFactor), recall / oracle was 0.938 at 3, 0.960 at 4, 0.971
+   * at 5, 0.977 at 6 (0.989 at 32K / budget 512): the chunk-mean ranking of level 2 is what the exact
+   * scores correct. Cost grows linearly: rerankFactor x budget key rows read per kv head and step.
+   */
+  rerankFactor?: number;
+  /**
+   * kvdrive only: weight b of the cluster-radius term of centroid scores, score += b·|q|·radius
+   * (default 0.1; 0 = off; >= 0; 0.1-0.2 added ~0.01 of recall / oracle on the demo workload at
+   * 32K, 0.4 lost it again). radius bounds how far any member token lies from the centroid, so a
+   * cluster holding one strong key (a needle) is not averaged away as the variance term would be.
+   */
+  radiusWeight?: number;
+  /**
+   * kvdrive only: share of each segment's chunks — those with the highest key variance — that are
+   * always level-2 candidates, whatever their cluster's score (default 0.03; in [0, 1]; 0.01 found
+   * every planted needle of the demo workload at 32K, 0.03 at 128K). A strong key
+   * among weak, opposed neighbours drags its cluster's centroid away from every query; its chunk's
+   * variance gives it away.
+   */
+  outlierFraction?: number;
+  /**
+   * kvdrive only: with the keyed re-rank, select single tokens (the Selection's chunkSize is then 1)
+   * — the best tokens of the re-ranked chunks by exact score — rather than whole chunks (default
+   * true). Whole chunks cap recall at the best chunk set, which misses the token oracle where
+   * strong keys are scattered.
+   */
+  tokenGranular?: boolean;
   /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
   threads?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
@@ -64,6 +101,10 @@ export interface ResolvedPolicyOptions {
   seed: number;
   candidateFactor: number;
   varianceWeight: number;
+  rerankFactor: number;
+  radiusWeight: number;
+  outlierFraction: number;
+  tokenGranular: boolean;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -71,7 +112,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'threads'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -86,6 +127,10 @@ const schema = z
     seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
     candidateFactor: z.number().min(1).max(1e6).optional(),
     varianceWeight: z.number().min(0).max(1000).optional(),
+    rerankFactor: z.number().min(0).max(1e6).optional(),
+    radiusWeight: z.number().min(0).max(1000).optional(),
+    outlierFraction: z.number().min(0).max(1).optional(),
+    tokenGranular: z.boolean().optional(),
     threads: int(1, 2).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
@@ -103,6 +148,10 @@ const EXPECTED: Record<string, string> = {
   seed: 'a safe integer >= 0',
   candidateFactor: 'a number in [1, 1e6]',
   varianceWeight: 'a number in [0, 1000]',
+  rerankFactor: 'a number in [0, 1e6]',
+  radiusWeight: 'a number in [0, 1000]',
+  outlierFraction: 'a number in [0, 1]',
+  tokenGranular: 'a boolean',
   threads: 'the integer 1 or 2',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
@@ -144,8 +193,12 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     local: o.local ?? 64,
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
-    candidateFactor: o.candidateFactor ?? 2,
+    candidateFactor: o.candidateFactor ?? 6,
     varianceWeight: o.varianceWeight ?? 3,
+    rerankFactor: o.rerankFactor ?? 6,
+    radiusWeight: o.radiusWeight ?? 0.1,
+    outlierFraction: o.outlierFraction ?? 0.03,
+    tokenGranular: o.tokenGranular ?? true,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,

@@ -12,18 +12,36 @@ import type { PolicyName, Selection } from './selection.js';
 
 /** Per-step cost of the last {@link SelectionPolicy.select}. */
 export interface SelectStats {
-  /** Representative vectors scored (centroids + re-ranked chunk means; Quest counts min and max). */
+  /**
+   * Vectors scored: index representatives (centroids + re-ranked chunk means; Quest counts min and
+   * max) plus key rows read by kvdrive's exact re-rank.
+   */
   vectorsScored: number;
-  /** Bytes of index data those vectors occupy (f32), i.e. index bytes touched by the step. */
+  /** Bytes those vectors occupy (index vectors as stored, key rows in the KV dtype): bytes touched by the step. */
   bytesScored: number;
   /** Wall time of the select call, milliseconds. */
   ms: number;
 }
 
+/** Per-call options of {@link SelectionPolicy.select}. */
+export interface SelectOptions {
+  /** Lookahead pool in tokens per kv head (an integer >= budget): best-ranked chunks first. */
+  pool?: number;
+  /**
+   * The layer's keys (same heads and dim as at build, at least the indexed tokens), read in place
+   * on the calling thread. kvdrive re-ranks its best rerankFactor x budget tokens' chunks by exact
+   * q·k; without keys selection uses the index alone.
+   */
+  keys?: KvTensor;
+}
+
 /** The selection side of one layer's KV cache. */
 export interface SelectionPolicy {
   readonly name: PolicyName;
-  /** Tokens per selectable chunk (Selection.chunkSize). */
+  /**
+   * Tokens per indexed chunk. Consumers must read Selection.chunkSize: a kvdrive select given the
+   * keys with tokenGranular (the default) selects single tokens and returns chunkSize 1.
+   */
   readonly chunkSize: number;
   /** Index tokens [0, tokens) of one layer's keys (prefill). Off the JS thread. */
   build(k: KvTensor, tokens: number): Promise<void>;
@@ -43,8 +61,11 @@ export interface SelectionPolicy {
    * Select for one decode position. q: Float32Array(qHeads*dim) (query head h belongs to kv head
    * floor(h / (qHeads/kvHeads))). budget: tokens per kv head beside sinks and tail (integer >= 1).
    * opts.pool: lookahead pool size in tokens per kv head (>= budget), best-ranked chunks first.
+   * opts.keys: the layer's keys (the KV tensor given to extend, read in place, at least as many
+   * tokens as indexed). kvdrive then re-ranks its best chunks by their exact attention mass
+   * (see {@link PolicyOptions.rerankFactor}); the other policies ignore it.
    */
-  select(q: Float32Array, budget: number, opts?: { pool?: number }): Selection;
+  select(q: Float32Array, budget: number, opts?: SelectOptions): Selection;
   /** Bytes of index memory. */
   indexBytes(): number;
   /** Vectors and bytes scored by, and wall time of, the last select. */
@@ -74,7 +95,7 @@ interface NativeIndex {
   build(k: KvTensor, tokens: number): Promise<void>;
   buildSync(k: KvTensor, tokens: number): void;
   extend(k: KvTensor, tokens: number): void;
-  select(q: Float32Array, budget: number, pool?: number): Selection & { vectorsScored: number; bytesScored: number };
+  select(q: Float32Array, budget: number, pool?: number, keys?: KvTensor): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
   clusters(head: number): SegmentClusters[];
 }
@@ -137,7 +158,7 @@ export class NativeSelectionPolicy implements SelectionPolicy {
     call(() => this.index.extend(k, tokens));
   }
 
-  select(q: Float32Array, budget: number, opts?: { pool?: number }): Selection {
+  select(q: Float32Array, budget: number, opts?: SelectOptions): Selection {
     if (!(q instanceof Float32Array)) fail('E_TYPE', 'select q', 'a Float32Array(qHeads*dim)', q);
     const { qHeads, headDim } = this.options;
     if (qHeads !== undefined && headDim !== undefined && q.length !== qHeads * headDim)
@@ -145,12 +166,14 @@ export class NativeSelectionPolicy implements SelectionPolicy {
     if (typeof budget !== 'number' || !Number.isSafeInteger(budget) || budget < 1)
       fail('E_BUDGET', 'select budget (tokens per kv head)', 'an integer >= 1', budget);
     if (opts !== undefined && (opts === null || typeof opts !== 'object'))
-      fail('E_TYPE', 'select opts', 'an object { pool? }', opts);
+      fail('E_TYPE', 'select opts', 'an object { pool?, keys? }', opts);
+    const keys = opts?.keys;
+    if (keys !== undefined) this.checkKv('select opts.keys', keys);
     const pool = opts?.pool;
     if (pool !== undefined && (typeof pool !== 'number' || !Number.isSafeInteger(pool) || pool < budget))
       throw new KvdriveError('E_BUDGET', `select pool (tokens per kv head): expected an integer >= the budget ${budget}, got ${describe(pool)}`);
     const t0 = performance.now();
-    const r = call(() => this.index.select(q, budget, pool));
+    const r = call(() => this.index.select(q, budget, pool, keys));
     const ms = performance.now() - t0;
     this.stats = { vectorsScored: r.vectorsScored, bytesScored: r.bytesScored, ms };
     const sel: Selection = {

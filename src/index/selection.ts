@@ -10,7 +10,10 @@
  * covers every chunk reproduces dense attention.
  */
 export interface Selection {
-  /** Tokens per chunk for `chunkIds` (kvdrive 4, shadowkv 8, quest 16 by default). */
+  /**
+   * Tokens per chunk for `chunkIds` (kvdrive 4, shadowkv 8, quest 16 by default; 1 for a kvdrive
+   * select given the keys with tokenGranular, its default: chunkIds are then token ids).
+   */
   chunkSize: number;
   /** Context length this selection was made for (prompt + decoded tokens, including the current one). */
   tokens: number;

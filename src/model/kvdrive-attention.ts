@@ -178,7 +178,8 @@ export class KvdriveAttention implements AttentionBackend {
     else fail('E_RANGE', `kvdrive attention layer ${layer} pos`, `> ${st.tokens - 1} (positions in order; 0 starts a new sequence)`, pos);
     st.tokens = tokens;
     const t1 = performance.now();
-    const selection = st.policy.select(q, this.budget);
+    // The keys at hand let kvdrive re-rank its best candidates exactly (quest / shadowkv ignore them).
+    const selection = st.policy.select(q, this.budget, { keys: k });
     const t2 = performance.now();
     const r = attendSparse({ q, qHeads: nHeads, k, v, selection, threads: this.threads });
     const t3 = performance.now();
