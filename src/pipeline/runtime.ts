@@ -67,8 +67,7 @@ export interface RuntimeOptions {
    * A hot tier (src/cache/hot-tier.ts) between the store and compute: adds the fetch stage (hit/miss
    * against the residents, eviction, admission) and compute reads chunks from their slots
    * (bit-identical outputs). `windows` and `eviction` as in HotTierOptions; `maxBytes` is its hard
-   * byte cap. The tier cannot reset one sequence's residency, so with a tier a closed sequence's
-   * handle is retired, not reused: at most maxSequences sequences over the runtime's life.
+   * byte cap. Closing a sequence empties its arenas, so its handle is reused like without a tier.
    */
   hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
 }
@@ -254,7 +253,7 @@ export class Runtime {
   private readonly tier: HotTier | undefined;
   /** tokens[seq * layers + layer]: context length of that layer; -1 = layer not prefilled. */
   private readonly tokens: Int32Array;
-  /** Per sequence handle: 0 free, 1 open, 2 retired (closed with a hot tier: never reused). */
+  /** Per sequence handle: 0 free, 1 open. */
   private readonly open: Uint8Array;
   private readonly freeSlots: number[];
   private readonly slotWaiters: ((slot: number) => void)[] = [];
@@ -328,13 +327,7 @@ export class Runtime {
   createSequence(): number {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'createSequence: expected an open runtime, got one that was closed');
     const seq = this.open.indexOf(0);
-    if (seq < 0)
-      throw new KvdriveError(
-        'E_NOMEM',
-        this.tier
-          ? `createSequence: expected a free sequence handle, got all maxSequences = ${this.open.length} open or retired (with a hot tier closed handles are not reused)`
-          : `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`,
-      );
+    if (seq < 0) throw new KvdriveError('E_NOMEM', `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`);
     this.open[seq] = 1;
     this.tokens.fill(-1, seq * this.shape.layers, (seq + 1) * this.shape.layers);
     return seq;
@@ -346,7 +339,10 @@ export class Runtime {
       this.checkSeq('closeSequence', seq);
       if (this.pipeline) await this.pipeline.control(0, { type: 'drop', seq });
       else await this.local!.control({ type: 'drop', seq });
-      this.open[seq] = this.tier ? 2 : 0;
+      // No batch is in flight (operations are serialized), so no worker holds this sequence's
+      // tier layers: empty its arenas and the handle is free for the next createSequence.
+      this.tier?.resetSequence(seq);
+      this.open[seq] = 0;
     });
   }
 
