@@ -14,6 +14,14 @@
  *              admission of misses copied from the store
  * and compute reads chunks from their hot-tier slots (bit-identical to reading the store).
  * Without a hot tier, compute reads the shared DRAM store directly.
+ *
+ * SSD-backed (init.ssd): every prefilled prompt is also a sealed SsdStore segment, and the fetch
+ * stage reads the selected chunks of the prompt from it (native.segmentRead: async I/O on the
+ * engine's threads / io_uring, reached by segment handle from any thread) into the slot's `staged`
+ * region; compute attends over them there (native.attendStaged) and over sinks, tail and newer
+ * chunks in DRAM. The DRAM copy of those prompt VALUES is poisoned with NaN by the runtime, so a
+ * chunk that was not read from SSD cannot go unnoticed (E_NONFINITE); keys stay in DRAM for the
+ * selection index (build, and rebuild after a worker crash).
  */
 import { KvdriveError } from '../errors.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
@@ -41,6 +49,12 @@ export interface DecodeInit {
   arena: { buffer: SharedArrayBuffer; layout: ArenaLayout<DecodeRegions> };
   /** Native handle of the hot tier (sequences = store's maxSequences), or undefined for none. */
   hotTier?: number;
+  /**
+   * SSD-backed prompts: Int32 words [(seq * layers + layer) * 2 + 0] = native segment handle of that
+   * prompt (-1: none), [... + 1] = chunks readable from it (whole prompt chunks). Written by the
+   * runtime before the layer becomes attendable; read by the fetch and compute stages.
+   */
+  ssd?: { segments: SharedArrayBuffer; chunkSize: number };
 }
 
 /** Control requests of the selection stage. */
@@ -55,6 +69,11 @@ export const TIMING_FETCH = 2;
 /** Selected chunks found resident / not resident in the hot tier. */
 export const TIMING_HITS = 3;
 export const TIMING_MISSES = 4;
+/** Hot tier hit/miss evaluation, eviction and admission copies (ms); part of the fetch stage. */
+export const TIMING_HITMISS = 5;
+/** SSD-backed: chunks and bytes (payload) read from SSD by the fetch stage. */
+export const TIMING_SSD_CHUNKS = 6;
+export const TIMING_SSD_BYTES = 7;
 
 /** Selection indexes and views of one thread. */
 export class DecodeState {
@@ -63,9 +82,12 @@ export class DecodeState {
   private readonly arena: SharedArena<DecodeRegions>;
   /** (seq * layers + layer) → index of that sequence's layer. Owned by the selection thread only. */
   private readonly policies = new Map<number, SelectionPolicy>();
+  /** SSD-backed: see DecodeInit.ssd. */
+  private readonly ssdSegments: Int32Array | undefined;
 
   constructor(init: DecodeInit) {
     this.init = init;
+    this.ssdSegments = init.ssd ? new Int32Array(init.ssd.segments) : undefined;
     this.store = SequenceStore.attach(init.store.buffer, init.store.layout);
     this.arena = SharedArena.attach(init.arena.buffer, init.arena.layout);
   }
@@ -129,11 +151,75 @@ export class DecodeState {
     };
   }
 
-  /** Fetch stage (hot tier only) over entries [0, count) of `slot`. */
-  fetch(slot: number, count: number, layer: number): void {
+  /**
+   * Fetch stage over entries [0, count) of `slot`: SSD reads of the selected prompt chunks
+   * (SSD-backed), then hot-tier hit/miss and admission (with a tier). Async only when it reads SSD.
+   */
+  fetch(slot: number, count: number, layer: number): void | Promise<void> {
     const t0 = performance.now();
-    const handle = this.init.hotTier;
-    if (handle === undefined) throw new KvdriveError('E_INTERNAL', 'fetch stage: expected a hot tier, got none');
+    if (this.init.ssd) return this.readSsd(slot, count, layer).then(() => this.finishFetch(slot, count, layer, t0));
+    this.finishFetch(slot, count, layer, t0);
+  }
+
+  private finishFetch(slot: number, count: number, layer: number, t0: number): void {
+    if (this.init.hotTier !== undefined) this.tierFetch(slot, count, layer);
+    this.arena.view(slot, 'timing')[TIMING_FETCH] = performance.now() - t0;
+  }
+
+  /** Reads every selected chunk below the prompt's SSD chunk count into the slot's staged region. */
+  private async readSsd(slot: number, count: number, layer: number): Promise<void> {
+    const { kvHeads: hkv, layers: L } = this.init.shape;
+    const maxC = this.init.maxChunksPerHead;
+    const segs = this.ssdSegments!;
+    const seqs = this.arena.view(slot, 'seq');
+    const staged = this.arena.view(slot, 'staged');
+    const chunkBytes = 8 * this.init.ssd!.chunkSize * this.init.shape.headDim; // K + V rows, f32
+    const segments: number[] = [];
+    const heads: number[] = [];
+    const itemOffsets: number[] = [0];
+    const chunkIds: number[] = [];
+    const destOffsets: number[] = [];
+    for (let b = 0; b < count; b++) {
+      const seq = seqs[b]!;
+      const handle = segs[(seq * L + layer) * 2]!;
+      const onSsd = segs[(seq * L + layer) * 2 + 1]!;
+      if (handle < 0) continue; // nothing of this prompt on SSD (empty prompt)
+      const sel = this.selectionOf(slot, b);
+      for (let h = 0; h < hkv; h++) {
+        const first = sel.offsets[h]!;
+        let n = 0;
+        for (let i = first; i < sel.offsets[h + 1]!; i++) {
+          const c = sel.chunkIds[i]!;
+          if (c >= onSsd) break; // ascending ids: the rest are newer chunks, in DRAM
+          chunkIds.push(c);
+          destOffsets.push(((b * hkv + h) * maxC + (i - first)) * chunkBytes);
+          n++;
+        }
+        if (n === 0) continue;
+        segments.push(handle);
+        heads.push(h);
+        itemOffsets.push(chunkIds.length);
+      }
+    }
+    const timing = this.arena.view(slot, 'timing');
+    if (chunkIds.length === 0) return;
+    const r = (await native.segmentRead({
+      segments: Int32Array.from(segments),
+      layers: new Int32Array(segments.length), // one-layer segments: layer 0
+      heads: Int32Array.from(heads),
+      itemOffsets: Int32Array.from(itemOffsets),
+      chunkIds: Int32Array.from(chunkIds),
+      dest: new Uint8Array(staged.buffer, staged.byteOffset, staged.byteLength),
+      destOffsets: Float64Array.from(destOffsets),
+    })) as { chunks: number; payloadBytes: number };
+    timing[TIMING_SSD_CHUNKS]! += r.chunks;
+    timing[TIMING_SSD_BYTES]! += r.payloadBytes;
+  }
+
+  /** Hot tier: hit/miss of the selected chunks, eviction, admission of misses from the store. */
+  private tierFetch(slot: number, count: number, layer: number): void {
+    const t0 = performance.now();
+    const handle = this.init.hotTier!;
     const seqs = this.arena.view(slot, 'seq');
     const timing = this.arena.view(slot, 'timing');
     for (let b = 0; b < count; b++) {
@@ -152,7 +238,7 @@ export class DecodeState {
         timing[TIMING_MISSES]! += r.misses[h]!;
       }
     }
-    timing[TIMING_FETCH] = performance.now() - t0;
+    timing[TIMING_HITMISS] = performance.now() - t0;
   }
 
   /** Compute stage over entries [0, count) of `slot` (from hot-tier slots when there is a tier). */
@@ -165,6 +251,10 @@ export class DecodeState {
     const out = a.view(slot, 'out');
     const lse = a.view(slot, 'lse');
     const handle = this.init.hotTier;
+    const L = this.init.shape.layers;
+    const staged = this.ssdSegments ? a.view(slot, 'staged') : undefined;
+    // Bytes of one entry's staged chunks: Hkv x maxChunksPerHead page-first f32 chunks.
+    const stagedPerEntry = staged ? this.init.shape.kvHeads * this.init.maxChunksPerHead * 8 * this.init.ssd!.chunkSize * d : 0;
     for (let b = 0; b < count; b++) {
       const seq = seqs[b]!;
       const selection = this.selectionOf(slot, b);
@@ -175,10 +265,17 @@ export class DecodeState {
         v: this.store.tensor(seq, layer, 1, selection.tokens),
         selection,
       };
-      const r =
-        handle === undefined
-          ? attendSparse(args)
-          : (native.hotTierAttend(handle, { ...args, sequence: seq, layer }) as { out: Float32Array; lse: Float32Array });
+      let r: { out: Float32Array; lse: Float32Array };
+      if (this.ssdSegments) {
+        const per = stagedPerEntry;
+        r = native.attendStaged({
+          ...args,
+          staged: new Uint8Array(staged!.buffer, staged!.byteOffset + b * per, per),
+          stagedChunks: Math.max(0, this.ssdSegments[(seq * L + layer) * 2 + 1]!),
+          maxChunksPerHead: this.init.maxChunksPerHead,
+        }) as { out: Float32Array; lse: Float32Array };
+      } else if (handle === undefined) r = attendSparse(args);
+      else r = native.hotTierAttend(handle, { ...args, sequence: seq, layer }) as { out: Float32Array; lse: Float32Array };
       out.set(r.out, b * hq * d);
       lse.set(r.lse, b * hq);
     }

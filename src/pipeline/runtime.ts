@@ -20,14 +20,19 @@ import {
   DecodeState,
   TIMING_COMPUTE,
   TIMING_FETCH,
+  TIMING_HITMISS,
   TIMING_HITS,
   TIMING_MISSES,
   TIMING_SELECTION,
+  TIMING_SSD_BYTES,
+  TIMING_SSD_CHUNKS,
   type DecodeControl,
   type DecodeInit,
   type DecodeRegions,
 } from './decode-stages.js';
 import { HotTier, type HotTierOptions } from '../cache/hot-tier.js';
+import { SsdStore } from '../storage/ssd-store.js';
+import { ioEngineOptionsSchema, type IoEngineOptions } from '../storage/io-engine.js';
 import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
@@ -70,6 +75,31 @@ export interface RuntimeOptions {
    * byte cap. Closing a sequence empties its arenas, so its handle is reused like without a tier.
    */
   hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
+  /**
+   * SSD-backed prompts: each prefilled prompt layer (its whole chunks) is sealed into an SsdStore
+   * segment under `dir` (created if missing; the runtime deletes its segments when a sequence
+   * closes and at close), and every step the fetch stage reads the selected prompt chunks from
+   * there (async I/O: io_uring or the pread pool, `io` options as in IoEngineOptions; `direct`
+   * = O_DIRECT, no page cache). The DRAM copy keeps the keys (the index needs them) and the sinks,
+   * tail and decoded tokens; prompt values it does not need are overwritten with NaN, so nothing is
+   * silently read from DRAM instead. Not combinable with hotTier yet (E_CONFIG).
+   */
+  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions };
+}
+
+/** Time breakdown of one attend() call (a layer step of the batch), milliseconds. */
+export interface StepBreakdown {
+  layer: number;
+  entries: number;
+  wallMs: number;
+  selectionMs: number;
+  /** Hot-tier hit/miss evaluation, eviction and admission copies. */
+  hitMissMs: number;
+  /** Whole fetch stage: SSD reads (I/O wait included) and the hit/miss part. */
+  fetchMs: number;
+  computeMs: number;
+  /** wallMs - computeMs: time of the step not covered by attention compute. */
+  stallMs: number;
 }
 
 /** One batch entry of {@link Runtime.attend}. */
@@ -97,8 +127,13 @@ export interface RuntimeStats {
   selectionMs: number;
   /** Compute stage (sparse attention), summed over micro-batches. */
   computeMs: number;
-  /** Fetch stage (hot tier: hit/miss evaluation, eviction and admission copies); 0 without a tier. */
+  /** Fetch stage (SSD reads incl. I/O wait, and hitMissMs); 0 without a tier or SSD. */
   fetchMs: number;
+  /** Hot tier hit/miss evaluation, eviction and admission copies (part of fetchMs). */
+  hitMissMs: number;
+  /** SSD-backed: selected prompt chunks and their payload bytes read from SSD. */
+  ssdChunks: number;
+  ssdBytes: number;
   /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
   hits: number;
   misses: number;
@@ -111,6 +146,8 @@ export interface RuntimeStats {
   stallMs: number;
   /** Pipelined mode: per-stage worker counters. */
   stages?: StageStats[];
+  /** The last (up to 64) attend() calls, oldest first. */
+  recentSteps: StepBreakdown[];
 }
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
@@ -130,6 +167,7 @@ const optionsSchema = z
     kvMemoryBytes: z.number().int().min(1).optional(),
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
+    ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional() }).strict().optional(),
   })
   .strict();
 
@@ -145,6 +183,7 @@ const EXPECTED: Record<string, string> = {
   kvMemoryBytes: 'a positive integer',
   spinMicros: "'auto' or a number of µs in [0, 100000]",
   hotTier: '{ windows, maxBytes, eviction? }',
+  ssd: '{ dir: a directory path, direct?: boolean, io?: IoEngineOptions }',
 };
 
 /** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
@@ -188,7 +227,19 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
   const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
   const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
-  const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead));
+  if (o.ssd && o.hotTier) fail('E_CONFIG', 'openRuntime options.ssd', 'no hotTier beside it (SSD-backed fetch into the hot tier is not implemented yet)', 'both ssd and hotTier');
+  const stagedChunkElems = o.ssd ? 2 * resolved.chunkSize * shape.headDim : 0;
+  const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead, stagedChunkElems), 4 * 2 ** 30);
+  const ssd = o.ssd
+    ? await SsdStore.open({
+        ...(o.ssd.io ?? {}),
+        dir: o.ssd.dir,
+        direct: o.ssd.direct ?? false,
+        shape: { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype: 'f32', chunkSize: resolved.chunkSize },
+      })
+    : undefined;
+  const ssdSegments = ssd ? new SharedArrayBuffer(store.layout.maxSequences * shape.layers * 2 * 4) : undefined;
+  if (ssdSegments) new Int32Array(ssdSegments).fill(-1);
   // The tier validates its own options (E_CONFIG / E_POLICY / E_BUDGET naming the minimum bytes).
   const tier = o.hotTier
     ? new HotTier({
@@ -211,6 +262,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     store: { buffer: store.buffer, layout: store.layout },
     arena: { buffer: arena.buffer, layout: arena.layout },
     hotTier: tier?.handle,
+    ssd: ssdSegments ? { segments: ssdSegments, chunkSize: resolved.chunkSize } : undefined,
   };
   let pipeline: Pipeline | undefined;
   // The selection worker owns the indexes; if it dies, its replacement rebuilds every index from
@@ -222,7 +274,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       pipeline = await Pipeline.start({
         stages: [
           { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
-          ...(tier ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
+          ...(tier || ssd ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
           { name: 'compute', module, init: { ...init, role: 'compute' } },
         ],
         words: 3,
@@ -231,10 +283,11 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       });
     } catch (e) {
       tier?.destroy();
+      await ssd?.close();
       throw e;
     }
   }
-  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier);
+  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier, ssd);
   replay = () => rt.indexRebuildRequests();
   return rt;
 }
@@ -260,7 +313,28 @@ export class Runtime {
   /** Serializes public operations (they mutate per-sequence token counts). */
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
-  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0, warmedChunks: 0 };
+  private readonly counters = {
+    attendCalls: 0,
+    entries: 0,
+    microBatches: 0,
+    wallMs: 0,
+    appendMs: 0,
+    selectionMs: 0,
+    computeMs: 0,
+    fetchMs: 0,
+    hitMissMs: 0,
+    hits: 0,
+    misses: 0,
+    ssdChunks: 0,
+    ssdBytes: 0,
+    warmedChunks: 0,
+  };
+  private readonly recent: StepBreakdown[] = [];
+  /** SSD-backed: the store, segment ids per (seq * layers + layer), and the shared handle words. */
+  private readonly ssd: SsdStore | undefined;
+  private readonly segmentIds: (string | undefined)[];
+  private readonly segmentWords: Int32Array | undefined;
+  private segmentGeneration = 0;
   /** The selection policy's resolved options (chunk geometry for warm-up). */
   private readonly policyOptions: ResolvedPolicyOptions;
 
@@ -274,8 +348,12 @@ export class Runtime {
     policyOptions: ResolvedPolicyOptions,
     pipeline?: Pipeline,
     tier?: HotTier,
+    ssd?: SsdStore,
   ) {
     this.tier = tier;
+    this.ssd = ssd;
+    this.segmentIds = new Array<string | undefined>(store.layout.maxSequences * init.shape.layers);
+    this.segmentWords = init.ssd ? new Int32Array(init.ssd.segments) : undefined;
     this.policyOptions = policyOptions;
     this.init = init;
     this.shape = init.shape;
@@ -342,6 +420,7 @@ export class Runtime {
       // No batch is in flight (operations are serialized), so no worker holds this sequence's
       // tier layers: empty its arenas and the handle is free for the next createSequence.
       this.tier?.resetSequence(seq);
+      for (let l = 0; l < this.shape.layers; l++) await this.dropSegment(seq, l);
       this.open[seq] = 0;
     });
   }
@@ -387,6 +466,7 @@ export class Runtime {
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
       if (this.pipeline) await this.pipeline.control(0, req);
       else await this.local!.control(req);
+      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens);
       if (window > 0) {
         // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
         // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
@@ -410,6 +490,44 @@ export class Runtime {
       }
       this.tokens[seq * this.shape.layers + layer] = k.tokens;
     });
+  }
+
+  /** SSD-backed: forgets and deletes the prompt segment of (seq, layer), if any. */
+  private async dropSegment(seq: number, layer: number): Promise<void> {
+    const i = seq * this.shape.layers + layer;
+    const id = this.segmentIds[i];
+    if (!this.ssd || id === undefined) return;
+    this.segmentWords![i * 2] = -1;
+    this.segmentWords![i * 2 + 1] = 0;
+    this.segmentIds[i] = undefined;
+    await this.ssd.deleteSegment(id);
+  }
+
+  /**
+   * SSD-backed: seals the prompt's whole chunks of (seq, layer) into a segment (one extent per
+   * chunk: a selected chunk costs exactly its own bytes), publishes its handle to the stages, and
+   * overwrites the DRAM values of the chunks that will only be read from SSD with NaN.
+   */
+  private async persistPrompt(seq: number, layer: number, tokens: number): Promise<void> {
+    await this.dropSegment(seq, layer);
+    const { chunkSize, sinks, local } = this.policyOptions;
+    const chunks = Math.floor(tokens / chunkSize);
+    if (chunks === 0) return;
+    const id = `p${seq}-${layer}-${this.segmentGeneration++}`;
+    const n = chunks * chunkSize;
+    await this.ssd!.writeSegment(id, { layers: [{ k: this.store.tensor(seq, layer, 0, n), v: this.store.tensor(seq, layer, 1, n) }], extentChunks: 1 });
+    const i = seq * this.shape.layers + layer;
+    this.segmentIds[i] = id;
+    this.segmentWords![i * 2] = this.ssd!.segmentHandle(id);
+    this.segmentWords![i * 2 + 1] = chunks;
+    // Rows [sinkEnd, tailStart) at prefill are attended only as selected chunks, i.e. from SSD.
+    const sinkEnd = Math.min(sinks, tokens);
+    const tailStart = Math.max(sinkEnd, Math.floor((tokens - local) / chunkSize) * chunkSize);
+    const end = Math.min(tailStart, n);
+    if (end > sinkEnd) {
+      const row = this.shape.kvHeads * this.shape.headDim;
+      this.store.tensor(seq, layer, 1, end).data.fill(NaN, sinkEnd * row, end * row);
+    }
   }
 
   /**
@@ -454,11 +572,26 @@ export class Runtime {
       const part = batch.slice(start, start + this.microBatch);
       jobs.push(this.runMicroBatch(layer, part, outputs.slice(start, start + part.length)));
     }
+    const before = { ...this.counters };
     const settled = await Promise.allSettled(jobs);
     const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
+    const wallMs = performance.now() - t0;
     this.counters.attendCalls++;
     this.counters.entries += batch.length;
-    this.counters.wallMs += performance.now() - t0;
+    this.counters.wallMs += wallMs;
+    const c = this.counters;
+    const computeMs = c.computeMs - before.computeMs;
+    this.recent.push({
+      layer,
+      entries: batch.length,
+      wallMs,
+      selectionMs: c.selectionMs - before.selectionMs,
+      hitMissMs: c.hitMissMs - before.hitMissMs,
+      fetchMs: c.fetchMs - before.fetchMs,
+      computeMs,
+      stallMs: Math.max(0, wallMs - computeMs),
+    });
+    if (this.recent.length > 64) this.recent.shift();
     if (failed) throw failed.reason;
     return outputs;
   }
@@ -481,7 +614,7 @@ export class Runtime {
       if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]);
       else {
         this.local!.select(slot, part.length, layer);
-        if (this.tier) this.local!.fetch(slot, part.length, layer);
+        if (this.tier || this.ssd) await this.local!.fetch(slot, part.length, layer);
         this.local!.compute(slot, part.length, layer);
       }
       const out = a.view(slot, 'out');
@@ -490,6 +623,9 @@ export class Runtime {
       this.counters.selectionMs += timing[TIMING_SELECTION]!;
       this.counters.computeMs += timing[TIMING_COMPUTE]!;
       this.counters.fetchMs += timing[TIMING_FETCH]!;
+      this.counters.hitMissMs += timing[TIMING_HITMISS]!;
+      this.counters.ssdChunks += timing[TIMING_SSD_CHUNKS]!;
+      this.counters.ssdBytes += timing[TIMING_SSD_BYTES]!;
       this.counters.hits += timing[TIMING_HITS]!;
       this.counters.misses += timing[TIMING_MISSES]!;
     } finally {
@@ -513,7 +649,7 @@ export class Runtime {
   async stats(): Promise<RuntimeStats> {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime stats: expected an open runtime, got one that was closed');
     const c = this.counters;
-    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs) };
+    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs), recentSteps: this.recent.map((r) => ({ ...r })) };
     if (this.pipeline) s.stages = (await this.pipeline.stats()).stages;
     return s;
   }
@@ -525,6 +661,15 @@ export class Runtime {
     await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
     await this.queue;
     this.tier?.destroy(); // after every worker has exited: nobody holds the handle any more
+    if (this.ssd) {
+      // The runtime's segments are scratch: delete them, then release files and the I/O engine.
+      // A failed delete is reported after everything is released (the store stays consistent).
+      let error: unknown;
+      for (const id of this.segmentIds)
+        if (id !== undefined) await this.ssd.deleteSegment(id).catch((e: unknown) => (error ??= e));
+      await this.ssd.close();
+      if (error !== undefined) throw error;
+    }
   }
 }
 
