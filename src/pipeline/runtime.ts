@@ -37,6 +37,7 @@ import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
 import type { StageStats } from './stage-pool.js';
+import { calibrate, type CalibrateOptions, type CalibrationResult } from './calibrate.js';
 
 /** Options of {@link openRuntime}. */
 export interface RuntimeOptions {
@@ -85,6 +86,13 @@ export interface RuntimeOptions {
    * silently read from DRAM instead. Not combinable with hotTier yet (E_CONFIG).
    */
   ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions };
+  /**
+   * Run the pre-run calibration (src/pipeline/calibrate.ts, paper §6.2) before opening: it picks
+   * microBatch, policyOptions.tokensPerCluster (kvdrive policy) and hotTier.windows (with a tier)
+   * on a short synthetic decode of this shape, overriding those options. `true` = default sweep.
+   * The result is kept in {@link Runtime.calibration}.
+   */
+  calibrate?: boolean | CalibrateOptions;
 }
 
 /** Time breakdown of one attend() call (a layer step of the batch), milliseconds. */
@@ -168,6 +176,7 @@ const optionsSchema = z
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
     ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional() }).strict().optional(),
+    calibrate: z.union([z.boolean(), z.object({}).passthrough()]).optional(),
   })
   .strict();
 
@@ -184,6 +193,7 @@ const EXPECTED: Record<string, string> = {
   spinMicros: "'auto' or a number of µs in [0, 100000]",
   hotTier: '{ windows, maxBytes, eviction? }',
   ssd: '{ dir: a directory path, direct?: boolean, io?: IoEngineOptions }',
+  calibrate: 'true, false or CalibrateOptions',
 };
 
 /** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
@@ -212,6 +222,16 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       throw new KvdriveError('E_CONFIG', `openRuntime options: expected only ${Object.keys(EXPECTED).join(', ')}, got unknown ${issue.keys.join(', ')}`);
     const key = String(issue.path[0]);
     throw new KvdriveError('E_CONFIG', `openRuntime options.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe((options as unknown as Record<string, unknown>)[key])}`);
+  }
+  if (options.calibrate) {
+    const { calibrate: c, ...base } = options;
+    const result = await calibrate(base, c === true ? {} : c, openRuntime);
+    const tuned: RuntimeOptions = { ...base, microBatch: result.microBatch };
+    if (result.tokensPerCluster !== undefined) tuned.policyOptions = { ...base.policyOptions, tokensPerCluster: result.tokensPerCluster };
+    if (result.window !== undefined && base.hotTier) tuned.hotTier = { ...base.hotTier, windows: result.window };
+    const rt = await openRuntime(tuned);
+    rt.calibration = result;
+    return rt;
   }
   const o = parsed.data;
   const shape: ModelShape = o.shape;
@@ -297,6 +317,8 @@ export class Runtime {
   readonly shape: ModelShape;
   readonly mode: 'sequential' | 'pipelined';
   readonly microBatch: number;
+  /** What `openRuntime({ calibrate })` chose and measured; undefined without calibration. */
+  calibration: CalibrationResult | undefined;
   private readonly init: DecodeInit;
   private readonly store: SequenceStore;
   private readonly arena: SharedArena<DecodeRegions>;
