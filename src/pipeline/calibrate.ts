@@ -128,6 +128,9 @@ export async function calibrate(base: RuntimeOptions, options: CalibrateOptions 
   const seed = o.seed ?? 1;
   const prompts = Array.from({ length: batch * layers }, (_, i) => ({ k: structuredKeys(context, row, seed + 2 * i), v: uniform(context * row, seed + 2 * i + 1) }));
 
+  const queryBase = Array.from({ length: batch * layers }, (_, i) => uniform(qHeads * headDim, seed + 777 + i));
+  const mix = (a: Float32Array, b: Float32Array) => a.map((x, j) => 0.7 * x + 0.3 * b[j]!);
+
   async function trial(stage: CalibrationTrial['stage'], microBatch: number, tpc: number | undefined, window: number | undefined): Promise<CalibrationTrial> {
     const policyOptions = tpc === undefined ? base.policyOptions : { ...base.policyOptions, tokensPerCluster: tpc };
     const hotTier = base.hotTier && window !== undefined ? { ...base.hotTier, windows: window } : base.hotTier;
@@ -140,11 +143,13 @@ export async function calibrate(base: RuntimeOptions, options: CalibrateOptions 
           const t = { dtype: 'f32' as const, tokens: context, heads: kvHeads, dim: headDim };
           await rt.prefill(s, l, { ...t, data: p.k }, { ...t, data: p.v });
         }
+      // Consecutive decode queries of a sequence are correlated (a fixed direction plus 30 % fresh
+      // noise per step), which is what gives a hot tier its temporal reuse.
       const step = async (t: number) => {
         for (let l = 0; l < layers; l++)
           await rt.attend(
             l,
-            seqs.map((s, i) => ({ seq: s, q: uniform(qHeads * headDim, seed + 1000 * t + 10 * i + l), kNew: uniform(row, seed + 3 + t + i), vNew: uniform(row, seed + 5 + t + i) })),
+            seqs.map((s, i) => ({ seq: s, q: mix(queryBase[i * layers + l]!, uniform(qHeads * headDim, seed + 1000 * t + 10 * i + l)), kNew: uniform(row, seed + 3 + t + i), vNew: uniform(row, seed + 5 + t + i) })),
           );
       };
       await step(0); // warm-up: first-touch faults, tier fill

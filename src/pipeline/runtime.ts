@@ -154,6 +154,11 @@ export interface RuntimeStats {
   stallMs: number;
   /** Pipelined mode: per-stage worker counters. */
   stages?: StageStats[];
+  /**
+   * Most micro-batches ever inside the stages at once (pipelined; 1 sequentially). Bounded by the
+   * arena slots: a host submitting more waits for a slot (back-pressure), nothing is dropped.
+   */
+  maxInFlight: number;
   /** The last (up to 64) attend() calls, oldest first. */
   recentSteps: StepBreakdown[];
 }
@@ -352,6 +357,8 @@ export class Runtime {
     warmedChunks: 0,
   };
   private readonly recent: StepBreakdown[] = [];
+  private inFlight = 0;
+  private maxInFlight = 0;
   /** SSD-backed: the store, segment ids per (seq * layers + layer), and the shared handle words. */
   private readonly ssd: SsdStore | undefined;
   private readonly segmentIds: (string | undefined)[];
@@ -633,8 +640,10 @@ export class Runtime {
         q.set(e.q, b * hq * d);
         meta[b * 4 + 1] = this.tokens[e.seq * L + layer]!;
       });
-      if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]);
+      this.maxInFlight = Math.max(this.maxInFlight, ++this.inFlight);
+      if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]).finally(() => this.inFlight--);
       else {
+        this.inFlight--; // sequential: one micro-batch at a time, run to the end below
         this.local!.select(slot, part.length, layer);
         if (this.tier || this.ssd) await this.local!.fetch(slot, part.length, layer);
         this.local!.compute(slot, part.length, layer);
@@ -667,11 +676,24 @@ export class Runtime {
     else this.freeSlots.push(slot);
   }
 
+  /**
+   * @internal Fault injection for tests: kills the worker thread of stage `stage` (pipelined mode)
+   * like a crash. The runtime recovers by itself: the batch it held rejects with E_WORKER, a
+   * replacement starts (the selection stage's replacement rebuilds every index first).
+   */
+  killStageWorker(stage: 'selection' | 'fetch' | 'compute'): Promise<void> {
+    if (!this.pipeline) throw new KvdriveError('E_CONFIG', 'killStageWorker: expected a pipelined runtime, got a sequential one');
+    const names = ['selection', ...(this.tier || this.ssd ? ['fetch'] : []), 'compute'];
+    const i = names.indexOf(stage);
+    if (i < 0) fail('E_RANGE', 'killStageWorker stage', names.join(', '), stage);
+    return this.pipeline.killWorker(i);
+  }
+
   /** Time breakdown since open (see {@link RuntimeStats}). */
   async stats(): Promise<RuntimeStats> {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime stats: expected an open runtime, got one that was closed');
     const c = this.counters;
-    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs), recentSteps: this.recent.map((r) => ({ ...r })) };
+    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs), maxInFlight: this.maxInFlight, recentSteps: this.recent.map((r) => ({ ...r })) };
     if (this.pipeline) s.stages = (await this.pipeline.stats()).stages;
     return s;
   }
