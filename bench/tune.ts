@@ -51,12 +51,13 @@ async function prepared(options: RuntimeOptions): Promise<{ rt: Runtime; step: (
   // correlated consecutive queries, as in calibrate()
   const base = seqs.map((_, i) => uniform(shape.qHeads * shape.headDim, 777 + i));
   const fresh = (i: number) => uniform(shape.qHeads * shape.headDim, 1000 + n * 7 + i);
+  const mix = (a: Float32Array, b: Float32Array) => a.map((x, j) => 0.7 * x + 0.3 * b[j]!);
   let n = 0;
   const step = async () => {
     n++;
     await rt.attend(
       0,
-      seqs.map((seq, i) => ({ seq, q: base[i]!.map((x, j) => 0.7 * x + 0.3 * fresh(i)[j]!), kNew: uniform(ROW, 3 + n + i), vNew: uniform(ROW, 5 + n + i) })),
+      seqs.map((seq, i) => ({ seq, q: mix(base[i]!, fresh(i)), kNew: uniform(ROW, 3 + n + i), vNew: uniform(ROW, 5 + n + i) })),
     );
   };
   return { rt, step };

@@ -24,7 +24,8 @@
  * selection index (build, and rebuild after a worker crash).
  */
 import { KvdriveError } from '../errors.js';
-import { createPolicy, type SelectionPolicy } from '../index/policy.js';
+import { NativeSelectionPolicy, createPolicy, type SelectionPolicy } from '../index/policy.js';
+import type { ClusterLayout } from '../storage/ssd-store.js';
 import type { PolicyOptions } from '../index/options.js';
 import type { PolicyName, Selection } from '../index/selection.js';
 import { attendSparse } from '../attention/kernels.js';
@@ -59,7 +60,8 @@ export interface DecodeInit {
 
 /** Control requests of the selection stage. */
 export type DecodeControl =
-  | { type: 'build'; seq: number; layer: number; tokens: number }
+  /** layoutChunks: also return the SSD extent layout of chunks [0, layoutChunks) (see clusterLayout). */
+  | { type: 'build'; seq: number; layer: number; tokens: number; layoutChunks?: number }
   | { type: 'drop'; seq: number };
 
 /** Words of the slot's `timing` region, summed over the slot's entries (times in ms). */
@@ -74,6 +76,44 @@ export const TIMING_HITMISS = 5;
 /** SSD-backed: chunks and bytes (payload) read from SSD by the fetch stage. */
 export const TIMING_SSD_CHUNKS = 6;
 export const TIMING_SSD_BYTES = 7;
+
+/**
+ * The on-disk order of chunks [0, n) of one kv head: the index's k-means clusters (kvdrive policy)
+ * one extent each — selection takes chunks cluster by cluster, so a selected cluster is one
+ * sequential read — then the chunks no cluster holds (sinks, tail at build time; every chunk for
+ * the quest / shadowkv policies) in runs of at most 4 consecutive chunks.
+ */
+export function clusterLayout(policy: SelectionPolicy, head: number, n: number): ClusterLayout {
+  const seen = new Uint8Array(n);
+  const offsets = [0];
+  const ids: number[] = [];
+  const segs = policy instanceof NativeSelectionPolicy ? policy.clusters(head) : [];
+  for (const seg of segs)
+    for (let c = 0; c < seg.k; c++) {
+      const before = ids.length;
+      for (let i = seg.offsets[c]!; i < seg.offsets[c + 1]!; i++) {
+        const id = seg.members[i]!;
+        if (id < n && !seen[id]) {
+          seen[id] = 1;
+          ids.push(id);
+        }
+      }
+      if (ids.length > before) offsets.push(ids.length);
+    }
+  for (let id = 0; id < n; ) {
+    if (seen[id]) {
+      id++;
+      continue;
+    }
+    let run = 0;
+    while (id < n && !seen[id] && run < 4) {
+      ids.push(id++);
+      run++;
+    }
+    offsets.push(ids.length);
+  }
+  return { offsets: Int32Array.from(offsets), chunkIds: Int32Array.from(ids) };
+}
 
 /** Selection indexes and views of one thread. */
 export class DecodeState {
@@ -93,7 +133,7 @@ export class DecodeState {
   }
 
   /** Builds (or rebuilds) the index of (seq, layer) over its first `tokens` keys; drops a sequence. */
-  async control(req: DecodeControl): Promise<void> {
+  async control(req: DecodeControl): Promise<ClusterLayout[] | undefined> {
     const L = this.init.shape.layers;
     if (req.type === 'drop') {
       for (let l = 0; l < L; l++) this.policies.delete(req.seq * L + l);
@@ -103,6 +143,8 @@ export class DecodeState {
     const policy = createPolicy(this.init.policy, { ...this.init.policyOptions, qHeads, kvHeads, headDim });
     await policy.build(this.store.tensor(req.seq, req.layer, 0, req.tokens), req.tokens);
     this.policies.set(req.seq * L + req.layer, policy);
+    if (req.layoutChunks !== undefined) return Array.from({ length: kvHeads }, (_, h) => clusterLayout(policy, h, req.layoutChunks!));
+    return undefined;
   }
 
   /** Selection stage over entries [0, count) of `slot`. */

@@ -31,7 +31,7 @@ import {
   type DecodeRegions,
 } from './decode-stages.js';
 import { HotTier, type HotTierOptions } from '../cache/hot-tier.js';
-import { SsdStore } from '../storage/ssd-store.js';
+import { SsdStore, type ClusterLayout } from '../storage/ssd-store.js';
 import { ioEngineOptionsSchema, type IoEngineOptions } from '../storage/io-engine.js';
 import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
@@ -491,11 +491,11 @@ export class Runtime {
         checkVector('prefill obsQ', obsQ, obsQ.length);
       }
       for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
-      const req = { type: 'build' as const, seq, layer, tokens: k.tokens };
+      const ssdChunks = this.ssd ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
+      const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
-      if (this.pipeline) await this.pipeline.control(0, req);
-      else await this.local!.control(req);
-      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens);
+      const layout = (this.pipeline ? (await this.pipeline.control(0, req))[0] : await this.local!.control(req)) as ClusterLayout[] | undefined;
+      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens, layout);
       if (window > 0) {
         // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
         // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
@@ -533,18 +533,19 @@ export class Runtime {
   }
 
   /**
-   * SSD-backed: seals the prompt's whole chunks of (seq, layer) into a segment (one extent per
-   * chunk: a selected chunk costs exactly its own bytes), publishes its handle to the stages, and
+   * SSD-backed: seals the prompt's whole chunks of (seq, layer) into a segment laid out by the
+   * index's clusters (one extent per cluster, see clusterLayout), publishes its handle to the stages, and
    * overwrites the DRAM values of the chunks that will only be read from SSD with NaN.
    */
-  private async persistPrompt(seq: number, layer: number, tokens: number): Promise<void> {
+  private async persistPrompt(seq: number, layer: number, tokens: number, clusters: ClusterLayout[] | undefined): Promise<void> {
     await this.dropSegment(seq, layer);
     const { chunkSize, sinks, local } = this.policyOptions;
     const chunks = Math.floor(tokens / chunkSize);
     if (chunks === 0) return;
     const id = `p${seq}-${layer}-${this.segmentGeneration++}`;
     const n = chunks * chunkSize;
-    await this.ssd!.writeSegment(id, { layers: [{ k: this.store.tensor(seq, layer, 0, n), v: this.store.tensor(seq, layer, 1, n) }], extentChunks: 1 });
+    const layers = [{ k: this.store.tensor(seq, layer, 0, n), v: this.store.tensor(seq, layer, 1, n) }];
+    await this.ssd!.writeSegment(id, clusters ? { layers, clusters } : { layers, extentChunks: 1 });
     const i = seq * this.shape.layers + layer;
     this.segmentIds[i] = id;
     this.segmentWords![i * 2] = this.ssd!.segmentHandle(id);
