@@ -13,7 +13,7 @@
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
  *      [--batches 4] [--micro 1] [--steps 6] [--rounds 3] [--layers 1] [--direct 1] [--dir /tmp/x]
- *      [--json out.json]
+ *      [--layout chunks|clusters] [--json out.json]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -35,6 +35,7 @@ const ROUNDS = Number(arg('rounds', '3'));
 const LAYERS = Number(arg('layers', '1'));
 const DIRECT = arg('direct', '1') === '1';
 const JSON_OUT = arg('json', '');
+const LAYOUT = arg('layout', 'chunks') as 'chunks' | 'clusters';
 const shape = { layers: LAYERS, qHeads: 32, kvHeads: 8, headDim: 128 };
 const ROW = shape.kvHeads * shape.headDim;
 const MAXB = Math.max(...BATCHES);
@@ -50,7 +51,7 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
     maxSequences: MAXB,
     maxTokens,
     kvMemoryBytes: 2 * MAXB * LAYERS * maxTokens * ROW * 4,
-    ssd: { dir: join(root, mode), direct: DIRECT },
+    ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT },
   });
   const seqs: number[] = [];
   for (let s = 0; s < MAXB; s++) {
@@ -97,6 +98,7 @@ const diff = (b: RuntimeStats, a: RuntimeStats) => ({
   comp: b.computeMs - a.computeMs,
   stall: b.stallMs - a.stallMs,
   ssdMiB: (b.ssdBytes - a.ssdBytes) / 2 ** 20,
+  readMiB: (b.ssdReadBytes - a.ssdReadBytes) / 2 ** 20,
   steps: b.attendCalls - a.attendCalls,
 });
 
@@ -104,12 +106,12 @@ const t0 = performance.now();
 const uring = ioUringAvailable();
 console.log(
   `# pipeline win: layers ${LAYERS}, GQA ${shape.qHeads}/${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, budget ${BUDGET}, microBatch ${MICRO}, ` +
-    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
+    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
 );
 const seq = await setup('sequential');
 const pip = await setup('pipelined');
 console.log(`# setup (prefill + SSD seal of ${MAXB} sequences x 2 runtimes): ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
-console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step | load |');
+console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | load |');
 console.log('|---|---|---|---|---|---|---|---|---|');
 const rows: unknown[] = [];
 for (const batch of BATCHES) {
@@ -144,7 +146,7 @@ for (const batch of BATCHES) {
   console.log(
     `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
       `${per(s.sel, s.steps)} / ${per(s.fetch, s.steps)} / ${per(s.comp, s.steps)} | ${per(p.sel, p.steps)} / ${per(p.fetch, p.steps)} / ${per(p.comp, p.steps)} | ` +
-      `${per(s.ssdMiB, s.steps)} | ${loadavg()[0]!.toFixed(1)} |`,
+      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${loadavg()[0]!.toFixed(1)} |`,
   );
 }
 await seq.rt.close();

@@ -56,16 +56,19 @@ describe('SSD-backed runtime', () => {
     const ref = await openRuntime({ ...base, mode: 'sequential' });
     const expected = await decode(ref, 3, 5);
     await ref.close();
-    for (const mode of ['sequential', 'pipelined'] as const) {
+    for (const [mode, layout] of [['sequential', 'chunks'], ['pipelined', 'chunks'], ['pipelined', 'clusters']] as const) {
       const dir = tmp();
       const fd0 = fds();
       const threads0 = await osThreads();
-      const rt = await openRuntime({ ...base, mode, ssd: { dir, io: { kind: 'pread', threads: 2 } } });
+      const rt = await openRuntime({ ...base, mode, ssd: { dir, io: { kind: 'pread', threads: 2 }, layout } });
       const got = await decode(rt, 3, 5);
       expect(got.map(bits)).toEqual(expected.map(bits));
       const st = await rt.stats();
       expect(st.ssdChunks).toBeGreaterThan(0);
       expect(st.ssdBytes).toBe(st.ssdChunks * 2 * 4 * shape.headDim * 4);
+      // whole extents are read: exactly the payload with one chunk per extent, at least it with clusters
+      if (layout === 'chunks') expect(st.ssdReadBytes).toBeGreaterThanOrEqual(st.ssdBytes);
+      else expect(st.ssdReadBytes).toBeGreaterThan(st.ssdBytes);
       expect(st.fetchMs).toBeGreaterThan(0);
       expect(st.recentSteps.length).toBe(STEPS * shape.layers);
       expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg')).length).toBe(3 * shape.layers);
@@ -92,6 +95,7 @@ describe('SSD-backed runtime', () => {
   it('rejects bad ssd options and ssd with a hot tier', async () => {
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: '' } }), 'E_CONFIG', /options.ssd: expected \{ dir/);
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), io: { kind: 'floppy' } } as never }), 'E_CONFIG', /options.ssd/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), layout: 'pages' } as never }), 'E_CONFIG', /layout\?: 'chunks' \| 'clusters'/);
     await expectKvdError(
       () => openRuntime({ shape, budget: 8, ssd: { dir: tmp() }, hotTier: { windows: 1, maxBytes: 1 << 20 } }),
       'E_CONFIG',

@@ -76,6 +76,8 @@ export const TIMING_HITMISS = 5;
 /** SSD-backed: chunks and bytes (payload) read from SSD by the fetch stage. */
 export const TIMING_SSD_CHUNKS = 6;
 export const TIMING_SSD_BYTES = 7;
+/** SSD-backed: bytes the device transferred (whole extents, alignment): read amplification = this / payload. */
+export const TIMING_SSD_READ_BYTES = 8;
 
 /**
  * The on-disk order of chunks [0, n) of one kv head: the index's k-means clusters (kvdrive policy)
@@ -253,8 +255,9 @@ export class DecodeState {
       chunkIds: Int32Array.from(chunkIds),
       dest: new Uint8Array(staged.buffer, staged.byteOffset, staged.byteLength),
       destOffsets: Float64Array.from(destOffsets),
-    })) as { chunks: number; payloadBytes: number };
+    })) as { chunks: number; payloadBytes: number; bytesRead: number };
     timing[TIMING_SSD_CHUNKS]! += r.chunks;
+    timing[TIMING_SSD_READ_BYTES]! += r.bytesRead;
     timing[TIMING_SSD_BYTES]! += r.payloadBytes;
   }
 

@@ -26,6 +26,7 @@ import {
   TIMING_SELECTION,
   TIMING_SSD_BYTES,
   TIMING_SSD_CHUNKS,
+  TIMING_SSD_READ_BYTES,
   type DecodeControl,
   type DecodeInit,
   type DecodeRegions,
@@ -84,8 +85,12 @@ export interface RuntimeOptions {
    * = O_DIRECT, no page cache). The DRAM copy keeps the keys (the index needs them) and the sinks,
    * tail and decoded tokens; prompt values it does not need are overwritten with NaN, so nothing is
    * silently read from DRAM instead. Not combinable with hotTier yet (E_CONFIG).
+   * `layout`: 'chunks' (default) one extent per chunk, a selected chunk costs exactly its bytes;
+   * 'clusters' one extent per k-means cluster of the index (kvdrive policy; DESIGN.md §4), fewer
+   * and larger reads but whole clusters are read when selection takes part of one (bench/pipeline.md
+   * §3 measures both).
    */
-  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions };
+  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions; layout?: 'chunks' | 'clusters' };
   /**
    * Run the pre-run calibration (src/pipeline/calibrate.ts, paper §6.2) before opening: it picks
    * microBatch, policyOptions.tokensPerCluster (kvdrive policy) and hotTier.windows (with a tier)
@@ -142,6 +147,8 @@ export interface RuntimeStats {
   /** SSD-backed: selected prompt chunks and their payload bytes read from SSD. */
   ssdChunks: number;
   ssdBytes: number;
+  /** SSD-backed: bytes the device transferred for them (whole extents; / ssdBytes = read amplification). */
+  ssdReadBytes: number;
   /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
   hits: number;
   misses: number;
@@ -180,7 +187,7 @@ const optionsSchema = z
     kvMemoryBytes: z.number().int().min(1).optional(),
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
-    ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional() }).strict().optional(),
+    ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional(), layout: z.enum(['chunks', 'clusters']).optional() }).strict().optional(),
     calibrate: z.union([z.boolean(), z.object({}).passthrough()]).optional(),
   })
   .strict();
@@ -197,7 +204,7 @@ const EXPECTED: Record<string, string> = {
   kvMemoryBytes: 'a positive integer',
   spinMicros: "'auto' or a number of µs in [0, 100000]",
   hotTier: '{ windows, maxBytes, eviction? }',
-  ssd: '{ dir: a directory path, direct?: boolean, io?: IoEngineOptions }',
+  ssd: "{ dir: a directory path, direct?: boolean, io?: IoEngineOptions, layout?: 'chunks' | 'clusters' }",
   calibrate: 'true, false or CalibrateOptions',
 };
 
@@ -312,7 +319,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       throw e;
     }
   }
-  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier, ssd);
+  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier, ssd, o.ssd?.layout);
   replay = () => rt.indexRebuildRequests();
   return rt;
 }
@@ -354,6 +361,7 @@ export class Runtime {
     misses: 0,
     ssdChunks: 0,
     ssdBytes: 0,
+    ssdReadBytes: 0,
     warmedChunks: 0,
   };
   private readonly recent: StepBreakdown[] = [];
@@ -364,6 +372,8 @@ export class Runtime {
   private readonly segmentIds: (string | undefined)[];
   private readonly segmentWords: Int32Array | undefined;
   private segmentGeneration = 0;
+  /** SSD-backed: extent layout of the prompt segments. */
+  private readonly ssdLayout: 'chunks' | 'clusters';
   /** The selection policy's resolved options (chunk geometry for warm-up). */
   private readonly policyOptions: ResolvedPolicyOptions;
 
@@ -378,11 +388,13 @@ export class Runtime {
     pipeline?: Pipeline,
     tier?: HotTier,
     ssd?: SsdStore,
+    ssdLayout: 'chunks' | 'clusters' = 'chunks',
   ) {
     this.tier = tier;
     this.ssd = ssd;
     this.segmentIds = new Array<string | undefined>(store.layout.maxSequences * init.shape.layers);
     this.segmentWords = init.ssd ? new Int32Array(init.ssd.segments) : undefined;
+    this.ssdLayout = ssdLayout;
     this.policyOptions = policyOptions;
     this.init = init;
     this.shape = init.shape;
@@ -491,7 +503,7 @@ export class Runtime {
         checkVector('prefill obsQ', obsQ, obsQ.length);
       }
       for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
-      const ssdChunks = this.ssd ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
+      const ssdChunks = this.ssd && this.ssdLayout === 'clusters' ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
       const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
       const layout = (this.pipeline ? (await this.pipeline.control(0, req))[0] : await this.local!.control(req)) as ClusterLayout[] | undefined;
@@ -658,6 +670,7 @@ export class Runtime {
       this.counters.hitMissMs += timing[TIMING_HITMISS]!;
       this.counters.ssdChunks += timing[TIMING_SSD_CHUNKS]!;
       this.counters.ssdBytes += timing[TIMING_SSD_BYTES]!;
+      this.counters.ssdReadBytes += timing[TIMING_SSD_READ_BYTES]!;
       this.counters.hits += timing[TIMING_HITS]!;
       this.counters.misses += timing[TIMING_MISSES]!;
     } finally {
