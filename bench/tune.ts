@@ -10,7 +10,7 @@
  * reports the ratio.
  *
  * Run: npm run build:ts && node dist/bench/tune.js [--context 8192] [--batch 4] [--budget 512]
- *      [--steps 3] [--time 3000] [--out bench/tune.md]
+ *      [--steps 6] [--time 3000] [--out bench/tune.md]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -27,7 +27,7 @@ const arg = (name: string, dflt: string) => {
 const CONTEXT = Number(arg('context', '8192'));
 const BATCH = Number(arg('batch', '4'));
 const BUDGET = Number(arg('budget', '512'));
-const STEPS = Number(arg('steps', '3'));
+const STEPS = Number(arg('steps', '6'));
 const TIME = Number(arg('time', '3000'));
 const OUT = arg('out', 'bench/tune.md');
 const shape = { layers: 1, qHeads: 32, kvHeads: 8, headDim: 128 };
@@ -76,7 +76,7 @@ log('```');
 log();
 log(
   `Shape: 1 layer, GQA ${shape.qHeads}/${shape.kvHeads}, head dim ${shape.headDim}; context ${CONTEXT}, batch ${BATCH}, budget ${BUDGET}; ` +
-    `${cpus().length} vCPUs, load avg ${loadavg()[0]!.toFixed(1)} at start, ${new Date().toISOString().slice(0, 16)} UTC. Trials run pipelined, ${STEPS} measured steps after one warm-up.`,
+    `${cpus().length} vCPUs, load avg ${loadavg()[0]!.toFixed(1)} at start, ${new Date().toISOString().slice(0, 16)} UTC. Trials run pipelined, ${STEPS} measured steps after one warm-up; trial figures are medians over those steps.`,
 );
 for (const d of deployments) {
   const t0 = performance.now();

@@ -23,7 +23,7 @@ export interface CalibrateOptions {
   contextTokens?: number;
   /** Sequences decoded together (default 4). */
   batch?: number;
-  /** Measured decode steps per trial, each over every layer (default 4). */
+  /** Measured decode steps per trial, each over every layer (default 6; at most 64 layer steps are kept). */
   steps?: number;
   /** Micro-batch sizes to try (default [1, 2, 4], capped at batch). */
   microBatches?: number[];
@@ -41,16 +41,19 @@ export interface CalibrationTrial {
   microBatch: number;
   tokensPerCluster?: number;
   window?: number;
-  /** Mean wall time of one attend() (a layer step of the batch), ms. */
+  /**
+   * Median wall time of one attend() (a layer step of the batch) over the measured steps, ms.
+   * Medians, not means: one descheduling of a shared machine must not decide the sweep.
+   */
   stepMs: number;
-  /** Per layer step, ms: selection, fetch (SSD + hit/miss), hit/miss alone, compute. */
+  /** Per layer step, medians in ms: selection, fetch (SSD + hit/miss), hit/miss alone, compute. */
   selectionMs: number;
   fetchMs: number;
   hitMissMs: number;
   computeMs: number;
   /** Hot-tier hit rate of the measured steps (0 without a tier). */
   hitRate: number;
-  /** Batch entries per second. */
+  /** Batch entries per second at the median step time. */
   throughput: number;
 }
 
@@ -116,7 +119,7 @@ export async function calibrate(base: RuntimeOptions, options: CalibrateOptions 
   const openRt = open ?? (await import('./runtime.js')).openRuntime;
   const t0 = performance.now();
   const batch = o.batch ?? 4;
-  const steps = o.steps ?? 4;
+  const steps = o.steps ?? 6;
   const context = o.contextTokens ?? 4096;
   const maxSeqs = base.maxSequences ?? 4;
   if (batch > maxSeqs) throw new KvdriveError('E_CONFIG', `calibrate options.batch: expected at most the runtime's maxSequences = ${maxSeqs}, got ${batch}`);
@@ -216,19 +219,24 @@ function summarize(
   batch: number,
 ): CalibrationTrial {
   const n = Math.max(1, b.attendCalls - a.attendCalls);
+  const last = b.recentSteps.slice(-Math.min(n, b.recentSteps.length));
+  const median = (f: (s: (typeof last)[number]) => number) => {
+    const x = last.map(f).sort((p, q) => p - q);
+    return x.length % 2 ? x[(x.length - 1) / 2]! : (x[x.length / 2 - 1]! + x[x.length / 2]!) / 2;
+  };
   const hits = b.hits - a.hits;
   const misses = b.misses - a.misses;
-  const stepMs = (b.wallMs - a.wallMs) / n;
+  const stepMs = median((s) => s.wallMs);
   return {
     stage,
     microBatch,
     ...(tokensPerCluster !== undefined ? { tokensPerCluster } : {}),
     ...(window !== undefined ? { window } : {}),
     stepMs,
-    selectionMs: (b.selectionMs - a.selectionMs) / n,
-    fetchMs: (b.fetchMs - a.fetchMs) / n,
-    hitMissMs: (b.hitMissMs - a.hitMissMs) / n,
-    computeMs: (b.computeMs - a.computeMs) / n,
+    selectionMs: median((s) => s.selectionMs),
+    fetchMs: median((s) => s.fetchMs),
+    hitMissMs: median((s) => s.hitMissMs),
+    computeMs: median((s) => s.computeMs),
     hitRate: hits + misses > 0 ? hits / (hits + misses) : 0,
     throughput: (batch * 1000) / stepMs,
   };
