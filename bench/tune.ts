@@ -16,7 +16,7 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Bench } from 'tinybench';
-import { calibrate, type CalibrationResult } from '../src/pipeline/calibrate.js';
+import { calibrate, type CalibrationResult, type CalibrationTrial } from '../src/pipeline/calibrate.js';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
 import { uniform } from './bench-util.js';
 
@@ -78,6 +78,12 @@ log(
   `Shape: 1 layer, GQA ${shape.qHeads}/${shape.kvHeads}, head dim ${shape.headDim}; context ${CONTEXT}, batch ${BATCH}, budget ${BUDGET}; ` +
     `${cpus().length} vCPUs, load avg ${loadavg()[0]!.toFixed(1)} at start, ${new Date().toISOString().slice(0, 16)} UTC. Trials run pipelined, ${STEPS} measured steps after one warm-up; trial figures are medians over those steps.`,
 );
+log();
+log(
+  'How to read: the index stage keeps the finest granularity (most centroids, best selection) whose selection time fits beside ' +
+    'fetch + compute, so the calibrated step may be slower than the default when it buys finer selection; the window and ' +
+    'micro-batch stages pick the fastest step. Differences below the noise floor printed per deployment are not significant.',
+);
 for (const d of deployments) {
   const t0 = performance.now();
   const r: CalibrationResult = await calibrate(d.options, { contextTokens: CONTEXT, batch: BATCH, steps: STEPS, microBatches: [1, 2, 4], tokensPerCluster: [8, 16, 32], maxWindow: 4 });
@@ -95,6 +101,18 @@ for (const d of deployments) {
     log(
       `| ${t.stage} | ${t.microBatch} | ${t.tokensPerCluster ?? '-'} | ${t.window ?? '-'} | ${t.stepMs.toFixed(2)} | ${t.selectionMs.toFixed(2)} | ${t.fetchMs.toFixed(2)} | ${t.hitMissMs.toFixed(2)} | ${t.computeMs.toFixed(2)} | ${t.hitRate.toFixed(2)} | ${t.throughput.toFixed(1)} |`,
     );
+  // Noise floor: a configuration the sweep measured twice (e.g. the index winner re-run as the
+  // first micro-batch candidate) shows how far two trials of the same thing differ right now.
+  const key = (t: CalibrationTrial) => `${t.microBatch}/${t.tokensPerCluster}/${t.window}`;
+  const twice = r.trials.find((t, i) => r.trials.findIndex((u) => key(u) === key(t)) < i);
+  if (twice) {
+    const first = r.trials.find((u) => key(u) === key(twice))!;
+    log();
+    log(
+      `Noise floor: the same configuration (microBatch ${twice.microBatch}, tokensPerCluster ${twice.tokensPerCluster}${twice.window !== undefined ? `, windows x${twice.window}` : ''}) ` +
+        `measured twice: ${first.stepMs.toFixed(2)} ms (${first.stage}) and ${twice.stepMs.toFixed(2)} ms (${twice.stage}), a factor ${(Math.max(first.stepMs, twice.stepMs) / Math.min(first.stepMs, twice.stepMs)).toFixed(2)}.`,
+    );
+  }
   // Default vs calibrated, timed by tinybench in the same run.
   const tuned: RuntimeOptions = {
     ...d.options,
