@@ -79,6 +79,45 @@ describe('SSD-backed runtime', () => {
     }
   });
 
+  it('with a hot tier: only non-resident chunks are read from SSD; bit-identical to DRAM-only, both modes, warm-up included', async () => {
+    const base: RuntimeOptions = { shape, budget: 48, microBatch: 2, maxSequences: 3, maxTokens: 512 };
+    const expected = await decode(await openRuntime({ ...base, mode: 'sequential' }), 3, 5);
+    const plain = await openRuntime({ ...base, ssd: { dir: tmp() } });
+    await decode(plain, 3, 5);
+    const readsWithoutTier = (await plain.stats()).ssdChunks;
+    await plain.close();
+    for (const mode of ['sequential', 'pipelined'] as const) {
+      const rt = await openRuntime({ ...base, mode, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: 1 << 22 } });
+      expect((await decode(rt, 3, 5)).map(bits)).toEqual(expected.map(bits));
+      const st = await rt.stats();
+      expect(st.hits).toBeGreaterThan(0);
+      expect(st.ssdChunks).toBeGreaterThan(0);
+      expect(st.ssdChunks).toBeLessThan(readsWithoutTier); // hits are not read again
+      expect(st.hitMissMs).toBeGreaterThan(0);
+      await rt.close();
+    }
+  });
+
+  it('prefill warm-up (obsQ) with a hot tier and SSD: warmed chunks are hits, outputs equal the DRAM-only tier', async () => {
+    const run = async (ssd: boolean) => {
+      const rt = await openRuntime({ shape, budget: 32, maxSequences: 1, maxTokens: 512, hotTier: { windows: 2, maxBytes: 1 << 22 }, ...(ssd ? { ssd: { dir: tmp() } } : {}) });
+      const s = rt.createSequence();
+      await rt.prefill(s, 0, kvt(randn(PROMPT * row, 1), PROMPT), kvt(randn(PROMPT * row, 2), PROMPT), randn(8 * shape.qHeads * shape.headDim, 3));
+      const out = await rt.attend(0, [{ seq: s, q: randn(shape.qHeads * shape.headDim, 4), kNew: randn(row, 5), vNew: randn(row, 6) }]);
+      const st = await rt.stats();
+      await rt.close();
+      return { out: out.map(bits), st };
+    };
+    const dram = await run(false);
+    const ssd = await run(true);
+    expect(ssd.out).toEqual(dram.out);
+    expect(ssd.st.warmedChunks).toBe(dram.st.warmedChunks);
+    expect(ssd.st.warmedChunks).toBeGreaterThan(0);
+    expect(ssd.st.hits).toBe(dram.st.hits);
+    expect(ssd.st.ssdChunks).toBeGreaterThan(0);
+    expect(ssd.st.ssdChunks).toBeLessThanOrEqual(ssd.st.misses); // only misses are read from SSD
+  });
+
   it('closing a sequence deletes its segments and the handle is reused', async () => {
     const dir = tmp();
     const rt = await openRuntime({ shape, budget: 16, maxSequences: 1, maxTokens: 512, ssd: { dir } });
@@ -92,14 +131,9 @@ describe('SSD-backed runtime', () => {
     await rt.close();
   });
 
-  it('rejects bad ssd options and ssd with a hot tier', async () => {
+  it('rejects bad ssd options', async () => {
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: '' } }), 'E_CONFIG', /options.ssd: expected \{ dir/);
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), io: { kind: 'floppy' } } as never }), 'E_CONFIG', /options.ssd/);
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), layout: 'pages' } as never }), 'E_CONFIG', /layout\?: 'chunks' \| 'clusters'/);
-    await expectKvdError(
-      () => openRuntime({ shape, budget: 8, ssd: { dir: tmp() }, hotTier: { windows: 1, maxBytes: 1 << 20 } }),
-      'E_CONFIG',
-      /options.ssd: expected no hotTier beside it/,
-    );
   });
 });

@@ -210,8 +210,14 @@ export class DecodeState {
     this.arena.view(slot, 'timing')[TIMING_FETCH] = performance.now() - t0;
   }
 
-  /** Reads every selected chunk below the prompt's SSD chunk count into the slot's staged region. */
+  /**
+   * Reads the selected chunks below the prompt's SSD chunk count into the slot's staged region
+   * (chunk at selection position j of head h of entry b at ((b*Hkv + h)*maxC + j) * chunkBytes).
+   * With a hot tier only the chunks not resident are read, and their values are then written into
+   * the DRAM rows (where the tier's admission copies them from, see landValues).
+   */
   private async readSsd(slot: number, count: number, layer: number): Promise<void> {
+    const tier = this.init.hotTier;
     const { kvHeads: hkv, layers: L } = this.init.shape;
     const maxC = this.init.maxChunksPerHead;
     const segs = this.ssdSegments!;
@@ -219,6 +225,7 @@ export class DecodeState {
     const staged = this.arena.view(slot, 'staged');
     const chunkBytes = 8 * this.init.ssd!.chunkSize * this.init.shape.headDim; // K + V rows, f32
     const segments: number[] = [];
+    const entries: number[] = []; // batch entry of each item
     const heads: number[] = [];
     const itemOffsets: number[] = [0];
     const chunkIds: number[] = [];
@@ -231,16 +238,23 @@ export class DecodeState {
       const sel = this.selectionOf(slot, b);
       for (let h = 0; h < hkv; h++) {
         const first = sel.offsets[h]!;
+        const resident = tier !== undefined ? (native.hotTierResidents(tier, { sequence: seq, layer, head: h }) as Int32Array) : undefined;
+        let r = 0;
         let n = 0;
         for (let i = first; i < sel.offsets[h + 1]!; i++) {
           const c = sel.chunkIds[i]!;
           if (c >= onSsd) break; // ascending ids: the rest are newer chunks, in DRAM
+          if (resident) {
+            while (r < resident.length && resident[r]! < c) r++; // both ascending
+            if (r < resident.length && resident[r] === c) continue; // a hit: no read
+          }
           chunkIds.push(c);
           destOffsets.push(((b * hkv + h) * maxC + (i - first)) * chunkBytes);
           n++;
         }
         if (n === 0) continue;
         segments.push(handle);
+        entries.push(b);
         heads.push(h);
         itemOffsets.push(chunkIds.length);
       }
@@ -257,8 +271,35 @@ export class DecodeState {
       destOffsets: Float64Array.from(destOffsets),
     })) as { chunks: number; payloadBytes: number; bytesRead: number };
     timing[TIMING_SSD_CHUNKS]! += r.chunks;
-    timing[TIMING_SSD_READ_BYTES]! += r.bytesRead;
     timing[TIMING_SSD_BYTES]! += r.payloadBytes;
+    timing[TIMING_SSD_READ_BYTES]! += r.bytesRead;
+    if (tier !== undefined) this.landValues(slot, layer, entries, heads, itemOffsets, chunkIds, destOffsets);
+  }
+
+  /**
+   * Hot tier + SSD: copies the V rows of the chunks just read into the DRAM store (whose prompt
+   * values are NaN) so the tier admits them from there; K rows are already in DRAM. Only this
+   * (sequence, layer) is written, and no other stage touches it during this layer step.
+   */
+  private landValues(slot: number, layer: number, entries: number[], heads: number[], itemOffsets: number[], chunkIds: number[], destOffsets: number[]): void {
+    const { kvHeads: hkv, headDim: d } = this.init.shape;
+    const cs = this.init.ssd!.chunkSize;
+    const staged = this.arena.view(slot, 'staged');
+    const seqs = this.arena.view(slot, 'seq');
+    const meta = this.arena.view(slot, 'selMeta');
+    for (let i = 0; i < entries.length; i++) {
+      const b = entries[i]!;
+      const v = this.store.tensor(seqs[b]!, layer, 1, meta[b * 4 + 1]!).data;
+      const h = heads[i]!;
+      for (let k = itemOffsets[i]!; k < itemOffsets[i + 1]!; k++) {
+        const c = chunkIds[k]!;
+        const src = destOffsets[k]! / 4 + cs * d; // f32 elements; V rows follow the K rows
+        for (let row = 0; row < cs; row++) {
+          const at = ((c * cs + row) * hkv + h) * d;
+          v.set(staged.subarray(src + row * d, src + (row + 1) * d), at);
+        }
+      }
+    }
   }
 
   /** Hot tier: hit/miss of the selected chunks, eviction, admission of misses from the store. */
@@ -311,7 +352,7 @@ export class DecodeState {
         selection,
       };
       let r: { out: Float32Array; lse: Float32Array };
-      if (this.ssdSegments) {
+      if (this.ssdSegments && handle === undefined) {
         const per = stagedPerEntry;
         r = native.attendStaged({
           ...args,

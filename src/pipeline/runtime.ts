@@ -84,7 +84,8 @@ export interface RuntimeOptions {
    * there (async I/O: io_uring or the pread pool, `io` options as in IoEngineOptions; `direct`
    * = O_DIRECT, no page cache). The DRAM copy keeps the keys (the index needs them) and the sinks,
    * tail and decoded tokens; prompt values it does not need are overwritten with NaN, so nothing is
-   * silently read from DRAM instead. Not combinable with hotTier yet (E_CONFIG).
+   * silently read from DRAM instead. With a hotTier, only the selected chunks not resident in it
+   * are read from SSD; their values are written back into DRAM, where the tier admits them from.
    * `layout`: 'chunks' (default) one extent per chunk, a selected chunk costs exactly its bytes;
    * 'clusters' one extent per k-means cluster of the index (kvdrive policy; DESIGN.md §4), fewer
    * and larger reads but whole clusters are read when selection takes part of one (bench/pipeline.md
@@ -259,7 +260,6 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
   const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
   const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
-  if (o.ssd && o.hotTier) fail('E_CONFIG', 'openRuntime options.ssd', 'no hotTier beside it (SSD-backed fetch into the hot tier is not implemented yet)', 'both ssd and hotTier');
   const stagedChunkElems = o.ssd ? 2 * resolved.chunkSize * shape.headDim : 0;
   const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead, stagedChunkElems), 4 * 2 ** 30);
   const ssd = o.ssd
@@ -507,7 +507,6 @@ export class Runtime {
       const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
       const layout = (this.pipeline ? (await this.pipeline.control(0, req))[0] : await this.local!.control(req)) as ClusterLayout[] | undefined;
-      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens, layout);
       if (window > 0) {
         // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
         // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
@@ -529,6 +528,8 @@ export class Runtime {
         });
         for (const n of placed) this.counters.warmedChunks += n;
       }
+      // After the warm-up, which copies prompt rows into the tier from DRAM.
+      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens, layout);
       this.tokens[seq * this.shape.layers + layer] = k.tokens;
     });
   }
