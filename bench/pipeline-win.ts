@@ -13,7 +13,7 @@
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
  *      [--batches 4] [--micro 1] [--steps 6] [--rounds 3] [--layers 1] [--direct 1] [--dir /tmp/x]
- *      [--layout chunks|clusters] [--json out.json]
+ *      [--layout chunks|clusters] [--tier N] [--json out.json]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -36,6 +36,8 @@ const LAYERS = Number(arg('layers', '1'));
 const DIRECT = arg('direct', '1') === '1';
 const JSON_OUT = arg('json', '');
 const LAYOUT = arg('layout', 'chunks') as 'chunks' | 'clusters';
+/** --tier N: a hot tier with windows xN in front of compute (SSD reads only its misses). */
+const TIER = Number(arg('tier', '0'));
 const shape = { layers: LAYERS, qHeads: 32, kvHeads: 8, headDim: 128 };
 const ROW = shape.kvHeads * shape.headDim;
 const MAXB = Math.max(...BATCHES);
@@ -52,6 +54,7 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
     maxTokens,
     kvMemoryBytes: 2 * MAXB * LAYERS * maxTokens * ROW * 4,
     ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT },
+    ...(TIER > 0 ? { hotTier: { windows: TIER, maxBytes: 2 ** 33 } } : {}),
   });
   const seqs: number[] = [];
   for (let s = 0; s < MAXB; s++) {
@@ -100,19 +103,20 @@ const diff = (b: RuntimeStats, a: RuntimeStats) => ({
   ssdMiB: (b.ssdBytes - a.ssdBytes) / 2 ** 20,
   readMiB: (b.ssdReadBytes - a.ssdReadBytes) / 2 ** 20,
   steps: b.attendCalls - a.attendCalls,
+  hitRate: (b.hits - a.hits) / Math.max(1, b.hits - a.hits + b.misses - a.misses),
 });
 
 const t0 = performance.now();
 const uring = ioUringAvailable();
 console.log(
   `# pipeline win: layers ${LAYERS}, GQA ${shape.qHeads}/${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, budget ${BUDGET}, microBatch ${MICRO}, ` +
-    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
+    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
 );
 const seq = await setup('sequential');
 const pip = await setup('pipelined');
 console.log(`# setup (prefill + SSD seal of ${MAXB} sequences x 2 runtimes): ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
-console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | load |');
-console.log('|---|---|---|---|---|---|---|---|---|');
+console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | hot-tier hit rate | load |');
+console.log('|---|---|---|---|---|---|---|---|---|---|');
 const rows: unknown[] = [];
 for (const batch of BATCHES) {
   await run(seq.rt, seq.seqs, batch, 1, 1); // warm-up
@@ -146,7 +150,7 @@ for (const batch of BATCHES) {
   console.log(
     `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
       `${per(s.sel, s.steps)} / ${per(s.fetch, s.steps)} / ${per(s.comp, s.steps)} | ${per(p.sel, p.steps)} / ${per(p.fetch, p.steps)} / ${per(p.comp, p.steps)} | ` +
-      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${loadavg()[0]!.toFixed(1)} |`,
+      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} |`,
   );
 }
 await seq.rt.close();
