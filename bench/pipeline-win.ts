@@ -13,14 +13,34 @@
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
  *      [--batches 4] [--micro 1] [--steps 6] [--rounds 3] [--layers 1] [--direct 1] [--dir /tmp/x]
- *      [--layout chunks|clusters] [--tier N] [--json out.json]
+ *      [--layout chunks|clusters] [--tier N] [--qd 32] [--json out.json]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { openRuntime, type Runtime, type RuntimeStats } from '../src/pipeline/runtime.js';
 import { ioUringAvailable } from '../src/storage/io-engine.js';
+import { Worker } from 'node:worker_threads';
 import { uniform } from './bench-util.js';
+
+/**
+ * Cores this process can get right now: the same fixed CPU loop run on 1 thread, then on 2 threads
+ * at once; capacity = 2 x t1 / t2 (2.0: two idle cores, 1.0: the machine gives us one core's worth).
+ * The pipeline can only beat sequential by using a second core, so every row reports this beside it.
+ */
+async function capacity(): Promise<number> {
+  const code = `const { parentPort } = require('node:worker_threads'); let x = 0; const t = performance.now();
+    for (let i = 0; i < 3e7; i++) x = (x * 1664525 + 1013904223) % 4294967296; parentPort.postMessage([performance.now() - t, x]);`;
+  const once = () =>
+    new Promise<number>((res, rej) => {
+      const w = new Worker(code, { eval: true });
+      w.once('message', (m: [number, number]) => res(m[0]));
+      w.once('error', rej);
+    });
+  const t1 = await once();
+  const t2 = Math.max(...(await Promise.all([once(), once()])));
+  return (2 * t1) / t2;
+}
 
 const arg = (name: string, dflt: string) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -38,6 +58,8 @@ const JSON_OUT = arg('json', '');
 const LAYOUT = arg('layout', 'chunks') as 'chunks' | 'clusters';
 /** --tier N: a hot tier with windows xN in front of compute (SSD reads only its misses). */
 const TIER = Number(arg('tier', '0'));
+/** --qd N: I/O engine queue depth (reads in flight). */
+const QD = Number(arg('qd', '32'));
 const shape = { layers: LAYERS, qHeads: 32, kvHeads: 8, headDim: 128 };
 const ROW = shape.kvHeads * shape.headDim;
 const MAXB = Math.max(...BATCHES);
@@ -53,7 +75,7 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
     maxSequences: MAXB,
     maxTokens,
     kvMemoryBytes: 2 * MAXB * LAYERS * maxTokens * ROW * 4,
-    ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT },
+    ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT, io: { queueDepth: QD } },
     ...(TIER > 0 ? { hotTier: { windows: TIER, maxBytes: 2 ** 33 } } : {}),
   });
   const seqs: number[] = [];
@@ -110,17 +132,18 @@ const t0 = performance.now();
 const uring = ioUringAvailable();
 console.log(
   `# pipeline win: layers ${LAYERS}, GQA ${shape.qHeads}/${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, budget ${BUDGET}, microBatch ${MICRO}, ` +
-    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
+    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, queue depth ${QD}, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
 );
 const seq = await setup('sequential');
 const pip = await setup('pipelined');
 console.log(`# setup (prefill + SSD seal of ${MAXB} sequences x 2 runtimes): ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
-console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | hot-tier hit rate | load |');
-console.log('|---|---|---|---|---|---|---|---|---|---|');
+console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | hot-tier hit rate | load | cores available before / after |');
+console.log('|---|---|---|---|---|---|---|---|---|---|---|');
 const rows: unknown[] = [];
 for (const batch of BATCHES) {
   await run(seq.rt, seq.seqs, batch, 1, 1); // warm-up
   await run(pip.rt, pip.seqs, batch, 1, 1);
+  const capBefore = await capacity();
   const s0 = await seq.rt.stats();
   const p0 = await pip.rt.stats();
   const ts: number[] = [];
@@ -132,6 +155,7 @@ for (const batch of BATCHES) {
   }
   const s = diff(await seq.rt.stats(), s0);
   const p = diff(await pip.rt.stats(), p0);
+  const cap = [capBefore, await capacity()];
   const thrS = (batch * ts.length) / (sum(ts) / 1000);
   const thrP = (batch * tp.length) / (sum(tp) / 1000);
   const per = (x: number, n: number) => (x / n).toFixed(1);
@@ -145,12 +169,13 @@ for (const batch of BATCHES) {
     seq: s,
     pip: p,
     load: loadavg()[0],
+    capacity: cap,
   };
   rows.push(row);
   console.log(
     `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
       `${per(s.sel, s.steps)} / ${per(s.fetch, s.steps)} / ${per(s.comp, s.steps)} | ${per(p.sel, p.steps)} / ${per(p.fetch, p.steps)} / ${per(p.comp, p.steps)} | ` +
-      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} |`,
+      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} | ${cap[0]!.toFixed(2)} / ${cap[1]!.toFixed(2)} |`,
   );
 }
 await seq.rt.close();

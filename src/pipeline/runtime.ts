@@ -211,6 +211,12 @@ const EXPECTED: Record<string, string> = {
 
 /** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
 const PIPELINE_SLOTS = 4;
+/**
+ * Fetch workers of an SSD-backed runtime. A fetch worker mostly waits for its reads; with one, the
+ * reads of micro-batch i+1 cannot start before those of i completed, so F serializes the step.
+ * Two keep two micro-batches' reads in flight (the stage is stateless: any worker takes any batch).
+ */
+const FETCH_THREADS_SSD = 2;
 
 function decodeStagesModule(): string {
   const here = dirname(fileURLToPath(import.meta.url));
@@ -306,7 +312,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       pipeline = await Pipeline.start({
         stages: [
           { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
-          ...(tier || ssd ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
+          ...(tier || ssd ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' }, threads: ssd ? FETCH_THREADS_SSD : 1 }] : []),
           { name: 'compute', module, init: { ...init, role: 'compute' } },
         ],
         words: 3,
