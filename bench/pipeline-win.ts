@@ -13,7 +13,7 @@
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
  *      [--batches 4] [--micro 1] [--steps 6] [--rounds 3] [--layers 1] [--direct 1] [--dir /tmp/x]
- *      [--layout chunks|clusters] [--tier N] [--qd 32] [--json out.json]
+ *      [--layout chunks|clusters] [--tier N] [--qd 32] [--sel 1] [--json out.json]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -60,6 +60,8 @@ const LAYOUT = arg('layout', 'chunks') as 'chunks' | 'clusters';
 const TIER = Number(arg('tier', '0'));
 /** --qd N: I/O engine queue depth (reads in flight). */
 const QD = Number(arg('qd', '32'));
+/** --sel N: selection worker threads of the pipelined runtime. */
+const SEL = Number(arg('sel', '1'));
 const shape = { layers: LAYERS, qHeads: 32, kvHeads: 8, headDim: 128 };
 const ROW = shape.kvHeads * shape.headDim;
 const MAXB = Math.max(...BATCHES);
@@ -77,6 +79,7 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
     kvMemoryBytes: 2 * MAXB * LAYERS * maxTokens * ROW * 4,
     ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT, io: { queueDepth: QD } },
     ...(TIER > 0 ? { hotTier: { windows: TIER, maxBytes: 2 ** 33 } } : {}),
+    ...(mode === 'pipelined' ? { selectionThreads: SEL } : {}),
   });
   const seqs: number[] = [];
   for (let s = 0; s < MAXB; s++) {
@@ -132,7 +135,7 @@ const t0 = performance.now();
 const uring = ioUringAvailable();
 console.log(
   `# pipeline win: layers ${LAYERS}, GQA ${shape.qHeads}/${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, budget ${BUDGET}, microBatch ${MICRO}, ` +
-    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, queue depth ${QD}, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
+    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, queue depth ${QD}, ${SEL} selection worker(s), hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
 );
 const seq = await setup('sequential');
 const pip = await setup('pipelined');

@@ -64,6 +64,13 @@ describe('Runtime concurrency and faults', () => {
     const b = await churn(pip, 3, 12);
     expect(a.length).toBeGreaterThan(30);
     expect(b).toEqual(a);
+    // two selection workers, each holding every index and catching up on skipped steps
+    const two = await openRuntime({ ...opts, mode: 'pipelined', selectionThreads: 2 });
+    expect(await churn(two, 3, 12)).toEqual(a);
+    const sel = (await two.stats()).stages!.find((x) => x.stage === 'selection')!;
+    expect(sel.threads).toBe(2);
+    expect(sel.items).toBe((await pip.stats()).stages!.find((x) => x.stage === 'selection')!.items); // every micro-batch selected once
+    await two.close();
     const st = await pip.stats();
     expect(st.hits + st.misses).toBeGreaterThan(0);
     await seq.close();

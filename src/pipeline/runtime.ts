@@ -57,6 +57,14 @@ export interface RuntimeOptions {
    * work on i).
    */
   mode?: 'sequential' | 'pipelined';
+  /**
+   * Pipelined mode: selection worker threads (default 1, at most 4). Every selection worker builds
+   * and keeps every index (build and drop requests go to all of them; each catches up on the
+   * tokens appended since it last served a sequence), so any worker takes any micro-batch and
+   * selection of consecutive micro-batches runs in parallel. Costs one index copy and one build per
+   * extra worker; pays only with a core per worker.
+   */
+  selectionThreads?: number;
   /** Batch entries per micro-batch (default 1, at most 256). */
   microBatch?: number;
   /** Sequences open at once (default 4, at most 4096). */
@@ -183,6 +191,7 @@ const optionsSchema = z
     policyOptions: z.record(z.string(), z.unknown()).optional(),
     mode: z.enum(['sequential', 'pipelined']).optional(),
     microBatch: int(1, 256).optional(),
+    selectionThreads: int(1, 4).optional(),
     maxSequences: int(1, 4096).optional(),
     maxTokens: int(1, 1 << 24).optional(),
     kvMemoryBytes: z.number().int().min(1).optional(),
@@ -200,6 +209,7 @@ const EXPECTED: Record<string, string> = {
   policyOptions: 'an options object',
   mode: "'sequential' or 'pipelined'",
   microBatch: 'an integer in [1, 256]',
+  selectionThreads: 'an integer in [1, 4]',
   maxSequences: 'an integer in [1, 4096]',
   maxTokens: 'an integer in [1, 2^24]',
   kvMemoryBytes: 'a positive integer',
@@ -311,7 +321,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     try {
       pipeline = await Pipeline.start({
         stages: [
-          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
+          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay(), threads: o.selectionThreads ?? 1 },
           ...(tier || ssd ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' }, threads: ssd ? FETCH_THREADS_SSD : 1 }] : []),
           { name: 'compute', module, init: { ...init, role: 'compute' } },
         ],
