@@ -161,6 +161,30 @@ Tier::LayerLock::LayerLock(Tier& t, int seq, int layer) : flag_(&t.busy_[size_t(
 }
 Tier::LayerLock::~LayerLock() { flag_->store(0, std::memory_order_release); }
 
+void Tier::ResetSequence(int seq) {
+  for (int l = 0; l < cfg_.layers; ++l) {
+    LayerLock lock(*this, seq, l);
+    for (int h = 0; h < cfg_.kvHeads; ++h) {
+      PairState& p = Pair(seq, l, h);
+      const size_t cap = size_t(p.capacity);
+      std::fill(p.slotChunk.begin(), p.slotChunk.end(), -1);
+      std::fill(p.slotRows.begin(), p.slotRows.end(), 0);
+      std::fill(p.lastUse.begin(), p.lastUse.end(), 0);
+      std::fill(p.uses.begin(), p.uses.end(), 0);
+      std::fill(p.mass.begin(), p.mass.end(), 0.f);
+      std::fill(p.massStep.begin(), p.massStep.end(), -1);
+      std::fill(p.poolScore.begin(), p.poolScore.end(), 0.f);
+      std::fill(p.poolStamp.begin(), p.poolStamp.end(), -1);
+      p.freeSlots.resize(cap);
+      for (size_t i = 0; i < cap; ++i) p.freeSlots[i] = int32_t(cap - 1 - i);  // same order as at creation
+      std::fill(p.mapKey.begin(), p.mapKey.end(), -1);
+      std::fill(p.mapSlot.begin(), p.mapSlot.end(), -1);
+      p.resident = 0;
+      p.step = 0;
+    }
+  }
+}
+
 int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src) {
   const int64_t first = int64_t(chunk) * cfg_.chunkSize;
   const int64_t avail = std::min<int64_t>(cfg_.chunkSize, src.k->tokens - first);

@@ -128,6 +128,11 @@ class Tier {
   Counters Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src);
   // Places chunks (best first) into free slots until the arena is full; returns chunks placed.
   int32_t Warm(int seq, int layer, int head, const int32_t* order, int32_t n, const Source& src);
+  // Empties every (layer, kv head) arena of sequence `seq` so its handle can serve a new sequence:
+  // all slots free, map empty, step clock back to 0. Cumulative counters (`total`) are kept: they
+  // count per handle since creation, so tier-wide stats never lose a closed sequence's traffic.
+  // Takes each layer's lock (E_CONFIG when an operation on that sequence is running).
+  void ResetSequence(int seq);
   // Records the attention mass of the selected chunks of this step (for lookahead eviction).
   void RecordMass(int seq, int layer, int head, const int32_t* ids, const float* mass, int32_t n);
 

@@ -536,6 +536,21 @@ Napi::Value Residents(const Napi::CallbackInfo& info) {
   });
 }
 
+// hotTierResetSequence(handle, sequence): empties that sequence's arenas (its handle is reused).
+Napi::Value ResetSequenceBinding(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "hotTier.resetSequence";
+    auto t = Acquire(Handle(info, what));
+    const TierConfig& c = t->config();
+    if (info.Length() < 2 || !info[1].IsNumber()) Throw("E_TYPE", what + ".sequence: expected an integer, got " + (info.Length() < 2 ? std::string("nothing") : std::string("a non-number")));
+    const double s = info[1].As<Napi::Number>().DoubleValue();
+    if (s != std::floor(s) || s < 0 || s >= c.sequences)
+      Throw("E_RANGE", what + ".sequence: expected an integer in [0, " + std::to_string(c.sequences - 1) + "], got " + Num(s));
+    t->ResetSequence(int(s));
+    return info.Env().Undefined();
+  });
+}
+
 Napi::Value CheckBinding(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto t = Acquire(Handle(info, "hotTier.check"));
@@ -614,6 +629,7 @@ void InitHotTier(Napi::Env env, Napi::Object exports) {
   exports.Set("hotTierWarmAsync", Napi::Function::New(env, RunAsync<PrepareWarm>));
   exports.Set("hotTierStats", Napi::Function::New(env, Stats));
   exports.Set("hotTierResidents", Napi::Function::New(env, Residents));
+  exports.Set("hotTierResetSequence", Napi::Function::New(env, ResetSequenceBinding));
   exports.Set("hotTierCheck", Napi::Function::New(env, CheckBinding));
   exports.Set("hotTierImportance", Napi::Function::New(env, RunSync<PrepareImportance>));
   exports.Set("hotTierImportanceAsync", Napi::Function::New(env, RunAsync<PrepareImportance>));

@@ -26,7 +26,9 @@ export type {
   AttentionWeightsOptions,
 } from './attention/kernels.js';
 export { openRuntime } from './pipeline/runtime.js';
-export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry } from './pipeline/runtime.js';
+export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry, StepBreakdown } from './pipeline/runtime.js';
+export { calibrate } from './pipeline/calibrate.js';
+export type { CalibrateOptions, CalibrationResult, CalibrationTrial } from './pipeline/calibrate.js';
 export type { StageStats } from './pipeline/stage-pool.js';
 export type { StageWorkerStats } from './pipeline/stage-contract.js';
 // Reference host: llama2.c checkpoints, tokenizer, forward pass with a pluggable attention backend.

@@ -124,6 +124,31 @@ describe('hot tier', () => {
     }
   });
 
+  it('resetSequence empties one sequence (others untouched), keeps counters, and refills like a new tier', () => {
+    const T = 200;
+    const k = kvTensor(T, 1, 8, 'f32', 7);
+    const v = kvTensor(T, 1, 8, 'f32', 8);
+    const sel = (ids: number[]): Selection => ({ chunkSize: 4, tokens: T, sinkEnd: 0, tailStart: T, offsets: Int32Array.from([0, ids.length]), chunkIds: Int32Array.from(ids) });
+    const t = tier({ layers: 1, kvHeads: 1, windows: 2, budget: 8, sequences: 2, eviction: 'lru' });
+    for (const s of [0, 1]) t.fetch({ sequence: s, layer: 0, k, v, selection: sel([1, 2, 3, 4]) });
+    t.resetSequence(0);
+    expect(Array.from(t.residents(0, 0, 0))).toEqual([]);
+    expect(Array.from(t.residents(0, 0, 1))).toEqual([1, 2, 3, 4]);
+    expect(t.check()).toBe('');
+    expect(t.stats(0).total.misses).toBe(4); // counters are per handle since creation
+    // after the reset the same selections behave as on a fresh tier: all misses, then LRU order
+    const fresh = tier({ layers: 1, kvHeads: 1, windows: 2, budget: 8, sequences: 1, eviction: 'lru' });
+    for (const ids of [[5, 6], [5, 7, 8], [9, 10]]) {
+      const a = t.fetch({ sequence: 0, layer: 0, k, v, selection: sel(ids) });
+      const b = fresh.fetch({ layer: 0, k, v, selection: sel(ids) });
+      expect(a.total).toEqual(b.total);
+    }
+    expect(Array.from(t.residents(0, 0, 0))).toEqual(Array.from(fresh.residents(0, 0)));
+    expect(t.check()).toBe('');
+    expectKvdError(() => t.resetSequence(2), 'E_RANGE', /resetSequence.sequence: expected an integer in \[0, 1\], got 2/);
+    expectKvdError(() => t.resetSequence(0.5), 'E_RANGE', /got 0.5/);
+  });
+
   it('evicts by policy: LRU the least recently selected, LFU the least often, lookahead the lowest mass outside the pool', () => {
     const T = 200;
     const k = kvTensor(T, 1, 8, 'f32', 7);

@@ -205,11 +205,21 @@ describe('Runtime with a hot tier', () => {
     await rt.close();
   });
 
-  it('retires closed sequence handles (the tier cannot reset a residency) and validates its options', async () => {
-    const rt = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: { windows: 1, maxBytes: 1 << 20 } });
-    const s = rt.createSequence();
-    await rt.closeSequence(s);
-    await expectKvdError(() => rt.createSequence(), 'E_NOMEM', /open or retired \(with a hot tier closed handles are not reused\)/);
+  it('reuses a closed sequence handle: its tier arenas are emptied, outputs equal a fresh runtime', async () => {
+    const tier = { windows: 1, maxBytes: 1 << 20 };
+    const rt = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: tier });
+    const first = await decode(rt, 21, 1); // fills the tier with sequence 0's chunks
+    const before = (await rt.stats()).misses;
+    await rt.closeSequence(0);
+    const again = await decode(rt, 22, 1); // same handle, other data
+    const fresh = await openRuntime({ shape, budget: 8, maxSequences: 1, maxTokens: 400, hotTier: tier });
+    const ref = await decode(fresh, 22, 1);
+    expect(again.map(bits)).toEqual(ref.map(bits));
+    expect(again.map(bits)).not.toEqual(first.map(bits));
+    // the reused handle starts cold: it misses exactly as often as the fresh runtime
+    expect((await rt.stats()).misses - before).toBe((await fresh.stats()).misses);
+    await fresh.close();
+    await expectKvdError(() => rt.createSequence(), 'E_NOMEM', /fewer than maxSequences = 1 open sequences/);
     await rt.close();
     await expectKvdError(() => openRuntime({ shape, budget: 8, hotTier: { windows: 1, maxBytes: 64 } }), 'E_BUDGET');
     await expectKvdError(() => openRuntime({ shape, budget: 8, hotTier: { windows: 1, maxBytes: 1 << 20, eviction: 'fifo' } }), 'E_POLICY', /eviction/);

@@ -337,6 +337,15 @@ export class HotTier {
     return native.hotTierResidents(this.live(), { layer, head, sequence }) as Int32Array;
   }
 
+  /**
+   * Empties every arena of one sequence handle (all its slots freed) so the handle can serve a new
+   * sequence. Counters are per handle since creation and are kept. E_RANGE for a bad handle,
+   * E_CONFIG while an operation on that sequence runs on another thread.
+   */
+  resetSequence(sequence: number): void {
+    native.hotTierResetSequence(this.live(), sequence);
+  }
+
   /** Checks the slot map invariants; returns '' or the first violation (for tests and debugging). */
   check(): string {
     return native.hotTierCheck(this.live()) as string;

@@ -13,6 +13,7 @@ import type { PolicyName } from '../index/selection.js';
 import { cpuFeatures } from '../native.js';
 import { choiceListOption, choiceOption, integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
+import { runBatchDemo } from './demo-batch.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
@@ -41,6 +42,10 @@ interface DemoCliOptions {
   threads: number;
   policy: PolicyName[];
   json?: boolean;
+  /** --batch: run the decode runtime on a batch instead (demo-batch.ts). */
+  batch?: number;
+  mode: 'sequential' | 'pipelined' | 'both';
+  microBatch: number;
 }
 
 function render(ev: TraceEvaluation, o: DemoCliOptions): string {
@@ -90,7 +95,15 @@ export function register(program: Command): void {
     .option('--threads <n>', 'threads for dense attention', integerOption('--threads', 1, 8), DEMO_DEFAULTS.threads)
     .option('--policy <names>', 'policies to compare (comma-separated)', choiceListOption('--policy', POLICIES, 'E_POLICY'), [...POLICIES])
     .option('--json', 'print one JSON object instead of the table')
-    .action(async (o: DemoCliOptions) => {
+    .option('--batch <n>', 'decode a batch of n sequences with the runtime and show the per-stage time breakdown', integerOption('--batch', 1, 64))
+    .option('--mode <mode>', 'with --batch: sequential, pipelined or both', choiceOption('--mode', ['sequential', 'pipelined', 'both'] as const), 'both')
+    .option('--micro-batch <n>', 'with --batch: entries per micro-batch', integerOption('--micro-batch', 1, 64), 1)
+    .action(async (o: DemoCliOptions, cmd: Command) => {
+      if (o.batch !== undefined) {
+        // The batch runtime holds f32 KV for every sequence in DRAM: a shorter default context.
+        const context = cmd.getOptionValueSource('context') === 'default' ? 8192 : o.context;
+        return runBatchDemo({ ...o, batch: o.batch, context });
+      }
       const trace = generateSyntheticTrace({
         layers: o.layers,
         promptTokens: o.context,

@@ -149,6 +149,13 @@ export class Pipeline {
     return pool.control(request);
   }
 
+  /** @internal Kills worker `worker` of stage `stage` like a crash (see StagePool.killWorker). */
+  killWorker(stage: number, worker = 0): Promise<void> {
+    const pool = this.pools[stage];
+    if (!pool) fail('E_RANGE', 'pipeline killWorker stage', `an index in [0, ${this.pools.length})`, stage);
+    return pool.killWorker(worker);
+  }
+
   /** Changes the spin budget of every worker endpoint (µs). */
   configure(opts: { spinMicros: number }): void {
     for (const p of this.pools) p.configure(opts);

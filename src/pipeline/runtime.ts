@@ -20,18 +20,25 @@ import {
   DecodeState,
   TIMING_COMPUTE,
   TIMING_FETCH,
+  TIMING_HITMISS,
   TIMING_HITS,
   TIMING_MISSES,
   TIMING_SELECTION,
+  TIMING_SSD_BYTES,
+  TIMING_SSD_CHUNKS,
+  TIMING_SSD_READ_BYTES,
   type DecodeControl,
   type DecodeInit,
   type DecodeRegions,
 } from './decode-stages.js';
 import { HotTier, type HotTierOptions } from '../cache/hot-tier.js';
+import { SsdStore, type ClusterLayout } from '../storage/ssd-store.js';
+import { ioEngineOptionsSchema, type IoEngineOptions } from '../storage/io-engine.js';
 import { Pipeline } from './pipeline.js';
 import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
 import type { StageStats } from './stage-pool.js';
+import { calibrate, type CalibrateOptions, type CalibrationResult } from './calibrate.js';
 
 /** Options of {@link openRuntime}. */
 export interface RuntimeOptions {
@@ -50,6 +57,14 @@ export interface RuntimeOptions {
    * work on i).
    */
   mode?: 'sequential' | 'pipelined';
+  /**
+   * Pipelined mode: selection worker threads (default 1, at most 4). Every selection worker builds
+   * and keeps every index (build and drop requests go to all of them; each catches up on the
+   * tokens appended since it last served a sequence), so any worker takes any micro-batch and
+   * selection of consecutive micro-batches runs in parallel. Costs one index copy and one build per
+   * extra worker; pays only with a core per worker.
+   */
+  selectionThreads?: number;
   /** Batch entries per micro-batch (default 1, at most 256). */
   microBatch?: number;
   /** Sequences open at once (default 4, at most 4096). */
@@ -67,10 +82,46 @@ export interface RuntimeOptions {
    * A hot tier (src/cache/hot-tier.ts) between the store and compute: adds the fetch stage (hit/miss
    * against the residents, eviction, admission) and compute reads chunks from their slots
    * (bit-identical outputs). `windows` and `eviction` as in HotTierOptions; `maxBytes` is its hard
-   * byte cap. The tier cannot reset one sequence's residency, so with a tier a closed sequence's
-   * handle is retired, not reused: at most maxSequences sequences over the runtime's life.
+   * byte cap. Closing a sequence empties its arenas, so its handle is reused like without a tier.
    */
   hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
+  /**
+   * SSD-backed prompts: each prefilled prompt layer (its whole chunks) is sealed into an SsdStore
+   * segment under `dir` (created if missing; the runtime deletes its segments when a sequence
+   * closes and at close), and every step the fetch stage reads the selected prompt chunks from
+   * there (async I/O: io_uring or the pread pool, `io` options as in IoEngineOptions; `direct`
+   * = O_DIRECT, no page cache). The DRAM copy keeps the keys (the index needs them) and the sinks,
+   * tail and decoded tokens; prompt values it does not need are overwritten with NaN, so nothing is
+   * silently read from DRAM instead. With a hotTier, only the selected chunks not resident in it
+   * are read from SSD; their values are written back into DRAM, where the tier admits them from.
+   * `layout`: 'chunks' (default) one extent per chunk, a selected chunk costs exactly its bytes;
+   * 'clusters' one extent per k-means cluster of the index (kvdrive policy; DESIGN.md §4), fewer
+   * and larger reads but whole clusters are read when selection takes part of one (bench/pipeline.md
+   * §3 measures both).
+   */
+  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions; layout?: 'chunks' | 'clusters' };
+  /**
+   * Run the pre-run calibration (src/pipeline/calibrate.ts, paper §6.2) before opening: it picks
+   * microBatch, policyOptions.tokensPerCluster (kvdrive policy) and hotTier.windows (with a tier)
+   * on a short synthetic decode of this shape, overriding those options. `true` = default sweep.
+   * The result is kept in {@link Runtime.calibration}.
+   */
+  calibrate?: boolean | CalibrateOptions;
+}
+
+/** Time breakdown of one attend() call (a layer step of the batch), milliseconds. */
+export interface StepBreakdown {
+  layer: number;
+  entries: number;
+  wallMs: number;
+  selectionMs: number;
+  /** Hot-tier hit/miss evaluation, eviction and admission copies. */
+  hitMissMs: number;
+  /** Whole fetch stage: SSD reads (I/O wait included) and the hit/miss part. */
+  fetchMs: number;
+  computeMs: number;
+  /** wallMs - computeMs: time of the step not covered by attention compute. */
+  stallMs: number;
 }
 
 /** One batch entry of {@link Runtime.attend}. */
@@ -98,8 +149,15 @@ export interface RuntimeStats {
   selectionMs: number;
   /** Compute stage (sparse attention), summed over micro-batches. */
   computeMs: number;
-  /** Fetch stage (hot tier: hit/miss evaluation, eviction and admission copies); 0 without a tier. */
+  /** Fetch stage (SSD reads incl. I/O wait, and hitMissMs); 0 without a tier or SSD. */
   fetchMs: number;
+  /** Hot tier hit/miss evaluation, eviction and admission copies (part of fetchMs). */
+  hitMissMs: number;
+  /** SSD-backed: selected prompt chunks and their payload bytes read from SSD. */
+  ssdChunks: number;
+  ssdBytes: number;
+  /** SSD-backed: bytes the device transferred for them (whole extents; / ssdBytes = read amplification). */
+  ssdReadBytes: number;
   /** Selected chunks found resident / not resident in the hot tier (0 without a tier). */
   hits: number;
   misses: number;
@@ -112,6 +170,13 @@ export interface RuntimeStats {
   stallMs: number;
   /** Pipelined mode: per-stage worker counters. */
   stages?: StageStats[];
+  /**
+   * Most micro-batches ever inside the stages at once (pipelined; 1 sequentially). Bounded by the
+   * arena slots: a host submitting more waits for a slot (back-pressure), nothing is dropped.
+   */
+  maxInFlight: number;
+  /** The last (up to 64) attend() calls, oldest first. */
+  recentSteps: StepBreakdown[];
 }
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
@@ -126,11 +191,14 @@ const optionsSchema = z
     policyOptions: z.record(z.string(), z.unknown()).optional(),
     mode: z.enum(['sequential', 'pipelined']).optional(),
     microBatch: int(1, 256).optional(),
+    selectionThreads: int(1, 4).optional(),
     maxSequences: int(1, 4096).optional(),
     maxTokens: int(1, 1 << 24).optional(),
     kvMemoryBytes: z.number().int().min(1).optional(),
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
+    ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional(), layout: z.enum(['chunks', 'clusters']).optional() }).strict().optional(),
+    calibrate: z.union([z.boolean(), z.object({}).passthrough()]).optional(),
   })
   .strict();
 
@@ -141,15 +209,24 @@ const EXPECTED: Record<string, string> = {
   policyOptions: 'an options object',
   mode: "'sequential' or 'pipelined'",
   microBatch: 'an integer in [1, 256]',
+  selectionThreads: 'an integer in [1, 4]',
   maxSequences: 'an integer in [1, 4096]',
   maxTokens: 'an integer in [1, 2^24]',
   kvMemoryBytes: 'a positive integer',
   spinMicros: "'auto' or a number of µs in [0, 100000]",
   hotTier: '{ windows, maxBytes, eviction? }',
+  ssd: "{ dir: a directory path, direct?: boolean, io?: IoEngineOptions, layout?: 'chunks' | 'clusters' }",
+  calibrate: 'true, false or CalibrateOptions',
 };
 
 /** Arena slots in pipelined mode: enough for every stage to hold one and the host to fill more. */
 const PIPELINE_SLOTS = 4;
+/**
+ * Fetch workers of an SSD-backed runtime. A fetch worker mostly waits for its reads; with one, the
+ * reads of micro-batch i+1 cannot start before those of i completed, so F serializes the step.
+ * Two keep two micro-batches' reads in flight (the stage is stateless: any worker takes any batch).
+ */
+const FETCH_THREADS_SSD = 2;
 
 function decodeStagesModule(): string {
   const here = dirname(fileURLToPath(import.meta.url));
@@ -175,6 +252,16 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     const key = String(issue.path[0]);
     throw new KvdriveError('E_CONFIG', `openRuntime options.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe((options as unknown as Record<string, unknown>)[key])}`);
   }
+  if (options.calibrate) {
+    const { calibrate: c, ...base } = options;
+    const result = await calibrate(base, c === true ? {} : c, openRuntime);
+    const tuned: RuntimeOptions = { ...base, microBatch: result.microBatch };
+    if (result.tokensPerCluster !== undefined) tuned.policyOptions = { ...base.policyOptions, tokensPerCluster: result.tokensPerCluster };
+    if (result.window !== undefined && base.hotTier) tuned.hotTier = { ...base.hotTier, windows: result.window };
+    const rt = await openRuntime(tuned);
+    rt.calibration = result;
+    return rt;
+  }
   const o = parsed.data;
   const shape: ModelShape = o.shape;
   const policy = o.policy ?? 'kvdrive';
@@ -189,7 +276,18 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
   const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
   const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
-  const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead));
+  const stagedChunkElems = o.ssd ? 2 * resolved.chunkSize * shape.headDim : 0;
+  const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead, stagedChunkElems), 4 * 2 ** 30);
+  const ssd = o.ssd
+    ? await SsdStore.open({
+        ...(o.ssd.io ?? {}),
+        dir: o.ssd.dir,
+        direct: o.ssd.direct ?? false,
+        shape: { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype: 'f32', chunkSize: resolved.chunkSize },
+      })
+    : undefined;
+  const ssdSegments = ssd ? new SharedArrayBuffer(store.layout.maxSequences * shape.layers * 2 * 4) : undefined;
+  if (ssdSegments) new Int32Array(ssdSegments).fill(-1);
   // The tier validates its own options (E_CONFIG / E_POLICY / E_BUDGET naming the minimum bytes).
   const tier = o.hotTier
     ? new HotTier({
@@ -212,6 +310,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     store: { buffer: store.buffer, layout: store.layout },
     arena: { buffer: arena.buffer, layout: arena.layout },
     hotTier: tier?.handle,
+    ssd: ssdSegments ? { segments: ssdSegments, chunkSize: resolved.chunkSize } : undefined,
   };
   let pipeline: Pipeline | undefined;
   // The selection worker owns the indexes; if it dies, its replacement rebuilds every index from
@@ -222,8 +321,8 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     try {
       pipeline = await Pipeline.start({
         stages: [
-          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay() },
-          ...(tier ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' } }] : []),
+          { name: 'selection', module, init: { ...init, role: 'selection' }, replay: () => replay(), threads: o.selectionThreads ?? 1 },
+          ...(tier || ssd ? [{ name: 'fetch', module, init: { ...init, role: 'fetch' }, threads: ssd ? FETCH_THREADS_SSD : 1 }] : []),
           { name: 'compute', module, init: { ...init, role: 'compute' } },
         ],
         words: 3,
@@ -232,10 +331,11 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
       });
     } catch (e) {
       tier?.destroy();
+      await ssd?.close();
       throw e;
     }
   }
-  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier);
+  const rt = new Runtime(init, store, arena, mode, microBatch, resolved, pipeline, tier, ssd, o.ssd?.layout);
   replay = () => rt.indexRebuildRequests();
   return rt;
 }
@@ -245,6 +345,8 @@ export class Runtime {
   readonly shape: ModelShape;
   readonly mode: 'sequential' | 'pipelined';
   readonly microBatch: number;
+  /** What `openRuntime({ calibrate })` chose and measured; undefined without calibration. */
+  calibration: CalibrationResult | undefined;
   private readonly init: DecodeInit;
   private readonly store: SequenceStore;
   private readonly arena: SharedArena<DecodeRegions>;
@@ -254,14 +356,40 @@ export class Runtime {
   private readonly tier: HotTier | undefined;
   /** tokens[seq * layers + layer]: context length of that layer; -1 = layer not prefilled. */
   private readonly tokens: Int32Array;
-  /** Per sequence handle: 0 free, 1 open, 2 retired (closed with a hot tier: never reused). */
+  /** Per sequence handle: 0 free, 1 open. */
   private readonly open: Uint8Array;
   private readonly freeSlots: number[];
   private readonly slotWaiters: ((slot: number) => void)[] = [];
   /** Serializes public operations (they mutate per-sequence token counts). */
   private queue: Promise<unknown> = Promise.resolve();
   private closed = false;
-  private readonly counters = { attendCalls: 0, entries: 0, microBatches: 0, wallMs: 0, appendMs: 0, selectionMs: 0, computeMs: 0, fetchMs: 0, hits: 0, misses: 0, warmedChunks: 0 };
+  private readonly counters = {
+    attendCalls: 0,
+    entries: 0,
+    microBatches: 0,
+    wallMs: 0,
+    appendMs: 0,
+    selectionMs: 0,
+    computeMs: 0,
+    fetchMs: 0,
+    hitMissMs: 0,
+    hits: 0,
+    misses: 0,
+    ssdChunks: 0,
+    ssdBytes: 0,
+    ssdReadBytes: 0,
+    warmedChunks: 0,
+  };
+  private readonly recent: StepBreakdown[] = [];
+  private inFlight = 0;
+  private maxInFlight = 0;
+  /** SSD-backed: the store, segment ids per (seq * layers + layer), and the shared handle words. */
+  private readonly ssd: SsdStore | undefined;
+  private readonly segmentIds: (string | undefined)[];
+  private readonly segmentWords: Int32Array | undefined;
+  private segmentGeneration = 0;
+  /** SSD-backed: extent layout of the prompt segments. */
+  private readonly ssdLayout: 'chunks' | 'clusters';
   /** The selection policy's resolved options (chunk geometry for warm-up). */
   private readonly policyOptions: ResolvedPolicyOptions;
 
@@ -275,8 +403,14 @@ export class Runtime {
     policyOptions: ResolvedPolicyOptions,
     pipeline?: Pipeline,
     tier?: HotTier,
+    ssd?: SsdStore,
+    ssdLayout: 'chunks' | 'clusters' = 'chunks',
   ) {
     this.tier = tier;
+    this.ssd = ssd;
+    this.segmentIds = new Array<string | undefined>(store.layout.maxSequences * init.shape.layers);
+    this.segmentWords = init.ssd ? new Int32Array(init.ssd.segments) : undefined;
+    this.ssdLayout = ssdLayout;
     this.policyOptions = policyOptions;
     this.init = init;
     this.shape = init.shape;
@@ -328,13 +462,7 @@ export class Runtime {
   createSequence(): number {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'createSequence: expected an open runtime, got one that was closed');
     const seq = this.open.indexOf(0);
-    if (seq < 0)
-      throw new KvdriveError(
-        'E_NOMEM',
-        this.tier
-          ? `createSequence: expected a free sequence handle, got all maxSequences = ${this.open.length} open or retired (with a hot tier closed handles are not reused)`
-          : `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`,
-      );
+    if (seq < 0) throw new KvdriveError('E_NOMEM', `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`);
     this.open[seq] = 1;
     this.tokens.fill(-1, seq * this.shape.layers, (seq + 1) * this.shape.layers);
     return seq;
@@ -346,7 +474,11 @@ export class Runtime {
       this.checkSeq('closeSequence', seq);
       if (this.pipeline) await this.pipeline.control(0, { type: 'drop', seq });
       else await this.local!.control({ type: 'drop', seq });
-      this.open[seq] = this.tier ? 2 : 0;
+      // No batch is in flight (operations are serialized), so no worker holds this sequence's
+      // tier layers: empty its arenas and the handle is free for the next createSequence.
+      this.tier?.resetSequence(seq);
+      for (let l = 0; l < this.shape.layers; l++) await this.dropSegment(seq, l);
+      this.open[seq] = 0;
     });
   }
 
@@ -387,10 +519,10 @@ export class Runtime {
         checkVector('prefill obsQ', obsQ, obsQ.length);
       }
       for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
-      const req = { type: 'build' as const, seq, layer, tokens: k.tokens };
+      const ssdChunks = this.ssd && this.ssdLayout === 'clusters' ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
+      const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
-      if (this.pipeline) await this.pipeline.control(0, req);
-      else await this.local!.control(req);
+      const layout = (this.pipeline ? (await this.pipeline.control(0, req))[0] : await this.local!.control(req)) as ClusterLayout[] | undefined;
       if (window > 0) {
         // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
         // policy's rule (sinks; tail = local window rounded down to a chunk boundary).
@@ -412,8 +544,49 @@ export class Runtime {
         });
         for (const n of placed) this.counters.warmedChunks += n;
       }
+      // After the warm-up, which copies prompt rows into the tier from DRAM.
+      if (this.ssd) await this.persistPrompt(seq, layer, k.tokens, layout);
       this.tokens[seq * this.shape.layers + layer] = k.tokens;
     });
+  }
+
+  /** SSD-backed: forgets and deletes the prompt segment of (seq, layer), if any. */
+  private async dropSegment(seq: number, layer: number): Promise<void> {
+    const i = seq * this.shape.layers + layer;
+    const id = this.segmentIds[i];
+    if (!this.ssd || id === undefined) return;
+    this.segmentWords![i * 2] = -1;
+    this.segmentWords![i * 2 + 1] = 0;
+    this.segmentIds[i] = undefined;
+    await this.ssd.deleteSegment(id);
+  }
+
+  /**
+   * SSD-backed: seals the prompt's whole chunks of (seq, layer) into a segment laid out by the
+   * index's clusters (one extent per cluster, see clusterLayout), publishes its handle to the stages, and
+   * overwrites the DRAM values of the chunks that will only be read from SSD with NaN.
+   */
+  private async persistPrompt(seq: number, layer: number, tokens: number, clusters: ClusterLayout[] | undefined): Promise<void> {
+    await this.dropSegment(seq, layer);
+    const { chunkSize, sinks, local } = this.policyOptions;
+    const chunks = Math.floor(tokens / chunkSize);
+    if (chunks === 0) return;
+    const id = `p${seq}-${layer}-${this.segmentGeneration++}`;
+    const n = chunks * chunkSize;
+    const layers = [{ k: this.store.tensor(seq, layer, 0, n), v: this.store.tensor(seq, layer, 1, n) }];
+    await this.ssd!.writeSegment(id, clusters ? { layers, clusters } : { layers, extentChunks: 1 });
+    const i = seq * this.shape.layers + layer;
+    this.segmentIds[i] = id;
+    this.segmentWords![i * 2] = this.ssd!.segmentHandle(id);
+    this.segmentWords![i * 2 + 1] = chunks;
+    // Rows [sinkEnd, tailStart) at prefill are attended only as selected chunks, i.e. from SSD.
+    const sinkEnd = Math.min(sinks, tokens);
+    const tailStart = Math.max(sinkEnd, Math.floor((tokens - local) / chunkSize) * chunkSize);
+    const end = Math.min(tailStart, n);
+    if (end > sinkEnd) {
+      const row = this.shape.kvHeads * this.shape.headDim;
+      this.store.tensor(seq, layer, 1, end).data.fill(NaN, sinkEnd * row, end * row);
+    }
   }
 
   /**
@@ -458,11 +631,26 @@ export class Runtime {
       const part = batch.slice(start, start + this.microBatch);
       jobs.push(this.runMicroBatch(layer, part, outputs.slice(start, start + part.length)));
     }
+    const before = { ...this.counters };
     const settled = await Promise.allSettled(jobs);
     const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
+    const wallMs = performance.now() - t0;
     this.counters.attendCalls++;
     this.counters.entries += batch.length;
-    this.counters.wallMs += performance.now() - t0;
+    this.counters.wallMs += wallMs;
+    const c = this.counters;
+    const computeMs = c.computeMs - before.computeMs;
+    this.recent.push({
+      layer,
+      entries: batch.length,
+      wallMs,
+      selectionMs: c.selectionMs - before.selectionMs,
+      hitMissMs: c.hitMissMs - before.hitMissMs,
+      fetchMs: c.fetchMs - before.fetchMs,
+      computeMs,
+      stallMs: Math.max(0, wallMs - computeMs),
+    });
+    if (this.recent.length > 64) this.recent.shift();
     if (failed) throw failed.reason;
     return outputs;
   }
@@ -482,10 +670,12 @@ export class Runtime {
         q.set(e.q, b * hq * d);
         meta[b * 4 + 1] = this.tokens[e.seq * L + layer]!;
       });
-      if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]);
+      this.maxInFlight = Math.max(this.maxInFlight, ++this.inFlight);
+      if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]).finally(() => this.inFlight--);
       else {
+        this.inFlight--; // sequential: one micro-batch at a time, run to the end below
         this.local!.select(slot, part.length, layer);
-        if (this.tier) this.local!.fetch(slot, part.length, layer);
+        if (this.tier || this.ssd) await this.local!.fetch(slot, part.length, layer);
         this.local!.compute(slot, part.length, layer);
       }
       const out = a.view(slot, 'out');
@@ -494,6 +684,10 @@ export class Runtime {
       this.counters.selectionMs += timing[TIMING_SELECTION]!;
       this.counters.computeMs += timing[TIMING_COMPUTE]!;
       this.counters.fetchMs += timing[TIMING_FETCH]!;
+      this.counters.hitMissMs += timing[TIMING_HITMISS]!;
+      this.counters.ssdChunks += timing[TIMING_SSD_CHUNKS]!;
+      this.counters.ssdBytes += timing[TIMING_SSD_BYTES]!;
+      this.counters.ssdReadBytes += timing[TIMING_SSD_READ_BYTES]!;
       this.counters.hits += timing[TIMING_HITS]!;
       this.counters.misses += timing[TIMING_MISSES]!;
     } finally {
@@ -513,11 +707,24 @@ export class Runtime {
     else this.freeSlots.push(slot);
   }
 
+  /**
+   * @internal Fault injection for tests: kills the worker thread of stage `stage` (pipelined mode)
+   * like a crash. The runtime recovers by itself: the batch it held rejects with E_WORKER, a
+   * replacement starts (the selection stage's replacement rebuilds every index first).
+   */
+  killStageWorker(stage: 'selection' | 'fetch' | 'compute'): Promise<void> {
+    if (!this.pipeline) throw new KvdriveError('E_CONFIG', 'killStageWorker: expected a pipelined runtime, got a sequential one');
+    const names = ['selection', ...(this.tier || this.ssd ? ['fetch'] : []), 'compute'];
+    const i = names.indexOf(stage);
+    if (i < 0) fail('E_RANGE', 'killStageWorker stage', names.join(', '), stage);
+    return this.pipeline.killWorker(i);
+  }
+
   /** Time breakdown since open (see {@link RuntimeStats}). */
   async stats(): Promise<RuntimeStats> {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime stats: expected an open runtime, got one that was closed');
     const c = this.counters;
-    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs) };
+    const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs), maxInFlight: this.maxInFlight, recentSteps: this.recent.map((r) => ({ ...r })) };
     if (this.pipeline) s.stages = (await this.pipeline.stats()).stages;
     return s;
   }
@@ -529,6 +736,15 @@ export class Runtime {
     await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
     await this.queue;
     this.tier?.destroy(); // after every worker has exited: nobody holds the handle any more
+    if (this.ssd) {
+      // The runtime's segments are scratch: delete them, then release files and the I/O engine.
+      // A failed delete is reported after everything is released (the store stays consistent).
+      let error: unknown;
+      for (const id of this.segmentIds)
+        if (id !== undefined) await this.ssd.deleteSegment(id).catch((e: unknown) => (error ??= e));
+      await this.ssd.close();
+      if (error !== undefined) throw error;
+    }
   }
 }
 

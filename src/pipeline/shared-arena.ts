@@ -122,9 +122,15 @@ export class SharedArena<R extends Record<string, RegionSpec> = Record<string, R
  *   selIds     i32  microBatch x Hkv x maxChunksPerHead   Selection.chunkIds of entry b
  *   out        f32  microBatch x Hq x D        attention output
  *   lse        f32  microBatch x Hq            log-sum-exp per query head
- *   timing     f64  8                          per-stage time of this micro-batch in ms (see the runtime)
+ *   timing     f64  16                         per-stage time of this micro-batch in ms (see the runtime)
+ *   staged     f32  microBatch x Hkv x maxChunksPerHead x stagedChunkElems
+ *                                              SSD-backed runtimes: page-first chunks read by the
+ *                                              fetch stage, entry b / kv head h / selection position j
+ *                                              at ((b*Hkv + h)*maxChunksPerHead + j) * chunk; empty
+ *                                              (length 0) otherwise
+ * `stagedChunkElems` = 2 x chunkSize x D (one page-first f32 chunk) when the runtime is SSD-backed, else 0.
  */
-export function decodeSlotRegions(shape: ModelShape, microBatch: number, maxChunksPerHead: number) {
+export function decodeSlotRegions(shape: ModelShape, microBatch: number, maxChunksPerHead: number, stagedChunkElems = 0) {
   const { qHeads: hq, kvHeads: hkv, headDim: d } = shape;
   for (const [k, v] of [['qHeads', hq], ['kvHeads', hkv], ['headDim', d], ['microBatch', microBatch], ['maxChunksPerHead', maxChunksPerHead]] as const)
     if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `decode slot ${k}`, 'a positive integer', v);
@@ -138,6 +144,7 @@ export function decodeSlotRegions(shape: ModelShape, microBatch: number, maxChun
     selIds: { type: 'i32', length: microBatch * hkv * maxChunksPerHead },
     out: { type: 'f32', length: microBatch * hq * d },
     lse: { type: 'f32', length: microBatch * hq },
-    timing: { type: 'f64', length: 8 },
+    timing: { type: 'f64', length: 16 },
+    staged: { type: 'f32', length: microBatch * hkv * maxChunksPerHead * stagedChunkElems },
   } as const satisfies Record<string, RegionSpec>;
 }

@@ -308,6 +308,17 @@ export class StagePool {
     });
   }
 
+  /**
+   * @internal Fault injection for tests: kills worker `index` abruptly (Worker.terminate, no
+   * 'leaving' message), exactly like a crash — the pool rejects the batch it held with E_WORKER and
+   * starts a replacement. Resolves once the thread is gone.
+   */
+  async killWorker(index: number): Promise<void> {
+    const slot = this.slots[index];
+    if (!slot) fail('E_RANGE', `stage '${this.name}' worker`, `an index in [0, ${this.slots.length})`, index);
+    await slot.worker.terminate();
+  }
+
   /** Collects the workers' counters over the control plane. */
   async stats(): Promise<StageStats> {
     if (this.closing) throw new KvdriveError('E_CLOSED', `stage '${this.name}' stats: expected an open pool, got one that was closed`);

@@ -1,0 +1,139 @@
+// SSD-backed runtime: the fetch stage reads the selected prompt chunks from SsdStore segments and
+// compute attends over them; outputs are bit-identical to the DRAM-only runtime in both modes, the
+// DRAM copy of those values is poisoned (so an unread chunk would fail), and close() deletes the
+// runtime's segments and leaves no file descriptors or threads. Needs `npm run build:ts`.
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import type { KvTensor } from '../src/types.js';
+import { expectKvdError, randn } from './helpers.js';
+import { osThreads } from './threads.js';
+import { distPath } from './dist.js';
+
+const shape = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 16 };
+const PROMPT = 402; // not a multiple of the chunk size: the last partial chunk stays in DRAM
+const STEPS = 4;
+const dirs: string[] = [];
+const tmp = () => {
+  const d = mkdtempSync(join(tmpdir(), 'kvd-rt-ssd-'));
+  dirs.push(d);
+  return d;
+};
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+const row = shape.kvHeads * shape.headDim;
+const kvt = (data: Float32Array, tokens: number): KvTensor => ({ data, dtype: 'f32', tokens, heads: shape.kvHeads, dim: shape.headDim });
+const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
+const fds = () => readdirSync('/proc/self/fd').length;
+
+async function decode(rt: Runtime, seqs: number, seed: number): Promise<Float32Array[]> {
+  const handles = Array.from({ length: seqs }, () => rt.createSequence());
+  for (const [i, s] of handles.entries())
+    for (let l = 0; l < shape.layers; l++)
+      await rt.prefill(s, l, kvt(randn(PROMPT * row, seed + 10 * i + l), PROMPT), kvt(randn(PROMPT * row, seed + 500 + 10 * i + l), PROMPT));
+  const outs: Float32Array[] = [];
+  for (let t = 0; t < STEPS; t++)
+    for (let l = 0; l < shape.layers; l++) {
+      const batch = handles.map((s, i) => ({
+        seq: s,
+        q: randn(shape.qHeads * shape.headDim, seed + 7 * t + 1000 * i + 100 * l + 1),
+        kNew: randn(row, seed + 7 * t + 1000 * i + 100 * l + 2),
+        vNew: randn(row, seed + 7 * t + 1000 * i + 100 * l + 3),
+      }));
+      outs.push(...(await rt.attend(l, batch)));
+    }
+  return outs;
+}
+
+describe('SSD-backed runtime', () => {
+  it('reads selected prompt chunks from SSD; bit-identical to DRAM-only, sequential and pipelined', async () => {
+    distPath('src/pipeline/decode-stages.js');
+    const base: RuntimeOptions = { shape, budget: 48, microBatch: 2, maxSequences: 3, maxTokens: 512 };
+    const ref = await openRuntime({ ...base, mode: 'sequential' });
+    const expected = await decode(ref, 3, 5);
+    await ref.close();
+    for (const [mode, layout] of [['sequential', 'chunks'], ['pipelined', 'chunks'], ['pipelined', 'clusters']] as const) {
+      const dir = tmp();
+      const fd0 = fds();
+      const threads0 = await osThreads();
+      const rt = await openRuntime({ ...base, mode, ssd: { dir, io: { kind: 'pread', threads: 2 }, layout } });
+      const got = await decode(rt, 3, 5);
+      expect(got.map(bits)).toEqual(expected.map(bits));
+      const st = await rt.stats();
+      expect(st.ssdChunks).toBeGreaterThan(0);
+      expect(st.ssdBytes).toBe(st.ssdChunks * 2 * 4 * shape.headDim * 4);
+      // whole extents are read: exactly the payload with one chunk per extent, at least it with clusters
+      if (layout === 'chunks') expect(st.ssdReadBytes).toBeGreaterThanOrEqual(st.ssdBytes);
+      else expect(st.ssdReadBytes).toBeGreaterThan(st.ssdBytes);
+      expect(st.fetchMs).toBeGreaterThan(0);
+      expect(st.recentSteps.length).toBe(STEPS * shape.layers);
+      expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg')).length).toBe(3 * shape.layers);
+      await rt.close();
+      expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg'))).toEqual([]);
+      expect(fds()).toBe(fd0);
+      expect(await osThreads()).toBe(threads0); // stage workers and the engine's pread threads are joined
+    }
+  });
+
+  it('with a hot tier: only non-resident chunks are read from SSD; bit-identical to DRAM-only, both modes, warm-up included', async () => {
+    const base: RuntimeOptions = { shape, budget: 48, microBatch: 2, maxSequences: 3, maxTokens: 512 };
+    const expected = await decode(await openRuntime({ ...base, mode: 'sequential' }), 3, 5);
+    const plain = await openRuntime({ ...base, ssd: { dir: tmp() } });
+    await decode(plain, 3, 5);
+    const readsWithoutTier = (await plain.stats()).ssdChunks;
+    await plain.close();
+    for (const mode of ['sequential', 'pipelined'] as const) {
+      const rt = await openRuntime({ ...base, mode, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: 1 << 22 } });
+      expect((await decode(rt, 3, 5)).map(bits)).toEqual(expected.map(bits));
+      const st = await rt.stats();
+      expect(st.hits).toBeGreaterThan(0);
+      expect(st.ssdChunks).toBeGreaterThan(0);
+      expect(st.ssdChunks).toBeLessThan(readsWithoutTier); // hits are not read again
+      expect(st.hitMissMs).toBeGreaterThan(0);
+      await rt.close();
+    }
+  });
+
+  it('prefill warm-up (obsQ) with a hot tier and SSD: warmed chunks are hits, outputs equal the DRAM-only tier', async () => {
+    const run = async (ssd: boolean) => {
+      const rt = await openRuntime({ shape, budget: 32, maxSequences: 1, maxTokens: 512, hotTier: { windows: 2, maxBytes: 1 << 22 }, ...(ssd ? { ssd: { dir: tmp() } } : {}) });
+      const s = rt.createSequence();
+      await rt.prefill(s, 0, kvt(randn(PROMPT * row, 1), PROMPT), kvt(randn(PROMPT * row, 2), PROMPT), randn(8 * shape.qHeads * shape.headDim, 3));
+      const out = await rt.attend(0, [{ seq: s, q: randn(shape.qHeads * shape.headDim, 4), kNew: randn(row, 5), vNew: randn(row, 6) }]);
+      const st = await rt.stats();
+      await rt.close();
+      return { out: out.map(bits), st };
+    };
+    const dram = await run(false);
+    const ssd = await run(true);
+    expect(ssd.out).toEqual(dram.out);
+    expect(ssd.st.warmedChunks).toBe(dram.st.warmedChunks);
+    expect(ssd.st.warmedChunks).toBeGreaterThan(0);
+    expect(ssd.st.hits).toBe(dram.st.hits);
+    expect(ssd.st.ssdChunks).toBeGreaterThan(0);
+    expect(ssd.st.ssdChunks).toBeLessThanOrEqual(ssd.st.misses); // only misses are read from SSD
+  });
+
+  it('closing a sequence deletes its segments and the handle is reused', async () => {
+    const dir = tmp();
+    const rt = await openRuntime({ shape, budget: 16, maxSequences: 1, maxTokens: 512, ssd: { dir } });
+    await decode(rt, 1, 9);
+    await rt.closeSequence(0);
+    expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg'))).toEqual([]);
+    const again = await decode(rt, 1, 9);
+    const ref = await openRuntime({ shape, budget: 16, maxSequences: 1, maxTokens: 512 });
+    expect(again.map(bits)).toEqual((await decode(ref, 1, 9)).map(bits));
+    await ref.close();
+    await rt.close();
+  });
+
+  it('rejects bad ssd options', async () => {
+    await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: '' } }), 'E_CONFIG', /options.ssd: expected \{ dir/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), io: { kind: 'floppy' } } as never }), 'E_CONFIG', /options.ssd/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), layout: 'pages' } as never }), 'E_CONFIG', /layout\?: 'chunks' \| 'clusters'/);
+  });
+});
