@@ -80,6 +80,18 @@ export interface FetchStats {
   ms: number;
 }
 
+/** Cumulative prefetch counters of a {@link TieredKv}. */
+export interface PrefetchTotals {
+  /** Prefetches started. */
+  issued: number;
+  /** Chunks they staged (whether or not a fetch used them). */
+  chunks: number;
+  /** Bytes the device transferred for them (whole extents, alignment; cancelled reads count what was read). */
+  readBytes: number;
+  /** Prefetches cancelled before a fetch consumed them. */
+  cancelled: number;
+}
+
 /** A prefetch in flight or staged. */
 export interface PrefetchHandle {
   readonly id: number;
@@ -131,6 +143,7 @@ export class TieredKv {
   private nextPrefetch = 1;
   private closed = false;
   private readonly totalsAcc: FetchStats = TieredKv.zeroStats();
+  private readonly prefetchAcc: PrefetchTotals = { issued: 0, chunks: 0, readBytes: 0, cancelled: 0 };
 
   constructor(options: TieredKvOptions) {
     const o = parseOptions(optionsSchema, options, 'TieredKv options');
@@ -379,6 +392,7 @@ export class TieredKv {
     const done = this.readGroups(req.layer, groups, req.chunkIds, buffer, (i) => staged.get(this.keyOfEntry(req, i))!, flag).then(
       (r) => {
         p.ssdReadBytes = r.bytesRead;
+        this.prefetchAcc.readBytes += r.bytesRead;
         if (p.state === 'reading') p.state = r.cancelled ? 'cancelled' : 'ready';
       },
       (e: unknown) => {
@@ -390,6 +404,8 @@ export class TieredKv {
     );
     p.handle = { id, layer: req.layer, chunks: count, done };
     this.prefetches.set(id, p);
+    this.prefetchAcc.issued++;
+    this.prefetchAcc.chunks += count;
     return p.handle;
   }
 
@@ -404,6 +420,7 @@ export class TieredKv {
     const p = this.prefetches.get(handle.id);
     if (!p) return;
     p.state = 'cancelled';
+    this.prefetchAcc.cancelled++;
     native.cancelFlagRaise(p.flag);
     await p.handle.done;
     this.releasePrefetch(p);
@@ -424,6 +441,11 @@ export class TieredKv {
   /** Cumulative per-tier counters since construction. */
   totals(): FetchStats {
     return { ...this.totalsAcc };
+  }
+
+  /** Cumulative prefetch counters since construction. */
+  prefetchTotals(): PrefetchTotals {
+    return { ...this.prefetchAcc };
   }
 
   /** Cancels outstanding prefetches; the stores stay open (they belong to the caller). */
