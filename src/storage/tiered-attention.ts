@@ -302,6 +302,8 @@ export class TieredAttention {
       segments: this.segmentIds,
       stagingBuffers: this.pool ? this.o.stagingBuffers : 0,
       stagingBytes: this.o.stagingBytes,
+      // Chunks are admitted into DRAM after attention, with the mass they just received (see step).
+      promote: false,
     });
 
     // Importance-guided placement: everything is on SSD; the most important chunks go to DRAM.
@@ -440,10 +442,12 @@ export class TieredAttention {
       fetched: this.fetchBuf,
     });
     const te = performance.now();
-    // Decode attention mass is the chunks' importance from now on (DRAM residency, promotion).
+    // Decode attention mass is the chunks' importance from now on: it ranks DRAM residency, and
+    // chunks served from SSD are admitted into DRAM when it beats the least important resident.
     const N = this.tiers.totalChunks;
     for (let h = 0; h < s.kvHeads; h++)
       for (let i = selection.offsets[h]!; i < selection.offsets[h + 1]!; i++) st.mass[h * N + selection.chunkIds[i]!] = r.chunkMass[i]!;
+    const promoted = this.tiers.admit({ layer, offsets: selection.offsets, chunkIds: selection.chunkIds, scores: r.chunkMass }, this.fetchBuf);
     return {
       ...r,
       selection,
@@ -453,7 +457,7 @@ export class TieredAttention {
         prefetchedBytes: f.prefetchedBytes,
         ssdBytes: f.ssdBytes,
         ssdReadBytes: f.ssdReadBytes,
-        promoted: f.promoted,
+        promoted,
         prefetchChunks: 0,
         prefetchCancelled,
         selectMs: timing?.selectMs ?? 0,

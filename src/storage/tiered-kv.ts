@@ -276,6 +276,10 @@ export class TieredKv {
           missIdx.push(i);
         }
       }
+      // SSD reads go first so they are in flight while DRAM and staged chunks are copied.
+      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb) : undefined;
+      // Settle a failed read even if a copy below throws first (no unhandled rejection).
+      reading?.catch(() => undefined);
       for (let q = 0; q < ready.length; q++)
         if (stagedSrc[q]!.length) native.copyChunks(ready[q]!.buffer, Float64Array.from(stagedSrc[q]!), dest, Float64Array.from(stagedDst[q]!), cb);
       if (dramSlots.length) {
@@ -286,8 +290,8 @@ export class TieredKv {
           for (let q = 0; q < dramSlots.length; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[dramDest[q]! / cb]!);
         }
       }
-      if (groups.size) {
-        const r = await this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb);
+      if (reading) {
+        const r = await reading;
         st.ssdChunks = r.chunks;
         st.ssdReadBytes = r.bytesRead;
         st.ssdExtents = r.extents;
@@ -354,6 +358,30 @@ export class TieredKv {
       admitted += this.dram!.put(this.segments[s]!, layer, gk % H, ids, scores, dest, list.map((i) => i * this.chunkBytes));
     }
     return admitted;
+  }
+
+  /**
+   * Admits every entry of `req` into DRAM from `src` (entry i at i * chunkBytes, the layout of a
+   * fetch buffer) with importance `req.scores` (required): resident chunks get their score
+   * updated, others are admitted if they beat the least important resident chunk. For callers
+   * that know a chunk's importance only after attending it (decode attention mass), with
+   * `promote: false`. Returns how many chunks were admitted.
+   */
+  admit(req: FetchRequest, src: Uint8Array): number {
+    this.check();
+    this.validate(req);
+    if (!req.scores) fail('E_CONFIG', 'TieredKv.admit scores', 'a Float32Array of importance scores, one per entry', undefined);
+    if (!(src instanceof Uint8Array) || src.length < req.chunkIds.length * this.chunkBytes)
+      fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${req.chunkIds.length} chunks x ${this.chunkBytes} bytes`, src);
+    if (!this.dram || !req.chunkIds.length) return 0;
+    const missing: number[] = [];
+    for (let h = 0; h < this.shape.kvHeads; h++)
+      for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
+        const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
+        if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
+        else missing.push(i);
+      }
+    return missing.length ? this.promoteFrom(req.layer, req, missing, src) : 0;
   }
 
   /**
