@@ -221,8 +221,11 @@ export class TieredKv {
   }
 
   /**
-   * Fetches the request's chunks into `dest` (entry i at i * chunkBytes). Waits for prefetches of
-   * this layer still reading, uses their staged chunks, then releases them.
+   * Fetches the request's chunks into `dest` (entry i at i * chunkBytes). Chunks staged by this
+   * layer's prefetches are taken from them; every other miss is read right away, so the device
+   * works on those while prefetches still reading finish (and while DRAM hits are copied). A
+   * prefetch that failed or was cancelled is replaced by a read of its chunks here, so a read error
+   * surfaces in this call. The layer's prefetches are released afterwards.
    */
   async fetch(req: FetchRequest, dest: Uint8Array): Promise<FetchStats> {
     this.check();
@@ -234,31 +237,30 @@ export class TieredKv {
     const layer = req.layer;
     const H = this.shape.kvHeads;
     const cb = this.chunkBytes;
-    const mine = [...this.prefetches.values()].filter((p) => p.layer === layer);
-    await Promise.all(mine.map((p) => p.handle.done));
-    const ready = mine.filter((p) => p.state === 'ready');
-    const stagedSrc = ready.map(() => [] as number[]);
-    const stagedDst = ready.map(() => [] as number[]);
+    const mine = [...this.prefetches.values()].filter((p) => p.layer === layer && (p.state === 'reading' || p.state === 'ready'));
+    const stagedIdx = mine.map(() => [] as number[]);
     const st = TieredKv.zeroStats();
     const dramSlots: number[] = [];
     const dramDest: number[] = [];
     const missIdx: number[] = [];
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
+    const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
+      const gk = this.chunkSeg[req.chunkIds[i]!]! * H + h;
+      let list = into.get(gk);
+      if (!list) into.set(gk, (list = []));
+      list.push(i);
+    };
     try {
       for (let h = 0; h < H; h++) {
         for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
           const g = req.chunkIds[i]!;
           const key = h * this.totalChunks + g;
           let staged = false;
-          for (let q = 0; q < ready.length; q++) {
-            const at = ready[q]!.staged.get(key);
-            if (at !== undefined) {
-              stagedSrc[q]!.push(at);
-              stagedDst[q]!.push(i * cb);
-              st.prefetchedChunks++;
+          for (let q = 0; q < mine.length; q++) {
+            if (mine[q]!.staged.has(key)) {
+              stagedIdx[q]!.push(i);
               staged = true;
-              missIdx.push(i); // promoted like an SSD fetch
               break;
             }
           }
@@ -269,19 +271,13 @@ export class TieredKv {
             dramDest.push(i * cb);
             continue;
           }
-          const gk = this.chunkSeg[g]! * H + h;
-          let list = groups.get(gk);
-          if (!list) groups.set(gk, (list = []));
-          list.push(i);
+          addMiss(groups, h, i);
           missIdx.push(i);
         }
       }
-      // SSD reads go first so they are in flight while DRAM and staged chunks are copied.
+      // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
       const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb) : undefined;
-      // Settle a failed read even if a copy below throws first (no unhandled rejection).
-      reading?.catch(() => undefined);
-      for (let q = 0; q < ready.length; q++)
-        if (stagedSrc[q]!.length) native.copyChunks(ready[q]!.buffer, Float64Array.from(stagedSrc[q]!), dest, Float64Array.from(stagedDst[q]!), cb);
+      reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (dramSlots.length) {
         this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
         st.dramChunks = dramSlots.length;
@@ -290,16 +286,37 @@ export class TieredKv {
           for (let q = 0; q < dramSlots.length; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[dramDest[q]! / cb]!);
         }
       }
-      if (reading) {
-        const r = await reading;
-        st.ssdChunks = r.chunks;
-        st.ssdReadBytes = r.bytesRead;
-        st.ssdExtents = r.extents;
-        st.ssdRuns = r.runs;
+      await Promise.all(mine.map((p) => p.handle.done));
+      const redo = new Map<number, number[]>();
+      for (let q = 0; q < mine.length; q++) {
+        const p = mine[q]!;
+        const idx = stagedIdx[q]!;
+        if (!idx.length) continue;
+        if (p.state === 'ready') {
+          const src = new Float64Array(idx.length);
+          const dst = new Float64Array(idx.length);
+          idx.forEach((i, k) => {
+            src[k] = p.staged.get(this.keyOfEntry(req, i))!;
+            dst[k] = i * cb;
+          });
+          native.copyChunks(p.buffer, src, dest, dst, cb);
+          st.prefetchedChunks += idx.length;
+        } else {
+          for (const i of idx) addMiss(redo, this.headOfEntry(req, i), i);
+        }
+        for (const i of idx) missIdx.push(i); // promoted like an SSD fetch
+      }
+      const rereading = redo.size ? this.readGroups(layer, redo, req.chunkIds, dest, (i) => i * cb) : undefined;
+      for (const r of await Promise.all([reading, rereading])) {
+        if (!r) continue;
+        st.ssdChunks += r.chunks;
+        st.ssdReadBytes += r.bytesRead;
+        st.ssdExtents += r.extents;
+        st.ssdRuns += r.runs;
       }
       if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest);
     } finally {
-      for (const p of mine) this.releasePrefetch(p);
+      for (const p of mine) if (p.state !== 'reading') this.releasePrefetch(p);
     }
     st.chunks = n;
     st.dramBytes = st.dramChunks * cb;
@@ -308,6 +325,12 @@ export class TieredKv {
     st.ms = performance.now() - t0;
     for (const k of Object.keys(st) as Array<keyof FetchStats>) this.totalsAcc[k] += st[k];
     return st;
+  }
+
+  private headOfEntry(req: FetchRequest, i: number): number {
+    let h = 0;
+    while (i >= req.offsets[h + 1]!) h++;
+    return h;
   }
 
   /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
