@@ -6,7 +6,8 @@
  * of every layer and step — kvdrive selection + fetch + exact attention, real outputs:
  *  - dram-only: TieredAttention with a DRAM tier holding the whole KV (warmed at prefill), the bound;
  *  - dram+ssd:  TieredAttention with the DRAM budget = KV / ratio: importance-warmed DRAM, misses
- *               read from SSD (O_DIRECT, whole cluster extents), pool prefetch for the next step;
+ *               read from SSD (O_DIRECT, whole cluster extents) and admitted into DRAM by mass;
+ *  - dram+ssd + pool prefetch: the same, prefetching the lookahead pool (--pool) for the next step;
  *  - flexgen:   per layer-step the layer's whole KV read from SSD (O_DIRECT) then dense attention
  *               over it (attendFetched with every chunk selected).
  * Configurations run one after the other in rotated order for `--rounds` rounds (fresh prefill
@@ -20,7 +21,7 @@
  *      [--rounds 2] [--engine uring|pread] [--dir /tmp] [--no-direct]
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
   attendFetchedAsync,
@@ -162,11 +163,11 @@ async function main(): Promise<void> {
   const budgetBytes = Math.floor(kvBytes / ratio);
   console.log(
     `decode over tiers: ${L} layers x ${S} steps, context ${context}, ${qHeads}/${kvHeads} heads, dim ${D}, f16; KV ${mib(kvBytes)}, ` +
-      `DRAM budget ${mib(budgetBytes)} (KV/${ratio}); budget ${budget} tokens/kv head, pool ${pool}, ~${clusterTokens} tokens per cluster extent; ` +
-      `engine ${engine}, O_DIRECT ${direct}; trace ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+      `DRAM budget ${mib(budgetBytes)} (KV/${ratio}); budget ${budget} tokens/kv head, pool ${pool} (prefetch row only), ~${clusterTokens} tokens per cluster extent; ` +
+      `engine ${engine}, O_DIRECT ${direct}; ${cpus().length} CPUs, load ${loadavg()[0]!.toFixed(1)}; trace ${((performance.now() - t0) / 1000).toFixed(1)} s`,
   );
   const dirs: string[] = [];
-  const res: Record<string, RunResult[]> = { 'dram-only': [], 'dram+ssd': [], 'dram+ssd (no prefetch)': [], flexgen: [] };
+  const res: Record<string, RunResult[]> = { 'dram-only': [], 'dram+ssd': [], 'dram+ssd + pool prefetch': [], flexgen: [] };
   const order = Object.keys(res);
   try {
     for (let r = 0; r < rounds; r++) {
@@ -182,7 +183,7 @@ async function main(): Promise<void> {
         if (name === 'flexgen') out = await runFlexgen(ssd, segs, layers);
         else {
           const seq = `${name.replace(/[^a-z]/g, '')}${r}`;
-          out = await runTiered(seq, ssd, layers, name === 'dram-only' ? Math.ceil(kvBytes * 1.05) : budgetBytes, name !== 'dram+ssd (no prefetch)');
+          out = await runTiered(seq, ssd, layers, name === 'dram-only' ? Math.ceil(kvBytes * 1.05) : budgetBytes, name === 'dram+ssd + pool prefetch');
           if (!segs.length) segs = ssd.segments().filter((s) => s.id.startsWith(`${seq}.`)).map((s) => s.id);
         }
         res[name]!.push(out);
@@ -197,7 +198,7 @@ async function main(): Promise<void> {
   // Same selection, different tiers: outputs must be bit-identical.
   for (let r = 0; r < rounds; r++) {
     const a = res['dram-only']![r]!.outputs;
-    for (const other of ['dram+ssd', 'dram+ssd (no prefetch)']) {
+    for (const other of ['dram+ssd', 'dram+ssd + pool prefetch']) {
       const b = res[other]![r]!.outputs;
       for (let i = 0; i < a.length; i++)
         if (!Buffer.from(a[i]!.buffer).equals(Buffer.from(b[i]!.buffer))) throw new Error(`round ${r}: ${other} output ${i} differs from dram-only`);
@@ -211,10 +212,11 @@ async function main(): Promise<void> {
     const p = res[k]![0]!.perStep;
     console.log(`| ${k} | ${ms(k).toFixed(2)} | ${(base / ms(k)).toFixed(3)} | ${mib(p.dram)} | ${mib(p.prefetched)} | ${mib(p.ssd)} | ${mib(p.ssdRead)} |`);
   }
-  const pf = res['dram+ssd']![0]!.prefetch!;
-  console.log(`\nprefetch (dram+ssd, round 0): ${pf.issued} issued, ${pf.chunks} chunks staged, ${mib(pf.readBytes)} read, ${pf.cancelled} cancelled`);
+  const pf = res['dram+ssd + pool prefetch']![0]!.prefetch!;
+  console.log(`\nprefetch (dram+ssd + pool prefetch, round 0): ${pf.issued} issued, ${pf.chunks} chunks staged, ${mib(pf.readBytes)} read, ${pf.cancelled} cancelled`);
   console.log(`prefill (dram+ssd, round 0): ${(res['dram+ssd']![0]!.prefillMs / 1000).toFixed(1)} s (index build + SSD write + warm-up)`);
-  console.log(`dram+ssd / dram-only throughput: ${(base / ms('dram+ssd')).toFixed(3)} (per round: ${res['dram+ssd']!.map((x, i) => (res['dram-only']![i]!.msPerLayerStep / x.msPerLayerStep).toFixed(3)).join(', ')})`);
+  for (const k of ['dram+ssd', 'dram+ssd + pool prefetch'])
+    console.log(`${k} / dram-only throughput: ${(base / ms(k)).toFixed(3)} (per round: ${res[k]!.map((x, i) => (res['dram-only']![i]!.msPerLayerStep / x.msPerLayerStep).toFixed(3)).join(', ')})`);
   console.log(`dram+ssd / flexgen throughput: ${(ms('flexgen') / ms('dram+ssd')).toFixed(1)}x`);
   console.log('outputs of dram+ssd and dram-only: bit-identical');
 }

@@ -61,7 +61,7 @@ function renderStorage(r: TieredReplayResult, o: DemoCliOptions): string {
   return [
     '',
     '',
-    `storage tiers (kvdrive policy, budget ${o.budget}, pool ${o.pool ?? 2 * o.budget}): KV ${bytes(r.kvBytes)} on SSD at ${o.storage} (${r.engine}, O_DIRECT), ` +
+    `storage tiers (kvdrive policy, budget ${o.budget}, pool ${o.pool ?? 0}): KV ${bytes(r.kvBytes)} on SSD at ${o.storage} (${r.engine}, O_DIRECT), ` +
       `DRAM budget ${bytes(r.tiered.dramBudget)} (${((100 * r.tiered.dramBudget) / r.kvBytes).toFixed(0)}% of the KV); bytes per step are summed over layers`,
     '',
     table(rows),
@@ -121,7 +121,7 @@ export function register(program: Command): void {
     .option('--json', 'print one JSON object instead of the table')
     .option('--storage <dir>', 'SSD store directory: also decode the kvdrive policy through DRAM+SSD and DRAM-only tiers (segments are deleted afterwards)')
     .option('--dram-budget <bytes>', 'DRAM budget of the DRAM+SSD run, e.g. 256MiB (default: a third of the KV)', (v: string) => parseBytes(v, '--dram-budget'))
-    .option('--pool <tokens>', 'lookahead pool per kv head driving prefetch with --storage (0 = none; default 2 x budget)', integerOption('--pool', 0, 2 ** 30, 'E_BUDGET'))
+    .option('--pool <tokens>', 'lookahead pool per kv head driving prefetch with --storage (default 0 = no prefetch)', integerOption('--pool', 0, 2 ** 30, 'E_BUDGET'))
     .action(async (o: DemoCliOptions) => {
       const trace = generateSyntheticTrace({
         layers: o.layers,

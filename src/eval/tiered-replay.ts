@@ -20,7 +20,7 @@ export interface TieredReplayOptions {
   dramBudget?: number;
   /** Tokens selected per kv head and step. */
   budget: number;
-  /** Lookahead pool (tokens per kv head) driving prefetch; 0 disables; default 2 x budget. */
+  /** Lookahead pool (tokens per kv head) driving prefetch; default 0 (none). */
   pool?: number;
   /** Read with O_DIRECT (default true) so the page cache does not stand in for the SSD. */
   direct?: boolean;

@@ -84,7 +84,10 @@ export interface TieredAttentionOptions {
   budget: number;
   /**
    * Lookahead pool in tokens per kv head (>= budget) whose non-resident chunks are prefetched for
-   * the layer's next step; 0 disables prefetch. Default 2 x budget.
+   * the layer's next step; 0 (the default) disables prefetch. Off by default because on the
+   * synthetic decode traces measured so far (bench/storage.md, "decode") the pool predicted few of
+   * the next step's misses (about 2% of the staged bytes were used), so the extra reads and
+   * checksums cost more CPU than the latency they hid on a 2-core host.
    */
   pool?: number;
   /** Decode steps the in-memory tail can hold per layer (>= 1). */
@@ -213,7 +216,7 @@ export class TieredAttention {
     this.o = o;
     this.qHeads = o.qHeads;
     this.budget = o.budget;
-    this.pool = o.pool ?? 2 * o.budget;
+    this.pool = o.pool ?? 0;
   }
 
   /** Validates the options (E_CONFIG / E_SHAPE / E_BUDGET); nothing is written yet. */
@@ -224,7 +227,7 @@ export class TieredAttention {
       fail('E_CONFIG', 'TieredAttention options.dram', `a DRAM store of the SSD store's shape ${JSON.stringify(s)}`, JSON.stringify(o.dram.shape));
     if (o.qHeads % s.kvHeads !== 0) fail('E_SHAPE', 'TieredAttention options.qHeads', `a multiple of kvHeads ${s.kvHeads}`, o.qHeads);
     if (o.budget < s.chunkSize) fail('E_BUDGET', 'TieredAttention options.budget', `at least one chunk (${s.chunkSize} tokens)`, o.budget);
-    const pool = o.pool ?? 2 * o.budget;
+    const pool = o.pool ?? 0;
     if (pool !== 0 && pool < o.budget) fail('E_BUDGET', 'TieredAttention options.pool', `0 or at least the budget ${o.budget}`, pool);
     const cs = (o.policy as PolicyOptions | undefined)?.chunkSize;
     if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'TieredAttention options.policy.chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
