@@ -112,6 +112,16 @@ describe('tiered decode', () => {
       }
     const pt = t.ta.tiers.prefetchTotals();
     expect(pt.issued).toBeGreaterThan(0);
+    // A prefetch none of whose chunks the next selection needs is cancelled, and the step still works.
+    const x = layers[0]!;
+    expect(t.ta.tiers.pendingPrefetches).toBeGreaterThan(0);
+    const q = x.q.subarray((S - 1) * qHeads * D, S * qHeads * D);
+    const none: Selection = { chunkSize: 4, tokens: T + S, sinkEnd: 4, tailStart: T - 16, offsets: Int32Array.of(0, 0, 0), chunkIds: new Int32Array(0) };
+    const r = await t.ta.attendSelection(0, q, none);
+    expect(r.stats.prefetchCancelled).toBe(true);
+    expect(t.ta.tiers.prefetchTotals().cancelled).toBe(pt.cancelled + 1);
+    const full = layerKvWithNew(x);
+    expect(Buffer.from(r.out.buffer).equals(Buffer.from(attendSparse({ q, qHeads, k: full.k, v: full.v, selection: none }).out.buffer))).toBe(true);
     expect(ssd + prefetched).toBeGreaterThan(0);
     await t.ta.close();
     await t.ssd.close();
@@ -151,6 +161,39 @@ describe('tiered decode', () => {
     }
     await t.ta.close();
     await t.ssd.close();
+  });
+
+  it('works without sinks, and a failed step can be retried', async () => {
+    const layers = await traceLayers('f32');
+    const shape: StoreShape = { layers: L, kvHeads, headDim: D, dtype: 'f32', chunkSize: 4 };
+    const dir = tempDir('nosink');
+    const ssd = await SsdStore.open({ dir, shape, kind: 'pread' });
+    const dram = new DramStore({ budgetBytes: 4096, shape });
+    const ta = TieredAttention.open({ ssd, dram, sequence: 's', qHeads, budget: 32, maxDecodeTokens: S, policy: { ...policy, sinks: 0 } });
+    await ta.prefill(layers.map((x) => ({ k: x.k, v: x.v })));
+    // Corrupt every extent of layer 1 (all segments): any step of layer 1 reads one.
+    for (const seg of ta.segments) {
+      const fd = openSync(join(dir, ssd.segments().find((x) => x.id === seg)!.file), 'r+');
+      for (let h = 0; h < kvHeads; h++) {
+        const ext = ssd.extents(seg, 1, h);
+        for (let e = 0; e < ext.offsets.length; e++) writeSync(fd, Buffer.from([0xab, 0xcd]), 0, 2, ext.offsets[e]! + 1);
+      }
+      closeSync(fd);
+    }
+    const x0 = layers[0]!;
+    const q0 = x0.q.subarray(0, qHeads * D);
+    const a = await ta.step(0, q0, token(x0.kNew, 0), token(x0.vNew, 0));
+    expect(a.selection.sinkEnd).toBe(0);
+    const full = layerKvWithNew(x0);
+    expect(Buffer.from(a.out.buffer).equals(Buffer.from(attendSparse({ q: q0, qHeads, k: full.k, v: full.v, selection: a.selection }).out.buffer))).toBe(true);
+    const x1 = layers[1]!;
+    const q1 = x1.q.subarray(0, qHeads * D);
+    // More failed attempts than maxDecodeTokens: a failed step consumes no position (else E_BUDGET).
+    for (let i = 0; i <= S; i++) await expectKvdError(() => ta.step(1, q1, token(x1.kNew, 0), token(x1.vNew, 0)), 'E_CORRUPT', /extent/);
+    // Layer 0 keeps working.
+    await advance(ta, 0, x0, 1);
+    await ta.close();
+    await ssd.close();
   });
 
   it('rejects bad options and inputs with typed errors', async () => {

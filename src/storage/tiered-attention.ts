@@ -335,7 +335,7 @@ export class TieredAttention {
       this.layers.push({
         policy: policies[i]!,
         mass: masses[i]!,
-        sink: { k: copyTokens(l.k, 0, sinkTokens, Math.max(1, sinkTokens)), v: copyTokens(l.v, 0, sinkTokens, Math.max(1, sinkTokens)) },
+        sink: { k: copyTokens(l.k, 0, sinkTokens, sinkTokens), v: copyTokens(l.v, 0, sinkTokens, sinkTokens) },
         tailK: copyTokens(l.k, tailBase, T, T - tailBase + this.o.maxDecodeTokens),
         tailV: copyTokens(l.v, tailBase, T, T - tailBase + this.o.maxDecodeTokens),
         tailTokens: T - tailBase,
@@ -370,7 +370,15 @@ export class TieredAttention {
     st.tailTokens++;
     st.steps++;
     const full: Selection = { ...sel, tokens: this.promptTokens + st.steps };
-    const r = await this.attendSelection(layer, q, full, { selectMs, t0 });
+    let r: TieredStepResult;
+    try {
+      r = await this.attendSelection(layer, q, full, { selectMs, t0 });
+    } catch (e) {
+      // The step did not happen: a retry of this position appends its token again.
+      st.tailTokens--;
+      st.steps--;
+      throw e;
+    }
     // Sparse synchronization: prefetch the pool's non-resident chunks for this layer's next step.
     if (this.pool && sel.poolIds && sel.poolOffsets) {
       const req = { layer, offsets: sel.poolOffsets, chunkIds: sel.poolIds, scores: this.scoresOf(st, sel.poolOffsets, sel.poolIds) };
