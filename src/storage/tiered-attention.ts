@@ -3,11 +3,13 @@
  * layer. Prefill seals the prompt's KV into SSD segments laid out by the kvdrive index clusters
  * (each cluster's chunks contiguous in one extent) and warms the DRAM tier by importance (attention
  * mass of an observation window). Each decode step of a layer then runs
- *   select (kvdrive index, with a lookahead pool) → fetch the selected chunks (DRAM, else staged
- *   prefetch, else SSD extents, coalesced; misses promoted into DRAM by importance) → exact
- *   attention over sinks + selected chunks + tail in token order → output,
- * and finally prefetches the pool's non-resident chunks for the layer's next step (sparse
- * synchronization); a prefetch none of whose chunks the next selection picks is cancelled.
+ *   select (kvdrive index) → fetch the selected chunks (DRAM, else a staged prefetch, else SSD
+ *   extents, coalesced, read while DRAM hits are copied) → exact attention over sinks + selected
+ *   chunks + tail in token order → output → SSD-read chunks admitted into DRAM by the attention
+ *   mass they just received,
+ * and, with a lookahead pool (`pool` > 0), prefetches the pool's non-resident chunks for the
+ * layer's next step (sparse synchronization); a prefetch none of whose chunks the next selection
+ * picks is cancelled. The hot tier (src/cache/) is not part of this path yet.
  *
  * Memory: the DRAM store's budget is a hard limit (see {@link DramStore}). Outside it, stated: the
  * selection index, the sinks and the in-memory tail (the last `local` prompt tokens plus every
