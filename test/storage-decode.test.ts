@@ -11,6 +11,8 @@ import { DramStore } from '../src/storage/dram-store.js';
 import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
 import { attendFetched, TieredAttention } from '../src/storage/tiered-attention.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
+import { HotTier } from '../src/cache/hot-tier.js';
+import { native } from '../src/native.js';
 import { layerKvWithNew, type TraceLayer } from '../src/trace/trace.js';
 import type { Selection } from '../src/index/selection.js';
 import type { KvTensor } from '../src/types.js';
@@ -41,14 +43,16 @@ function token(t: KvTensor, i: number): KvTensor {
 
 const kvBytes = (shape: StoreShape) => L * T * kvHeads * D * 2 * (shape.dtype === 'f32' ? 4 : 2);
 
-async function open(tag: string, dtype: 'f32' | 'f16', budgetBytes: number, pool?: number) {
+async function open(tag: string, dtype: 'f32' | 'f16', budgetBytes: number, pool?: number, hot?: HotTier) {
   const shape: StoreShape = { layers: L, kvHeads, headDim: D, dtype, chunkSize: 4 };
   const dir = tempDir(tag);
   const ssd = await SsdStore.open({ dir, shape, kind: 'pread' });
   const dram = new DramStore({ budgetBytes, shape });
-  const ta = TieredAttention.open({ ssd, dram, sequence: 'seq', qHeads, budget: 32, pool, maxDecodeTokens: S, policy });
+  const ta = TieredAttention.open({ ssd, dram, sequence: 'seq', qHeads, budget: 32, pool, maxDecodeTokens: S, policy, hotTier: hot });
   return { shape, dir, ssd, dram, ta };
 }
+
+const hotTier = (dtype: 'f32' | 'f16') => new HotTier({ layers: L, kvHeads, headDim: D, dtype, chunkSize: 4, budget: 32, windows: 2, maxBytes: 1 << 24 });
 
 describe('tiered decode', () => {
   it('gives outputs bit-identical to attendSparse over the contiguous cache, from DRAM and from SSD', async () => {
@@ -57,11 +61,17 @@ describe('tiered decode', () => {
       // All in DRAM (warmed by importance) vs DRAM of one chunk (everything read from SSD).
       const inDram = await open(`dram-${dtype}`, dtype, 4 * kvBytes({ layers: L, kvHeads, headDim: D, dtype, chunkSize: 4 }), 0);
       const tiny = await open(`ssd-${dtype}`, dtype, 2 * 1024 + 64, 0);
+      // Hot tier (2 x 8 slots per kv head, warmed by importance) in front of a small DRAM tier.
+      const tier = hotTier(dtype);
+      const withHot = await open(`hot-${dtype}`, dtype, 8 * 1024, 0, tier);
       const obs = (l: number) => ({ q: layers[l]!.q.subarray(0, qHeads * D), qHeads, positions: Int32Array.of(T) });
       const pre = await inDram.ta.prefill(layers.map((x, l) => ({ k: x.k, v: x.v, obs: obs(l) })));
       expect(pre.segments).toBe(T / policy.segmentTokens);
       expect(pre.dramWarmed).toBe(L * kvHeads * (T / 4));
       await tiny.ta.prefill(layers.map((x) => ({ k: x.k, v: x.v })));
+      const hp = await withHot.ta.prefill(layers.map((x, l) => ({ k: x.k, v: x.v, obs: obs(l) })));
+      expect(hp.hotWarmed).toBe(L * kvHeads * 16);
+      let hotBytes = 0;
       for (let s = 0; s < S; s++)
         for (let l = 0; l < L; l++) {
           const x = layers[l]!;
@@ -81,9 +91,21 @@ describe('tiered decode', () => {
           expect(Buffer.from(b.out.buffer).equals(Buffer.from(c.out.buffer))).toBe(true);
           expect(Buffer.from(a.lse.buffer).equals(Buffer.from(c.lse.buffer))).toBe(true);
           expect(Array.from(b.chunkMass)).toEqual(Array.from(c.chunkMass));
+          // And through the hot tier (residents from slots, the rest from DRAM/SSD, admitted).
+          const h = await withHot.ta.step(l, q, token(x.kNew, s), token(x.vNew, s));
+          expect(Array.from(h.selection.chunkIds)).toEqual(Array.from(a.selection.chunkIds));
+          expect(Buffer.from(h.out.buffer).equals(Buffer.from(c.out.buffer))).toBe(true);
+          expect(h.stats.hotBytes + h.stats.dramBytes + h.stats.ssdBytes + h.stats.prefetchedBytes).toBe(a.stats.chunks * inDram.ssd.chunkBytes);
+          hotBytes += h.stats.hotBytes;
+          expect(tier.check()).toBe('');
         }
+      expect(hotBytes).toBeGreaterThan(0);
+      expect(tier.stats().total.admitted).toBeGreaterThan(0);
       await inDram.ta.close();
       await tiny.ta.close();
+      await withHot.ta.close();
+      await withHot.ssd.close();
+      tier.destroy();
       await inDram.ssd.close();
       await tiny.ssd.close();
     }
@@ -207,6 +229,18 @@ describe('tiered decode', () => {
     await expectKvdError(() => TieredAttention.open({ ...base, pool: 8 }), 'E_BUDGET', /pool/);
     await expectKvdError(() => TieredAttention.open({ ...base, sequence: 'a b' }), 'E_CONFIG', /sequence/);
     await expectKvdError(() => TieredAttention.open({ ...base, policy: { chunkSize: 8 } }), 'E_CONFIG', /chunk size 4/);
+    const wrongTier = new HotTier({ layers: L, kvHeads, headDim: D, dtype: 'f16', chunkSize: 4, budget: 32, windows: 1, maxBytes: 1 << 24 });
+    await expectKvdError(() => TieredAttention.open({ ...base, hotTier: wrongTier }), 'E_SHAPE', /hotTier/);
+    wrongTier.destroy();
+    const smallTier = new HotTier({ layers: L, kvHeads, headDim: D, dtype: 'f32', chunkSize: 4, budget: 16, windows: 1, maxBytes: 1 << 24 });
+    await expectKvdError(() => TieredAttention.open({ ...base, hotTier: smallTier }), 'E_BUDGET', /hotTier budget/);
+    await expectKvdError(() => TieredAttention.open({ ...base, hotTier: smallTier, budget: 16, hotSequence: 1 }), 'E_RANGE', /hotSequence/);
+    // Admission from pages that lack a miss is refused (nothing silently attended from garbage).
+    const sel1: Selection = { chunkSize: 4, tokens: T, sinkEnd: 4, tailStart: T - 16, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(3) };
+    expect(() =>
+      native.hotTierAdmitPages({ hot: { handle: smallTier.handle, layer: 0 }, selection: sel1, tokens: T, pages: new Uint8Array(512), pageOffsets: Int32Array.of(0, 1, 1), pageIds: Int32Array.of(5) }),
+    ).toThrow(/chunk 3 of kv head 0 must be admitted but the page source does not hold it/);
+    smallTier.destroy();
     const ta = TieredAttention.open(base);
     const layers = await traceLayers('f32');
     await expectKvdError(() => ta.step(0, new Float32Array(qHeads * D), token(layers[0]!.kNew, 0), token(layers[0]!.vNew, 0)), 'E_CONFIG', /prefill/);
@@ -223,6 +257,9 @@ describe('tiered decode', () => {
     const sink = { k, v: layers[0]!.v };
     const o = { q: new Float32Array(qHeads * D), qHeads, sink, tail: sink, tailBase: 0, selection: sel, fetched: new Uint8Array(10) };
     expect(() => attendFetched(o)).toThrow(/at least 512 bytes/);
+    expect(() => attendFetched({ ...o, fetched: new Uint8Array(512), fetchedOffsets: Int32Array.of(0, 1, 1), fetchedIds: Int32Array.of(4) })).toThrow(
+      /chunk 3 of kv head 0 is selected but neither fetched nor resident/,
+    );
     try {
       attendFetched({ ...o, fetched: new Uint8Array(512), tailBase: T - 8 });
       expect.unreachable();

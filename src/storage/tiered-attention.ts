@@ -9,7 +9,8 @@
  *   mass they just received,
  * and, with a lookahead pool (`pool` > 0), prefetches the pool's non-resident chunks for the
  * layer's next step (sparse synchronization); a prefetch none of whose chunks the next selection
- * picks is cancelled. The hot tier (src/cache/) is not part of this path yet.
+ * picks is cancelled. With a hot tier (src/cache/hot-tier.ts) in front, its residents are attended
+ * from their slots and only the other selected chunks go through DRAM/SSD, then into the hot tier.
  *
  * Memory: the DRAM store's budget is a hard limit (see {@link DramStore}). Outside it, stated: the
  * selection index, the sinks and the in-memory tail (the last `local` prompt tokens plus every
@@ -27,7 +28,8 @@ import type { KvTensor } from '../types.js';
 import type { Selection } from '../index/selection.js';
 import type { PolicyOptions } from '../index/options.js';
 import { createPolicy, NativeSelectionPolicy, type SelectionPolicy } from '../index/policy.js';
-import { importanceScoresAsync, type ObservationWindow } from '../cache/warmup.js';
+import { importanceScoresAsync, rankChunks, type ObservationWindow } from '../cache/warmup.js';
+import type { HotTier } from '../cache/hot-tier.js';
 import type { DramStore } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
 import type { ClusterLayout, SsdStore } from './ssd-store.js';
@@ -46,8 +48,13 @@ export interface AttendFetchedOptions {
   tailBase: number;
   /** What each kv head attends (chunk ids ascending per head, < ceil(tailStart / chunkSize)). */
   selection: Selection;
-  /** Page-first chunks, entry i = selection.chunkIds[i] (a TieredKv fetch buffer). */
+  /** Page-first chunks (a TieredKv fetch buffer): entry i = selection.chunkIds[i], or fetchedIds[i] when given. */
   fetched: Uint8Array;
+  /** kvHeads + 1 offsets and ascending ids per kv head of the chunks `fetched` holds (default: the selection's). */
+  fetchedOffsets?: Int32Array;
+  fetchedIds?: Int32Array;
+  /** Read selected chunks resident in this hot tier (all rows) from their slots; records their mass for eviction. */
+  hot?: { handle: number; sequence?: number; layer: number };
   /** Softmax scale, default 1/sqrt(dim). */
   scale?: number;
 }
@@ -102,6 +109,15 @@ export interface TieredAttentionOptions {
   /** TieredKv staging buffers for prefetch (default 2) and their size in bytes (default 8 MiB). */
   stagingBuffers?: number;
   stagingBytes?: number;
+  /**
+   * Hot tier in front of DRAM (same layers, kv heads, head dim, dtype, chunk size; its budget >=
+   * `budget`): warmed at prefill with the most important chunks, then per step its residents are
+   * attended from their slots, only the other selected chunks are fetched (DRAM, else SSD) and
+   * admitted into it (lookahead eviction). The caller owns it (destroy it after close).
+   */
+  hotTier?: HotTier;
+  /** Sequence index of this sequence in the hot tier (default 0). */
+  hotSequence?: number;
 }
 
 const optionsSchema = z
@@ -116,6 +132,8 @@ const optionsSchema = z
     policy: z.record(z.string(), z.unknown()).optional(),
     stagingBuffers: z.number().int().min(0).max(64).optional(),
     stagingBytes: z.number().int().min(1).max(2 ** 31).optional(),
+    hotTier: z.custom<HotTier>((v) => typeof v === 'object' && v !== null && typeof (v as HotTier).handle === 'number', 'a HotTier').optional(),
+    hotSequence: z.number().int().min(0).optional(),
   })
   .strict();
 
@@ -135,6 +153,8 @@ export interface PrefillStats {
   ssdBytes: number;
   /** Chunks admitted into DRAM by importance. */
   dramWarmed: number;
+  /** Chunks placed in the hot tier by importance. */
+  hotWarmed: number;
   /** Milliseconds: index build, SSD write, warm-up. */
   buildMs: number;
   writeMs: number;
@@ -151,6 +171,11 @@ export interface TieredStepResult extends FetchedAttentionResult {
 export interface TieredStepStats {
   /** Selected chunks (all kv heads). */
   chunks: number;
+  /** Chunk bytes attended from hot-tier slots (resident before this step). */
+  hotBytes: number;
+  /** Chunks admitted into / evicted from the hot tier this step. */
+  hotAdmitted: number;
+  hotEvicted: number;
   /** Chunk bytes served by DRAM / by a staged prefetch (read from SSD earlier) / read from SSD now. */
   dramBytes: number;
   prefetchedBytes: number;
@@ -231,6 +256,14 @@ export class TieredAttention {
     if (o.budget < s.chunkSize) fail('E_BUDGET', 'TieredAttention options.budget', `at least one chunk (${s.chunkSize} tokens)`, o.budget);
     const pool = o.pool ?? 0;
     if (pool !== 0 && pool < o.budget) fail('E_BUDGET', 'TieredAttention options.pool', `0 or at least the budget ${o.budget}`, pool);
+    if (o.hotTier) {
+      const h = o.hotTier.options;
+      const want = `${s.layers} layers x ${s.kvHeads} kv heads x ${s.headDim} ${s.dtype}, chunk ${s.chunkSize}`;
+      if (h.layers !== s.layers || h.kvHeads !== s.kvHeads || h.headDim !== s.headDim || h.dtype !== s.dtype || h.chunkSize !== s.chunkSize)
+        fail('E_SHAPE', 'TieredAttention options.hotTier', `a hot tier of the store's shape (${want})`, `${h.layers} x ${h.kvHeads} x ${h.headDim} ${h.dtype}, chunk ${h.chunkSize}`);
+      if (h.budget < o.budget) fail('E_BUDGET', 'TieredAttention options.hotTier budget', `at least the selection budget ${o.budget}`, h.budget);
+      if ((o.hotSequence ?? 0) >= h.sequences) fail('E_RANGE', 'TieredAttention options.hotSequence', `an index below the hot tier's ${h.sequences} sequences`, o.hotSequence);
+    }
     const cs = (o.policy as PolicyOptions | undefined)?.chunkSize;
     if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'TieredAttention options.policy.chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
     return new TieredAttention(o);
@@ -314,13 +347,29 @@ export class TieredAttention {
     // Importance-guided placement: everything is on SSD; the most important chunks go to DRAM.
     const masses: Float32Array[] = [];
     for (const l of layers) masses.push(l.obs ? await importanceScoresAsync(l.k, l.obs, s.chunkSize) : new Float32Array(s.kvHeads * chunks));
+    // The most important chunks go to the hot tier, the next to DRAM (hot residents rank last there).
+    let hotWarmed = 0;
+    const hot = this.o.hotTier;
+    const sinkTokens = Math.min(resolved.sinks, T);
+    const local = resolved.local;
+    const tailBase = Math.max(0, Math.floor((T - local - s.chunkSize) / s.chunkSize) * s.chunkSize);
+    const dramMasses = hot ? masses.map((m) => m.slice()) : masses;
+    if (hot) {
+      layers.forEach((l, i) => {
+        if (!l.obs) return;
+        const ranked = rankChunks(masses[i]!, s.kvHeads, s.chunkSize, sinkTokens, tailBase);
+        const placed = hot.warm({ sequence: this.o.hotSequence ?? 0, layer: i, k: l.k, v: l.v, ...ranked });
+        for (const n of placed) hotWarmed += n;
+        for (let h = 0; h < s.kvHeads; h++) for (const c of hot.residents(i, h, this.o.hotSequence ?? 0)) dramMasses[i]![h * chunks + c] = -1;
+      });
+    }
     let dramWarmed = 0;
     if (layers.some((l) => l.obs)) {
       for (const seg of segData) {
         const n = seg.end - seg.first;
         const scores = new Float32Array(s.layers * s.kvHeads * n);
         for (let l = 0; l < s.layers; l++)
-          for (let h = 0; h < s.kvHeads; h++) scores.set(masses[l]!.subarray(h * chunks + seg.first, h * chunks + seg.end), (l * s.kvHeads + h) * n);
+          for (let h = 0; h < s.kvHeads; h++) scores.set(dramMasses[l]!.subarray(h * chunks + seg.first, h * chunks + seg.end), (l * s.kvHeads + h) * n);
         const data = layers.map((l) => ({ k: sliceTokens(l.k, seg.first * s.chunkSize, seg.end * s.chunkSize), v: sliceTokens(l.v, seg.first * s.chunkSize, seg.end * s.chunkSize) }));
         dramWarmed += this.o.dram.warm(seg.id, { layers: data }, scores);
       }
@@ -329,10 +378,7 @@ export class TieredAttention {
 
     // Sinks and the tail stay in memory (never offloaded); the tail starts at the first token the
     // index may leave out of its chunks (the local window, rounded down to a chunk).
-    const local = resolved.local;
-    const tailBase = Math.max(0, Math.floor((T - local - s.chunkSize) / s.chunkSize) * s.chunkSize);
     this.tailBase = tailBase;
-    const sinkTokens = Math.min(resolved.sinks, T);
     layers.forEach((l, i) => {
       this.layers.push({
         policy: policies[i]!,
@@ -344,7 +390,7 @@ export class TieredAttention {
         steps: 0,
       });
     });
-    return { segments: this.segmentIds.length, ssdBytes, dramWarmed, buildMs: t1 - t0, writeMs: t2 - t1, warmMs: t3 - t2 };
+    return { segments: this.segmentIds.length, ssdBytes, dramWarmed, hotWarmed, buildMs: t1 - t0, writeMs: t2 - t1, warmMs: t3 - t2 };
   }
 
   /** First token of the in-memory tail. */
@@ -438,12 +484,48 @@ export class TieredAttention {
     }
     const n = selection.chunkIds.length;
     const cb = this.o.ssd.chunkBytes;
-    if (this.fetchBuf.length < n * cb) this.fetchBuf = new Uint8Array(n * cb);
+    const hot = this.o.hotTier;
+    const hotSeq = this.o.hotSequence ?? 0;
+    // What the tiers below must supply: the selection, or with a hot tier its non-resident chunks
+    // (need[j] = selection entry of fetch entry j).
+    let need = { offsets: selection.offsets, chunkIds: selection.chunkIds };
+    let entryOf: Int32Array | undefined;
+    if (hot) {
+      const offsets = new Int32Array(s.kvHeads + 1);
+      const ids: number[] = [];
+      const from: number[] = [];
+      for (let h = 0; h < s.kvHeads; h++) {
+        const res = hot.residents(layer, h, hotSeq);
+        let r = 0;
+        for (let i = selection.offsets[h]!; i < selection.offsets[h + 1]!; i++) {
+          const c = selection.chunkIds[i]!;
+          while (r < res.length && res[r]! < c) r++;
+          if (r < res.length && res[r] === c) continue;
+          ids.push(c);
+          from.push(i);
+        }
+        offsets[h + 1] = ids.length;
+      }
+      need = { offsets, chunkIds: Int32Array.from(ids) };
+      entryOf = Int32Array.from(from);
+    }
+    const m = need.chunkIds.length;
+    if (this.fetchBuf.length < m * cb) this.fetchBuf = new Uint8Array(m * cb);
     const tf = performance.now();
     const f: FetchStats = await this.tiers.fetch(
-      { layer, offsets: selection.offsets, chunkIds: selection.chunkIds, chunkSize: selection.chunkSize, scores: this.scoresOf(st, selection.offsets, selection.chunkIds) },
+      { layer, offsets: need.offsets, chunkIds: need.chunkIds, chunkSize: selection.chunkSize, scores: this.scoresOf(st, need.offsets, need.chunkIds) },
       this.fetchBuf,
     );
+    let hotStats = { admitted: 0, evictions: 0 };
+    if (hot)
+      hotStats = native.hotTierAdmitPages({
+        hot: { handle: hot.handle, sequence: hotSeq, layer },
+        selection,
+        tokens: this.promptTokens,
+        pages: this.fetchBuf,
+        pageOffsets: need.offsets,
+        pageIds: need.chunkIds,
+      }) as { admitted: number; evictions: number };
     const ta = performance.now();
     const r = await attendFetchedAsync({
       q,
@@ -453,6 +535,7 @@ export class TieredAttention {
       tailBase: this.tailBase,
       selection,
       fetched: this.fetchBuf,
+      ...(hot ? { fetchedOffsets: need.offsets, fetchedIds: need.chunkIds, hot: { handle: hot.handle, sequence: hotSeq, layer } } : {}),
     });
     const te = performance.now();
     // Decode attention mass is the chunks' importance from now on: it ranks DRAM residency, and
@@ -460,12 +543,16 @@ export class TieredAttention {
     const N = this.tiers.totalChunks;
     for (let h = 0; h < s.kvHeads; h++)
       for (let i = selection.offsets[h]!; i < selection.offsets[h + 1]!; i++) st.mass[h * N + selection.chunkIds[i]!] = r.chunkMass[i]!;
-    const promoted = this.tiers.admit({ layer, offsets: selection.offsets, chunkIds: selection.chunkIds, scores: r.chunkMass }, this.fetchBuf);
+    const needMass = entryOf ? Float32Array.from(entryOf, (i) => r.chunkMass[i]!) : r.chunkMass;
+    const promoted = this.tiers.admit({ layer, offsets: need.offsets, chunkIds: need.chunkIds, scores: needMass }, this.fetchBuf);
     return {
       ...r,
       selection,
       stats: {
         chunks: n,
+        hotBytes: (n - m) * cb,
+        hotAdmitted: hotStats.admitted,
+        hotEvicted: hotStats.evictions,
         dramBytes: f.dramBytes,
         prefetchedBytes: f.prefetchedBytes,
         ssdBytes: f.ssdBytes,
