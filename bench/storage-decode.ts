@@ -4,6 +4,7 @@
  * One synthetic trace (Llama-3-8B-like layer: 32 query / 8 kv heads, head dim 128, f16 KV) whose
  * prompt KV is `--ratio` (default 3) times the DRAM budget. Every configuration runs the real decode
  * of every layer and step — kvdrive selection + fetch + exact attention, real outputs:
+ * The tiered configurations put a hot tier (`--hot-windows`, default 2; 0 = none) in front of DRAM.
  *  - dram-only: TieredAttention with a DRAM tier holding the whole KV (warmed at prefill), the bound;
  *  - dram+ssd:  TieredAttention with the DRAM budget = KV / ratio: importance-warmed DRAM, misses
  *               read from SSD (O_DIRECT, whole cluster extents) and admitted into DRAM by mass;
@@ -19,7 +20,7 @@
  *
  * Run: npm run build:ts && node dist/bench/storage-decode.js [--context 32768] [--layers 2]
  *      [--steps 16] [--budget 512] [--pool 1024] [--ratio 3] [--cluster-tokens 16]
- *      [--rounds 2] [--engine uring|pread] [--dir /tmp] [--no-direct]
+ *      [--rounds 3] [--hot-windows 2] [--engine uring|pread] [--dir /tmp] [--no-direct]
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
@@ -28,6 +29,7 @@ import {
   attendFetchedAsync,
   DramStore,
   generateSyntheticTrace,
+  HotTier,
   SsdStore,
   TieredAttention,
   type KvTensor,
@@ -49,6 +51,7 @@ const pool = Number(arg('pool', String(2 * budget)));
 const ratio = Number(arg('ratio', '3'));
 const clusterTokens = Number(arg('cluster-tokens', '16'));
 const rounds = Number(arg('rounds', '3'));
+const hotWindows = Number(arg('hot-windows', '2'));
 const engine = arg('engine', 'uring') as 'uring' | 'pread';
 const direct = !process.argv.includes('--no-direct');
 const flexSteps = Math.min(S, Number(arg('flex-steps', '4')));
@@ -73,7 +76,7 @@ function token(t: KvTensor, i: number): KvTensor {
 
 interface RunResult {
   msPerLayerStep: number;
-  perStep: { dram: number; prefetched: number; ssd: number; ssdRead: number }; // bytes per layer-step
+  perStep: { hot: number; dram: number; prefetched: number; ssd: number; ssdRead: number }; // bytes per layer-step
   prefetch?: { issued: number; chunks: number; readBytes: number; cancelled: number };
   outputs: Float32Array[];
   prefillMs: number;
@@ -81,13 +84,14 @@ interface RunResult {
 
 async function runTiered(name: string, ssd: SsdStore, layers: TraceLayer[], budgetBytes: number, usePool: boolean): Promise<RunResult> {
   const dram = new DramStore({ budgetBytes, shape });
-  const ta = TieredAttention.open({ ssd, dram, sequence: name, qHeads, budget, pool: usePool ? pool : 0, maxDecodeTokens: S, policy, stagingBuffers: 4 });
+  const hotTier = hotWindows > 0 ? new HotTier({ ...shape, budget, windows: hotWindows, maxBytes: 2 ** 40 }) : undefined;
+  const ta = TieredAttention.open({ ssd, dram, sequence: name, qHeads, budget, pool: usePool ? pool : 0, maxDecodeTokens: S, policy, stagingBuffers: 4, hotTier });
   const t0 = performance.now();
   // Observation window: the first decode query (the synthetic trace has no prompt queries).
   await ta.prefill(layers.map((x) => ({ k: x.k, v: x.v, obs: { q: x.q.subarray(0, qHeads * D), qHeads, positions: Int32Array.of(context) } })));
   const prefillMs = performance.now() - t0;
   const outputs: Float32Array[] = [];
-  const acc = { dram: 0, prefetched: 0, ssd: 0, ssdRead: 0 };
+  const acc = { hot: 0, dram: 0, prefetched: 0, ssd: 0, ssdRead: 0 };
   let t1 = performance.now();
   for (let s = 0; s < S; s++)
     for (let l = 0; l < L; l++) {
@@ -95,6 +99,7 @@ async function runTiered(name: string, ssd: SsdStore, layers: TraceLayer[], budg
       const x = layers[l]!;
       const r = await ta.step(l, x.q.subarray(s * qHeads * D, (s + 1) * qHeads * D), token(x.kNew, s), token(x.vNew, s));
       outputs.push(r.out);
+      acc.hot += r.stats.hotBytes;
       acc.dram += r.stats.dramBytes;
       acc.prefetched += r.stats.prefetchedBytes;
       acc.ssd += r.stats.ssdBytes;
@@ -107,9 +112,10 @@ async function runTiered(name: string, ssd: SsdStore, layers: TraceLayer[], budg
   const timed = (S - warmSteps) * L;
   const prefetch = ta.tiers.prefetchTotals();
   await ta.close();
+  hotTier?.destroy();
   return {
     msPerLayerStep: ms / timed,
-    perStep: { dram: acc.dram / n, prefetched: acc.prefetched / n, ssd: acc.ssd / n, ssdRead: acc.ssdRead / n },
+    perStep: { hot: acc.hot / n, dram: acc.dram / n, prefetched: acc.prefetched / n, ssd: acc.ssd / n, ssdRead: acc.ssdRead / n },
     prefetch,
     outputs,
     prefillMs,
@@ -153,7 +159,7 @@ async function runFlexgen(ssd: SsdStore, segments: readonly string[], layers: Tr
       await attendFetchedAsync({ q: x.q.subarray(s * qHeads * D, (s + 1) * qHeads * D), qHeads, sink: { k: sinkK, v: sinkK }, tail, tailBase: context, selection: sel, fetched: buf });
     }
   const n = flexSteps * L;
-  return { msPerLayerStep: (performance.now() - t1) / ((flexSteps - flexWarm) * L), perStep: { dram: 0, prefetched: 0, ssd: read / n, ssdRead: read / n }, outputs: [], prefillMs: 0 };
+  return { msPerLayerStep: (performance.now() - t1) / ((flexSteps - flexWarm) * L), perStep: { hot: 0, dram: 0, prefetched: 0, ssd: read / n, ssdRead: read / n }, outputs: [], prefillMs: 0 };
 }
 
 async function main(): Promise<void> {
@@ -164,7 +170,7 @@ async function main(): Promise<void> {
   const budgetBytes = Math.floor(kvBytes / ratio);
   console.log(
     `decode over tiers: ${L} layers x ${S} steps, context ${context}, ${qHeads}/${kvHeads} heads, dim ${D}, f16; KV ${mib(kvBytes)}, ` +
-      `DRAM budget ${mib(budgetBytes)} (KV/${ratio}); budget ${budget} tokens/kv head, pool ${pool} (prefetch row only), ~${clusterTokens} tokens per cluster extent; ` +
+      `DRAM budget ${mib(budgetBytes)} (KV/${ratio}); budget ${budget} tokens/kv head, pool ${pool} (prefetch row only), ~${clusterTokens} tokens per cluster extent, hot tier window ${hotWindows}; ` +
       `engine ${engine}, O_DIRECT ${direct}; ${cpus().length} CPUs, load ${loadavg()[0]!.toFixed(1)}; trace ${((performance.now() - t0) / 1000).toFixed(1)} s`,
   );
   const dirs: string[] = [];
@@ -218,11 +224,11 @@ async function main(): Promise<void> {
   }
   const ms = (k: string) => median(res[k]!.map((x) => x.msPerLayerStep));
   const base = ms('dram-only');
-  console.log('\n| config | ms / layer-step (median) | throughput vs dram-only | DRAM bytes/step | prefetched bytes/step | SSD bytes/step (requested) | SSD device bytes/step |');
-  console.log('|---|---|---|---|---|---|---|');
+  console.log('\n| config | ms / layer-step (median) | throughput vs dram-only | hot bytes/step | DRAM bytes/step | prefetched bytes/step | SSD bytes/step (requested) | SSD device bytes/step |');
+  console.log('|---|---|---|---|---|---|---|---|');
   for (const k of order) {
     const p = res[k]![0]!.perStep;
-    console.log(`| ${k} | ${ms(k).toFixed(2)} | ${(base / ms(k)).toFixed(3)} | ${mib(p.dram)} | ${mib(p.prefetched)} | ${mib(p.ssd)} | ${mib(p.ssdRead)} |`);
+    console.log(`| ${k} | ${ms(k).toFixed(2)} | ${(base / ms(k)).toFixed(3)} | ${mib(p.hot)} | ${mib(p.dram)} | ${mib(p.prefetched)} | ${mib(p.ssd)} | ${mib(p.ssdRead)} |`);
   }
   const pf = res['dram+ssd + pool prefetch']![0]!.prefetch!;
   console.log(`\nprefetch (dram+ssd + pool prefetch, round 0): ${pf.issued} issued, ${pf.chunks} chunks staged, ${mib(pf.readBytes)} read, ${pf.cancelled} cancelled`);

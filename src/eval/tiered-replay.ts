@@ -11,6 +11,7 @@ import type { KvTensor } from '../types.js';
 import { DramStore } from '../storage/dram-store.js';
 import { SsdStore } from '../storage/ssd-store.js';
 import { TieredAttention } from '../storage/tiered-attention.js';
+import { HotTier } from '../cache/hot-tier.js';
 
 /** Options of {@link replayTiered}. */
 export interface TieredReplayOptions {
@@ -24,6 +25,8 @@ export interface TieredReplayOptions {
   pool?: number;
   /** Read with O_DIRECT (default true) so the page cache does not stand in for the SSD. */
   direct?: boolean;
+  /** Hot tier window (slots per kv head = window x budget / chunkSize) in front of DRAM, both runs; 0 = none. Default 2. */
+  hotWindows?: number;
   onStep?: (run: string, layer: number, step: number) => void;
 }
 
@@ -31,6 +34,8 @@ export interface TieredReplayOptions {
 export interface TieredReplayStep {
   /** Mean milliseconds per layer-step (select + fetch + attention + prefetch issue). */
   ms: number;
+  /** Chunk bytes attended from hot-tier slots. */
+  hotBytes: number;
   dramBytes: number;
   prefetchedBytes: number;
   ssdBytes: number;
@@ -74,7 +79,9 @@ async function run(
   const dram = new DramStore({ budgetBytes: dramBudget, shape });
   const { qHeads, headDim: D, decodeSteps: S, promptTokens: T } = meta;
   const sequence = `${name}-${process.pid}-${Date.now()}`;
-  const ta = TieredAttention.open({ ssd, dram, sequence, qHeads, budget: o.budget, pool: o.pool, maxDecodeTokens: S });
+  const win = o.hotWindows ?? 2;
+  const hotTier = win > 0 ? new HotTier({ ...shape, budget: o.budget, windows: win, maxBytes: 2 ** 40 }) : undefined; // sized by window x budget, no extra cap
+  const ta = TieredAttention.open({ ssd, dram, sequence, qHeads, budget: o.budget, pool: o.pool, maxDecodeTokens: S, hotTier });
   try {
     const t0 = performance.now();
     // Observation window: the first decode query (traces carry no prompt queries).
@@ -82,12 +89,13 @@ async function run(
     const prefillMs = performance.now() - t0;
     const steps: TieredReplayStep[] = [];
     for (let s = 0; s < S; s++) {
-      const st: TieredReplayStep = { ms: 0, dramBytes: 0, prefetchedBytes: 0, ssdBytes: 0, ssdReadBytes: 0 };
+      const st: TieredReplayStep = { ms: 0, hotBytes: 0, dramBytes: 0, prefetchedBytes: 0, ssdBytes: 0, ssdReadBytes: 0 };
       for (let l = 0; l < layers.length; l++) {
         const x = layers[l]!;
         const r = await ta.step(l, x.q.subarray(s * qHeads * D, (s + 1) * qHeads * D), token(x.kNew, s), token(x.vNew, s));
         outputs.push(r.out);
         st.ms += r.stats.ms / layers.length;
+        st.hotBytes += r.stats.hotBytes;
         st.dramBytes += r.stats.dramBytes;
         st.prefetchedBytes += r.stats.prefetchedBytes;
         st.ssdBytes += r.stats.ssdBytes;
@@ -108,6 +116,7 @@ async function run(
     };
   } finally {
     await ta.close();
+    hotTier?.destroy();
     for (const id of ta.segments) await ssd.deleteSegment(id);
   }
 }
