@@ -429,11 +429,25 @@ export class TieredAttention {
     }
     // Sparse synchronization: prefetch the pool's non-resident chunks for this layer's next step.
     if (this.pool && sel.poolIds && sel.poolOffsets) {
-      const req = { layer, offsets: sel.poolOffsets, chunkIds: sel.poolIds, scores: this.scoresOf(st, sel.poolOffsets, sel.poolIds) };
+      let offsets = sel.poolOffsets;
+      let chunkIds = sel.poolIds;
+      const hot = this.o.hotTier;
+      if (hot) {
+        // Hot-tier residents need no prefetch (TieredKv skips DRAM-resident ones itself).
+        const keep: number[] = [];
+        offsets = new Int32Array(s.kvHeads + 1);
+        for (let h = 0; h < s.kvHeads; h++) {
+          const res = new Set(hot.residents(layer, h, this.o.hotSequence ?? 0));
+          for (let i = sel.poolOffsets[h]!; i < sel.poolOffsets[h + 1]!; i++) if (!res.has(sel.poolIds[i]!)) keep.push(sel.poolIds[i]!);
+          offsets[h + 1] = keep.length;
+        }
+        chunkIds = Int32Array.from(keep);
+      }
+      const req = { layer, offsets, chunkIds, scores: this.scoresOf(st, offsets, chunkIds) };
       const handle = this.tiers.prefetch(req);
       if (handle) {
         const ids = new Set<number>();
-        for (let h = 0; h < s.kvHeads; h++) for (let i = sel.poolOffsets[h]!; i < sel.poolOffsets[h + 1]!; i++) ids.add(h * this.tiers.totalChunks + sel.poolIds[i]!);
+        for (let h = 0; h < s.kvHeads; h++) for (let i = offsets[h]!; i < offsets[h + 1]!; i++) ids.add(h * this.tiers.totalChunks + chunkIds[i]!);
         st.prefetch = { handle, ids };
         r.stats.prefetchChunks = handle.chunks;
       }
