@@ -111,7 +111,8 @@ export interface TieredAttentionOptions {
   stagingBytes?: number;
   /**
    * Hot tier in front of DRAM (same layers, kv heads, head dim, dtype, chunk size; its budget >=
-   * `budget`): warmed at prefill with the most important chunks, then per step its residents are
+   * `budget`): warmed at prefill with the most important chunks (DRAM is warmed inclusively: it
+   * holds them too), then per step its residents are
    * attended from their slots, only the other selected chunks are fetched (DRAM, else SSD) and
    * admitted into it (lookahead eviction). The caller owns it (destroy it after close).
    */
@@ -347,20 +348,20 @@ export class TieredAttention {
     // Importance-guided placement: everything is on SSD; the most important chunks go to DRAM.
     const masses: Float32Array[] = [];
     for (const l of layers) masses.push(l.obs ? await importanceScoresAsync(l.k, l.obs, s.chunkSize) : new Float32Array(s.kvHeads * chunks));
-    // The most important chunks go to the hot tier, the next to DRAM (hot residents rank last there).
+    // The most important chunks go to the hot tier; DRAM takes the most important ones too (hot
+    // residents included, so a chunk the hot tier evicts later is still a DRAM hit: measured, an
+    // exclusive DRAM made those SSD misses and cost more than the duplicate bytes).
     let hotWarmed = 0;
     const hot = this.o.hotTier;
     const sinkTokens = Math.min(resolved.sinks, T);
     const local = resolved.local;
     const tailBase = Math.max(0, Math.floor((T - local - s.chunkSize) / s.chunkSize) * s.chunkSize);
-    const dramMasses = hot ? masses.map((m) => m.slice()) : masses;
     if (hot) {
       layers.forEach((l, i) => {
         if (!l.obs) return;
         const ranked = rankChunks(masses[i]!, s.kvHeads, s.chunkSize, sinkTokens, tailBase);
         const placed = hot.warm({ sequence: this.o.hotSequence ?? 0, layer: i, k: l.k, v: l.v, ...ranked });
         for (const n of placed) hotWarmed += n;
-        for (let h = 0; h < s.kvHeads; h++) for (const c of hot.residents(i, h, this.o.hotSequence ?? 0)) dramMasses[i]![h * chunks + c] = -1;
       });
     }
     let dramWarmed = 0;
@@ -369,7 +370,7 @@ export class TieredAttention {
         const n = seg.end - seg.first;
         const scores = new Float32Array(s.layers * s.kvHeads * n);
         for (let l = 0; l < s.layers; l++)
-          for (let h = 0; h < s.kvHeads; h++) scores.set(dramMasses[l]!.subarray(h * chunks + seg.first, h * chunks + seg.end), (l * s.kvHeads + h) * n);
+          for (let h = 0; h < s.kvHeads; h++) scores.set(masses[l]!.subarray(h * chunks + seg.first, h * chunks + seg.end), (l * s.kvHeads + h) * n);
         const data = layers.map((l) => ({ k: sliceTokens(l.k, seg.first * s.chunkSize, seg.end * s.chunkSize), v: sliceTokens(l.v, seg.first * s.chunkSize, seg.end * s.chunkSize) }));
         dramWarmed += this.o.dram.warm(seg.id, { layers: data }, scores);
       }
