@@ -185,17 +185,36 @@ void Tier::ResetSequence(int seq) {
   }
 }
 
+const uint8_t* PagedChunks::Page(int head, int32_t chunk) const {
+  const int32_t* a = ids + offsets[head];
+  const int32_t* b = ids + offsets[head + 1];
+  const int32_t* at = std::lower_bound(a, b, chunk);
+  return at != b && *at == chunk ? buf + size_t(at - ids) * chunkBytes : nullptr;
+}
+
 int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src) {
   const int64_t first = int64_t(chunk) * cfg_.chunkSize;
-  const int64_t avail = std::min<int64_t>(cfg_.chunkSize, src.k->tokens - first);
+  const int64_t avail = std::min<int64_t>(cfg_.chunkSize, src.Tokens() - first);
   const size_t es = DtypeSize(cfg_.dtype);
   const size_t rowBytes = size_t(cfg_.dim) * es;
   uint8_t* kd = p.k + size_t(slot) * chunkElems() * es;
   uint8_t* vd = p.v + size_t(slot) * chunkElems() * es;
+  const uint8_t* page = nullptr;
+  if (src.paged) {
+    page = src.paged->Page(head, chunk);
+    if (!page)
+      Throw("E_RANGE", "hot tier: chunk " + std::to_string(chunk) + " of kv head " + std::to_string(head) +
+                           " must be admitted but the page source does not hold it");
+  }
   int64_t copied = 0;
   for (int64_t r = from; r < avail; ++r) {
-    std::memcpy(kd + size_t(r) * rowBytes, src.k->Row(first + r, head), rowBytes);
-    std::memcpy(vd + size_t(r) * rowBytes, src.v->Row(first + r, head), rowBytes);
+    if (page) {
+      std::memcpy(kd + size_t(r) * rowBytes, page + size_t(r) * rowBytes, rowBytes);
+      std::memcpy(vd + size_t(r) * rowBytes, page + size_t(cfg_.chunkSize + r) * rowBytes, rowBytes);
+    } else {
+      std::memcpy(kd + size_t(r) * rowBytes, src.k->Row(first + r, head), rowBytes);
+      std::memcpy(vd + size_t(r) * rowBytes, src.v->Row(first + r, head), rowBytes);
+    }
     ++copied;
   }
   if (avail > p.slotRows[size_t(slot)]) p.slotRows[size_t(slot)] = int32_t(avail);
@@ -295,7 +314,7 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
     const int32_t chunk = sel.ids[i];
     if (p.freeSlots.empty()) {
       // Read from the source for this step only: the rows that exist, like an admission would copy.
-      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(c, src.k->tokens - int64_t(chunk) * c));
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(c, src.Tokens() - int64_t(chunk) * c));
       ++st.streamed;
       st.bytesStreamed += rows * rowBytes2;
       continue;

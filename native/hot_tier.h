@@ -92,10 +92,26 @@ struct TierConfig {
   int64_t maxBytes = 0;
 };
 
-// The source a step copies misses from: one layer's K and V (token rows, any layout).
+// Page-first chunks staged by the storage tiers (a TieredKv fetch buffer): per kv head h the
+// ascending chunk ids ids[offsets[h] .. offsets[h+1]); entry i's page (chunkSize K rows, then
+// chunkSize V rows, dim elements each) starts at buf + i * chunkBytes.
+struct PagedChunks {
+  const uint8_t* buf = nullptr;
+  size_t chunkBytes = 0;
+  const int32_t* offsets = nullptr;
+  const int32_t* ids = nullptr;
+  // The page of (head, chunk), or null when the buffer does not hold it.
+  const uint8_t* Page(int head, int32_t chunk) const;
+};
+
+// The source a step copies misses from: one layer's K and V (token rows, any layout), or, when
+// `paged` is set, page-first chunks (k and v unused) holding rows of tokens [0, pagedTokens).
 struct Source {
   const KvView* k;
   const KvView* v;
+  const PagedChunks* paged = nullptr;
+  int64_t pagedTokens = 0;
+  int64_t Tokens() const { return paged ? pagedTokens : k->tokens; }
 };
 
 // One kv head's part of a Selection (src/index/selection.ts), already validated.

@@ -68,4 +68,6 @@ export type { SsdStoreOptions, StoreShape, SegmentData, ClusterLayout, SegmentIn
 export { DramStore } from './storage/dram-store.js';
 export type { DramStoreOptions, DramStats } from './storage/dram-store.js';
 export { TieredKv, chunkRows } from './storage/tiered-kv.js';
-export type { TieredKvOptions, FetchRequest, FetchStats, PrefetchHandle } from './storage/tiered-kv.js';
+export type { TieredKvOptions, FetchRequest, FetchStats, PrefetchHandle, PrefetchTotals } from './storage/tiered-kv.js';
+export { TieredAttention, attendFetched, attendFetchedAsync } from './storage/tiered-attention.js';
+export type { TieredAttentionOptions, PrefillLayer, PrefillStats, TieredStepResult, TieredStepStats, AttendFetchedOptions, FetchedAttentionResult } from './storage/tiered-attention.js';

@@ -172,4 +172,29 @@ describe('tiered KV fetch', () => {
     await kv.close();
     await expectKvdError(() => kv.fetch(request(0, [[0], []]), dest), 'E_CLOSED', /TieredKv/);
   });
+  it('admit() places fetched chunks into DRAM by score after the fact (promote: false), updating residents', async () => {
+    const { ssd, dram, data } = await setup(4);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });
+    const req = request(0, [[1, 20], [2, 3]], [0.5, 0.1, 0.9, 0.2]);
+    const dest = new Uint8Array(4 * kv.chunkBytes);
+    const st = await kv.fetch(req, dest);
+    expect(st.ssdChunks).toBe(4);
+    expect(st.promoted).toBe(0);
+    expect(dram!.stats().residentChunks).toBe(0);
+    await expectKvdError(() => kv.admit({ ...req, scores: undefined }, dest), 'E_CONFIG', /importance scores/);
+    await expectKvdError(() => kv.admit(req, new Uint8Array(10)), 'E_SHAPE', /at least 4 chunks/);
+    expect(kv.admit(req, dest)).toBe(4);
+    // Now a DRAM hit for all four; a better chunk evicts the least important (score 0.1: chunk 20 of head 0).
+    const again = new Uint8Array(4 * kv.chunkBytes);
+    expect((await kv.fetch(req, again)).dramChunks).toBe(4);
+    expectFetched(again, req, data, kv.chunkBytes);
+    const better = request(0, [[7], []], [0.3]);
+    const d2 = new Uint8Array(kv.chunkBytes);
+    await kv.fetch(better, d2);
+    expect(kv.admit(better, d2)).toBe(1);
+    expect(dram!.lookup('b', 0, 0, 4)).toBe(-1);
+    expect(dram!.lookup('a', 0, 0, 7)).toBeGreaterThanOrEqual(0);
+    // Re-admitting residents only updates their scores (nothing new admitted).
+    expect(kv.admit(req, again)).toBe(0);
+  });
 });

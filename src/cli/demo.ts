@@ -14,6 +14,8 @@ import { cpuFeatures } from '../native.js';
 import { choiceListOption, choiceOption, integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
+import { parseBytes } from '../cache/window-solver.js';
+import { replayTiered, type TieredReplayResult } from '../eval/tiered-replay.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
@@ -46,6 +48,35 @@ interface DemoCliOptions {
   batch?: number;
   mode: 'sequential' | 'pipelined' | 'both';
   microBatch: number;
+  /** SSD store directory: also decode with the kvdrive policy through DRAM+SSD and DRAM-only. */
+  storage?: string;
+  /** DRAM budget of the DRAM+SSD run (bytes; default a third of the KV). */
+  dramBudget?: number;
+  /** Lookahead pool tokens per kv head for prefetch (0 = none; default 2 x budget). */
+  pool?: number;
+  /** Hot-tier window in front of DRAM with --storage (0 = none). */
+  hotWindows: number;
+}
+
+function renderStorage(r: TieredReplayResult, o: DemoCliOptions): string {
+  const rows: (string | number)[][] = [['step', 'DRAM+SSD ms/layer-step', 'hot bytes', 'DRAM bytes', 'prefetched bytes', 'SSD bytes', 'SSD device bytes', 'DRAM-only ms/layer-step', 'DRAM-only hot / DRAM bytes']];
+  r.tiered.steps.forEach((t, s) => {
+    const d = r.dramOnly.steps[s]!;
+    rows.push([s, ms(t.ms), bytes(t.hotBytes), bytes(t.dramBytes), bytes(t.prefetchedBytes), bytes(t.ssdBytes), bytes(t.ssdReadBytes), ms(d.ms), `${bytes(d.hotBytes)} / ${bytes(d.dramBytes)}`]);
+  });
+  const pf = r.tiered.prefetch;
+  return [
+    '',
+    '',
+    `storage tiers (kvdrive policy, budget ${o.budget}, pool ${o.pool ?? 0}, hot tier window ${o.hotWindows}): KV ${bytes(r.kvBytes)} on SSD at ${o.storage} (${r.engine}, O_DIRECT), ` +
+      `DRAM budget ${bytes(r.tiered.dramBudget)} (${((100 * r.tiered.dramBudget) / r.kvBytes).toFixed(0)}% of the KV); bytes per step are summed over layers`,
+    '',
+    table(rows),
+    '',
+    `DRAM+SSD vs DRAM-only throughput: ${r.ratio.toFixed(3)} (${ms(r.tiered.msPerLayerStep)} vs ${ms(r.dramOnly.msPerLayerStep)} per layer-step, steps after the first, same run)`,
+    `outputs of DRAM+SSD and DRAM-only: ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}; prefetch: ${pf.issued} issued, ${pf.chunks} chunks, ${bytes(pf.readBytes)} read, ${pf.cancelled} cancelled`,
+    `prefill (index build, SSD write, importance warm-up): ${(r.tiered.prefillMs / 1000).toFixed(1)} s.`,
+  ].join('\n');
 }
 
 function render(ev: TraceEvaluation, o: DemoCliOptions): string {
@@ -98,6 +129,10 @@ export function register(program: Command): void {
     .option('--batch <n>', 'decode a batch of n sequences with the runtime and show the per-stage time breakdown', integerOption('--batch', 1, 64))
     .option('--mode <mode>', 'with --batch: sequential, pipelined or both', choiceOption('--mode', ['sequential', 'pipelined', 'both'] as const), 'both')
     .option('--micro-batch <n>', 'with --batch: entries per micro-batch', integerOption('--micro-batch', 1, 64), 1)
+    .option('--storage <dir>', 'SSD store directory: also decode the kvdrive policy through DRAM+SSD and DRAM-only tiers (segments are deleted afterwards)')
+    .option('--dram-budget <bytes>', 'DRAM budget of the DRAM+SSD run, e.g. 256MiB (default: a third of the KV)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--hot-windows <n>', 'hot tier in front of DRAM with --storage: slots per kv head = n x budget / chunk (0 = none)', integerOption('--hot-windows', 0, 64), 2)
+    .option('--pool <tokens>', 'lookahead pool per kv head driving prefetch with --storage (default 0 = no prefetch)', integerOption('--pool', 0, 2 ** 30, 'E_BUDGET'))
     .action(async (o: DemoCliOptions, cmd: Command) => {
       if (o.batch !== undefined) {
         // The batch runtime holds f32 KV for every sequence in DRAM: a shorter default context.
@@ -128,7 +163,13 @@ export function register(program: Command): void {
         onStep: (l, s) => bar.tick(`layer ${l} step ${s}`),
       });
       bar.finish();
-      if (o.json) process.stdout.write(JSON.stringify({ ...ev, budget: o.budget }) + '\n');
-      else process.stdout.write(render(ev, o) + '\n');
+      let tiers: TieredReplayResult | undefined;
+      if (o.storage !== undefined) {
+        const sbar = new ProgressBar(2 * o.layers * o.steps, 'tiers');
+        tiers = await replayTiered(trace, { dir: o.storage, dramBudget: o.dramBudget, budget: o.budget, pool: o.pool, hotWindows: o.hotWindows, onStep: (run, l, s) => sbar.tick(`${run} layer ${l} step ${s}`) });
+        sbar.finish();
+      }
+      if (o.json) process.stdout.write(JSON.stringify({ ...ev, budget: o.budget, ...(tiers ? { tiers } : {}) }) + '\n');
+      else process.stdout.write(render(ev, o) + (tiers ? renderStorage(tiers, o) : '') + '\n');
     });
 }

@@ -80,6 +80,18 @@ export interface FetchStats {
   ms: number;
 }
 
+/** Cumulative prefetch counters of a {@link TieredKv}. */
+export interface PrefetchTotals {
+  /** Prefetches started. */
+  issued: number;
+  /** Chunks they staged (whether or not a fetch used them). */
+  chunks: number;
+  /** Bytes the device transferred for them (whole extents, alignment; cancelled reads count what was read). */
+  readBytes: number;
+  /** Prefetches cancelled before a fetch consumed them. */
+  cancelled: number;
+}
+
 /** A prefetch in flight or staged. */
 export interface PrefetchHandle {
   readonly id: number;
@@ -131,6 +143,7 @@ export class TieredKv {
   private nextPrefetch = 1;
   private closed = false;
   private readonly totalsAcc: FetchStats = TieredKv.zeroStats();
+  private readonly prefetchAcc: PrefetchTotals = { issued: 0, chunks: 0, readBytes: 0, cancelled: 0 };
 
   constructor(options: TieredKvOptions) {
     const o = parseOptions(optionsSchema, options, 'TieredKv options');
@@ -208,8 +221,11 @@ export class TieredKv {
   }
 
   /**
-   * Fetches the request's chunks into `dest` (entry i at i * chunkBytes). Waits for prefetches of
-   * this layer still reading, uses their staged chunks, then releases them.
+   * Fetches the request's chunks into `dest` (entry i at i * chunkBytes). Chunks staged by this
+   * layer's prefetches are taken from them; every other miss is read right away, so the device
+   * works on those while prefetches still reading finish (and while DRAM hits are copied). A
+   * prefetch that failed or was cancelled is replaced by a read of its chunks here, so a read error
+   * surfaces in this call. The layer's prefetches are released afterwards.
    */
   async fetch(req: FetchRequest, dest: Uint8Array): Promise<FetchStats> {
     this.check();
@@ -221,31 +237,30 @@ export class TieredKv {
     const layer = req.layer;
     const H = this.shape.kvHeads;
     const cb = this.chunkBytes;
-    const mine = [...this.prefetches.values()].filter((p) => p.layer === layer);
-    await Promise.all(mine.map((p) => p.handle.done));
-    const ready = mine.filter((p) => p.state === 'ready');
-    const stagedSrc = ready.map(() => [] as number[]);
-    const stagedDst = ready.map(() => [] as number[]);
+    const mine = [...this.prefetches.values()].filter((p) => p.layer === layer && (p.state === 'reading' || p.state === 'ready'));
+    const stagedIdx = mine.map(() => [] as number[]);
     const st = TieredKv.zeroStats();
     const dramSlots: number[] = [];
     const dramDest: number[] = [];
     const missIdx: number[] = [];
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
+    const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
+      const gk = this.chunkSeg[req.chunkIds[i]!]! * H + h;
+      let list = into.get(gk);
+      if (!list) into.set(gk, (list = []));
+      list.push(i);
+    };
     try {
       for (let h = 0; h < H; h++) {
         for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
           const g = req.chunkIds[i]!;
           const key = h * this.totalChunks + g;
           let staged = false;
-          for (let q = 0; q < ready.length; q++) {
-            const at = ready[q]!.staged.get(key);
-            if (at !== undefined) {
-              stagedSrc[q]!.push(at);
-              stagedDst[q]!.push(i * cb);
-              st.prefetchedChunks++;
+          for (let q = 0; q < mine.length; q++) {
+            if (mine[q]!.staged.has(key)) {
+              stagedIdx[q]!.push(i);
               staged = true;
-              missIdx.push(i); // promoted like an SSD fetch
               break;
             }
           }
@@ -256,15 +271,13 @@ export class TieredKv {
             dramDest.push(i * cb);
             continue;
           }
-          const gk = this.chunkSeg[g]! * H + h;
-          let list = groups.get(gk);
-          if (!list) groups.set(gk, (list = []));
-          list.push(i);
+          addMiss(groups, h, i);
           missIdx.push(i);
         }
       }
-      for (let q = 0; q < ready.length; q++)
-        if (stagedSrc[q]!.length) native.copyChunks(ready[q]!.buffer, Float64Array.from(stagedSrc[q]!), dest, Float64Array.from(stagedDst[q]!), cb);
+      // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
+      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb) : undefined;
+      reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (dramSlots.length) {
         this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
         st.dramChunks = dramSlots.length;
@@ -273,16 +286,37 @@ export class TieredKv {
           for (let q = 0; q < dramSlots.length; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[dramDest[q]! / cb]!);
         }
       }
-      if (groups.size) {
-        const r = await this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb);
-        st.ssdChunks = r.chunks;
-        st.ssdReadBytes = r.bytesRead;
-        st.ssdExtents = r.extents;
-        st.ssdRuns = r.runs;
+      await Promise.all(mine.map((p) => p.handle.done));
+      const redo = new Map<number, number[]>();
+      for (let q = 0; q < mine.length; q++) {
+        const p = mine[q]!;
+        const idx = stagedIdx[q]!;
+        if (!idx.length) continue;
+        if (p.state === 'ready') {
+          const src = new Float64Array(idx.length);
+          const dst = new Float64Array(idx.length);
+          idx.forEach((i, k) => {
+            src[k] = p.staged.get(this.keyOfEntry(req, i))!;
+            dst[k] = i * cb;
+          });
+          native.copyChunks(p.buffer, src, dest, dst, cb);
+          st.prefetchedChunks += idx.length;
+        } else {
+          for (const i of idx) addMiss(redo, this.headOfEntry(req, i), i);
+        }
+        for (const i of idx) missIdx.push(i); // promoted like an SSD fetch
+      }
+      const rereading = redo.size ? this.readGroups(layer, redo, req.chunkIds, dest, (i) => i * cb) : undefined;
+      for (const r of await Promise.all([reading, rereading])) {
+        if (!r) continue;
+        st.ssdChunks += r.chunks;
+        st.ssdReadBytes += r.bytesRead;
+        st.ssdExtents += r.extents;
+        st.ssdRuns += r.runs;
       }
       if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest);
     } finally {
-      for (const p of mine) this.releasePrefetch(p);
+      for (const p of mine) if (p.state !== 'reading') this.releasePrefetch(p);
     }
     st.chunks = n;
     st.dramBytes = st.dramChunks * cb;
@@ -291,6 +325,12 @@ export class TieredKv {
     st.ms = performance.now() - t0;
     for (const k of Object.keys(st) as Array<keyof FetchStats>) this.totalsAcc[k] += st[k];
     return st;
+  }
+
+  private headOfEntry(req: FetchRequest, i: number): number {
+    let h = 0;
+    while (i >= req.offsets[h + 1]!) h++;
+    return h;
   }
 
   /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
@@ -344,6 +384,30 @@ export class TieredKv {
   }
 
   /**
+   * Admits every entry of `req` into DRAM from `src` (entry i at i * chunkBytes, the layout of a
+   * fetch buffer) with importance `req.scores` (required): resident chunks get their score
+   * updated, others are admitted if they beat the least important resident chunk. For callers
+   * that know a chunk's importance only after attending it (decode attention mass), with
+   * `promote: false`. Returns how many chunks were admitted.
+   */
+  admit(req: FetchRequest, src: Uint8Array): number {
+    this.check();
+    this.validate(req);
+    if (!req.scores) fail('E_CONFIG', 'TieredKv.admit scores', 'a Float32Array of importance scores, one per entry', undefined);
+    if (!(src instanceof Uint8Array) || src.length < req.chunkIds.length * this.chunkBytes)
+      fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${req.chunkIds.length} chunks x ${this.chunkBytes} bytes`, src);
+    if (!this.dram || !req.chunkIds.length) return 0;
+    const missing: number[] = [];
+    for (let h = 0; h < this.shape.kvHeads; h++)
+      for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
+        const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
+        if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
+        else missing.push(i);
+      }
+    return missing.length ? this.promoteFrom(req.layer, req, missing, src) : 0;
+  }
+
+  /**
    * Starts reading, into a staging buffer, the chunks of `req` that are not DRAM-resident (up to
    * one staging buffer). The next {@link fetch} of the same layer uses them. Returns undefined when
    * no staging buffer is free or nothing needs reading.
@@ -379,6 +443,7 @@ export class TieredKv {
     const done = this.readGroups(req.layer, groups, req.chunkIds, buffer, (i) => staged.get(this.keyOfEntry(req, i))!, flag).then(
       (r) => {
         p.ssdReadBytes = r.bytesRead;
+        this.prefetchAcc.readBytes += r.bytesRead;
         if (p.state === 'reading') p.state = r.cancelled ? 'cancelled' : 'ready';
       },
       (e: unknown) => {
@@ -390,6 +455,8 @@ export class TieredKv {
     );
     p.handle = { id, layer: req.layer, chunks: count, done };
     this.prefetches.set(id, p);
+    this.prefetchAcc.issued++;
+    this.prefetchAcc.chunks += count;
     return p.handle;
   }
 
@@ -404,6 +471,7 @@ export class TieredKv {
     const p = this.prefetches.get(handle.id);
     if (!p) return;
     p.state = 'cancelled';
+    this.prefetchAcc.cancelled++;
     native.cancelFlagRaise(p.flag);
     await p.handle.done;
     this.releasePrefetch(p);
@@ -424,6 +492,11 @@ export class TieredKv {
   /** Cumulative per-tier counters since construction. */
   totals(): FetchStats {
     return { ...this.totalsAcc };
+  }
+
+  /** Cumulative prefetch counters since construction. */
+  prefetchTotals(): PrefetchTotals {
+    return { ...this.prefetchAcc };
   }
 
   /** Cancels outstanding prefetches; the stores stay open (they belong to the caller). */
