@@ -282,6 +282,148 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
     for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l]; \
   }
 
+// ---- level 3 of kvdrive select: exact scores of gathered key rows ----
+
+// Dots of `group` queries with one f32 row, query j's into out[j * ld]; each equals
+// DotBody(q_j, row) bit for bit (Dots<> accumulates exactly like DotBody, products commute).
+KVD_INLINE void GroupDotsBody(const float* q, int group, const float* row, int dim, float* out, size_t ld) {
+  int j = 0;
+  float o[4];
+  for (; j + 4 <= group; j += 4) {
+    const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+    Dots<4>(qs, row, dim, o);
+    for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld] = o[t];
+  }
+  for (; j < group; ++j) out[size_t(j) * ld] = DotBody(q + size_t(j) * dim, row, dim);
+}
+
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+// One key row of storage dtype dt as f32: f32 rows are used in place, f16 / bf16 rows widened
+// (exactly) into buf. A macro for the same reason as KVD_SCORE_TILES_H_BODY (LoadH16's intrinsics).
+#define KVD_WIDEN_ROW(LV, src, dt, dim, buf, row)                                              \
+  do {                                                                                         \
+    if ((dt) == Dtype::F32) {                                                                  \
+      row = static_cast<const float*>(src);                                                    \
+      break;                                                                                   \
+    }                                                                                          \
+    const uint16_t* hp = static_cast<const uint16_t*>(src);                                    \
+    int d = 0;                                                                                 \
+    if ((dt) == Dtype::F16) {                                                                  \
+      for (; d + 16 <= (dim); d += 16) {                                                       \
+        v16 v = LoadH16<LV>(hp + d);                                                           \
+        std::memcpy((buf) + d, &v, sizeof(v));                                                 \
+      }                                                                                        \
+      for (; d < (dim); ++d) (buf)[d] = F16ToF32(hp[d]);                                       \
+    } else {                                                                                   \
+      for (; d + 16 <= (dim); d += 16) {                                                       \
+        v16h b;                                                                                \
+        std::memcpy(&b, hp + d, sizeof(b));                                                    \
+        v16i w = __builtin_convertvector(b, v16i) << 16;                                       \
+        std::memcpy((buf) + d, &w, sizeof(w));                                                 \
+      }                                                                                        \
+      for (; d < (dim); ++d) {                                                                 \
+        uint32_t u = uint32_t(hp[d]) << 16;                                                    \
+        std::memcpy((buf) + d, &u, 4);                                                         \
+      }                                                                                        \
+    }                                                                                          \
+    row = (buf);                                                                               \
+  } while (0)
+
+// Rows of kv head h of `keys` at `tokens`, read once each for the whole group. The rows are
+// scattered (a token-major cache): prefetch kAhead rows ahead so the misses overlap.
+#define KVD_SCORE_KEY_ROWS_BODY(LV)                                                            \
+  constexpr size_t kAhead = 8;                                                                 \
+  const size_t rowBytes = size_t(keys.dim) * DtypeSize(keys.dtype);                            \
+  for (size_t i = 0; i < n; ++i) {                                                             \
+    if (i + kAhead < n) {                                                                      \
+      const char* p = static_cast<const char*>(keys.Row(tokens[i + kAhead], h));               \
+      for (size_t b = 0; b < rowBytes; b += 64) __builtin_prefetch(p + b);                     \
+    }                                                                                          \
+    const float* row;                                                                          \
+    KVD_WIDEN_ROW(LV, keys.Row(tokens[i], h), keys.dtype, keys.dim, buf, row);                 \
+    GroupDotsBody(q, group, row, keys.dim, out + i, ld);                                       \
+  }
+
+// e^x for x <= 0 (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial), inputs
+// below -87 clamped there (e^-87 ~ 1.6e-38, still normal). Element-wise vector arithmetic only, so
+// every level gives the same bits. Relative error ~2 ulp.
+KVD_INLINE v16 ExpNeg(v16 x) {
+  const v16 lo = v16{} - 87.f;
+  x = x < lo ? lo : x;
+  v16 t = x * 1.44269504088896341f + 0.5f;
+  v16i n = __builtin_convertvector(t, v16i);  // truncation; floor for negative t below
+  v16 fn = __builtin_convertvector(n, v16);
+  n += fn > t ? v16i{} - 1 : v16i{};  // vector compare: -1 where true
+  fn = __builtin_convertvector(n, v16);
+  x = x - fn * 0.693359375f;
+  x = x - fn * -2.12194440e-4f;
+  const v16 z = x * x;
+  v16 y = x * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.f;
+  v16i e = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return y * scale;
+}
+
+KVD_INLINE float ReduceMax16(v16 a) {
+  v16 b = __builtin_shuffle(a, v16i{8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  a = a > b ? a : b;
+  return a[0];
+}
+
+// See GroupShares in index.h.
+KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale,
+                                   float* share) {
+  const v16i lane = v16i{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 ninf = v16{} - std::numeric_limits<float>::infinity();
+  for (int j = 0; j < group; ++j) {
+    float* l = logits + size_t(j) * ld;
+    v16 mx = ninf;
+    v16i bad = v16i{};
+    for (size_t b = 0; b < ld; b += 16) {
+      const v16i valid = (lane + int32_t(b)) < int32_t(n);
+      v16 x = Load16(l + b) * scale;
+      const v16 zero = x * 0.f;  // NaN exactly where x is NaN or +-Inf
+      bad |= valid & (zero != zero);
+      mx = valid ? (x > mx ? x : mx) : mx;
+      std::memcpy(l + b, &x, sizeof(x));
+    }
+    for (int t = 0; t < 16; ++t)
+      if (bad[t]) {
+        for (size_t i = 0; i < n; ++i)
+          if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+      }
+    const float m = ReduceMax16(mx);
+    v16 z = v16{};
+    for (size_t b = 0; b < ld; b += 16) {
+      const v16i valid = (lane + int32_t(b)) < int32_t(n);
+      v16 e = ExpNeg(Load16(l + b) - m);
+      e = valid ? e : v16{};
+      z += e;
+      std::memcpy(l + b, &e, sizeof(e));
+    }
+    const float inv = 1.f / Reduce16(z);
+    for (size_t b = 0; b < nShare; b += 16) {
+      v16 s = Load16(l + b) * inv;
+      if (j > 0) s = Load16(share + b) + s;
+      std::memcpy(share + b, &s, sizeof(s));
+    }
+  }
+  return -1;
+}
+
 // Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
 // zero-padded); R points share every centroid load and 16 centroids every point load. Output
 // (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
@@ -335,6 +477,8 @@ struct Table {
   void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
   void (*scoreTilesMaxH)(const float*, int, const uint16_t*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
+  void (*scoreKeyRows)(const float*, int, const KvView&, int, const int64_t*, size_t, float*, size_t, float*);
+  int64_t (*groupShares)(float*, int, size_t, size_t, size_t, float, float*);
 };
 
 #define KVD_INDEX_LEVEL(NAME, ATTR, ROWS, LV)                                                                           \
@@ -367,8 +511,16 @@ struct Table {
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
+  ATTR void ScoreKeyRows##NAME(const float* q, int group, const KvView& keys, int h, const int64_t* tokens,     \
+                               size_t n, float* out, size_t ld, float* buf) {                                  \
+    KVD_SCORE_KEY_ROWS_BODY(LV)                                                                                 \
+  }                                                                                                             \
+  ATTR int64_t GroupShares##NAME(float* l, int group, size_t n, size_t ld, size_t nShare, float scale,         \
+                                 float* share) {                                                               \
+    return GroupSharesBody(l, group, n, ld, nShare, scale, share);                                              \
+  }                                                                                                             \
   const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, ScoreTilesMaxH##NAME, \
-                           Nearest##NAME};
+                           Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4, 0)
 KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c"))), 4, 1)
@@ -432,6 +584,14 @@ void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int3
 }
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
+}
+
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                  size_t ld, float* buf) {
+  Active().scoreKeyRows(q, group, keys, h, tokens, n, out, ld, buf);
+}
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share) {
+  return Active().groupShares(logits, group, n, ld, nShare, scale, share);
 }
 
 void TransposeTiles(const float* c, size_t k, int dim, float* ct) {

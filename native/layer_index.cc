@@ -50,11 +50,10 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok;
-  std::vector<int32_t> ids, order, rows;
-  std::vector<float> scores, coef, extra, ones, keyRows, logits;
-  std::vector<std::pair<int, int>> where;
+  std::vector<int32_t> ids, rows;
+  std::vector<float> scores, coef, extra, ones, keyRows, logits, share;
+  std::vector<uint64_t> bits;
   std::vector<int64_t> toksAt;
-  std::vector<uint8_t> mark;
 };
 SelectScratch& Scratch() {
   thread_local SelectScratch s;
@@ -375,11 +374,25 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   const size_t n = std::min(ranked.size(), std::max<size_t>(1, size_t(std::ceil(target / cfg_.chunk))));
   if (n < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (n - 1), ranked.end(), Better);
   const size_t sorted = n;
-  double toks = 0;
-  for (size_t i = 0; i < n; ++i) toks += double(ChunkTokens(ranked[i].id));
+  SelectScratch& sc = Scratch();
+  // The re-ranked chunks in ascending id order (a bit set over the indexed chunks, scanned), so the
+  // key gather below walks the cache forwards: neighbouring rows share pages and prefetch streams.
+  std::vector<uint64_t>& bits = sc.bits;
+  bits.assign(size_t(endChunk_ + 63) / 64, 0);
+  for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  std::vector<int64_t>& toksAt = sc.toksAt;
+  toksAt.clear();
+  size_t at = 0;
+  for (size_t w = 0; w < bits.size(); ++w)
+    for (uint64_t b = bits[w]; b; b &= b - 1) {
+      const int64_t j = int64_t(w * 64) + __builtin_ctzll(b);
+      ranked[at++].id = int32_t(j);  // ranked[0, n) now ascending by id (scores rewritten below)
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
+    }
+  const size_t nRe = toksAt.size();
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
-  const bool needRest = !cfg_.tokenGranular || double(want) > toks;
+  const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
   if (needRest) {
     ExtendSorted(ranked, sorted, ranked.size(), Better);
     for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
@@ -387,71 +400,31 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     ranked.resize(n);
   }
 
-  // Keys of the re-ranked tokens, then the always attended sinks and tail (which only feed the
-  // normalisers), gathered as f32 rows; then one matrix-vector product per query head.
-  const SimdKernels& simd = Simd();
-  SelectScratch& sc = Scratch();
-  std::vector<int64_t>& toksAt = sc.toksAt;
-  toksAt.clear();
-  toksAt.reserve(size_t(toks) + size_t(sinkEnd()) + size_t(tokens_ - tailStart()));
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t j = ranked[i].id;
-    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
-  }
-  const size_t nRe = toksAt.size();
+  // The always attended sinks and tail only feed the normalisers.
   for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
   for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
   const size_t nAll = toksAt.size();
-  // Blocks of 128 rows (64 KiB at dim 128) stay in L1/L2 across the g passes.
-  constexpr size_t kBlock = 128;
-  std::vector<float>& rows = sc.keyRows;
-  std::vector<float>& logits = sc.logits;  // head-major, g x nAll
-  rows.resize(kBlock * dim_);
-  logits.resize(size_t(g) * nAll);
-  for (size_t b0 = 0; b0 < nAll; b0 += kBlock) {
-    const size_t nb = std::min(kBlock, nAll - b0);
-    for (size_t i = 0; i < nb; ++i) {
-      // Key rows are scattered (one kv head of a token-major cache): prefetch a few rows ahead.
-      if (b0 + i + 4 < nAll) {
-        const char* p = static_cast<const char*>(keys.Row(toksAt[b0 + i + 4], h));
-        for (size_t b = 0; b < size_t(dim_) * DtypeSize(keys.dtype); b += 64) __builtin_prefetch(p + b);
-      }
-      simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
-    }
-    for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nb, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll + b0);
-  }
+  // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
+  const size_t ld = (nAll + 15) / 16 * 16;
+  std::vector<float>& logits = sc.logits;
+  std::vector<float>& share = sc.share;
+  logits.resize(size_t(g) * ld);
+  share.resize((nRe + 15) / 16 * 16);
+  sc.keyRows.resize(size_t(dim_));
+  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld, sc.keyRows.data());
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
-  // same factor for every token of the head).
-  const float scale = float(1.0 / std::sqrt(double(dim_)));
-  for (int j = 0; j < g; ++j) {
-    float* l = logits.data() + size_t(j) * nAll;
-    float m = -std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < nAll; ++i) {
-      l[i] *= scale;
-      if (!std::isfinite(l[i]))
-        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
-                                 ", token " + std::to_string(toksAt[i]));
-      m = std::max(m, l[i]);
-    }
-    double z = 0;
-    for (size_t i = 0; i < nAll; ++i) z += (l[i] = std::exp(l[i] - m));
-    const float inv = float(1.0 / z);
-    for (size_t i = 0; i < nRe; ++i) l[i] *= inv;
-  }
-  // Group share of token i (sum over the query heads).
-  auto share = [&](size_t i) {
-    float w = 0;
-    for (int j = 0; j < g; ++j) w += logits[size_t(j) * nAll + i];
-    return w;
-  };
+  // same factor for every token of the head); share = the sum over the group.
+  const int64_t bad = GroupShares(logits.data(), g, nAll, ld, nRe, float(1.0 / std::sqrt(double(dim_))), share.data());
+  if (bad >= 0)
+    Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                             ", token " + std::to_string(toksAt[size_t(bad) % ld]));
   if (cfg_.tokenGranular) {
     // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
     // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
     std::vector<Ranked>& tok = sc.tok;
-    tok.clear();
-    tok.reserve(nRe + (ranked.size() - n) * size_t(cfg_.chunk));
-    for (size_t i = 0; i < nRe; ++i) tok.push_back({share(i), int32_t(toksAt[i])});
+    tok.resize(nRe);
+    for (size_t i = 0; i < nRe; ++i) tok[i] = {share[i], int32_t(toksAt[i])};
     for (size_t i = n; i < ranked.size(); ++i) {
       const int64_t j = ranked[i].id;
       for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
@@ -459,11 +432,11 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     }
     ranked.swap(tok);
   } else {
-    size_t at = 0;
+    size_t t = 0;
     for (size_t i = 0; i < n; ++i) {
       const int64_t len = ChunkTokens(ranked[i].id);
       float mass = 0;
-      for (int64_t t = 0; t < len; ++t) mass += share(at++);
+      for (int64_t r = 0; r < len; ++r) mass += share[t++];
       ranked[i].score = mass;
     }
   }
@@ -504,11 +477,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<float>& extra = sc.extra;
       std::vector<float>& ones = sc.ones;
       ones.assign(g, 1.f);
-      // Level 1: every centroid, max over the GQA group.
+      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its first
+      // member chunk (unique, orders ties by position, and names the cluster: segment from the
+      // chunk id, cluster from the segment's assignment).
       std::vector<Ranked>& clusters = sc.clusters;
-      std::vector<std::pair<int, int>>& where = sc.where;  // (segment, cluster) of clusters[i].id
       clusters.clear();
-      where.clear();
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
         scores.resize(seg.k);
@@ -525,46 +498,41 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
         out.vectorsScored += seg.k;
         f16Vectors += seg.k;
-        for (int c = 0; c < seg.k; ++c) {
-          if (seg.counts[c] == 0) continue;
-          // Rank key id: the cluster's first member chunk (unique, and orders ties by position).
-          clusters.push_back({scores[c], seg.members[seg.offsets[c]]});
-          where.emplace_back(int(s), c);
-        }
+        for (int c = 0; c < seg.k; ++c)
+          if (seg.counts[c] > 0) clusters.push_back({scores[c], seg.members[seg.offsets[c]]});
       }
-      std::vector<int32_t>& order = sc.order;
-      order.resize(clusters.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-      auto better = [&](int32_t a, int32_t b) { return Better(clusters[a], clusters[b]); };
+      const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+      const int64_t seg0 = firstChunk() / segChunks;
       // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
+      // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
+      // below, so the level-2 gather walks the chunk means forwards).
       const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
-      ids.clear();
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(endChunk_ + 63) / 64, 0);
       double candTokens = 0;
       size_t sorted = 0, i = 0;
       // First guess: enough clusters of average size for the target, plus a quarter.
-      const double avgTokens = order.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(order.size());
-      size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
-      while (i < order.size() && candTokens < target) {
-        if (i == sorted) sorted = ExtendSorted(order, sorted, std::max(guess, sorted * 2), better);
-        const auto [s, c] = where[order[i++]];
-        const Segment& seg = H.segments[s];
+      const double avgTokens = clusters.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(clusters.size());
+      const size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
+      while (i < clusters.size() && candTokens < target) {
+        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), Better);
+        const int32_t first = clusters[i++].id;
+        const Segment& seg = H.segments[size_t(first / segChunks - seg0)];
+        const int32_t c = seg.assign[size_t(first - seg.c0)];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
-          ids.push_back(seg.members[m]);
-          candTokens += double(ChunkTokens(seg.members[m]));
+          const int32_t id = seg.members[m];
+          bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+          candTokens += double(ChunkTokens(id));
         }
       }
       // Outlier chunks (highest key variance of each segment) are always candidates: one strong
       // key among weak, opposed neighbours drags its cluster's centroid away from any query.
-      if (cfg_.outlierFraction > 0) {
-        std::vector<uint8_t>& mark = sc.mark;  // 1 for chunk ids already candidates; all 0 between uses
-        mark.resize(size_t(endChunk_), 0);
-        for (int32_t id : ids) mark[size_t(id)] = 1;
-        const size_t fromClusters = ids.size();
+      if (cfg_.outlierFraction > 0)
         for (const Segment& seg : H.segments)
-          for (int32_t id : seg.outliers)
-            if (!mark[size_t(id)]) ids.push_back(id);
-        for (size_t t = 0; t < fromClusters; ++t) mark[size_t(ids[t])] = 0;
-      }
+          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+      ids.clear();
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
       std::vector<int32_t>& rows = sc.rows;
       rows.resize(ids.size());
@@ -590,17 +558,28 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
       for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
     }
+    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
+    const bool tokens = reranked && cfg_.tokenGranular;
+    if (tokens) out.chunk = 1;
+    if (tokens && pool == 0) {
+      // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
+      // ranking order needed, the ids are returned ascending).
+      const size_t take = std::min(ranked.size(), size_t(budget));
+      if (take < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (take - 1), ranked.end(), Better);
+      const size_t selBegin = out.ids.size();
+      for (size_t i = 0; i < take; ++i) out.ids.push_back(ranked[i].id);
+      std::sort(out.ids.begin() + selBegin, out.ids.end());
+      out.offsets.push_back(int32_t(out.ids.size()));
+      continue;
+    }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
     size_t sorted = 0;
-    const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
+    const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
       if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
       return ranked[i];
     };
-    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
-    const bool tokens = reranked && cfg_.tokenGranular;
-    if (tokens) out.chunk = 1;
     const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
     bool shortSeen = tokens;
     auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
