@@ -5,6 +5,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -32,6 +33,48 @@ void RebuildCsr(Segment& seg) {
 
 // Ranking order: higher score first, then lower chunk id.
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+// Better as a function object: std::nth_element / std::sort inline it (a function pointer is an
+// indirect call per comparison).
+struct ByRank {
+  bool operator()(const Ranked& a, const Ranked& b) const { return Better(a, b); }
+};
+
+// Sortable bits of a score: a larger float gives a larger key (-0 folded into +0, as Better has them
+// equal; scores are never NaN).
+inline uint32_t ScoreKey(float s) {
+  if (s == 0.f) s = 0.f;
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Moves the best k entries of v (ByRank order) to v[0, k), in no particular order: the same set as
+// std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit digits, each a
+// histogram pass and a partition), then ByRank over the entries that share the top 22 bits.
+void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
+  if (k == 0 || k >= v.size()) return;
+  auto lo = v.begin(), hi = v.end();
+  size_t need = k;
+  for (int shift : {21, 10}) {
+    constexpr uint32_t mask = 0x7ff;
+    hist.assign(2048, 0);
+    for (auto it = lo; it != hi; ++it) ++hist[(ScoreKey(it->score) >> shift) & mask];
+    // Digit b: every entry with a higher digit is taken, need - (their count) come from b.
+    size_t above = 0;
+    uint32_t b = 2047;
+    for (;; --b) {
+      if (above + hist[b] >= need) break;
+      above += hist[b];
+    }
+    auto digit = [&](const Ranked& r) { return (ScoreKey(r.score) >> shift) & mask; };
+    auto mid = std::partition(lo, hi, [&](const Ranked& r) { return digit(r) > b; });
+    hi = std::partition(mid, hi, [&](const Ranked& r) { return digit(r) == b; });
+    lo = mid;
+    need -= above;
+    if (need == size_t(hi - lo)) return;  // the whole digit-b group is taken
+  }
+  std::nth_element(lo, lo + (need - 1), hi, ByRank());
+}
 
 // Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
 // Elements before `sorted` are already final, so growing the prefix in steps gives the same order
@@ -51,8 +94,9 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok;
   std::vector<int32_t> ids, rows;
-  std::vector<float> scores, coef, extra, ones, keyRows, logits, share;
+  std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
+  std::vector<uint32_t> hist;
   std::vector<int64_t> toksAt;
 };
 SelectScratch& Scratch() {
@@ -173,7 +217,7 @@ void LayerIndex::PickOutliers(int h, Segment& seg) const {
   const float* var = heads_data_[h].var.data() + (seg.c0 - firstChunk());
   std::vector<Ranked> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
-  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), Better);
+  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
   for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
   std::sort(seg.outliers.begin(), seg.outliers.end());
 }
@@ -366,15 +410,18 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
   tokens_ = tokens;
 }
 
+size_t LayerIndex::RerankChunks(int64_t budget) const {
+  return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
+}
+
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
-  const double target = cfg_.rerankFactor * double(budget);
-  const size_t n = std::min(ranked.size(), std::max<size_t>(1, size_t(std::ceil(target / cfg_.chunk))));
-  if (n < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (n - 1), ranked.end(), Better);
-  const size_t sorted = n;
+  const size_t n = std::min(ranked.size(), RerankChunks(budget));
   SelectScratch& sc = Scratch();
+  SelectBest(ranked, n, sc.hist);
+  const size_t sorted = n;
   // The re-ranked chunks in ascending id order (a bit set over the indexed chunks, scanned), so the
   // key gather below walks the cache forwards: neighbouring rows share pages and prefetch streams.
   std::vector<uint64_t>& bits = sc.bits;
@@ -394,7 +441,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
   const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
   if (needRest) {
-    ExtendSorted(ranked, sorted, ranked.size(), Better);
+    ExtendSorted(ranked, sorted, ranked.size(), ByRank());
     for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
   } else {
     ranked.resize(n);
@@ -410,8 +457,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   std::vector<float>& share = sc.share;
   logits.resize(size_t(g) * ld);
   share.resize((nRe + 15) / 16 * 16);
-  sc.keyRows.resize(size_t(dim_));
-  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld, sc.keyRows.data());
+  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld);
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
   // same factor for every token of the head); share = the sum over the group.
@@ -515,7 +561,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       const double avgTokens = clusters.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(clusters.size());
       const size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
       while (i < clusters.size() && candTokens < target) {
-        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), Better);
+        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), ByRank());
         const int32_t first = clusters[i++].id;
         const Segment& seg = H.segments[size_t(first / segChunks - seg0)];
         const int32_t c = seg.assign[size_t(first - seg.c0)];
@@ -533,7 +579,17 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      const bool rerank = keys && cfg_.rerankFactor > 0 && !ids.empty();
+      if (rerank && RerankChunks(budget) >= ids.size()) {
+        // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
+        // chunk-mean scores would never be read.
+        for (int32_t id : ids) ranked.push_back({0.f, id});
+        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        reranked = true;
+        goto fill;
+      }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+      {
       std::vector<int32_t>& rows = sc.rows;
       rows.resize(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
@@ -542,9 +598,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
                          useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
-      if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
+      if (rerank) {
         RerankExact(qh, g, h, *keys, budget, want, ranked, out);
         reranked = true;
+      }
       }
     } else {
       const size_t n = size_t(endChunk_ - firstChunk());
@@ -558,6 +615,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
       for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
     }
+  fill:
     // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
     const bool tokens = reranked && cfg_.tokenGranular;
     if (tokens) out.chunk = 1;
@@ -565,10 +623,13 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
       // ranking order needed, the ids are returned ascending).
       const size_t take = std::min(ranked.size(), size_t(budget));
-      if (take < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (take - 1), ranked.end(), Better);
-      const size_t selBegin = out.ids.size();
-      for (size_t i = 0; i < take; ++i) out.ids.push_back(ranked[i].id);
-      std::sort(out.ids.begin() + selBegin, out.ids.end());
+      SelectBest(ranked, take, sc.hist);
+      // Ascending through a bit set over the tokens (cheaper than sorting the ids).
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(tokens_ + 63) / 64, 0);
+      for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
       out.offsets.push_back(int32_t(out.ids.size()));
       continue;
     }
@@ -577,7 +638,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     size_t sorted = 0;
     const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), ByRank());
       return ranked[i];
     };
     const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());

@@ -158,6 +158,8 @@ class LayerIndex {
   float MemberRadius(int h, int64_t j, const float* c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
+  // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
+  size_t RerankChunks(int64_t budget) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
   // want: max(budget, pool) tokens the caller will fill.
   void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
