@@ -54,8 +54,8 @@ struct IndexConfig {
   double varianceWeight = 3.0;
   // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
   // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
-  // 0 disables the re-rank.
-  double rerankFactor = 6.0;
+  // 0 disables the re-rank. When it covers every level-2 candidate, level 2 is skipped.
+  double rerankFactor = 8.0;
   // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
   // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
   // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).
