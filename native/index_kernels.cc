@@ -483,38 +483,43 @@ KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld
                                    float* share) {
   const v16i lane = v16i{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const v16 ninf = v16{} - std::numeric_limits<float>::infinity();
+  float invStack[64];  // 1 / z per query head
+  std::vector<float> invHeap(group > 64 ? size_t(group) : 0);
+  float* inv = group > 64 ? invHeap.data() : invStack;
   for (int j = 0; j < group; ++j) {
     float* l = logits + size_t(j) * ld;
+    // The max of the raw logits: scale > 0 and rounding is monotonic, so scale * max is the max of
+    // the scaled logits.
     v16 mx = ninf;
     v16i bad = v16i{};
     for (size_t b = 0; b < ld; b += 16) {
       const v16i valid = (lane + int32_t(b)) < int32_t(n);
-      v16 x = Load16(l + b) * scale;
+      const v16 x = Load16(l + b);
       const v16 zero = x * 0.f;  // NaN exactly where x is NaN or +-Inf
       bad |= valid & (zero != zero);
       mx = valid ? (x > mx ? x : mx) : mx;
-      std::memcpy(l + b, &x, sizeof(x));
     }
     for (int t = 0; t < 16; ++t)
       if (bad[t]) {
         for (size_t i = 0; i < n; ++i)
           if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
       }
-    const float m = ReduceMax16(mx);
+    const float m = ReduceMax16(mx) * scale;
     v16 z = v16{};
     for (size_t b = 0; b < ld; b += 16) {
       const v16i valid = (lane + int32_t(b)) < int32_t(n);
-      v16 e = ExpNeg(Load16(l + b) - m);
+      v16 e = ExpNeg(Load16(l + b) * scale - m);
       e = valid ? e : v16{};
       z += e;
       std::memcpy(l + b, &e, sizeof(e));
     }
-    const float inv = 1.f / Reduce16(z);
-    for (size_t b = 0; b < nShare; b += 16) {
-      v16 s = Load16(l + b) * inv;
-      if (j > 0) s = Load16(share + b) + s;
-      std::memcpy(share + b, &s, sizeof(s));
-    }
+    inv[j] = 1.f / Reduce16(z);
+  }
+  // share = sum over the group in head order, one pass.
+  for (size_t b = 0; b < nShare; b += 16) {
+    v16 s = Load16(logits + b) * inv[0];
+    for (int j = 1; j < group; ++j) s = s + Load16(logits + size_t(j) * ld + b) * inv[j];
+    std::memcpy(share + b, &s, sizeof(s));
   }
   return -1;
 }
