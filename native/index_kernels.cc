@@ -481,37 +481,42 @@ KVD_INLINE float ReduceMax16(v16 a) {
 // See GroupShares in index.h.
 KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale,
                                    float* share) {
-  const v16i lane = v16i{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const v16 ninf = v16{} - std::numeric_limits<float>::infinity();
   float invStack[64];  // 1 / z per query head
   std::vector<float> invHeap(group > 64 ? size_t(group) : 0);
   float* inv = group > 64 ? invHeap.data() : invStack;
+  const size_t full = n / 16 * 16;  // whole blocks; the partial block [full, n) is handled per lane
   for (int j = 0; j < group; ++j) {
     float* l = logits + size_t(j) * ld;
     // The max of the raw logits: scale > 0 and rounding is monotonic, so scale * max is the max of
-    // the scaled logits.
-    v16 mx = ninf;
-    v16i bad = v16i{};
-    for (size_t b = 0; b < ld; b += 16) {
-      const v16i valid = (lane + int32_t(b)) < int32_t(n);
+    // the scaled logits. x * 0 is NaN exactly where x is NaN or +-Inf, so `nan` stays 0 (not NaN)
+    // while every logit is finite.
+    v16 mx = v16{} - std::numeric_limits<float>::infinity();
+    v16 nan = v16{};
+    for (size_t b = 0; b < full; b += 16) {
       const v16 x = Load16(l + b);
-      const v16 zero = x * 0.f;  // NaN exactly where x is NaN or +-Inf
-      bad |= valid & (zero != zero);
-      mx = valid ? (x > mx ? x : mx) : mx;
+      nan += x * 0.f;
+      mx = x > mx ? x : mx;
     }
-    for (int t = 0; t < 16; ++t)
-      if (bad[t]) {
-        for (size_t i = 0; i < n; ++i)
-          if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
-      }
-    const float m = ReduceMax16(mx) * scale;
+    float m = ReduceMax16(mx), tailNan = Reduce16(nan);
+    for (size_t i = full; i < n; ++i) {
+      tailNan += l[i] * 0.f;
+      m = l[i] > m ? l[i] : m;
+    }
+    if (!(tailNan == 0.f))
+      for (size_t i = 0; i < n; ++i)
+        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    m *= scale;
     v16 z = v16{};
-    for (size_t b = 0; b < ld; b += 16) {
-      const v16i valid = (lane + int32_t(b)) < int32_t(n);
-      v16 e = ExpNeg(Load16(l + b) * scale - m);
-      e = valid ? e : v16{};
+    for (size_t b = 0; b < full; b += 16) {
+      const v16 e = ExpNeg(Load16(l + b) * scale - m);
       z += e;
       std::memcpy(l + b, &e, sizeof(e));
+    }
+    if (full < ld) {
+      v16 e = ExpNeg(Load16(l + full) * scale - m);
+      for (size_t t = n - full; t < 16; ++t) e[t] = 0.f;
+      z += e;
+      std::memcpy(l + full, &e, sizeof(e));
     }
     inv[j] = 1.f / Reduce16(z);
   }
