@@ -48,12 +48,13 @@ inline uint32_t ScoreKey(float s) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Moves the best k entries of v (ByRank order) to v[0, k), in no particular order: the same set as
-// std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit digits, each a
-// histogram pass and a partition), then ByRank over the entries that share the top 22 bits.
-void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
-  if (k == 0 || k >= v.size()) return;
-  auto lo = v.begin(), hi = v.end();
+// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
+// same set as std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit
+// digits, each a histogram pass and a partition), then ByRank over the entries that share the top
+// 22 bits.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& hist) {
+  if (k == 0 || k >= size_t(last - first)) return;
+  Ranked *lo = first, *hi = last;
   size_t need = k;
   for (int shift : {21, 10}) {
     constexpr uint32_t mask = 0x7ff;
@@ -75,16 +76,18 @@ void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
   }
   std::nth_element(lo, lo + (need - 1), hi, ByRank());
 }
+void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
+  SelectBest(v.data(), v.data() + v.size(), k, hist);
+}
 
-// Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
-// Elements before `sorted` are already final, so growing the prefix in steps gives the same order
-// as one full sort (the comparators are strict total orders).
-template <typename T, typename Cmp>
-size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
+// Sorts v[sorted, next) into final rank order, next >= sorted: a partial selection then a sort,
+// O(n + m log m). Elements before `sorted` are already final, so growing the prefix in steps gives
+// the same order as one full sort (ByRank is a strict total order).
+size_t ExtendSorted(std::vector<Ranked>& v, size_t sorted, size_t next, std::vector<uint32_t>& hist) {
   next = std::min(next, v.size());
   if (next <= sorted) return sorted;
-  if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
-  std::sort(v.begin() + sorted, v.begin() + next, cmp);
+  SelectBest(v.data() + sorted, v.data() + v.size(), next - sorted, hist);
+  std::sort(v.begin() + sorted, v.begin() + next, ByRank());
   return next;
 }
 
@@ -93,7 +96,7 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok;
-  std::vector<int32_t> ids, rows;
+  std::vector<int32_t> ids, rows, segBase;
   std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
@@ -441,7 +444,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
   const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
   if (needRest) {
-    ExtendSorted(ranked, sorted, ranked.size(), ByRank());
+    ExtendSorted(ranked, sorted, ranked.size(), sc.hist);
     for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
   } else {
     ranked.resize(n);
@@ -523,13 +526,17 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<float>& extra = sc.extra;
       std::vector<float>& ones = sc.ones;
       ones.assign(g, 1.f);
-      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its first
-      // member chunk (unique, orders ties by position, and names the cluster: segment from the
-      // chunk id, cluster from the segment's assignment).
+      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
+      // over the head's segments (segment base + cluster): unique, so ties break deterministically,
+      // and resolved back to (segment, cluster) only for the clusters taken.
       std::vector<Ranked>& clusters = sc.clusters;
+      std::vector<int32_t>& segBase = sc.segBase;
       clusters.clear();
+      segBase.clear();
+      int32_t base = 0;
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
+        segBase.push_back(base);
         scores.resize(seg.k);
         if (useRadius) {
           // One spread term per cluster with the group's largest |q| (the max over the group is
@@ -545,10 +552,9 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         out.vectorsScored += seg.k;
         f16Vectors += seg.k;
         for (int c = 0; c < seg.k; ++c)
-          if (seg.counts[c] > 0) clusters.push_back({scores[c], seg.members[seg.offsets[c]]});
+          if (seg.counts[c] > 0) clusters.push_back({scores[c], base + c});
+        base += seg.k;
       }
-      const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
-      const int64_t seg0 = firstChunk() / segChunks;
       // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
       // below, so the level-2 gather walks the chunk means forwards).
@@ -561,10 +567,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       const double avgTokens = clusters.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(clusters.size());
       const size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
       while (i < clusters.size() && candTokens < target) {
-        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), ByRank());
-        const int32_t first = clusters[i++].id;
-        const Segment& seg = H.segments[size_t(first / segChunks - seg0)];
-        const int32_t c = seg.assign[size_t(first - seg.c0)];
+        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), sc.hist);
+        const int32_t gid = clusters[i++].id;
+        const size_t s = size_t(std::upper_bound(segBase.begin(), segBase.end(), gid) - segBase.begin()) - 1;
+        const Segment& seg = H.segments[s];
+        const int32_t c = gid - segBase[s];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
           const int32_t id = seg.members[m];
           bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
@@ -638,7 +645,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     size_t sorted = 0;
     const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
     auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), ByRank());
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), sc.hist);
       return ranked[i];
     };
     const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());

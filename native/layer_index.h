@@ -19,7 +19,8 @@
 //    the token oracle).
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
-// Ranking ties break towards the lower chunk id, so selections are deterministic.
+// Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
+// so selections are deterministic.
 #pragma once
 #include <cstdint>
 #include <functional>
