@@ -16,7 +16,10 @@
 //    of dense attention mass, summed over the GQA group: exact q·k of their tokens, each query head
 //    normalised over the scored tokens plus sinks and tail. A chunk mean averages a single strong
 //    key away; the exact scores do not (this is what finds needles and closes most of the gap to
-//    the token oracle).
+//    the token oracle). When rerankFactor x K covers every candidate (the defaults on the demo
+//    workload), level 2 is skipped. Level 3 reads each key row once for the whole group; with a
+//    token-major ('thd') cache its rows are 256 B scattered 2 KiB apart, and this gather dominates
+//    the select (memory-bound; a head-major 'htd' cache reads a chunk's rows contiguously).
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
