@@ -6,7 +6,8 @@
  *     iteration's worth of work at the scalar level;
  *  3. index build of one layer (tokens x 8 kv heads x dim 128, bf16 keys);
  *  4. select() per decode step per layer: kvdrive (index only, and with the keys: exact level-3
- *     re-rank) vs scoring all chunk means (shadowkv, c = 4) vs quest, with vectors and bytes scored.
+ *     re-rank, token-major and head-major keys) vs scoring all chunk means (shadowkv, c = 4) vs
+ *     quest, with vectors and bytes scored.
  *  Recall on the demo workload: bench/index-tune.ts.
  *
  *   npm run build:ts && node dist/bench/index.bench.js [tokens=32768]
@@ -73,6 +74,12 @@ const best = indexKernelLevel('best');
       bits[t * HEADS * DIM + i] = u32[0]! >>> 16;
     }
   const k = { data: bits, dtype: 'bf16' as const, tokens: TOKENS, heads: HEADS, dim: DIM };
+  // The same keys head-major ('htd'): a re-ranked chunk's rows are then contiguous (level 3 gathers
+  // 4 x 256 B rows per chunk from one place instead of 2 KiB apart in a token-major cache).
+  const htdBits = new Uint16Array(bits.length);
+  for (let t = 0; t < TOKENS; t++)
+    for (let h = 0; h < HEADS; h++) htdBits.set(bits.subarray((t * HEADS + h) * DIM, (t * HEADS + h + 1) * DIM), (h * TOKENS + t) * DIM);
+  const kHtd = { ...k, data: htdBits, layout: 'htd' as const };
   const q = uniform(32 * DIM, 5);
   for (let i = 0; i < q.length; i++) q[i]! *= 3;
   const policies = { kvdrive: createPolicy('kvdrive'), allMeans: createPolicy('shadowkv', { chunkSize: 4 }), quest: createPolicy('quest') };
@@ -86,9 +93,12 @@ const best = indexKernelLevel('best');
       `${((cpu.user + cpu.system) / 1000).toFixed(0)} ms CPU, index ${(p.indexBytes() / 2 ** 20).toFixed(1)} MiB`);
   }
   const budget = Math.round(TOKENS * 0.0156);
-  // kvdriveKeys: the same kvdrive index, selecting with the keys (exact level-3 re-rank).
-  const selectFor = (name: string) => (name === 'kvdriveKeys' ? { keys: k } : undefined);
-  const withKeys: Record<string, (typeof policies)[keyof typeof policies]> = { ...policies, kvdriveKeys: policies.kvdrive };
+  // kvdriveKeys: the same kvdrive index, selecting with the keys (exact level-3 re-rank);
+  // kvdriveKeysHtd: the same with head-major keys.
+  const selectFor = (name: string) => (name === 'kvdriveKeys' ? { keys: k } : name === 'kvdriveKeysHtd' ? { keys: kHtd } : undefined);
+  const withKeys: Record<string, (typeof policies)[keyof typeof policies]> = {
+    ...policies, kvdriveKeys: policies.kvdrive, kvdriveKeysHtd: policies.kvdrive,
+  };
   const t = await meanMs(Object.fromEntries(Object.entries(withKeys).map(([n, p]) => [n, () => p.select(q, budget, selectFor(n))])), 500);
   // CPU time per step too: on a shared machine wall time includes waiting for a core.
   const cpuMs: Record<string, number> = {};

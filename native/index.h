@@ -57,6 +57,20 @@ void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c);
 // Writes centroid j (dim values) into its lanes of f16 tiles that already hold >= j + 1 centroids.
 void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct);
 
+// Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
+// j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /
+// bf16); each dot accumulates 16 lanes over d with fused multiply-adds, then a fixed reduction tree
+// (not DotFixed's order, but the same bits at every SIMD level: the scalar level uses fmaf).
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                  size_t ld);
+// Attention shares of scored tokens. logits: group rows of ld floats (ld a multiple of 16, >= n),
+// row j holding q_j·k_i for i < n. Per row: x = scale * logit, w_i = exp(x_i - max) / sum_i exp(..)
+// (a vector exp, ~2 ulp, identical at every SIMD level). Then share[i] = sum_j w_ji for
+// i < nShare (share holds nShare rounded up to 16 floats). Overwrites logits with the w values (not
+// normalised). Returns -1, or the index j * ld + i of the first non-finite scaled logit (share
+// then undefined).
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share);
+
 // sum_d a[d]*b[d] in the fixed order described above.
 float DotFixed(const float* a, const float* b, int dim);
 // out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).

@@ -282,6 +282,253 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
     for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l]; \
   }
 
+// ---- level 3 of kvdrive select: exact scores of gathered key rows ----
+
+// Dots of `group` queries with one f32 row, query j's into out[j * ld]; each equals
+// DotBody(q_j, row) bit for bit (Dots<> accumulates exactly like DotBody, products commute).
+KVD_INLINE void GroupDotsBody(const float* q, int group, const float* row, int dim, float* out, size_t ld) {
+  int j = 0;
+  float o[4];
+  for (; j + 4 <= group; j += 4) {
+    const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+    Dots<4>(qs, row, dim, o);
+    for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld] = o[t];
+  }
+  for (; j < group; ++j) out[size_t(j) * ld] = DotBody(q + size_t(j) * dim, row, dim);
+}
+
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+// a * b + c rounded once (fused multiply-add): hardware FMA at the vector levels, fmaf per lane at
+// the scalar level, so every level gives the same bits.
+template <int L>
+KVD_INLINE v16 Fma16(v16 a, v16 b, v16 c);
+template <>
+KVD_INLINE v16 Fma16<0>(v16 a, v16 b, v16 c) {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+}
+template <>
+KVD_INLINE __attribute__((target("avx2,fma"))) v16 Fma16<1>(v16 a, v16 b, v16 c) {
+  __m256 a0, a1, b0, b1, c0, c1;
+  std::memcpy(&a0, &a, 32), std::memcpy(&a1, reinterpret_cast<char*>(&a) + 32, 32);
+  std::memcpy(&b0, &b, 32), std::memcpy(&b1, reinterpret_cast<char*>(&b) + 32, 32);
+  std::memcpy(&c0, &c, 32), std::memcpy(&c1, reinterpret_cast<char*>(&c) + 32, 32);
+  c0 = _mm256_fmadd_ps(a0, b0, c0);
+  c1 = _mm256_fmadd_ps(a1, b1, c1);
+  v16 r;
+  std::memcpy(&r, &c0, 32);
+  std::memcpy(reinterpret_cast<char*>(&r) + 32, &c1, 32);
+  return r;
+}
+template <>
+KVD_INLINE __attribute__((target("avx512f"))) v16 Fma16<2>(v16 a, v16 b, v16 c) {
+  __m512 x, y, z;
+  std::memcpy(&x, &a, 64), std::memcpy(&y, &b, 64), std::memcpy(&z, &c, 64);
+  z = _mm512_fmadd_ps(x, y, z);
+  v16 r;
+  std::memcpy(&r, &z, 64);
+  return r;
+}
+
+KVD_INLINE v16 LoadBf16(const uint16_t* p) {
+  v16h b;
+  std::memcpy(&b, p, sizeof(b));
+  v16i w = __builtin_convertvector(b, v16i) << 16;
+  v16 r;
+  std::memcpy(&r, &w, sizeof(r));
+  return r;
+}
+
+// The four sums of a, b, c, d (their 16 lanes each) in lanes 0, 4, 8, 12: a transposed tree
+// (halves, then quarters, then pairs), 8 shuffles and 5 adds for four dot products.
+KVD_INLINE v16 Reduce4x16(v16 a, v16 b, v16 c, v16 d) {
+  const v16i lo = v16i{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const v16i hi = v16i{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const v16 ab = __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);  // a: 0-7, b: 8-15
+  const v16 cd = __builtin_shuffle(c, d, lo) + __builtin_shuffle(c, d, hi);
+  v16 t = __builtin_shuffle(ab, cd, v16i{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+          __builtin_shuffle(ab, cd, v16i{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  t += __builtin_shuffle(t, v16i{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  t += __builtin_shuffle(t, v16i{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return t;
+}
+
+// Level-3 row scoring (see ScoreKeyRows in index.h): each key row is loaded and widened once and
+// multiplied into the accumulators of four query heads at a time (16 lanes over d, FMA), then
+// reduced by Reduce4x16 (a leftover head by Reduce16); a dim tail below 16 is widened into a
+// zero-padded block. Rows are scattered (a token-major cache): prefetch kAhead rows ahead so the
+// misses overlap. A macro, so LoadH16 / Fma16's target-specific intrinsics sit directly in each
+// level's function (like KVD_SCORE_TILES_H_BODY).
+#define KVD_KEY_ROW_DOTS(LV, LOAD)                                                              \
+  for (size_t i = 0; i < n; ++i) {                                                              \
+    if (i + kAhead < n) {                                                                       \
+      const char* p = static_cast<const char*>(keys.Row(tokens[i + kAhead], h));                \
+      for (size_t b = 0; b < rowBytes; b += 64) __builtin_prefetch(p + b);                      \
+    }                                                                                           \
+    const auto* row = static_cast<const Elem*>(keys.Row(tokens[i], h));                         \
+    int j = 0;                                                                                  \
+    for (; j + 4 <= group; j += 4) {                                                            \
+      const float* q0 = q + size_t(j) * dim;                                                    \
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};                                       \
+      int d = 0;                                                                                \
+      for (; d + 16 <= dim; d += 16) {                                                          \
+        const v16 r = LOAD(row + d);                                                            \
+        a0 = Fma16<LV>(Load16(q0 + d), r, a0);                                                  \
+        a1 = Fma16<LV>(Load16(q0 + dim + d), r, a1);                                            \
+        a2 = Fma16<LV>(Load16(q0 + 2 * dim + d), r, a2);                                        \
+        a3 = Fma16<LV>(Load16(q0 + 3 * dim + d), r, a3);                                        \
+      }                                                                                         \
+      if (d < dim) {                                                                            \
+        const v16 r = WidenTail(row + d, dim - d);                                              \
+        a0 = Fma16<LV>(LoadTail(q0 + d, dim - d), r, a0);                                       \
+        a1 = Fma16<LV>(LoadTail(q0 + dim + d, dim - d), r, a1);                                 \
+        a2 = Fma16<LV>(LoadTail(q0 + 2 * dim + d, dim - d), r, a2);                             \
+        a3 = Fma16<LV>(LoadTail(q0 + 3 * dim + d, dim - d), r, a3);                             \
+      }                                                                                         \
+      const v16 s = Reduce4x16(a0, a1, a2, a3);                                                 \
+      for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld + i] = s[4 * t];                      \
+    }                                                                                           \
+    for (; j < group; ++j) {                                                                    \
+      const float* qj = q + size_t(j) * dim;                                                    \
+      v16 a = v16{};                                                                            \
+      int d = 0;                                                                                \
+      for (; d + 16 <= dim; d += 16) a = Fma16<LV>(Load16(qj + d), LOAD(row + d), a);           \
+      if (d < dim) a = Fma16<LV>(LoadTail(qj + d, dim - d), WidenTail(row + d, dim - d), a);    \
+      out[size_t(j) * ld + i] = Reduce16(a);                                                    \
+    }                                                                                           \
+  }
+
+KVD_INLINE v16 LoadTail(const float* p, int m) {
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) v[t] = p[t];
+  return v;
+}
+KVD_INLINE v16 WidenTail(const float* p, int m) { return LoadTail(p, m); }
+KVD_INLINE v16 WidenTail(const uint16_t* p, int m) {  // f16 or bf16 by the caller's Elem: see below
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) v[t] = F16ToF32(p[t]);
+  return v;
+}
+struct Bf16Bits {
+  uint16_t bits;
+};
+KVD_INLINE v16 WidenTail(const Bf16Bits* p, int m) {
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) {
+    uint32_t u = uint32_t(p[t].bits) << 16;
+    std::memcpy(&v[0] + t, &u, 4);
+  }
+  return v;
+}
+
+#define KVD_SCORE_KEY_ROWS_BODY(LV)                                                             \
+  constexpr size_t kAhead = 8;                                                                  \
+  const int dim = keys.dim;                                                                     \
+  const size_t rowBytes = size_t(dim) * DtypeSize(keys.dtype);                                  \
+  if (keys.dtype == Dtype::F32) {                                                               \
+    using Elem = float;                                                                         \
+    KVD_KEY_ROW_DOTS(LV, Load16)                                                                \
+  } else if (keys.dtype == Dtype::F16) {                                                        \
+    using Elem = uint16_t;                                                                      \
+    KVD_KEY_ROW_DOTS(LV, LoadH16<LV>)                                                           \
+  } else {                                                                                      \
+    using Elem = Bf16Bits;                                                                      \
+    KVD_KEY_ROW_DOTS(LV, LoadBf16Elem)                                                          \
+  }
+
+KVD_INLINE v16 LoadBf16Elem(const Bf16Bits* p) { return LoadBf16(&p->bits); }
+
+// e^x for x <= 0 (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial), inputs
+// below -87 clamped there (e^-87 ~ 1.6e-38, still normal). Element-wise vector arithmetic only, so
+// every level gives the same bits. Relative error ~2 ulp.
+KVD_INLINE v16 ExpNeg(v16 x) {
+  const v16 lo = v16{} - 87.f;
+  x = x < lo ? lo : x;
+  v16 t = x * 1.44269504088896341f + 0.5f;
+  v16i n = __builtin_convertvector(t, v16i);  // truncation; floor for negative t below
+  v16 fn = __builtin_convertvector(n, v16);
+  n += fn > t ? v16i{} - 1 : v16i{};  // vector compare: -1 where true
+  fn = __builtin_convertvector(n, v16);
+  x = x - fn * 0.693359375f;
+  x = x - fn * -2.12194440e-4f;
+  const v16 z = x * x;
+  v16 y = x * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.f;
+  v16i e = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return y * scale;
+}
+
+KVD_INLINE float ReduceMax16(v16 a) {
+  v16 b = __builtin_shuffle(a, v16i{8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  a = a > b ? a : b;
+  return a[0];
+}
+
+// See GroupShares in index.h.
+KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale,
+                                   float* share) {
+  float invStack[64];  // 1 / z per query head
+  std::vector<float> invHeap(group > 64 ? size_t(group) : 0);
+  float* inv = group > 64 ? invHeap.data() : invStack;
+  const size_t full = n / 16 * 16;  // whole blocks; the partial block [full, n) is handled per lane
+  for (int j = 0; j < group; ++j) {
+    float* l = logits + size_t(j) * ld;
+    // The max of the raw logits: scale > 0 and rounding is monotonic, so scale * max is the max of
+    // the scaled logits. x * 0 is NaN exactly where x is NaN or +-Inf, so `nan` stays 0 (not NaN)
+    // while every logit is finite.
+    v16 mx = v16{} - std::numeric_limits<float>::infinity();
+    v16 nan = v16{};
+    for (size_t b = 0; b < full; b += 16) {
+      const v16 x = Load16(l + b);
+      nan += x * 0.f;
+      mx = x > mx ? x : mx;
+    }
+    float m = ReduceMax16(mx), tailNan = Reduce16(nan);
+    for (size_t i = full; i < n; ++i) {
+      tailNan += l[i] * 0.f;
+      m = l[i] > m ? l[i] : m;
+    }
+    if (!(tailNan == 0.f))
+      for (size_t i = 0; i < n; ++i)
+        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    m *= scale;
+    v16 z = v16{};
+    for (size_t b = 0; b < full; b += 16) {
+      const v16 e = ExpNeg(Load16(l + b) * scale - m);
+      z += e;
+      std::memcpy(l + b, &e, sizeof(e));
+    }
+    if (full < ld) {
+      v16 e = ExpNeg(Load16(l + full) * scale - m);
+      for (size_t t = n - full; t < 16; ++t) e[t] = 0.f;
+      z += e;
+      std::memcpy(l + full, &e, sizeof(e));
+    }
+    inv[j] = 1.f / Reduce16(z);
+  }
+  // share = sum over the group in head order, one pass.
+  for (size_t b = 0; b < nShare; b += 16) {
+    v16 s = Load16(logits + b) * inv[0];
+    for (int j = 1; j < group; ++j) s = s + Load16(logits + size_t(j) * ld + b) * inv[j];
+    std::memcpy(share + b, &s, sizeof(s));
+  }
+  return -1;
+}
+
 // Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
 // zero-padded); R points share every centroid load and 16 centroids every point load. Output
 // (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
@@ -335,6 +582,8 @@ struct Table {
   void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
   void (*scoreTilesMaxH)(const float*, int, const uint16_t*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
+  void (*scoreKeyRows)(const float*, int, const KvView&, int, const int64_t*, size_t, float*, size_t);
+  int64_t (*groupShares)(float*, int, size_t, size_t, size_t, float, float*);
 };
 
 #define KVD_INDEX_LEVEL(NAME, ATTR, ROWS, LV)                                                                           \
@@ -367,18 +616,27 @@ struct Table {
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
+  ATTR void ScoreKeyRows##NAME(const float* q, int group, const KvView& keys, int h, const int64_t* tokens,     \
+                               size_t n, float* out, size_t ld) {                                              \
+    KVD_SCORE_KEY_ROWS_BODY(LV)                                                                                 \
+  }                                                                                                             \
+  ATTR int64_t GroupShares##NAME(float* l, int group, size_t n, size_t ld, size_t nShare, float scale,         \
+                                 float* share) {                                                               \
+    return GroupSharesBody(l, group, n, ld, nShare, scale, share);                                              \
+  }                                                                                                             \
   const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, ScoreTilesMaxH##NAME, \
-                           Nearest##NAME};
+                           Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4, 0)
-KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c"))), 4, 1)
+KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c,fma"))), 4, 1)
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 
 SimdLevel CpuMax() {
   static const SimdLevel l = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return SimdLevel::Avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return SimdLevel::Avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+      return SimdLevel::Avx2;
     return SimdLevel::Scalar;
   }();
   return l;
@@ -432,6 +690,14 @@ void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int3
 }
 void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
+}
+
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                  size_t ld) {
+  Active().scoreKeyRows(q, group, keys, h, tokens, n, out, ld);
+}
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share) {
+  return Active().groupShares(logits, group, n, ld, nShare, scale, share);
 }
 
 void TransposeTiles(const float* c, size_t k, int dim, float* ct) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <thread>
@@ -32,16 +33,61 @@ void RebuildCsr(Segment& seg) {
 
 // Ranking order: higher score first, then lower chunk id.
 inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+// Better as a function object: std::nth_element / std::sort inline it (a function pointer is an
+// indirect call per comparison).
+struct ByRank {
+  bool operator()(const Ranked& a, const Ranked& b) const { return Better(a, b); }
+};
 
-// Sorts v[sorted, next) into final rank order, next >= sorted: nth_element then sort, O(n + m log m).
-// Elements before `sorted` are already final, so growing the prefix in steps gives the same order
-// as one full sort (the comparators are strict total orders).
-template <typename T, typename Cmp>
-size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
+// Sortable bits of a score: a larger float gives a larger key (-0 folded into +0, as Better has them
+// equal; scores are never NaN).
+inline uint32_t ScoreKey(float s) {
+  if (s == 0.f) s = 0.f;
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
+// same set as std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit
+// digits, each a histogram pass and a partition), then ByRank over the entries that share the top
+// 22 bits.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& hist) {
+  if (k == 0 || k >= size_t(last - first)) return;
+  Ranked *lo = first, *hi = last;
+  size_t need = k;
+  for (int shift : {21, 10}) {
+    constexpr uint32_t mask = 0x7ff;
+    hist.assign(2048, 0);
+    for (auto it = lo; it != hi; ++it) ++hist[(ScoreKey(it->score) >> shift) & mask];
+    // Digit b: every entry with a higher digit is taken, need - (their count) come from b.
+    size_t above = 0;
+    uint32_t b = 2047;
+    for (;; --b) {
+      if (above + hist[b] >= need) break;
+      above += hist[b];
+    }
+    auto digit = [&](const Ranked& r) { return (ScoreKey(r.score) >> shift) & mask; };
+    auto mid = std::partition(lo, hi, [&](const Ranked& r) { return digit(r) > b; });
+    hi = std::partition(mid, hi, [&](const Ranked& r) { return digit(r) == b; });
+    lo = mid;
+    need -= above;
+    if (need == size_t(hi - lo)) return;  // the whole digit-b group is taken
+  }
+  std::nth_element(lo, lo + (need - 1), hi, ByRank());
+}
+void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
+  SelectBest(v.data(), v.data() + v.size(), k, hist);
+}
+
+// Sorts v[sorted, next) into final rank order, next >= sorted: a partial selection then a sort,
+// O(n + m log m). Elements before `sorted` are already final, so growing the prefix in steps gives
+// the same order as one full sort (ByRank is a strict total order).
+size_t ExtendSorted(std::vector<Ranked>& v, size_t sorted, size_t next, std::vector<uint32_t>& hist) {
   next = std::min(next, v.size());
   if (next <= sorted) return sorted;
-  if (next < v.size()) std::nth_element(v.begin() + sorted, v.begin() + next - 1, v.end(), cmp);
-  std::sort(v.begin() + sorted, v.begin() + next, cmp);
+  SelectBest(v.data() + sorted, v.data() + v.size(), next - sorted, hist);
+  std::sort(v.begin() + sorted, v.begin() + next, ByRank());
   return next;
 }
 
@@ -50,11 +96,11 @@ size_t ExtendSorted(std::vector<T>& v, size_t sorted, size_t next, Cmp cmp) {
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok;
-  std::vector<int32_t> ids, order, rows;
-  std::vector<float> scores, coef, extra, ones, keyRows, logits;
-  std::vector<std::pair<int, int>> where;
+  std::vector<int32_t> ids, rows, segBase;
+  std::vector<float> scores, coef, extra, ones, logits, share;
+  std::vector<uint64_t> bits;
+  std::vector<uint32_t> hist;
   std::vector<int64_t> toksAt;
-  std::vector<uint8_t> mark;
 };
 SelectScratch& Scratch() {
   thread_local SelectScratch s;
@@ -174,7 +220,7 @@ void LayerIndex::PickOutliers(int h, Segment& seg) const {
   const float* var = heads_data_[h].var.data() + (seg.c0 - firstChunk());
   std::vector<Ranked> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
-  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), Better);
+  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
   for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
   std::sort(seg.outliers.begin(), seg.outliers.end());
 }
@@ -367,91 +413,67 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
   tokens_ = tokens;
 }
 
+size_t LayerIndex::RerankChunks(int64_t budget) const {
+  return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
+}
+
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
-  const double target = cfg_.rerankFactor * double(budget);
-  const size_t n = std::min(ranked.size(), std::max<size_t>(1, size_t(std::ceil(target / cfg_.chunk))));
-  if (n < ranked.size()) std::nth_element(ranked.begin(), ranked.begin() + (n - 1), ranked.end(), Better);
+  const size_t n = std::min(ranked.size(), RerankChunks(budget));
+  SelectScratch& sc = Scratch();
+  SelectBest(ranked, n, sc.hist);
   const size_t sorted = n;
-  double toks = 0;
-  for (size_t i = 0; i < n; ++i) toks += double(ChunkTokens(ranked[i].id));
+  // The re-ranked chunks in ascending id order (a bit set over the indexed chunks, scanned), so the
+  // key gather below walks the cache forwards: neighbouring rows share pages and prefetch streams.
+  std::vector<uint64_t>& bits = sc.bits;
+  bits.assign(size_t(endChunk_ + 63) / 64, 0);
+  for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  std::vector<int64_t>& toksAt = sc.toksAt;
+  toksAt.clear();
+  size_t at = 0;
+  for (size_t w = 0; w < bits.size(); ++w)
+    for (uint64_t b = bits[w]; b; b &= b - 1) {
+      const int64_t j = int64_t(w * 64) + __builtin_ctzll(b);
+      ranked[at++].id = int32_t(j);  // ranked[0, n) now ascending by id (scores rewritten below)
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
+    }
+  const size_t nRe = toksAt.size();
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
-  const bool needRest = !cfg_.tokenGranular || double(want) > toks;
+  const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
   if (needRest) {
-    ExtendSorted(ranked, sorted, ranked.size(), Better);
+    ExtendSorted(ranked, sorted, ranked.size(), sc.hist);
     for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
   } else {
     ranked.resize(n);
   }
 
-  // Keys of the re-ranked tokens, then the always attended sinks and tail (which only feed the
-  // normalisers), gathered as f32 rows; then one matrix-vector product per query head.
-  const SimdKernels& simd = Simd();
-  SelectScratch& sc = Scratch();
-  std::vector<int64_t>& toksAt = sc.toksAt;
-  toksAt.clear();
-  toksAt.reserve(size_t(toks) + size_t(sinkEnd()) + size_t(tokens_ - tailStart()));
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t j = ranked[i].id;
-    for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
-  }
-  const size_t nRe = toksAt.size();
+  // The always attended sinks and tail only feed the normalisers.
   for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
   for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
   const size_t nAll = toksAt.size();
-  // Blocks of 128 rows (64 KiB at dim 128) stay in L1/L2 across the g passes.
-  constexpr size_t kBlock = 128;
-  std::vector<float>& rows = sc.keyRows;
-  std::vector<float>& logits = sc.logits;  // head-major, g x nAll
-  rows.resize(kBlock * dim_);
-  logits.resize(size_t(g) * nAll);
-  for (size_t b0 = 0; b0 < nAll; b0 += kBlock) {
-    const size_t nb = std::min(kBlock, nAll - b0);
-    for (size_t i = 0; i < nb; ++i) {
-      // Key rows are scattered (one kv head of a token-major cache): prefetch a few rows ahead.
-      if (b0 + i + 4 < nAll) {
-        const char* p = static_cast<const char*>(keys.Row(toksAt[b0 + i + 4], h));
-        for (size_t b = 0; b < size_t(dim_) * DtypeSize(keys.dtype); b += 64) __builtin_prefetch(p + b);
-      }
-      simd.to_f32(rows.data() + i * dim_, keys.Row(toksAt[b0 + i], h), keys.dtype, dim_);
-    }
-    for (int j = 0; j < g; ++j) DotsFixed(rows.data(), nb, dim_, qh + size_t(j) * dim_, logits.data() + size_t(j) * nAll + b0);
-  }
+  // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
+  const size_t ld = (nAll + 15) / 16 * 16;
+  std::vector<float>& logits = sc.logits;
+  std::vector<float>& share = sc.share;
+  logits.resize(size_t(g) * ld);
+  share.resize((nRe + 15) / 16 * 16);
+  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld);
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
-  // same factor for every token of the head).
-  const float scale = float(1.0 / std::sqrt(double(dim_)));
-  for (int j = 0; j < g; ++j) {
-    float* l = logits.data() + size_t(j) * nAll;
-    float m = -std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < nAll; ++i) {
-      l[i] *= scale;
-      if (!std::isfinite(l[i]))
-        Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
-                                 ", token " + std::to_string(toksAt[i]));
-      m = std::max(m, l[i]);
-    }
-    double z = 0;
-    for (size_t i = 0; i < nAll; ++i) z += (l[i] = std::exp(l[i] - m));
-    const float inv = float(1.0 / z);
-    for (size_t i = 0; i < nRe; ++i) l[i] *= inv;
-  }
-  // Group share of token i (sum over the query heads).
-  auto share = [&](size_t i) {
-    float w = 0;
-    for (int j = 0; j < g; ++j) w += logits[size_t(j) * nAll + i];
-    return w;
-  };
+  // same factor for every token of the head); share = the sum over the group.
+  const int64_t bad = GroupShares(logits.data(), g, nAll, ld, nRe, float(1.0 / std::sqrt(double(dim_))), share.data());
+  if (bad >= 0)
+    Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                             ", token " + std::to_string(toksAt[size_t(bad) % ld]));
   if (cfg_.tokenGranular) {
     // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
     // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
     std::vector<Ranked>& tok = sc.tok;
-    tok.clear();
-    tok.reserve(nRe + (ranked.size() - n) * size_t(cfg_.chunk));
-    for (size_t i = 0; i < nRe; ++i) tok.push_back({share(i), int32_t(toksAt[i])});
+    tok.resize(nRe);
+    for (size_t i = 0; i < nRe; ++i) tok[i] = {share[i], int32_t(toksAt[i])};
     for (size_t i = n; i < ranked.size(); ++i) {
       const int64_t j = ranked[i].id;
       for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
@@ -459,11 +481,11 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     }
     ranked.swap(tok);
   } else {
-    size_t at = 0;
+    size_t t = 0;
     for (size_t i = 0; i < n; ++i) {
       const int64_t len = ChunkTokens(ranked[i].id);
       float mass = 0;
-      for (int64_t t = 0; t < len; ++t) mass += share(at++);
+      for (int64_t r = 0; r < len; ++r) mass += share[t++];
       ranked[i].score = mass;
     }
   }
@@ -504,13 +526,17 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<float>& extra = sc.extra;
       std::vector<float>& ones = sc.ones;
       ones.assign(g, 1.f);
-      // Level 1: every centroid, max over the GQA group.
+      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
+      // over the head's segments (segment base + cluster): unique, so ties break deterministically,
+      // and resolved back to (segment, cluster) only for the clusters taken.
       std::vector<Ranked>& clusters = sc.clusters;
-      std::vector<std::pair<int, int>>& where = sc.where;  // (segment, cluster) of clusters[i].id
+      std::vector<int32_t>& segBase = sc.segBase;
       clusters.clear();
-      where.clear();
+      segBase.clear();
+      int32_t base = 0;
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
+        segBase.push_back(base);
         scores.resize(seg.k);
         if (useRadius) {
           // One spread term per cluster with the group's largest |q| (the max over the group is
@@ -525,47 +551,52 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
         out.vectorsScored += seg.k;
         f16Vectors += seg.k;
-        for (int c = 0; c < seg.k; ++c) {
-          if (seg.counts[c] == 0) continue;
-          // Rank key id: the cluster's first member chunk (unique, and orders ties by position).
-          clusters.push_back({scores[c], seg.members[seg.offsets[c]]});
-          where.emplace_back(int(s), c);
-        }
+        for (int c = 0; c < seg.k; ++c)
+          if (seg.counts[c] > 0) clusters.push_back({scores[c], base + c});
+        base += seg.k;
       }
-      std::vector<int32_t>& order = sc.order;
-      order.resize(clusters.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
-      auto better = [&](int32_t a, int32_t b) { return Better(clusters[a], clusters[b]); };
       // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
+      // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
+      // below, so the level-2 gather walks the chunk means forwards).
       const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
-      ids.clear();
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(endChunk_ + 63) / 64, 0);
       double candTokens = 0;
       size_t sorted = 0, i = 0;
       // First guess: enough clusters of average size for the target, plus a quarter.
-      const double avgTokens = order.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(order.size());
-      size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
-      while (i < order.size() && candTokens < target) {
-        if (i == sorted) sorted = ExtendSorted(order, sorted, std::max(guess, sorted * 2), better);
-        const auto [s, c] = where[order[i++]];
+      const double avgTokens = clusters.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(clusters.size());
+      const size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
+      while (i < clusters.size() && candTokens < target) {
+        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), sc.hist);
+        const int32_t gid = clusters[i++].id;
+        const size_t s = size_t(std::upper_bound(segBase.begin(), segBase.end(), gid) - segBase.begin()) - 1;
         const Segment& seg = H.segments[s];
+        const int32_t c = gid - segBase[s];
         for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
-          ids.push_back(seg.members[m]);
-          candTokens += double(ChunkTokens(seg.members[m]));
+          const int32_t id = seg.members[m];
+          bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+          candTokens += double(ChunkTokens(id));
         }
       }
       // Outlier chunks (highest key variance of each segment) are always candidates: one strong
       // key among weak, opposed neighbours drags its cluster's centroid away from any query.
-      if (cfg_.outlierFraction > 0) {
-        std::vector<uint8_t>& mark = sc.mark;  // 1 for chunk ids already candidates; all 0 between uses
-        mark.resize(size_t(endChunk_), 0);
-        for (int32_t id : ids) mark[size_t(id)] = 1;
-        const size_t fromClusters = ids.size();
+      if (cfg_.outlierFraction > 0)
         for (const Segment& seg : H.segments)
-          for (int32_t id : seg.outliers)
-            if (!mark[size_t(id)]) ids.push_back(id);
-        for (size_t t = 0; t < fromClusters; ++t) mark[size_t(ids[t])] = 0;
+          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+      ids.clear();
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      const bool rerank = keys && cfg_.rerankFactor > 0 && !ids.empty();
+      if (rerank && RerankChunks(budget) >= ids.size()) {
+        // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
+        // chunk-mean scores would never be read.
+        for (int32_t id : ids) ranked.push_back({0.f, id});
+        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        reranked = true;
+        goto fill;
       }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+      {
       std::vector<int32_t>& rows = sc.rows;
       rows.resize(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
@@ -574,9 +605,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
                          useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
-      if (keys && cfg_.rerankFactor > 0 && !ranked.empty()) {
+      if (rerank) {
         RerankExact(qh, g, h, *keys, budget, want, ranked, out);
         reranked = true;
+      }
       }
     } else {
       const size_t n = size_t(endChunk_ - firstChunk());
@@ -590,17 +622,32 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
       for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
     }
-    // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
-    // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
-    size_t sorted = 0;
-    const size_t guess = size_t(std::max(budget, pool) / cfg_.chunk) + 2;
-    auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), Better);
-      return ranked[i];
-    };
+  fill:
     // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
     const bool tokens = reranked && cfg_.tokenGranular;
     if (tokens) out.chunk = 1;
+    if (tokens && pool == 0) {
+      // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
+      // ranking order needed, the ids are returned ascending).
+      const size_t take = std::min(ranked.size(), size_t(budget));
+      SelectBest(ranked, take, sc.hist);
+      // Ascending through a bit set over the tokens (cheaper than sorting the ids).
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(tokens_ + 63) / 64, 0);
+      for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      out.offsets.push_back(int32_t(out.ids.size()));
+      continue;
+    }
+    // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
+    // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
+    size_t sorted = 0;
+    const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
+    auto rankedAt = [&](size_t i) -> const Ranked& {
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), sc.hist);
+      return ranked[i];
+    };
     const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
     bool shortSeen = tokens;
     auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };

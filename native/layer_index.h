@@ -16,10 +16,14 @@
 //    of dense attention mass, summed over the GQA group: exact q·k of their tokens, each query head
 //    normalised over the scored tokens plus sinks and tail. A chunk mean averages a single strong
 //    key away; the exact scores do not (this is what finds needles and closes most of the gap to
-//    the token oracle).
+//    the token oracle). When rerankFactor x K covers every candidate (the defaults on the demo
+//    workload), level 2 is skipped. Level 3 reads each key row once for the whole group; with a
+//    token-major ('thd') cache its rows are 256 B scattered 2 KiB apart, and this gather dominates
+//    the select (memory-bound; a head-major 'htd' cache reads a chunk's rows contiguously).
 //  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
-// Ranking ties break towards the lower chunk id, so selections are deterministic.
+// Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
+// so selections are deterministic.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -54,8 +58,8 @@ struct IndexConfig {
   double varianceWeight = 3.0;
   // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
   // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
-  // 0 disables the re-rank.
-  double rerankFactor = 6.0;
+  // 0 disables the re-rank. When it covers every level-2 candidate, level 2 is skipped.
+  double rerankFactor = 8.0;
   // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
   // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
   // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).
@@ -158,6 +162,8 @@ class LayerIndex {
   float MemberRadius(int h, int64_t j, const float* c) const;
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
+  // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
+  size_t RerankChunks(int64_t budget) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
   // want: max(budget, pool) tokens the caller will fill.
   void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
