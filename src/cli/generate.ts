@@ -7,6 +7,7 @@
  */
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
+import { choiceOption, integerOption, numberOption } from './options.js';
 import type { PolicyName } from '../index/selection.js';
 import { backendNames, createBackend } from '../model/backends.js';
 import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
@@ -32,52 +33,26 @@ interface GenerateCliOptions {
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
-/** Commander parser for --policy (E_POLICY for an unknown name). */
-function policyName(value: string): PolicyName {
-  if (!(POLICIES as readonly string[]).includes(value)) fail('E_POLICY', 'option --policy', `one of ${POLICIES.join(', ')}`, value);
-  return value as PolicyName;
-}
-
-/** Commander parser for an integer option ≥ min (E_CONFIG, or E_BUDGET for --budget). */
-function integer(flag: string, min: number) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (value.trim() === '' || !Number.isSafeInteger(n) || n < min)
-      fail(flag === '--budget' ? 'E_BUDGET' : 'E_CONFIG', `option ${flag}`, `an integer ≥ ${min}`, value);
-    return n;
-  };
-}
-
-/** Commander parser for a finite number in [min, max]. */
-function number(flag: string, min: number, max = Infinity) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (value.trim() === '' || !Number.isFinite(n) || n < min || n > max)
-      fail('E_CONFIG', `option ${flag}`, `a number in [${min}, ${max === Infinity ? '∞' : max}]`, value);
-    return n;
-  };
-}
-
 export function register(program: Command): void {
   program
     .command('generate')
     .description('generate text with a llama2.c checkpoint (the reference host), printing tokens/s at the end')
     .requiredOption('--model <file>', 'llama2.c checkpoint (.bin)')
     .requiredOption('--tokenizer <file>', 'llama2.c tokenizer (.bin) for that checkpoint')
-    .option('--steps <n>', 'positions to run, prompt included (default: min(256, seq_len))', integer('--steps', 1))
+    .option('--steps <n>', 'positions to run, prompt included (default: min(256, seq_len))', integerOption('--steps', 1))
     .option('--prompt <text>', 'text to continue (default: start from BOS)')
-    .option('--temperature <x>', '0 = greedy, else sampling temperature', number('--temperature', 0), 1)
-    .option('--top-p <p>', 'nucleus sampling mass; 0 or 1 disables it', number('--top-p', 0, 1), 0.9)
-    .option('--seed <n>', 'sampling RNG seed', integer('--seed', 0), 0)
+    .option('--temperature <x>', '0 = greedy, else sampling temperature', numberOption('--temperature', 0), 1)
+    .option('--top-p <p>', 'nucleus sampling mass; 0 or 1 disables it', numberOption('--top-p', 0, 1), 0.9)
+    .option('--seed <n>', 'sampling RNG seed', integerOption('--seed', 0), 0)
     .option('--backend <name>', `attention backend (${backendNames().join(', ')}; default: kvdrive with --budget, else dense)`)
     .option(
       '--budget <k>',
       'tokens attended per (layer, kv head) per step beside sinks and local window; selects the kvdrive sparse backend',
-      integer('--budget', 1),
+      integerOption('--budget', 1, Number.MAX_SAFE_INTEGER, 'E_BUDGET'),
     )
-    .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, policyName)
+    .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, choiceOption('--policy', POLICIES, 'E_POLICY'))
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
-    .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integer('--trace-prompt', 1))
+    .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integerOption('--trace-prompt', 1))
     .action(async (opts: GenerateCliOptions) => {
       const model = loadCheckpoint(opts.model);
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });

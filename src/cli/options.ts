@@ -24,3 +24,13 @@ export function choiceListOption<T extends string>(flag: string, choices: readon
   const one = choiceOption(flag, choices, code);
   return (value: string): T[] => value.split(',').map((s) => one(s.trim()));
 }
+
+/** A finite number in [min, max]. */
+export function numberOption(flag: string, min: number, max = Infinity, code: ErrorCode = 'E_CONFIG') {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n) || n < min || n > max)
+      fail(code, `option ${flag}`, `a number in [${min}, ${max === Infinity ? '∞' : max}]`, value);
+    return n;
+  };
+}

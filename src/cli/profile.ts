@@ -4,6 +4,7 @@
  * (layer, kv head) and window) that `kvdrive solve-windows` consumes.
  */
 import type { Command } from 'commander';
+import { integerOption } from './options.js';
 import { fail } from '../errors.js';
 import { EvictionPolicies, type EvictionPolicy } from '../cache/hot-tier.js';
 import { profileTotals, profileTrace } from '../cache/profiler.js';
@@ -17,15 +18,6 @@ function windowList(value: string): number[] {
   if (parts.some((p) => p === '') || ws.some((w) => !Number.isInteger(w) || w < 0))
     fail('E_CONFIG', 'option --windows', 'a comma-separated list of integers >= 0 like 0,1,2,3,4', value);
   return ws;
-}
-
-function integer(flag: string, min: number) {
-  return (value: string): number => {
-    const n = Number(value);
-    if (value.trim() === '' || !Number.isInteger(n) || n < min)
-      fail(flag === '--budget' ? 'E_BUDGET' : 'E_CONFIG', `option ${flag}`, `an integer >= ${min}`, value);
-    return n;
-  };
 }
 
 function mib(n: number): string {
@@ -50,11 +42,11 @@ export function register(program: Command): void {
     .description('measure hot-tier transfer (benefit) and resident bytes (cost) per (layer, kv head) and window ×N on a trace')
     .requiredOption('--trace <file>', 'trace file (safetensors, DESIGN.md §7)')
     .option('--windows <list>', 'candidate windows ×N, comma-separated', windowList, [0, 1, 2, 3, 4])
-    .option('--budget <k>', 'sparsity budget: tokens selected per (layer, kv head) per step', integer('--budget', 1), 256)
+    .option('--budget <k>', 'sparsity budget: tokens selected per (layer, kv head) per step', integerOption('--budget', 1, Number.MAX_SAFE_INTEGER, 'E_BUDGET'), 256)
     .option('--policy <name>', 'selection policy: kvdrive, quest or shadowkv', 'kvdrive')
     .option('--eviction <name>', `hot-tier eviction: ${EvictionPolicies.join(', ')}`, 'lookahead')
     .option('--pool-factor <x>', 'lookahead pool M as a multiple of the budget', '1.25')
-    .option('--steps <n>', 'replay only the first n decode steps', integer('--steps', 1))
+    .option('--steps <n>', 'replay only the first n decode steps', integerOption('--steps', 1))
     .option('--no-warmup', 'skip the importance-guided warm-up')
     .option('--out <file>', 'profile JSON to write', 'profile.json')
     .action(async (o: ProfileCliOptions) => {
