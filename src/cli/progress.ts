@@ -37,6 +37,7 @@ export class ProgressBar {
 
   /** Ends the bar (moves to a new line on a terminal). */
   finish(): void {
+    if (this.done < this.total) this.tick('done', this.total - this.done);
     if (this.tty) this.stream.write('\n');
   }
 }
