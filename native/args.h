@@ -95,6 +95,39 @@ inline int64_t GetIntOr(const Napi::Object& o, const char* key, const std::strin
   return GetInt(o, key, what, min, max);
 }
 
+// Validates a Selection's per-kv-head chunk lists (CSR layout, see src/index/selection.ts):
+// offsets has kvHeads+1 entries starting at 0, non-decreasing, ending at ids.length; head h's ids
+// are ids[offsets[h] .. offsets[h+1]), each in [0, maxChunks), strictly ascending (so unique).
+// `what` names the Selection (e.g. "attendSparse.selection"); `rangeNote` is appended to the
+// out-of-range message to say where maxChunks comes from (e.g. " for 96 tokens of chunk size 32").
+inline void CheckChunkLists(const ArrayArg<int32_t>& offsets, const ArrayArg<int32_t>& ids, int kvHeads,
+                            int64_t maxChunks, const std::string& what, const std::string& rangeNote) {
+  ExpectLength(offsets.length, size_t(kvHeads) + 1, what + ".offsets (kvHeads+1)");
+  const int32_t* off = offsets.data;
+  if (off[0] != 0) Throw("E_RANGE", what + ".offsets[0]: expected 0, got " + std::to_string(off[0]));
+  for (int h = 0; h < kvHeads; ++h)
+    if (off[h + 1] < off[h])
+      Throw("E_RANGE", what + ".offsets: expected non-decreasing offsets, got offsets[" + std::to_string(h + 1) +
+                           "] = " + std::to_string(off[h + 1]) + " < offsets[" + std::to_string(h) +
+                           "] = " + std::to_string(off[h]));
+  if (size_t(off[kvHeads]) != ids.length)
+    Throw("E_SHAPE", what + ".offsets[kvHeads]: expected chunkIds.length (" + std::to_string(ids.length) + "), got " +
+                         std::to_string(off[kvHeads]));
+  for (int h = 0; h < kvHeads; ++h) {
+    for (int32_t i = off[h]; i < off[h + 1]; ++i) {
+      const int64_t c = ids.data[i];
+      if (c < 0 || c >= maxChunks)
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ")" + rangeNote +
+                             ", got " + std::to_string(c));
+      if (i > off[h] && c <= ids.data[i - 1])
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
+                             std::to_string(ids.data[i - 1]));
+    }
+  }
+}
+
 // A KV tensor of one layer: `tokens` rows, each `heads` x `dim` elements, in storage dtype.
 // JS shape: { data: Float32Array | Uint16Array, dtype: 'f32'|'f16'|'bf16', tokens, heads, dim }.
 // Element (t, h, i) is at data[t * tokenStride + h * headStride + i]; token-major [T, H, D] gives

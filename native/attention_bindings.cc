@@ -244,31 +244,9 @@ void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Objec
   job.tailStart = GetInt(sel, "tailStart", what, job.sinkEnd, job.tokens);
   auto offsets = GetI32(sel.Get("offsets"), what + ".offsets");
   auto ids = GetI32(sel.Get("chunkIds"), what + ".chunkIds");
-  ExpectLength(offsets.length, size_t(job.kvHeads) + 1, what + ".offsets (kvHeads+1)");
-  if (offsets.data[0] != 0) Throw("E_RANGE", what + ".offsets[0]: expected 0, got " + std::to_string(offsets.data[0]));
-  for (int h = 0; h < job.kvHeads; ++h)
-    if (offsets.data[h + 1] < offsets.data[h])
-      Throw("E_RANGE", what + ".offsets: expected non-decreasing offsets, got offsets[" + std::to_string(h + 1) +
-                           "] = " + std::to_string(offsets.data[h + 1]) + " < offsets[" + std::to_string(h) +
-                           "] = " + std::to_string(offsets.data[h]));
-  if (size_t(offsets.data[job.kvHeads]) != ids.length)
-    Throw("E_SHAPE", what + ".offsets[kvHeads]: expected chunkIds.length (" + std::to_string(ids.length) + "), got " +
-                         std::to_string(offsets.data[job.kvHeads]));
   const int64_t maxChunks = (job.tokens + job.chunkSize - 1) / job.chunkSize;
-  for (int h = 0; h < job.kvHeads; ++h) {
-    for (int32_t i = offsets.data[h]; i < offsets.data[h + 1]; ++i) {
-      const int64_t c = ids.data[i];
-      if (c < 0 || c >= maxChunks)
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ") for " +
-                             std::to_string(job.tokens) + " tokens of chunk size " + std::to_string(job.chunkSize) +
-                             ", got " + std::to_string(c));
-      if (i > offsets.data[h] && c <= ids.data[i - 1])
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
-                             std::to_string(ids.data[i - 1]));
-    }
-  }
+  CheckChunkLists(offsets, ids, job.kvHeads, maxChunks, what,
+                  " for " + std::to_string(job.tokens) + " tokens of chunk size " + std::to_string(job.chunkSize));
   job.offsets = offsets.data;
   job.chunkIds = ids.data;
   job.nChunks = ids.length;

@@ -242,26 +242,8 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
                          " (the tail tensor must hold [tailStart, tokens)), got " + std::to_string(job.tokens));
   auto offsets = GetI32(sel.Get("offsets"), sw + ".offsets");
   auto ids = GetI32(sel.Get("chunkIds"), sw + ".chunkIds");
-  ExpectLength(offsets.length, size_t(job.kvHeads) + 1, sw + ".offsets (kvHeads+1)");
-  if (offsets.data[0] != 0) Throw("E_RANGE", sw + ".offsets[0]: expected 0, got " + std::to_string(offsets.data[0]));
-  for (int h = 0; h < job.kvHeads; ++h)
-    if (offsets.data[h + 1] < offsets.data[h]) Throw("E_RANGE", sw + ".offsets: expected non-decreasing offsets");
-  if (size_t(offsets.data[job.kvHeads]) != ids.length)
-    Throw("E_SHAPE", sw + ".offsets[kvHeads]: expected chunkIds.length (" + std::to_string(ids.length) + "), got " +
-                         std::to_string(offsets.data[job.kvHeads]));
   const int64_t maxChunks = (job.tailStart + job.chunkSize - 1) / job.chunkSize;
-  for (int h = 0; h < job.kvHeads; ++h)
-    for (int32_t i = offsets.data[h]; i < offsets.data[h + 1]; ++i) {
-      const int64_t c = ids.data[i];
-      if (c < 0 || c >= maxChunks)
-        Throw("E_RANGE", sw + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ") (chunks before tailStart " +
-                             std::to_string(job.tailStart) + "), got " + std::to_string(c));
-      if (i > offsets.data[h] && c <= ids.data[i - 1])
-        Throw("E_RANGE", sw + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
-                             std::to_string(ids.data[i - 1]));
-    }
+  CheckChunkLists(offsets, ids, job.kvHeads, maxChunks, sw, " (chunks before tailStart " + std::to_string(job.tailStart) + ")");
   job.offsets = offsets.data;
   job.chunkIds = ids.data;
   job.nChunks = ids.length;
