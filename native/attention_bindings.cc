@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "args.h"
+#include "async_work.h"
 #include "attention.h"
 #include "errors.h"
 #include "registry.h"
@@ -297,71 +298,19 @@ Napi::Value AttendSync(const Napi::CallbackInfo& info, bool sparse) {
   });
 }
 
-// Runs an AttnJob on the libuv pool. Holds a reference to every typed array the job points into
-// (inputs and outputs) until the promise settles; typed kvd errors keep their code.
-class AttnWorker : public Napi::AsyncWorker {
- public:
-  AttnWorker(Napi::Env env, AttnJob job, const std::vector<Napi::Object>& keep, Napi::Object result)
-      : Napi::AsyncWorker(env, "kvdrive:attend"), deferred_(Napi::Promise::Deferred::New(env)), job_(std::move(job)) {
-    for (const auto& o : keep) refs_.push_back(Napi::Persistent(o));
-    result_ = Napi::Persistent(result);
-  }
-  Napi::Promise Promise() const { return deferred_.Promise(); }
-
-  void Execute() override {
-    try {
-      RunJob(job_);
-    } catch (const Error& e) {
-      code_ = e.code;
-      SetError(e.what());
-    } catch (const std::bad_alloc&) {
-      code_ = "E_NOMEM";
-      SetError("native allocation failed: not enough memory for the attention scratch buffers");
-    } catch (const std::exception& e) {
-      code_ = "E_INTERNAL";
-      SetError(std::string("internal error: ") + e.what());
-    }
-  }
-  void OnOK() override { deferred_.Resolve(result_.Value()); }
-  void OnError(const Napi::Error& e) override { deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value()); }
-
- private:
-  Napi::Promise::Deferred deferred_;
-  AttnJob job_;
-  std::vector<Napi::ObjectReference> refs_;
-  Napi::ObjectReference result_;
-  std::string code_ = "E_INTERNAL";
-};
-
+// Runs the job on the libuv pool (PromiseWorker holds a reference to every typed array the job
+// points into, inputs and outputs, until the promise settles); validation errors reject the promise.
 Napi::Value AttendAsync(const Napi::CallbackInfo& info, bool sparse) {
   const std::string what = sparse ? "attendSparseAsync" : "attendDenseAsync";
-  Napi::Env env = info.Env();
-  // Validation errors reject the promise (never throw synchronously from an async API).
-  try {
+  return GuardPromise(info.Env(), what, [&]() -> Napi::Value {
     std::vector<Napi::Object> keep;
     Napi::Object result;
     AttnJob job = Prepare(info, what, sparse, keep, result);
-    auto* worker = new AttnWorker(env, std::move(job), keep, result);
-    Napi::Promise p = worker->Promise();
-    worker->Queue();
-    return p;
-  } catch (const Error& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(ToJsError(env, e.code, e.what()).Value());
-    return d.Promise();
-  } catch (const Napi::Error& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(e.Value());
-    return d.Promise();
-  } catch (const std::bad_alloc&) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(ToJsError(env, "E_NOMEM", what + ": native allocation failed: not enough memory for the outputs").Value());
-    return d.Promise();
-  } catch (const std::exception& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(ToJsError(env, "E_INTERNAL", what + ": internal error: " + e.what()).Value());
-    return d.Promise();
-  }
+    auto ref = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result));
+    return PromiseWorker::Start(
+        info.Env(), [job]() { RunJob(job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep,
+        WorkerLabels{"kvdrive:attend", "", "the attention scratch buffers"});
+  });
 }
 
 Napi::Value AttendDense(const Napi::CallbackInfo& info) { return AttendSync(info, false); }

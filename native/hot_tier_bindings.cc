@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "args.h"
+#include "async_work.h"
 #include "attention.h"
 #include "errors.h"
 #include "hot_tier.h"
@@ -176,47 +177,12 @@ Napi::Object CountersObject(Napi::Env env, const std::vector<Counters>& cs) {
 
 // An operation split in three: validated on the JS thread (Prepare*), `run` (pure C++ on raw
 // pointers; on a libuv worker thread for the async variants), `done` (builds the JS result on the JS
-// thread). `keep` lists every JS object whose memory `run` touches; the async worker holds
-// references to them until it settles. State shared by run and done lives in shared_ptrs.
+// thread). `keep` lists every JS object whose memory `run` touches; the async variant's
+// PromiseWorker holds references to them until it settles. State shared by run and done lives in shared_ptrs.
 struct Prepared {
   std::function<void()> run;
   std::function<Napi::Value(Napi::Env)> done;
   std::vector<Napi::Object> keep;
-};
-
-class TaskWorker : public Napi::AsyncWorker {
- public:
-  TaskWorker(Napi::Env env, Prepared op) : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), op_(std::move(op)) {
-    for (auto& o : op_.keep) refs_.push_back(Napi::Persistent(o));
-  }
-  Napi::Promise Promise() { return deferred_.Promise(); }
-  void Execute() override {
-    try {
-      op_.run();
-    } catch (const Error& e) {
-      code_ = e.code;
-      SetError(e.what());
-    } catch (const std::bad_alloc&) {
-      code_ = "E_NOMEM";
-      SetError("native allocation failed: not enough memory for the requested buffers");
-    } catch (const std::exception& e) {
-      SetError(std::string("internal error: ") + e.what());
-    }
-  }
-  void OnOK() override {
-    try {
-      deferred_.Resolve(op_.done(Env()));
-    } catch (const Napi::Error& e) {
-      deferred_.Reject(e.Value());
-    }
-  }
-  void OnError(const Napi::Error& e) override { deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value()); }
-
- private:
-  Napi::Promise::Deferred deferred_;
-  Prepared op_;
-  std::vector<Napi::ObjectReference> refs_;
-  std::string code_ = "E_INTERNAL";
 };
 
 using PrepareFn = Prepared (*)(const Napi::CallbackInfo&);
@@ -233,21 +199,10 @@ Napi::Value RunSync(const Napi::CallbackInfo& info) {
 // Validation errors reject the promise (an async API never throws synchronously).
 template <PrepareFn P>
 Napi::Value RunAsync(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  try {
-    auto* w = new TaskWorker(env, P(info));
-    Napi::Promise p = w->Promise();
-    w->Queue();
-    return p;
-  } catch (const Error& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(ToJsError(env, e.code, e.what()).Value());
-    return d.Promise();
-  } catch (const Napi::Error& e) {
-    auto d = Napi::Promise::Deferred::New(env);
-    d.Reject(e.Value());
-    return d.Promise();
-  }
+  return GuardPromise(info.Env(), "hotTier", [&]() -> Napi::Value {
+    Prepared op = P(info);
+    return PromiseWorker::Start(info.Env(), std::move(op.run), std::move(op.done), op.keep, WorkerLabels{"kvdrive:hot-tier", "", "the requested buffers"});
+  });
 }
 
 // ---- bindings ----

@@ -1,5 +1,5 @@
 // Bindings of the centroid index: chunkMeans, kmeans, scoreCentroids, indexKernelLevel and the
-// SelectionIndex class (one layer's index for one policy; build runs in a Napi::AsyncWorker).
+// SelectionIndex class (one layer's index for one policy; build runs in a PromiseWorker).
 //
 // Every input is validated here, on the JS thread, with typed errors naming what was expected and
 // what was given; the kernels behind (index_*.cc, layer_index.cc) assume valid input.
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "args.h"
+#include "async_work.h"
 #include "errors.h"
 #include "index.h"
 #include "layer_index.h"
@@ -272,51 +273,6 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   }
 
  private:
-  class BuildWorker : public Napi::AsyncWorker {
-   public:
-    BuildWorker(Napi::Env env, SelectionIndex* self, const KvView& kv, int64_t tokens)
-        : Napi::AsyncWorker(env), deferred_(Napi::Promise::Deferred::New(env)), self_(self), kv_(kv), tokens_(tokens) {
-      // The worker reads the key array and the index object off the JS thread: keep both alive.
-      kvRef_ = Napi::Persistent(kv.array);
-      selfRef_ = Napi::Persistent(self->Value());
-      kv_.array = Napi::Object();
-      next_ = std::make_unique<LayerIndex>(self->cfg_);
-    }
-    Napi::Promise Promise() { return deferred_.Promise(); }
-    void Execute() override {
-      try {
-        next_->Build(kv_, tokens_);
-      } catch (const Error& e) {
-        code_ = e.code;
-        SetError(e.what());
-      } catch (const std::bad_alloc&) {
-        code_ = "E_NOMEM";
-        SetError("index build: native allocation failed: not enough memory for the index");
-      } catch (const std::exception& e) {
-        code_ = "E_INTERNAL";
-        SetError(std::string("index build: internal error: ") + e.what());
-      }
-    }
-    void OnOK() override {
-      self_->index_ = std::move(next_);
-      self_->busy_ = false;
-      deferred_.Resolve(Env().Undefined());
-    }
-    void OnError(const Napi::Error& e) override {
-      self_->busy_ = false;
-      deferred_.Reject(ToJsError(Env(), code_, e.Message()).Value());
-    }
-
-   private:
-    Napi::Promise::Deferred deferred_;
-    SelectionIndex* self_;
-    KvView kv_;
-    int64_t tokens_;
-    Napi::ObjectReference kvRef_, selfRef_;
-    std::unique_ptr<LayerIndex> next_;
-    std::string code_ = "E_INTERNAL";
-  };
-
   void NotBusy(const char* what) const {
     if (busy_)
       Throw("E_CONFIG", std::string(what) + ": expected no build() in progress, got a call while the index is being built (await build() first)");
@@ -329,10 +285,21 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       const int64_t tokens = ArgInt(info, 1, "build tokens", 0, int64_t(1) << 40);
       if (tokens > kv.tokens)
         Throw("E_SHAPE", "build tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
-      auto* w = new BuildWorker(info.Env(), this, kv, tokens);
-      Napi::Promise p = w->Promise();
-      busy_ = true;
-      w->Queue();
+      // The new index is built off the JS thread into `next` and replaces index_ only on success;
+      // busy_ blocks every other method until the promise settles. The worker keeps the key array
+      // and this object alive; its copy of the view drops the JS handle (used on the pool thread).
+      auto next = std::make_shared<std::unique_ptr<LayerIndex>>(std::make_unique<LayerIndex>(cfg_));
+      KvView view = kv;
+      view.array = Napi::Object();
+      Napi::Promise p = PromiseWorker::Start(
+          info.Env(), [next, view, tokens] { (*next)->Build(view, tokens); },
+          [this, next](Napi::Env env) -> Napi::Value {
+            index_ = std::move(*next);
+            busy_ = false;
+            return env.Undefined();
+          },
+          {kv.array, Value()}, WorkerLabels{"kvdrive:index-build", "index build: ", "the index"}, [this] { busy_ = false; });
+      busy_ = true;  // the worker's callbacks run on this thread, after this call returns
       return p;
     });
   }
