@@ -95,6 +95,26 @@ inline int64_t GetIntOr(const Napi::Object& o, const char* key, const std::strin
   return GetInt(o, key, what, min, max);
 }
 
+// Head h's chunk ids ids[offsets[h] .. offsets[h+1]) are each in [0, maxChunks) and strictly
+// ascending (so unique). `offsets` must already be valid for `ids` (see CheckChunkLists); `what`
+// names the Selection and `rangeNote` is appended to the out-of-range message.
+inline void CheckChunkIds(const int32_t* off, const ArrayArg<int32_t>& ids, int kvHeads, int64_t maxChunks,
+                          const std::string& what, const std::string& rangeNote) {
+  for (int h = 0; h < kvHeads; ++h) {
+    for (int32_t i = off[h]; i < off[h + 1]; ++i) {
+      const int64_t c = ids.data[i];
+      if (c < 0 || c >= maxChunks)
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ")" + rangeNote +
+                             ", got " + std::to_string(c));
+      if (i > off[h] && c <= ids.data[i - 1])
+        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
+                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
+                             std::to_string(ids.data[i - 1]));
+    }
+  }
+}
+
 // Validates a Selection's per-kv-head chunk lists (CSR layout, see src/index/selection.ts):
 // offsets has kvHeads+1 entries starting at 0, non-decreasing, ending at ids.length; head h's ids
 // are ids[offsets[h] .. offsets[h+1]), each in [0, maxChunks), strictly ascending (so unique).
@@ -113,19 +133,7 @@ inline void CheckChunkLists(const ArrayArg<int32_t>& offsets, const ArrayArg<int
   if (size_t(off[kvHeads]) != ids.length)
     Throw("E_SHAPE", what + ".offsets[kvHeads]: expected chunkIds.length (" + std::to_string(ids.length) + "), got " +
                          std::to_string(off[kvHeads]));
-  for (int h = 0; h < kvHeads; ++h) {
-    for (int32_t i = off[h]; i < off[h + 1]; ++i) {
-      const int64_t c = ids.data[i];
-      if (c < 0 || c >= maxChunks)
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + ")" + rangeNote +
-                             ", got " + std::to_string(c));
-      if (i > off[h] && c <= ids.data[i - 1])
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
-                             std::to_string(ids.data[i - 1]));
-    }
-  }
+  CheckChunkIds(off, ids, kvHeads, maxChunks, what, rangeNote);
 }
 
 // A KV tensor of one layer: `tokens` rows, each `heads` x `dim` elements, in storage dtype.

@@ -83,17 +83,7 @@ ParsedSelection GetSelection(const Napi::Value& sv, const Tier& t, int64_t srcTo
   auto ids = GetI32(sel.Get("chunkIds"), what + ".chunkIds");
   CheckOffsets(off, heads, ids.length, what + ".offsets");
   const int64_t maxChunks = (s.tokens + s.chunkSize - 1) / s.chunkSize;
-  for (int h = 0; h < heads; ++h)
-    for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i) {
-      const int64_t c = ids.data[i];
-      if (c < 0 || c >= maxChunks)
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected a chunk id in [0, " + std::to_string(maxChunks) + "), got " + std::to_string(c));
-      if (i > off.data[h] && c <= ids.data[i - 1])
-        Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "] (kv head " + std::to_string(h) +
-                             "): expected ascending unique chunk ids, got " + std::to_string(c) + " after " +
-                             std::to_string(ids.data[i - 1]));
-    }
+  CheckChunkIds(off.data, ids, heads, maxChunks, what, "");
   s.offsets = off.data;
   s.ids = ids.data;
   s.nIds = ids.length;
