@@ -19,7 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { Bench } from 'tinybench';
 import { loadCheckpoint, type Checkpoint } from '../src/model/checkpoint.js';
 import { DenseTsAttention } from '../src/model/dense-attention.js';
-import { bpeMerge, type PairLookup } from '../src/model/bpe.js';
+import { bpeMerge, bpeMergeNaive, type PairLookup } from '../src/model/bpe.js';
 import { attentionShape, matmul, Transformer } from '../src/model/forward.js';
 import { loadTokenizer, type Tokenizer } from '../src/model/tokenizer.js';
 
@@ -80,22 +80,6 @@ async function benchForward(ck: Checkpoint): Promise<void> {
   console.log(`forward stories260K, ${steps} positions: ${(ms / steps).toFixed(3)} ms/token, ${((steps / ms) * 1000).toFixed(0)} tokens/s`);
 }
 
-/** Baseline: llama2.c's merge loop (scan every pair, merge the best, repeat). */
-function mergeBaseline(symbols: number[], lookup: PairLookup): number[] {
-  const t = [...symbols];
-  for (;;) {
-    let best = -Infinity;
-    let at = -1;
-    let id = -1;
-    for (let i = 0; i + 1 < t.length; i++) {
-      const m = lookup(t[i]!, t[i + 1]!);
-      if (m && m.score > best) [best, at, id] = [m.score, i, m.id];
-    }
-    if (at < 0) return t;
-    t.splice(at, 2, id);
-  }
-}
-
 async function benchEncode(tok: Tokenizer): Promise<void> {
   const text = ' ' + 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. '.repeat(16);
   const pieces = Array.from({ length: tok.vocabSize }, (_, i) => Buffer.from(tok.piece(i)).toString('latin1'));
@@ -107,10 +91,10 @@ async function benchEncode(tok: Tokenizer): Promise<void> {
   };
   const symbols = [...text].map((ch) => ids.get(ch)!);
   const a = bpeMerge(symbols, lookup);
-  const b = mergeBaseline(symbols, lookup);
+  const b = bpeMergeNaive(symbols, lookup);
   if (a.length !== b.length || a.some((x, i) => x !== b[i])) throw new Error('bpeMerge and the baseline disagree');
   const bench = new Bench({ time: 500, warmupTime: 100, iterations: 3 });
-  bench.add('baseline', () => mergeBaseline(symbols, lookup)).add('ours', () => bpeMerge(symbols, lookup));
+  bench.add('baseline', () => bpeMergeNaive(symbols, lookup)).add('ours', () => bpeMerge(symbols, lookup));
   await bench.run();
   const base = meanMs(bench, 'baseline');
   const ours = meanMs(bench, 'ours');

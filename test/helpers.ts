@@ -4,6 +4,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 import { isKvdriveError, type ErrorCode } from '../src/errors.js';
+import { mulberry32 } from '../src/model/sampler.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -24,17 +25,8 @@ export function fixturesDir(): string | undefined {
 }
 let warned = false;
 
-/** Mulberry32: small deterministic PRNG for tests. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Seeded PRNG for tests: the sampler's Mulberry32. */
+export const rng = mulberry32;
 
 /** Float32Array of n standard-normal-ish values. */
 export function randn(n: number, seed: number): Float32Array {

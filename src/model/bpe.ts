@@ -99,3 +99,23 @@ export function bpeMerge(symbols: readonly number[], lookup: PairLookup): number
   }
   return out;
 }
+
+/**
+ * llama2.c's merge loop, kept as the reference the heap-based {@link bpeMerge} is tested and
+ * benchmarked against: scan every pair, merge the best (strictly greater score wins, so the
+ * leftmost pair wins ties), repeat. Quadratic; not used on the encode path.
+ */
+export function bpeMergeNaive(symbols: number[], lookup: PairLookup): number[] {
+  const t = [...symbols];
+  for (;;) {
+    let best = -Infinity;
+    let at = -1;
+    let id = -1;
+    for (let i = 0; i + 1 < t.length; i++) {
+      const m = lookup(t[i]!, t[i + 1]!);
+      if (m && m.score > best) [best, at, id] = [m.score, i, m.id];
+    }
+    if (at < 0) return t;
+    t.splice(at, 2, id);
+  }
+}
