@@ -72,6 +72,22 @@ export const MAX_STAGE_THREADS = 16;
 export const controlWords = (threads: number) => CTRL_WORKER_BASE + threads * CTRL_WORKER_WORDS;
 export const workerRecord = (index: number) => CTRL_WORKER_BASE + index * CTRL_WORKER_WORDS;
 
+/**
+ * @internal Fault injection for tests: at the `nth` (default 1) time worker `worker` (default 0) of
+ * the first generation reaches `point` of its loop, it exits (`'exit'`, code 7), or (`'gate'`) sets
+ * word 0 of `gate` to 1 and blocks until word 1 of `gate` is non-zero.
+ *   popped:     a descriptor was just taken from the input ring
+ *   pushed:     a descriptor was just handed to the output ring
+ *   beforeWait: the control plane was found caught up; the loop is about to wait on the input ring
+ */
+export interface StageFault {
+  point: 'popped' | 'pushed' | 'beforeWait';
+  action: 'exit' | 'gate';
+  worker?: number;
+  nth?: number;
+  gate?: SharedArrayBuffer;
+}
+
 /** workerData of a stage worker. */
 export interface StageWorkerData {
   stage: string;
@@ -82,6 +98,9 @@ export interface StageWorkerData {
   output: SharedArrayBuffer;
   control: SharedArrayBuffer;
   spinMicros: number;
+  /** Sleep slice of an idle worker in ms. */
+  idleSliceMs: number;
+  faults: StageFault[];
 }
 
 /** Messages worker → pool. */

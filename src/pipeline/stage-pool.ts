@@ -31,6 +31,7 @@ import {
   controlWords,
   workerRecord,
   type PoolMessage,
+  type StageFault,
   type StageWorkerData,
   type StageWorkerStats,
   type WorkerMessage,
@@ -55,6 +56,8 @@ export interface StageSpec {
    * before it takes any descriptor (so it rebuilds its state first). A failing replay is fatal.
    */
   replay?: () => unknown[];
+  /** @internal Fault injection for tests (first-generation workers only); see StageFault. */
+  faults?: StageFault[];
 }
 
 /** Options of {@link StagePool.start}. */
@@ -71,6 +74,8 @@ export interface StagePoolOptions extends StageSpec {
   onFatal?: (error: KvdriveError) => void;
   /** Milliseconds close() waits for workers to leave their loop before terminating them (default 2000). */
   closeTimeoutMs?: number;
+  /** @internal Sleep slice of an idle worker in ms (default 1000); control messages and stop wake it earlier. */
+  idleSliceMs?: number;
 }
 
 /** Aggregated stats of a stage (sums over its workers; times in ms). */
@@ -185,6 +190,8 @@ export class StagePool {
       output: this.opts.output.buffer,
       control: this.ctrl.buffer as SharedArrayBuffer,
       spinMicros: this.spinMicros,
+      idleSliceMs: this.opts.idleSliceMs ?? 1000,
+      faults: this.allExits.length < this.threads ? (this.opts.faults ?? []) : [],
     };
     const worker = new Worker(this.workerPath, { workerData: data });
     let readyResolve!: () => void;

@@ -27,10 +27,23 @@ import {
   type WorkerMessage,
 } from './stage-contract.js';
 
-// Sleep slice of an idle worker; control messages and stop wake it earlier through the ring.
-const IDLE_SLICE_MS = 1000;
-
 const data = workerData as StageWorkerData;
+// Sleep slice of an idle worker; control messages and stop wake it earlier through the ring.
+const IDLE_SLICE_MS = data.idleSliceMs;
+const passes = new Map<string, number>();
+function faultPoint(point: string): void {
+  for (const f of data.faults) {
+    if (f.point !== point || (f.worker ?? 0) !== data.index) continue;
+    const n = (passes.get(point) ?? 0) + 1;
+    passes.set(point, n);
+    if (n !== (f.nth ?? 1)) continue;
+    if (f.action === 'exit') process.exit(7);
+    const g = new Int32Array(f.gate!);
+    Atomics.store(g, 0, 1);
+    Atomics.notify(g, 0);
+    while (Atomics.load(g, 1) === 0) Atomics.wait(g, 1, 0, 100);
+  }
+}
 const port = parentPort!;
 const ctrl = new Int32Array(data.control);
 const rec = workerRecord(data.index);
@@ -92,6 +105,7 @@ async function run(fn: StageFn): Promise<string> {
       await Promise.race([controlProgress(), new Promise<void>((r) => setTimeout(r, 1))]);
       continue;
     }
+    faultPoint('beforeWait');
     let t = performance.now();
     let status;
     try {
@@ -104,6 +118,7 @@ async function run(fn: StageFn): Promise<string> {
     stats.waitInputMs += t2 - t;
     if (status === 'closed') return 'input closed';
     if (status === 'idle') continue;
+    faultPoint('popped');
 
     Atomics.store(ctrl, rec + CW_TICKET, desc[0]!);
     Atomics.store(ctrl, rec + CW_BUSY, 1);
@@ -124,6 +139,7 @@ async function run(fn: StageFn): Promise<string> {
       if (isKvdriveError(e, 'E_CLOSED')) return 'output closed'; // the owner rejects what is in flight
       throw e;
     }
+    faultPoint('pushed');
     t2 = performance.now();
     stats.waitOutputMs += t2 - t;
     stats.items++;

@@ -2,6 +2,7 @@
 //   op 0: c = a * init.mul + init.add (and, with init.arena, also arena[b] += c as f64)
 //   op 1: throw an Error   op 2: process.exit(3)   op 3: uncaught error from a timer
 //   op 4: spin forever (only for close-timeout tests)
+//   op 5: with init.gate, set word 0 of the gate and wait until word 1 is set; then as op 0
 // init.failInit: createStage throws. init.failOnRespawn: throw when ctx shows a replacement
 // (a SharedArrayBuffer counter `init.starts` counts createStage calls per worker index 0).
 export function createStage(init, ctx) {
@@ -33,6 +34,13 @@ export function createStage(init, ctx) {
         return new Promise(() => {});
       case 4:
         for (;;);
+      case 5:
+        if (init.gate) {
+          const g = new Int32Array(init.gate);
+          Atomics.store(g, 0, 1);
+          while (Atomics.load(g, 1) === 0) Atomics.wait(g, 1, 0, 100);
+        }
+      // falls through
       default:
         desc[3] = desc[1] * init.mul + init.add;
         if (arena) arena[desc[2]] += desc[3];
