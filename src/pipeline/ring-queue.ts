@@ -26,6 +26,18 @@
  * Back-pressure: a full queue makes `push` wait for space (same protocol on the space epoch);
  * nothing is ever dropped. `close()` lets consumers drain what was pushed and then report the end;
  * a push racing with close either lands (and is drained) or throws E_CLOSED — never vanishes.
+ *
+ * Dying endpoints: a thread can die (crash, Worker.terminate, resource limits) at any instruction,
+ * including between winning a slot and releasing it. Stage workers therefore pop and push through a
+ * {@link HandoffRecord} in shared memory: the descriptor they hold lives in the record, and the
+ * record says whether they are popping (position P claimed before the CAS), holding, or pushing
+ * (position P). Record holders on one side of a ring take a per-side lock word around the claim,
+ * so a claimed position is never ambiguous between two of them (a lock held ~100 ns, uncontended
+ * with one worker per stage). After the thread died, another thread calls {@link salvage}: a
+ * half-done pop is finished into the record (the slot released, so the ring is not wedged), a
+ * half-done push is either recognised as handed on (published) or turned into a tombstone (so
+ * consumers do not wait on a reserved slot forever) with the descriptor still held. The record then
+ * says exactly whether the dead thread held a descriptor it had not handed on.
  */
 import { KvdriveError, fail } from '../errors.js';
 
@@ -38,6 +50,8 @@ const H_DATA_EPOCH = 4; // bumped to wake consumers
 const H_SPACE_EPOCH = 5; // bumped to wake producers
 const H_CONSUMERS_WAITING = 6; // consumers registered to sleep
 const H_PRODUCERS_WAITING = 7; // producers registered to sleep
+const H_POP_LOCK = 8; // record id of the consumer claiming a slot (record holders only), 0 = free
+const H_PUSH_LOCK = 9; // same for producers
 const H_HEAD = 16; // next position to consume
 const H_TAIL = 32; // next position to produce
 const HEADER_WORDS = 48;
@@ -48,6 +62,18 @@ const SLOT_KIND = 1;
 const SLOT_META = 2;
 const KIND_DATA = 0;
 const KIND_TOMBSTONE = 1;
+
+// ---- Hand-off record: [state, position, id, descriptor words...] (Int32, shared memory). ----
+const R_STATE = 0;
+const R_POS = 1;
+const R_ID = 2;
+/** Words of a {@link HandoffRecord} before its descriptor. */
+export const HANDOFF_HEADER_WORDS = 3;
+/** Record states. */
+export const HANDOFF_IDLE = 0; // holds nothing
+export const HANDOFF_POPPING = 1; // claiming input position R_POS (may or may not have taken it)
+export const HANDOFF_HELD = 2; // the descriptor words hold a descriptor taken from input position R_POS
+export const HANDOFF_PUSHING = 3; // handing the held descriptor to output position R_POS
 
 const MAGIC = 0x6b767271; // 'kvrq'
 const STATE_OPEN = 0;
@@ -79,6 +105,73 @@ export interface RingQueueOptions extends WaitOptions {
 
 /** Outcome of one bounded wait round of {@link RingQueue.popWait}. */
 export type PopStatus = 'item' | 'closed' | 'idle';
+
+/**
+ * One endpoint's hand-off state in shared memory, readable by other threads after the endpoint's
+ * thread died (see the class comment of {@link RingQueue}). Layout at `words[at]`: state, position,
+ * id (> 0, unique among the record holders of one ring side), then `descWords` descriptor words.
+ * A thread pops into and pushes from `desc`; its record moves IDLE → POPPING → HELD → PUSHING → IDLE.
+ */
+export class HandoffRecord {
+  readonly words: Int32Array;
+  readonly at: number;
+  /** The descriptor the endpoint holds (a view into `words`). */
+  readonly desc: Int32Array;
+
+  constructor(words: Int32Array, at: number, descWords: number) {
+    if (!(words instanceof Int32Array) || !(words.buffer instanceof SharedArrayBuffer)) fail('E_TYPE', 'hand-off record words', 'an Int32Array over a SharedArrayBuffer', words);
+    if (!Number.isInteger(at) || at < 0 || !Number.isInteger(descWords) || descWords < 1 || at + HANDOFF_HEADER_WORDS + descWords > words.length)
+      fail('E_RANGE', 'hand-off record', `${HANDOFF_HEADER_WORDS} + descWords words inside ${words.length}`, `at ${at}, descWords ${descWords}`);
+    this.words = words;
+    this.at = at;
+    this.desc = words.subarray(at + HANDOFF_HEADER_WORDS, at + HANDOFF_HEADER_WORDS + descWords);
+  }
+
+  /** Resets the record for a (new) endpoint with id `id` > 0. */
+  reset(id: number): void {
+    if (!Number.isInteger(id) || id <= 0) fail('E_RANGE', 'hand-off record id', 'a positive integer', id);
+    Atomics.store(this.words, this.at + R_ID, id);
+    Atomics.store(this.words, this.at + R_POS, 0);
+    Atomics.store(this.words, this.at + R_STATE, HANDOFF_IDLE);
+  }
+
+  get state(): number {
+    return Atomics.load(this.words, this.at + R_STATE);
+  }
+
+  get id(): number {
+    return Atomics.load(this.words, this.at + R_ID);
+  }
+
+  /** @internal */
+  claim(state: number, pos: number): void {
+    Atomics.store(this.words, this.at + R_POS, pos);
+    Atomics.store(this.words, this.at + R_STATE, state);
+  }
+
+  /** @internal */
+  set(state: number): void {
+    Atomics.store(this.words, this.at + R_STATE, state);
+  }
+
+  /** @internal */
+  get position(): number {
+    return Atomics.load(this.words, this.at + R_POS);
+  }
+}
+
+/** Options of one {@link RingQueue.popWait} round. */
+export interface PopWaitOptions {
+  /**
+   * Checked after the sleeper registered and read the wake-up epoch, right before it sleeps: true
+   * returns 'idle' at once. A condition set by another thread before it calls
+   * {@link RingQueue.wakeConsumers} is therefore never missed (it is either seen here or the epoch
+   * changed and the wait returns at once).
+   */
+  wakeIf?: () => boolean;
+  /** Pop through this record (`out` must be `record.desc`); see {@link HandoffRecord}. */
+  record?: HandoffRecord;
+}
 
 const DEFAULT_SPIN_MICROS = 50;
 
@@ -189,17 +282,18 @@ export class RingQueue {
    * Pushes, waiting for space while the queue is full (back-pressure: never drops). Blocks the
    * thread: use it in workers only (the main thread must use {@link pushAsync}).
    */
-  push(desc: ArrayLike<number>): void {
+  push(desc: ArrayLike<number>, record?: HandoffRecord): void {
     this.checkDesc(desc);
-    if (this.pushOnce(desc)) return;
+    if (record !== undefined) this.checkRecord(desc, record);
+    if (this.pushOnce(desc, record)) return;
     const i32 = this.i32;
     for (;;) {
-      if (this.spinUntil(this.spaceReady) && this.pushOnce(desc)) return;
+      if (this.spinUntil(this.spaceReady) && this.pushOnce(desc, record)) return;
       Atomics.add(i32, H_PRODUCERS_WAITING, 1);
       const epoch = Atomics.load(i32, H_SPACE_EPOCH);
       let pushed = false;
       try {
-        pushed = this.pushOnce(desc);
+        pushed = this.pushOnce(desc, record);
         if (!pushed) Atomics.wait(i32, H_SPACE_EPOCH, epoch);
       } finally {
         Atomics.sub(i32, H_PRODUCERS_WAITING, 1);
@@ -259,25 +353,28 @@ export class RingQueue {
    * abort or {@link wakeConsumers}). Returns 'idle' when woken or timed out without an item, which
    * lets a worker loop look at its control plane between rounds. Workers only.
    */
-  popWait(out: Int32Array, timeoutMs: number): PopStatus {
+  popWait(out: Int32Array, timeoutMs: number, opts?: PopWaitOptions): PopStatus {
     this.checkOut(out);
+    const record = opts?.record;
+    if (record !== undefined) this.checkRecord(out, record);
     const i32 = this.i32;
-    let s = this.popOnce(out);
+    let s = this.popOnce(out, record);
     if (s !== 'idle') return s;
     if (this.spinUntil(this.itemReady)) {
-      s = this.popOnce(out);
+      s = this.popOnce(out, record);
       if (s !== 'idle') return s;
     }
     Atomics.add(i32, H_CONSUMERS_WAITING, 1);
     try {
       const epoch = Atomics.load(i32, H_DATA_EPOCH);
-      s = this.popOnce(out);
+      s = this.popOnce(out, record);
       if (s !== 'idle') return s;
+      if (opts?.wakeIf?.()) return 'idle';
       Atomics.wait(i32, H_DATA_EPOCH, epoch, timeoutMs);
     } finally {
       Atomics.sub(i32, H_CONSUMERS_WAITING, 1);
     }
-    return this.popOnce(out);
+    return this.popOnce(out, record);
   }
 
   /** Like {@link pop} without blocking the thread (spin, then `Atomics.waitAsync`). */
@@ -336,6 +433,84 @@ export class RingQueue {
     Atomics.notify(this.i32, H_SPACE_EPOCH);
   }
 
+  // ---------------------------------------------------------------- dead endpoints
+
+  /**
+   * Consumer side of a dead record holder (call it on the ring the record pops from, after the
+   * thread died and before a replacement reuses the record). A pop interrupted after it took its
+   * slot is finished into `record.desc` (HELD; IDLE for a tombstone) and the slot released, as is a
+   * slot a HELD record had not released yet; a pop that had not taken its slot is undone (IDLE).
+   * Releases the pop lock if the dead thread held it. Works on aborted rings too.
+   */
+  salvageConsumer(record: HandoffRecord): void {
+    const i32 = this.i32;
+    const id = record.id;
+    const state = record.state;
+    const pos = record.position;
+    const base = HEADER_WORDS + (pos & this.mask) * this.slotWords;
+    // A POPPING record is only ever seen with its holder inside the pop lock (it moves to HELD or
+    // IDLE before unlocking), so nobody else moved head since its claim.
+    const taken = state === HANDOFF_HELD || (state === HANDOFF_POPPING && Atomics.load(i32, H_HEAD) !== pos);
+    if (taken && Atomics.load(i32, base + SLOT_SEQ) === ((pos + 1) | 0)) {
+      if (state === HANDOFF_POPPING) {
+        const data = i32[base + SLOT_KIND] === KIND_DATA;
+        if (data) for (let w = 0; w < this.words; w++) record.desc[w] = i32[base + SLOT_META + w]!;
+        record.set(data ? HANDOFF_HELD : HANDOFF_IDLE);
+      }
+      Atomics.store(i32, base + SLOT_SEQ, (pos + this.capacity) | 0);
+      Atomics.add(i32, H_SPACE_EPOCH, 1);
+      Atomics.notify(i32, H_SPACE_EPOCH);
+    } else if (state === HANDOFF_POPPING) record.set(HANDOFF_IDLE);
+    Atomics.compareExchange(i32, H_POP_LOCK, id, 0);
+  }
+
+  /**
+   * Producer side of a dead record holder (call it on the ring the record pushes to). A push that
+   * had not reserved its slot leaves the descriptor HELD; one that reserved but did not publish
+   * publishes a tombstone instead (consumers skip it rather than wait on the slot forever) and the
+   * descriptor stays HELD; one that published was handed on (IDLE). Releases the push lock if the
+   * dead thread held it. Afterwards `record.state === HANDOFF_HELD` iff the record holds a
+   * descriptor that was never handed on.
+   */
+  salvageProducer(record: HandoffRecord): void {
+    const i32 = this.i32;
+    const id = record.id;
+    if (record.state === HANDOFF_PUSHING) {
+      const pos = record.position;
+      const base = HEADER_WORDS + (pos & this.mask) * this.slotWords;
+      // PUSHING is only seen inside the push lock (published → IDLE before unlocking): the dead
+      // thread still holds it, so nobody else moved tail since its claim.
+      if (Atomics.load(i32, H_TAIL) === pos) record.set(HANDOFF_HELD); // slot never reserved
+      else if (Atomics.load(i32, base + SLOT_SEQ) === pos) {
+        i32[base + SLOT_KIND] = KIND_TOMBSTONE;
+        Atomics.store(i32, base + SLOT_SEQ, (pos + 1) | 0);
+        this.wakeConsumers();
+        record.set(HANDOFF_HELD);
+      } else record.set(HANDOFF_IDLE); // published: the next stage has it
+    }
+    Atomics.compareExchange(i32, H_PUSH_LOCK, id, 0);
+  }
+
+  /** Takes a side's lock for record `id` (held for one claim: a few hundred ns). */
+  private lock(word: number, id: number): void {
+    const i32 = this.i32;
+    for (let spins = 0; ; spins++) {
+      const holder = Atomics.compareExchange(i32, word, 0, id);
+      if (holder === 0) return;
+      // The holder was descheduled, or died (salvage releases its lock): stop burning the core.
+      if (spins >= 256) {
+        this.throwIfAborted();
+        Atomics.wait(i32, word, holder, 0.1);
+      }
+    }
+  }
+
+  private checkRecord(desc: ArrayLike<number>, record: HandoffRecord): void {
+    if (!(record instanceof HandoffRecord)) fail('E_TYPE', 'ring queue record', 'a HandoffRecord', record);
+    if (desc !== record.desc) fail('E_CONFIG', 'ring queue descriptor', 'record.desc when popping or pushing through a record', 'another array');
+    if (record.id <= 0) fail('E_RANGE', 'ring queue record id', 'a positive integer (HandoffRecord.reset)', record.id);
+  }
+
   // ---------------------------------------------------------------- internals
 
   private checkDesc(desc: ArrayLike<number>): void {
@@ -380,27 +555,37 @@ export class RingQueue {
   }
 
   /** One non-blocking push attempt: true when pushed, false when full. */
-  private pushOnce(desc: ArrayLike<number>): boolean {
+  private pushOnce(desc: ArrayLike<number>, record?: HandoffRecord): boolean {
     const i32 = this.i32;
     if (Atomics.load(i32, H_STATE) !== STATE_OPEN) this.throwClosedPush();
-    for (;;) {
-      const pos = Atomics.load(i32, H_TAIL);
-      const base = HEADER_WORDS + (pos & this.mask) * this.slotWords;
-      const dif = (Atomics.load(i32, base + SLOT_SEQ) - pos) | 0;
-      if (dif < 0) return false; // slot still holds an unconsumed item from the previous lap: full
-      if (dif > 0) continue; // another producer took pos; reload tail
-      if (Atomics.compareExchange(i32, H_TAIL, pos, (pos + 1) | 0) !== pos) continue;
-      // Slot `pos` is ours. If close() happened meanwhile, a consumer may already have decided the
-      // queue is drained: publish a tombstone instead and report E_CLOSED (see class comment).
-      const open = Atomics.load(i32, H_STATE) === STATE_OPEN;
-      if (open) {
-        for (let w = 0; w < this.words; w++) i32[base + SLOT_META + w] = desc[w]! | 0;
+    if (record !== undefined) this.lock(H_PUSH_LOCK, record.id);
+    try {
+      for (;;) {
+        const pos = Atomics.load(i32, H_TAIL);
+        const base = HEADER_WORDS + (pos & this.mask) * this.slotWords;
+        const dif = (Atomics.load(i32, base + SLOT_SEQ) - pos) | 0;
+        if (dif < 0) {
+          record?.set(HANDOFF_HELD); // (a lost CAS below left a stale claim)
+          return false; // slot still holds an unconsumed item from the previous lap: full
+        }
+        if (dif > 0) continue; // another producer took pos; reload tail
+        record?.claim(HANDOFF_PUSHING, pos);
+        if (Atomics.compareExchange(i32, H_TAIL, pos, (pos + 1) | 0) !== pos) continue;
+        // Slot `pos` is ours. If close() happened meanwhile, a consumer may already have decided the
+        // queue is drained: publish a tombstone instead and report E_CLOSED (see class comment).
+        const open = Atomics.load(i32, H_STATE) === STATE_OPEN;
+        if (open) {
+          for (let w = 0; w < this.words; w++) i32[base + SLOT_META + w] = desc[w]! | 0;
+        }
+        i32[base + SLOT_KIND] = open ? KIND_DATA : KIND_TOMBSTONE;
+        Atomics.store(i32, base + SLOT_SEQ, (pos + 1) | 0);
+        record?.set(open ? HANDOFF_IDLE : HANDOFF_HELD); // a tombstone handed nothing on
+        if (Atomics.load(i32, H_CONSUMERS_WAITING) > 0) this.wakeConsumers();
+        if (!open) this.throwClosedPush();
+        return true;
       }
-      i32[base + SLOT_KIND] = open ? KIND_DATA : KIND_TOMBSTONE;
-      Atomics.store(i32, base + SLOT_SEQ, (pos + 1) | 0);
-      if (Atomics.load(i32, H_CONSUMERS_WAITING) > 0) this.wakeConsumers();
-      if (!open) this.throwClosedPush();
-      return true;
+    } finally {
+      if (record !== undefined) Atomics.store(i32, H_PUSH_LOCK, 0);
     }
   }
 
@@ -410,7 +595,17 @@ export class RingQueue {
   }
 
   /** One non-blocking pop attempt. */
-  private popOnce(out: Int32Array): PopStatus {
+  private popOnce(out: Int32Array, record?: HandoffRecord): PopStatus {
+    if (record === undefined) return this.popClaim(out, undefined);
+    this.lock(H_POP_LOCK, record.id);
+    try {
+      return this.popClaim(out, record);
+    } finally {
+      Atomics.store(this.i32, H_POP_LOCK, 0);
+    }
+  }
+
+  private popClaim(out: Int32Array, record: HandoffRecord | undefined): PopStatus {
     const i32 = this.i32;
     for (;;) {
       this.throwIfAborted();
@@ -419,14 +614,17 @@ export class RingQueue {
       const base = HEADER_WORDS + (pos & this.mask) * this.slotWords;
       const dif = (Atomics.load(i32, base + SLOT_SEQ) - ((pos + 1) | 0)) | 0;
       if (dif < 0) {
+        record?.set(HANDOFF_IDLE); // (a lost CAS below left a stale claim)
         // Not published yet. The end is reached only when closed and no slot is reserved.
         if (state !== STATE_OPEN && Atomics.load(i32, H_TAIL) === pos) return 'closed';
         return 'idle';
       }
       if (dif > 0) continue; // another consumer took pos
+      record?.claim(HANDOFF_POPPING, pos);
       if (Atomics.compareExchange(i32, H_HEAD, pos, (pos + 1) | 0) !== pos) continue;
       const kind = i32[base + SLOT_KIND];
       if (kind === KIND_DATA) for (let w = 0; w < this.words; w++) out[w] = i32[base + SLOT_META + w]!;
+      record?.set(kind === KIND_DATA ? HANDOFF_HELD : HANDOFF_IDLE); // before the slot is released
       Atomics.store(i32, base + SLOT_SEQ, (pos + this.capacity) | 0);
       if (Atomics.load(i32, H_PRODUCERS_WAITING) > 0) {
         Atomics.add(i32, H_SPACE_EPOCH, 1);

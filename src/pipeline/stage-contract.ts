@@ -7,6 +7,8 @@
  * called once per worker with the pool's structured-cloned `init` (SharedArrayBuffers inside it are
  * shared, not copied). The returned {@link StageFn} runs once per micro-batch descriptor.
  */
+import type { MessagePort } from 'node:worker_threads';
+import { HANDOFF_HEADER_WORDS } from './ring-queue.js';
 
 /** Where a stage function runs. */
 export interface StageContext {
@@ -54,28 +56,33 @@ export interface StageWorkerStats {
   waitOutputMs: number;
 }
 
-// ---- Control block (Int32 words in a SharedArrayBuffer). ----
-/** Non-zero: workers leave their loop at the next round. */
-export const CTRL_STOP = 0;
-/** Words per worker record; records start at CTRL_WORKER_BASE. */
+// ---- Control block (Int32 words in a SharedArrayBuffer), one record per worker index. ----
+/** Words before the first worker record. */
 export const CTRL_WORKER_BASE = 16;
-export const CTRL_WORKER_WORDS = 16;
-/** Within a worker record: control messages posted to the worker (the worker yields until it has handled as many). */
+/**
+ * Within a worker record: control-plane calls announced to the worker (the pool increments it
+ * before each call; the worker yields to its event loop until it has handled as many).
+ */
 export const CW_POSTED = 0;
-/** Within a worker record: 1 while the worker holds a descriptor (popped, not yet handed on). */
-export const CW_BUSY = 1;
-/** Within a worker record: the ticket of the descriptor it holds. */
-export const CW_TICKET = 2;
+/**
+ * Within a worker record: the worker's HandoffRecord (ring-queue.ts): state, position, id, then
+ * the descriptor it holds (ticket word first). Lives here so that the pool can tell, after the
+ * worker died, whether it held a batch it had not handed on.
+ */
+export const CW_HANDOFF = 4;
 /** Largest number of threads one pool may run (2-core targets: 1 is the default). */
 export const MAX_STAGE_THREADS = 16;
 
-export const controlWords = (threads: number) => CTRL_WORKER_BASE + threads * CTRL_WORKER_WORDS;
-export const workerRecord = (index: number) => CTRL_WORKER_BASE + index * CTRL_WORKER_WORDS;
+/** Words per worker record for descriptors of `descWords` words (a multiple of 16: 64-byte lines). */
+export const workerRecordWords = (descWords: number) => Math.ceil((CW_HANDOFF + HANDOFF_HEADER_WORDS + descWords) / 16) * 16;
+export const controlWords = (threads: number, descWords: number) => CTRL_WORKER_BASE + threads * workerRecordWords(descWords);
+export const workerRecord = (index: number, descWords: number) => CTRL_WORKER_BASE + index * workerRecordWords(descWords);
 
 /**
- * @internal Fault injection for tests: at the `nth` (default 1) time worker `worker` (default 0) of
- * the first generation reaches `point` of its loop, it exits (`'exit'`, code 7), or (`'gate'`) sets
- * word 0 of `gate` to 1 and blocks until word 1 of `gate` is non-zero.
+ * @internal Fault injection for tests: at the `nth` (default 1) time worker `worker` (default 0)
+ * reaches `point` of its loop, it exits (`'exit'`, code 7), or (`'gate'`) sets word 0 of `gate` to
+ * 1 and blocks until word 1 of `gate` is non-zero. Given at start, faults apply to the first
+ * generation of workers only; armed later (StagePool.arm), to the worker running then.
  *   popped:     a descriptor was just taken from the input ring
  *   pushed:     a descriptor was just handed to the output ring
  *   beforeWait: the control plane was found caught up; the loop is about to wait on the input ring
@@ -88,8 +95,12 @@ export interface StageFault {
   gate?: SharedArrayBuffer;
 }
 
-/** workerData of a stage worker. */
-export interface StageWorkerData {
+/**
+ * The one long-lived piscina task a stage worker runs (StagePool submits it once per worker
+ * lifetime; it returns when the worker leaves its loop). Structured-cloned: the SharedArrayBuffers
+ * are shared, the two MessagePorts are transferred.
+ */
+export interface StageTask {
   stage: string;
   index: number;
   moduleUrl: string;
@@ -101,20 +112,41 @@ export interface StageWorkerData {
   /** Sleep slice of an idle worker in ms. */
   idleSliceMs: number;
   faults: StageFault[];
+  /** Control plane, pool → worker: the worker exposes {@link StageWorkerApi} on it (comlink). */
+  api: MessagePort;
+  /** Events, worker → pool: the pool exposes {@link StagePoolEvents} on it (comlink). */
+  events: MessagePort;
 }
 
-/** Messages worker → pool. */
-export type WorkerMessage =
-  | { type: 'ready' }
-  /** The loop ended on purpose (stop flag, closed or aborted ring): the exit that follows is not a death. */
-  | { type: 'leaving'; reason: string }
-  | { type: 'initError'; code: string; message: string }
-  | { type: 'batchError'; ticket: number; code: string; message: string }
-  | { type: 'stats'; id: number; stats: StageWorkerStats }
-  | { type: 'controlResult'; id: number; ok: boolean; value?: unknown; code?: string; message?: string };
+/** How a stage task ended without its thread dying (a death rejects the task instead). */
+export type StageTaskEnd =
+  /** createStage failed: the worker never took a descriptor. */
+  | { end: 'initError'; code: string; message: string }
+  /** The loop ended on purpose: stop requested, or a ring closed / aborted by its owner. */
+  | { end: 'left'; reason: string };
 
-/** Messages pool → worker (each one is announced by incrementing CW_POSTED). */
-export type PoolMessage =
-  | { type: 'stats'; id: number }
-  | { type: 'config'; spinMicros: number }
-  | { type: 'control'; id: number; request: unknown };
+/** Reply of a control request: handler errors travel as data so that their codes survive. */
+export type ControlReply = { ok: true; value: unknown } | { ok: false; code: string; message: string };
+
+/**
+ * Control plane of one stage worker (comlink, over StageTask.api). Every call is announced through
+ * CW_POSTED and handled on the worker's event loop between micro-batches, strictly one after
+ * another; the worker takes no descriptor while one is pending.
+ */
+export interface StageWorkerApi {
+  stats(): Promise<StageWorkerStats>;
+  configure(spinMicros: number): Promise<void>;
+  control(request: unknown): Promise<ControlReply>;
+  /** Leave the loop (the task then returns { end: 'left', reason: 'stop' }). */
+  stop(): Promise<void>;
+  /** @internal Arms a fault (tests). */
+  arm(fault: StageFault): Promise<void>;
+}
+
+/** Events a stage worker reports (comlink, over StageTask.events). */
+export interface StagePoolEvents {
+  /** createStage finished; the worker is about to take descriptors. */
+  ready(threadId: number): void;
+  /** The stage function threw on batch `ticket`: reject that batch only. */
+  batchError(ticket: number, code: string, message: string): void;
+}

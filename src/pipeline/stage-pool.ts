@@ -1,40 +1,48 @@
 /**
- * A pipeline stage: a small pool of long-lived worker threads that loop "pop descriptor from the
- * input ring → run the stage function on shared memory → push to the output ring".
+ * A pipeline stage: a piscina pool of worker threads, each running ONE long-lived task that loops
+ * "pop descriptor from the input ring → run the stage function on shared memory → push to the
+ * output ring" until it is stopped.
  *
- * Why plain worker_threads and not piscina: piscina's unit of work is a task submitted with
- * `run()`, i.e. one postMessage and one promise per task — exactly the per-micro-batch messaging the
- * SFC pipeline must avoid (a postMessage round trip, ~100 µs here, is a tenth of a layer step). A
- * worker that never returns from one "forever" task would defeat piscina's scheduling, idle timeouts
- * and task-level fault handling (it rejects the task, not the micro-batch the worker held). What
- * we need from a pool is small: spawn N workers, replace a dead one, collect stats, shut down; it is
- * below, and the per-batch data path stays on the ring queues.
+ * Why piscina fits although its unit of work is a task (one postMessage and one promise each):
+ * here a task is a worker's whole life, not a micro-batch, so piscina costs one message per worker
+ * lifetime and the per-micro-batch path stays on the SharedArrayBuffer ring queues. What piscina
+ * gives is the lifecycle: starting the threads, replacing a thread that died (it keeps minThreads
+ * alive), resource limits (`resourceLimits`, enforced by V8 per worker), and terminating and
+ * joining every thread on shutdown. Its scheduling is not used (one task per thread, never queued
+ * behind another). The control plane (stats, configuration, control requests, stop) is comlink
+ * over a MessageChannel per worker lifetime; the worker reports ready and failed batches over a
+ * second one.
  *
  * Faults: a stage function that throws rejects that batch (E_WORKER via `onBatchError`) and the
- * worker carries on. A worker that dies (process.exit, uncaught error, crash) is detected by its
- * 'exit' event; the ticket it held (control block CW_BUSY/CW_TICKET) is rejected with E_WORKER and a
- * replacement worker takes its index, so the next batch succeeds. A replacement that fails to
- * initialize is fatal (`onFatal`): no restart loop.
+ * worker carries on. A worker that dies (process.exit, uncaught error, resource limit, terminate)
+ * rejects its piscina task; the pool then settles its hand-off record (ring-queue.ts salvage*:
+ * a descriptor popped and not yet handed on is rejected with E_WORKER, one already handed on is
+ * left to the next stage, a half-done pop or push is finished or undone so no ring is wedged) and
+ * submits a new task for that index, which piscina runs on the replacement thread. A replacement
+ * that fails to initialize is fatal (`onFatal`): no restart loop.
  */
-import { Worker } from 'node:worker_threads';
+import { MessageChannel, type MessagePort, type ResourceLimits } from 'node:worker_threads';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { Piscina } from 'piscina';
+import { expose, wrap, type Remote } from 'comlink';
 import { ErrorCodes, KvdriveError, fail, type ErrorCode } from '../errors.js';
-import { RingQueue } from './ring-queue.js';
+import { HANDOFF_HELD, HANDOFF_IDLE, HandoffRecord, RingQueue } from './ring-queue.js';
+import { portEndpoint } from './comlink-port.js';
 import {
-  CTRL_STOP,
-  CW_BUSY,
+  CW_HANDOFF,
   CW_POSTED,
-  CW_TICKET,
   MAX_STAGE_THREADS,
   controlWords,
   workerRecord,
-  type PoolMessage,
+  type ControlReply,
   type StageFault,
-  type StageWorkerData,
+  type StagePoolEvents,
+  type StageTask,
+  type StageTaskEnd,
+  type StageWorkerApi,
   type StageWorkerStats,
-  type WorkerMessage,
 } from './stage-contract.js';
 
 /** How one stage is built. */
@@ -56,6 +64,11 @@ export interface StageSpec {
    * before it takes any descriptor (so it rebuilds its state first). A failing replay is fatal.
    */
   replay?: () => unknown[];
+  /**
+   * V8 heap limits of each worker (node:worker_threads ResourceLimits, in MB). A worker exceeding
+   * them dies like a crash: its batch is rejected with E_WORKER and it is replaced.
+   */
+  resourceLimits?: ResourceLimits;
   /** @internal Fault injection for tests (first-generation workers only); see StageFault. */
   faults?: StageFault[];
 }
@@ -68,13 +81,13 @@ export interface StagePoolOptions extends StageSpec {
   output: RingQueue;
   /** Spin budget of the workers' ring endpoints in µs (see WaitOptions); default 50. */
   spinMicros?: number;
-  /** A batch failed in this stage (its function threw, or its worker died): reject it. */
+  /** A batch failed in this stage (its function threw, or its worker died holding it): reject it. */
   onBatchError: (ticket: number, error: KvdriveError) => void;
   /** The pool cannot continue (a replacement worker failed to start). */
   onFatal?: (error: KvdriveError) => void;
   /** Milliseconds close() waits for workers to leave their loop before terminating them (default 2000). */
   closeTimeoutMs?: number;
-  /** @internal Sleep slice of an idle worker in ms (default 1000); control messages and stop wake it earlier. */
+  /** @internal Sleep slice of an idle worker in ms (default 1000); control calls and stop wake it earlier. */
   idleSliceMs?: number;
 }
 
@@ -101,18 +114,27 @@ function stageWorkerPath(): string {
   throw new KvdriveError('E_NOT_FOUND', `stage worker: expected compiled dist/src/pipeline/stage-worker.js, got none near ${here}; run \`npm run build:ts\``);
 }
 
+function checkResourceLimits(name: string, r: unknown): void {
+  if (r === undefined) return;
+  const keys = ['maxOldGenerationSizeMb', 'maxYoungGenerationSizeMb', 'codeRangeSizeMb', 'stackSizeMb'];
+  const ok =
+    r !== null && typeof r === 'object' && Object.entries(r).every(([k, v]) => keys.includes(k) && typeof v === 'number' && Number.isFinite(v) && v > 0);
+  if (!ok) fail('E_CONFIG', `stage '${name}' resourceLimits`, `an object of positive numbers (MB) among ${keys.join(', ')}`, r);
+}
+
+/** One worker lifetime: its piscina task and its two comlink channels. */
 interface Slot {
-  worker: Worker;
-  /** Resolves when the worker reports ready (or rejects on initError / early exit). */
+  index: number;
+  remote: Remote<StageWorkerApi>;
+  ports: MessagePort[];
+  /** Resolves when the worker reported ready; rejects when it failed to start. */
   ready: Promise<void>;
-  /** Outstanding stats requests id → resolver. */
-  statsWaiters: Map<number, (s: StageWorkerStats | undefined) => void>;
-  /** Outstanding control requests id → settle. */
-  controlWaiters: Map<number, { resolve: (v: unknown) => void; reject: (e: KvdriveError) => void }>;
-  exited: Promise<void>;
-  lastError?: Error;
-  /** The worker announced a deliberate end of its loop. */
-  leaving?: string;
+  /** Rejects (E_WORKER) once the task ended or the thread died: control calls race it. */
+  gone: Promise<never>;
+  /** Settles after the end of the task has been handled (death included). */
+  done: Promise<void>;
+  threadId?: number;
+  ended: boolean;
 }
 
 export class StagePool {
@@ -120,24 +142,40 @@ export class StagePool {
   readonly threads: number;
   private readonly opts: StagePoolOptions;
   private readonly ctrl: Int32Array;
+  private readonly records: HandoffRecord[] = [];
   private readonly moduleUrl: string;
-  private readonly workerPath: string;
+  private readonly piscina: Piscina<StageTask, StageTaskEnd>;
   private readonly slots: Slot[] = [];
   private spinMicros: number;
-  private closing = false;
+  private closing: Promise<void> | undefined;
   private restarts = 0;
-  private nextStatsId = 1;
-  /** Every worker ever started, for close() to await. */
-  private readonly allExits: Promise<void>[] = [];
+  /** Every worker lifetime ever started (replacements included), for close() to await. */
+  private readonly lifetimes: Promise<void>[] = [];
 
   private constructor(opts: StagePoolOptions, threads: number, spinMicros: number) {
     this.opts = opts;
     this.name = opts.name;
     this.threads = threads;
     this.spinMicros = spinMicros;
-    this.ctrl = new Int32Array(new SharedArrayBuffer(controlWords(threads) * 4));
+    const words = opts.input.words;
+    this.ctrl = new Int32Array(new SharedArrayBuffer(controlWords(threads, words) * 4));
+    for (let i = 0; i < threads; i++) this.records.push(new HandoffRecord(this.ctrl, workerRecord(i, words) + CW_HANDOFF, words));
     this.moduleUrl = opts.module.startsWith('file:') ? opts.module : pathToFileURL(opts.module).href;
-    this.workerPath = stageWorkerPath();
+    this.piscina = new Piscina<StageTask, StageTaskEnd>({
+      filename: stageWorkerPath(),
+      name: 'default',
+      minThreads: threads,
+      maxThreads: threads,
+      idleTimeout: Infinity,
+      concurrentTasksPerWorker: 1,
+      // Piscina's own Atomics wait between tasks would block the event loop our control plane
+      // runs on; a worker runs one task for its whole life anyway.
+      atomics: 'disabled',
+      resourceLimits: opts.resourceLimits,
+    });
+    // Piscina reports a worker error it cannot attach to a task (none here: deaths reject tasks)
+    // as an 'error' event; without a listener that would throw.
+    this.piscina.on('error', () => {});
   }
 
   /** Starts the workers and resolves once every one has initialized its stage function. */
@@ -156,8 +194,9 @@ export class StagePool {
     if (typeof opts.onBatchError !== 'function') fail('E_CONFIG', `stage '${opts.name}' onBatchError`, 'a function', opts.onBatchError);
     const spin = opts.spinMicros ?? 50;
     if (typeof spin !== 'number' || !(spin >= 0 && spin <= 100_000)) fail('E_CONFIG', `stage '${opts.name}' spinMicros`, 'a number in [0, 100000]', spin);
+    checkResourceLimits(opts.name, opts.resourceLimits);
     const pool = new StagePool(opts, threads, spin);
-    for (let i = 0; i < threads; i++) pool.slots.push(pool.spawn(i));
+    for (let i = 0; i < threads; i++) pool.slots.push(pool.spawn(i, opts.faults ?? []));
     try {
       await Promise.all(pool.slots.map((s) => s.ready));
     } catch (e) {
@@ -167,9 +206,9 @@ export class StagePool {
     return pool;
   }
 
-  /** Workers started since start (including replacements). */
+  /** Worker lifetimes started since start (including replacements). */
   get spawned(): number {
-    return this.allExits.length;
+    return this.lifetimes.length;
   }
 
   /** Workers replaced after dying. */
@@ -177,11 +216,37 @@ export class StagePool {
     return this.restarts;
   }
 
-  private spawn(index: number): Slot {
-    const rec = workerRecord(index);
+  /** Starts the lifetime of worker `index`: its record reset, channels made, its task submitted. */
+  private spawn(index: number, faults: StageFault[]): Slot {
+    const words = this.opts.input.words;
+    const rec = workerRecord(index, words);
     Atomics.store(this.ctrl, rec + CW_POSTED, 0);
-    Atomics.store(this.ctrl, rec + CW_BUSY, 0);
-    const data: StageWorkerData = {
+    this.records[index]!.reset(index + 1);
+    const api = new MessageChannel();
+    const events = new MessageChannel();
+    let readyResolve!: () => void;
+    let readyReject!: (e: KvdriveError) => void;
+    let goneReject!: (e: KvdriveError) => void;
+    const ready = new Promise<void>((res, rej) => ((readyResolve = res), (readyReject = rej)));
+    const gone = new Promise<never>((_, rej) => (goneReject = rej));
+    ready.catch(() => {}); // observed by start() or the respawn path
+    gone.catch(() => {}); // observed by racing control calls
+    const slot: Slot = { index, remote: wrap<StageWorkerApi>(portEndpoint(api.port1)), ports: [api.port1, events.port1], ready, gone, done: Promise.resolve(), ended: false };
+    let isReady = false;
+    const poolEvents: StagePoolEvents = {
+      ready: (threadId) => {
+        slot.threadId = threadId;
+        isReady = true;
+        readyResolve();
+      },
+      batchError: (ticket, code, message) =>
+        this.opts.onBatchError(
+          ticket,
+          new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected the stage function to process batch ${ticket}, got ${code}: ${message}`),
+        ),
+    };
+    expose(poolEvents, portEndpoint(events.port1));
+    const task: StageTask = {
       stage: this.name,
       index,
       moduleUrl: this.moduleUrl,
@@ -191,102 +256,68 @@ export class StagePool {
       control: this.ctrl.buffer as SharedArrayBuffer,
       spinMicros: this.spinMicros,
       idleSliceMs: this.opts.idleSliceMs ?? 1000,
-      faults: this.allExits.length < this.threads ? (this.opts.faults ?? []) : [],
+      faults,
+      api: api.port2,
+      events: events.port2,
     };
-    const worker = new Worker(this.workerPath, { workerData: data });
-    let readyResolve!: () => void;
-    let readyReject!: (e: KvdriveError) => void;
-    const ready = new Promise<void>((res, rej) => {
-      readyResolve = res;
-      readyReject = rej;
-    });
-    ready.catch(() => {}); // observed by start() or the respawn path
-    let isReady = false;
-    const slot: Slot = { worker, ready, statsWaiters: new Map(), controlWaiters: new Map(), exited: undefined as unknown as Promise<void> };
-    worker.on('message', (m: WorkerMessage) => {
-      switch (m.type) {
-        case 'ready':
-          isReady = true;
-          readyResolve();
-          break;
-        case 'leaving':
-          slot.leaving = m.reason;
-          break;
-        case 'initError':
-          readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected createStage to succeed, got ${m.code}: ${m.message}`));
-          break;
-        case 'batchError':
-          this.opts.onBatchError(
-            m.ticket,
-            new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected the stage function to process batch ${m.ticket}, got ${m.code}: ${m.message}`),
-          );
-          break;
-        case 'stats': {
-          const w = slot.statsWaiters.get(m.id);
-          slot.statsWaiters.delete(m.id);
-          w?.(m.stats);
-          break;
-        }
-        case 'controlResult': {
-          const w = slot.controlWaiters.get(m.id);
-          slot.controlWaiters.delete(m.id);
-          if (!w) break;
-          if (m.ok) w.resolve(m.value);
-          else {
-            // keep the handler's own error code (e.g. E_SHAPE from an index build)
-            const code = (ErrorCodes as readonly string[]).includes(m.code!) ? (m.code as ErrorCode) : 'E_WORKER';
-            w.reject(new KvdriveError(code, code === 'E_WORKER' ? `stage '${this.name}' worker ${index} control: ${m.code}: ${m.message}` : m.message!));
-          }
-          break;
-        }
-      }
-    });
-    worker.on('error', (e) => (slot.lastError = e));
-    slot.exited = new Promise<void>((resolve) => {
-      worker.on('exit', (code) => {
-        for (const w of slot.statsWaiters.values()) w(undefined);
-        slot.statsWaiters.clear();
-        for (const w of slot.controlWaiters.values())
-          w.reject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected a control reply, got the worker exiting (code ${code})`));
-        slot.controlWaiters.clear();
-        if (!isReady) readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to start, got exit code ${code}${slot.lastError ? ` (${slot.lastError.message})` : ''}`));
+    const end = (why: string) => {
+      slot.ended = true;
+      goneReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected a control reply, got ${why}`));
+      for (const p of slot.ports) p.close();
+    };
+    slot.done = this.piscina.run(task, { transferList: [api.port2, events.port2] }).then(
+      (r) => {
+        if (r.end === 'initError') readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected createStage to succeed, got ${r.code}: ${r.message}`));
+        else if (!isReady) readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to start, got it leaving (${r.reason})`));
+        end(r.end === 'left' ? `the worker leaving (${r.reason})` : 'a failed start');
+      },
+      (e: unknown) => {
+        const why = deathReason(e);
+        end(`the worker dying (${why})`);
+        if (!isReady) readyReject(new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to start, got ${why}`));
         // Only a worker that had started is replaced: one dying during start-up would die again
         // (its start failure is reported through `ready`: start() rejects, or onFatal).
-        if (isReady && slot.leaving === undefined && !this.closing && this.slots[index] === slot) this.onDeath(index, slot, code);
-        resolve();
-      });
-    });
-    this.allExits.push(slot.exited);
+        else if (this.closing === undefined && this.slots[index] === slot) this.onDeath(index, why);
+      },
+    );
+    this.lifetimes.push(slot.done);
     return slot;
   }
 
-  /** An unrequested exit: reject the batch the worker held and put a new worker in its place. */
-  private onDeath(index: number, slot: Slot, code: number): void {
-    const rec = workerRecord(index);
-    const why = slot.lastError ? `uncaught ${slot.lastError.name}: ${slot.lastError.message}` : `exit code ${code}`;
-    if (Atomics.load(this.ctrl, rec + CW_BUSY) === 1) {
-      const ticket = Atomics.load(this.ctrl, rec + CW_TICKET);
-      Atomics.store(this.ctrl, rec + CW_BUSY, 0);
+  /** An unrequested death: settle what the worker held, then start a new lifetime in its place. */
+  private onDeath(index: number, why: string): void {
+    const record = this.records[index]!;
+    this.opts.input.salvageConsumer(record);
+    this.opts.output.salvageProducer(record);
+    if (record.state === HANDOFF_HELD) {
+      const ticket = record.desc[0]!;
+      record.set(HANDOFF_IDLE);
       this.opts.onBatchError(ticket, new KvdriveError('E_WORKER', `stage '${this.name}' worker ${index}: expected it to finish batch ${ticket}, got the worker dying (${why})`));
     }
     this.restarts++;
-    const fresh = this.spawn(index);
+    const fresh = this.spawn(index, []);
     this.slots[index] = fresh;
     const fatal = (e: KvdriveError) => {
-      if (this.closing) return;
+      if (this.closing !== undefined) return;
       this.opts.onFatal?.(new KvdriveError('E_WORKER', `stage '${this.name}': expected a replacement worker after a death (${why}), got: ${e.message}`));
     };
     fresh.ready.catch(fatal);
-    // Posted now, before the replacement runs its loop: its loop handles every announced control
-    // message before it pops a descriptor.
+    // Sent now; the replacement handles them (after createStage) before it takes a descriptor.
     for (const request of this.opts.replay?.() ?? []) this.controlOne(index, request).catch(fatal);
   }
 
-  /** Sends a control message to worker `index` and wakes it so its loop yields to its event loop. */
-  private post(index: number, m: PoolMessage): void {
-    this.slots[index]!.worker.postMessage(m);
-    Atomics.add(this.ctrl, workerRecord(index) + CW_POSTED, 1);
+  /**
+   * A control-plane call to worker `index`: sent over comlink, announced in CW_POSTED and the input
+   * ring woken so that a worker asleep in its ring wait turns to its event loop. Rejects with
+   * E_WORKER when the worker ends first.
+   */
+  private call<R>(index: number, f: (api: Remote<StageWorkerApi>) => Promise<R>): Promise<R> {
+    const slot = this.slots[index]!;
+    if (slot.ended) return slot.gone;
+    const reply = f(slot.remote);
+    Atomics.add(this.ctrl, workerRecord(index, this.opts.input.words) + CW_POSTED, 1);
     this.opts.input.wakeConsumers();
+    return Promise.race([reply, slot.gone]);
   }
 
   /** Changes the workers' spin budget (µs) over the control plane. */
@@ -294,7 +325,7 @@ export class StagePool {
     const s = opts?.spinMicros;
     if (typeof s !== 'number' || !(s >= 0 && s <= 100_000)) fail('E_CONFIG', `stage '${this.name}' spinMicros`, 'a number in [0, 100000]', s);
     this.spinMicros = s;
-    for (let i = 0; i < this.slots.length; i++) this.post(i, { type: 'config', spinMicros: s });
+    for (let i = 0; i < this.slots.length; i++) this.call(i, (w) => w.configure(s)).catch(() => {}); // a dead worker's replacement starts with this.spinMicros
   }
 
   /**
@@ -306,39 +337,39 @@ export class StagePool {
     return Promise.all(this.slots.map((_, i) => this.controlOne(i, request)));
   }
 
-  private controlOne(index: number, request: unknown): Promise<unknown> {
-    const slot = this.slots[index]!;
-    return new Promise<unknown>((resolve, reject) => {
-      const id = this.nextStatsId++;
-      slot.controlWaiters.set(id, { resolve, reject });
-      this.post(index, { type: 'control', id, request });
-    });
+  private async controlOne(index: number, request: unknown): Promise<unknown> {
+    const reply: ControlReply = await this.call(index, (w) => w.control(request) as Promise<ControlReply>);
+    if (reply.ok) return reply.value;
+    // keep the handler's own error code (e.g. E_SHAPE from an index build)
+    const code = (ErrorCodes as readonly string[]).includes(reply.code) ? (reply.code as ErrorCode) : 'E_WORKER';
+    throw new KvdriveError(code, code === 'E_WORKER' ? `stage '${this.name}' worker ${index} control: ${reply.code}: ${reply.message}` : reply.message);
   }
 
   /**
-   * @internal Fault injection for tests: kills worker `index` abruptly (Worker.terminate, no
-   * 'leaving' message), exactly like a crash — the pool rejects the batch it held with E_WORKER and
-   * starts a replacement. Resolves once the thread is gone.
+   * @internal Fault injection for tests: kills worker `index` abruptly (its thread terminated, no
+   * chance to leave its loop), exactly like a crash — the pool settles what it held and starts a
+   * replacement. Resolves once the death has been handled.
    */
   async killWorker(index: number): Promise<void> {
     const slot = this.slots[index];
     if (!slot) fail('E_RANGE', `stage '${this.name}' worker`, `an index in [0, ${this.slots.length})`, index);
-    await slot.worker.terminate();
+    await slot.ready;
+    const thread = this.piscina.threads.find((t) => t.threadId === slot.threadId);
+    if (!thread) throw new KvdriveError('E_INTERNAL', `stage '${this.name}' worker ${index}: expected its thread ${slot.threadId} among the pool's threads, got none`);
+    await thread.terminate();
+    await slot.done;
+  }
+
+  /** @internal Arms a fault in the running worker `index` (tests); see StageFault. */
+  async arm(index: number, fault: StageFault): Promise<void> {
+    if (!this.slots[index]) fail('E_RANGE', `stage '${this.name}' worker`, `an index in [0, ${this.slots.length})`, index);
+    await this.call(index, (w) => w.arm(fault));
   }
 
   /** Collects the workers' counters over the control plane. */
   async stats(): Promise<StageStats> {
     if (this.closing) throw new KvdriveError('E_CLOSED', `stage '${this.name}' stats: expected an open pool, got one that was closed`);
-    const parts = await Promise.all(
-      this.slots.map(
-        (slot, i) =>
-          new Promise<StageWorkerStats | undefined>((resolve) => {
-            const id = this.nextStatsId++;
-            slot.statsWaiters.set(id, resolve);
-            this.post(i, { type: 'stats', id });
-          }),
-      ),
-    );
+    const parts = await Promise.all(this.slots.map((_, i) => this.call(i, (w) => w.stats()).catch(() => undefined)));
     const workers = parts.filter((p): p is StageWorkerStats => p !== undefined);
     const sum = (k: 'items' | 'errors' | 'busyMs' | 'waitInputMs' | 'waitOutputMs') => workers.reduce((a, w) => a + w[k], 0);
     return {
@@ -356,21 +387,30 @@ export class StagePool {
 
   /**
    * Stops every worker and resolves once all threads (replacements included) have exited. Workers
-   * leave their loop at the next round; one stuck in a stage function or in a ring the owner did not
-   * abort is terminated after closeTimeoutMs. Idempotent.
+   * are told to stop over the control plane and leave their loop at the next round; one stuck in
+   * a stage function or in a ring the owner did not abort is terminated after closeTimeoutMs (the
+   * piscina pool is destroyed, which joins every thread). Idempotent.
    */
-  async close(): Promise<void> {
-    this.closing = true;
-    Atomics.store(this.ctrl, CTRL_STOP, 1);
-    this.opts.input.wakeConsumers();
-    const all = Promise.all(this.allExits);
-    let timer: NodeJS.Timeout | undefined;
-    const timedOut = await Promise.race([
-      all.then(() => false),
-      new Promise<boolean>((r) => (timer = setTimeout(() => r(true), this.opts.closeTimeoutMs ?? 2000))),
-    ]);
-    clearTimeout(timer);
-    if (timedOut) await Promise.all(this.slots.map((s) => s.worker.terminate()));
-    await all;
+  close(): Promise<void> {
+    this.closing ??= this.shutdown();
+    return this.closing;
   }
+
+  private async shutdown(): Promise<void> {
+    for (let i = 0; i < this.slots.length; i++) this.call(i, (w) => w.stop()).catch(() => {});
+    const all = Promise.all(this.lifetimes);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([all, new Promise<void>((r) => (timer = setTimeout(r, this.opts.closeTimeoutMs ?? 2000)))]);
+    clearTimeout(timer);
+    await this.piscina.destroy();
+    for (const s of this.slots) for (const p of s.ports) p.close();
+  }
+}
+
+/** How a piscina task failure reads: "exit code N" for an exit, else the uncaught error. */
+function deathReason(e: unknown): string {
+  const m = e instanceof Error ? /^worker exited with code: (-?\d+)$/.exec(e.message) : null;
+  if (m) return `exit code ${m[1]}`;
+  if (e instanceof Error) return `uncaught ${e.name}: ${e.message}`;
+  return `uncaught ${String(e)}`;
 }

@@ -1,91 +1,38 @@
 /**
- * Entry point of a stage worker thread (loaded from dist/ by {@link StagePool}).
+ * The piscina task of a stage worker thread (loaded from dist/ by {@link StagePool}): one call per
+ * worker lifetime, which loops until it is told to stop.
  *
- * The loop: pop a descriptor from the input ring (spin, then Atomics.wait), mark it as held in the
- * control block, run the stage function on shared memory, push the descriptor to the output ring
- * (waiting while it is full), unmark. Nothing per micro-batch goes over postMessage; messages are
- * only the control plane. Because Atomics.wait blocks this thread's event loop, the pool announces
- * every control message by incrementing this worker's CW_POSTED word and waking the input ring;
- * the loop then yields to the event loop until the message handler has caught up.
+ * The loop: pop a descriptor from the input ring into this worker's hand-off record (spin, then
+ * Atomics.wait), run the stage function on shared memory, push the descriptor to the output ring
+ * (waiting while it is full). Nothing per micro-batch goes over a MessagePort. The control plane
+ * (stats, configuration, control requests, stop) is a comlink API on the task's `api` port; the
+ * only worker → pool event is a failed batch. Because Atomics.wait blocks this thread's event loop,
+ * the pool announces every control call by incrementing this worker's CW_POSTED word and waking the
+ * input ring; the loop then yields to the event loop until the call has been handled. The wait
+ * re-checks CW_POSTED after reading the ring's wake-up epoch (PopWaitOptions.wakeIf), so an
+ * announcement landing between the loop's check and the wait cannot be slept through.
  */
-import { parentPort, workerData } from 'node:worker_threads';
+import { threadId } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
-import { RingQueue } from './ring-queue.js';
+import { expose, wrap } from 'comlink';
+import { portEndpoint } from './comlink-port.js';
+import { HANDOFF_HELD, HANDOFF_IDLE, HandoffRecord, RingQueue } from './ring-queue.js';
 import { KvdriveError, isKvdriveError } from '../errors.js';
 import {
-  CTRL_STOP,
-  CW_BUSY,
+  CW_HANDOFF,
   CW_POSTED,
-  CW_TICKET,
   workerRecord,
   type ControlFn,
+  type ControlReply,
   type CreateStage,
-  type PoolMessage,
+  type StageFault,
   type StageFn,
-  type StageWorkerData,
+  type StagePoolEvents,
+  type StageTask,
+  type StageTaskEnd,
+  type StageWorkerApi,
   type StageWorkerStats,
-  type WorkerMessage,
 } from './stage-contract.js';
-
-const data = workerData as StageWorkerData;
-// Sleep slice of an idle worker; control messages and stop wake it earlier through the ring.
-const IDLE_SLICE_MS = data.idleSliceMs;
-const passes = new Map<string, number>();
-function faultPoint(point: string): void {
-  for (const f of data.faults) {
-    if (f.point !== point || (f.worker ?? 0) !== data.index) continue;
-    const n = (passes.get(point) ?? 0) + 1;
-    passes.set(point, n);
-    if (n !== (f.nth ?? 1)) continue;
-    if (f.action === 'exit') process.exit(7);
-    const g = new Int32Array(f.gate!);
-    Atomics.store(g, 0, 1);
-    Atomics.notify(g, 0);
-    while (Atomics.load(g, 1) === 0) Atomics.wait(g, 1, 0, 100);
-  }
-}
-const port = parentPort!;
-const ctrl = new Int32Array(data.control);
-const rec = workerRecord(data.index);
-const input = RingQueue.attach(data.input, { spinMicros: data.spinMicros });
-const output = RingQueue.attach(data.output, { spinMicros: data.spinMicros });
-const stats: StageWorkerStats = { worker: data.index, items: 0, errors: 0, busyMs: 0, waitInputMs: 0, waitOutputMs: 0 };
-let handled = 0;
-let control: ControlFn | undefined;
-// Control messages are handled strictly one after another (an async handler finishes before the
-// next starts) and `handled` counts finished ones; the loop takes no descriptor while behind.
-// Messages can arrive before createStage has finished (a replacement's replay is posted at spawn):
-// the chain starts behind initialization.
-let initDone!: () => void;
-let controlChain: Promise<void> = new Promise<void>((r) => (initDone = r));
-let caughtUp: (() => void) | undefined;
-
-const send = (m: WorkerMessage) => port.postMessage(m);
-
-async function handle(m: PoolMessage): Promise<void> {
-  if (m.type === 'stats') send({ type: 'stats', id: m.id, stats: { ...stats } });
-  else if (m.type === 'config') {
-    input.spinMicros = m.spinMicros;
-    output.spinMicros = m.spinMicros;
-  } else if (m.type === 'control') {
-    try {
-      if (!control) throw new KvdriveError('E_CONFIG', `stage '${data.stage}' control: expected a stage with a control handler, got one without`);
-      send({ type: 'controlResult', id: m.id, ok: true, value: await control(m.request) });
-    } catch (e) {
-      send({ type: 'controlResult', id: m.id, ok: false, ...errorInfo(e) });
-    }
-  }
-}
-
-port.on('message', (m: PoolMessage) => {
-  controlChain = controlChain.then(() => handle(m)).then(() => {
-    handled++;
-    caughtUp?.();
-  });
-});
-
-/** Resolves once some control message finished (the loop then re-checks the count). */
-const controlProgress = () => new Promise<void>((r) => (caughtUp = r));
 
 function errorInfo(e: unknown): { code: string; message: string } {
   if (isKvdriveError(e)) return { code: e.code, message: e.message };
@@ -93,83 +40,160 @@ function errorInfo(e: unknown): { code: string; message: string } {
   return { code: 'Error', message: String(e) };
 }
 
-/** The worker loop; returns why it ended (any other end is a thrown error: a death). */
-async function run(fn: StageFn): Promise<string> {
-  const desc = new Int32Array(input.words);
-  const user = desc.subarray(1); // word 0 is the pipeline's ticket
-  for (;;) {
-    if (Atomics.load(ctrl, CTRL_STOP) !== 0) return 'stop';
-    if (Atomics.load(ctrl, rec + CW_POSTED) !== handled) {
-      // Behind on the control plane: wait (on the event loop, so messages arrive) for a message to
-      // finish; a short timer covers a message posted but not yet delivered.
-      await Promise.race([controlProgress(), new Promise<void>((r) => setTimeout(r, 1))]);
-      continue;
-    }
-    faultPoint('beforeWait');
-    let t = performance.now();
-    let status;
-    try {
-      status = input.popWait(desc, IDLE_SLICE_MS);
-    } catch (e) {
-      if (isKvdriveError(e, 'E_CLOSED')) return 'input aborted'; // by the owner
-      throw e;
-    }
-    let t2 = performance.now();
-    stats.waitInputMs += t2 - t;
-    if (status === 'closed') return 'input closed';
-    if (status === 'idle') continue;
-    faultPoint('popped');
+/** Piscina entry: runs one stage worker until it leaves its loop. */
+export default async function stageTask(task: StageTask): Promise<StageTaskEnd> {
+  const ctrl = new Int32Array(task.control);
+  const input = RingQueue.attach(task.input, { spinMicros: task.spinMicros });
+  const output = RingQueue.attach(task.output, { spinMicros: task.spinMicros });
+  const rec = workerRecord(task.index, input.words);
+  const posted = rec + CW_POSTED;
+  // The pool reset it (id = index + 1) before submitting this task.
+  const record = new HandoffRecord(ctrl, rec + CW_HANDOFF, input.words);
+  const stats: StageWorkerStats = { worker: task.index, items: 0, errors: 0, busyMs: 0, waitInputMs: 0, waitOutputMs: 0 };
+  const events = wrap<StagePoolEvents>(portEndpoint(task.events));
+  const faults: StageFault[] = task.faults.filter((f) => (f.worker ?? 0) === task.index);
+  const passes = new Map<string, number>();
+  let control: ControlFn | undefined;
+  let stopRequested = false;
+  let handled = 0;
+  // Announced calls run strictly one after another (an async handler finishes before the next
+  // starts) and `handled` counts finished ones. Calls can arrive before createStage has finished
+  // (a replacement's replayed requests are sent at once): the chain starts behind initialization.
+  let initDone!: () => void;
+  const initialized = new Promise<void>((r) => (initDone = r));
+  let chain: Promise<unknown> = initialized;
+  let caughtUp: (() => void) | undefined;
+  const announced = <A extends unknown[], R>(fn: (...a: A) => R | Promise<R>) =>
+    (...args: A): Promise<R> => {
+      const run = chain.then(() => fn(...args));
+      chain = run.then(
+        () => undefined,
+        () => undefined,
+      ).then(() => {
+        handled++;
+        caughtUp?.();
+      });
+      return run;
+    };
 
-    Atomics.store(ctrl, rec + CW_TICKET, desc[0]!);
-    Atomics.store(ctrl, rec + CW_BUSY, 1);
-    try {
-      const r = fn(user);
-      if (r !== undefined && typeof (r as Promise<void>).then === 'function') await r;
-    } catch (e) {
-      stats.errors++;
-      send({ type: 'batchError', ticket: desc[0]!, ...errorInfo(e) });
-      Atomics.store(ctrl, rec + CW_BUSY, 0);
-      continue;
+  const api: StageWorkerApi = {
+    stats: announced(() => ({ ...stats })),
+    configure: announced((spin: number) => {
+      input.spinMicros = spin;
+      output.spinMicros = spin;
+    }),
+    control: announced(async (request: unknown): Promise<ControlReply> => {
+      try {
+        if (!control) throw new KvdriveError('E_CONFIG', `stage '${task.stage}' control: expected a stage with a control handler, got one without`);
+        return { ok: true, value: await control(request) };
+      } catch (e) {
+        return { ok: false, ...errorInfo(e) };
+      }
+    }),
+    stop: announced(() => {
+      stopRequested = true;
+    }),
+    arm: announced((f: StageFault) => {
+      faults.push(f);
+    }),
+  };
+  expose(api, portEndpoint(task.api));
+
+  function faultPoint(point: StageFault['point']): void {
+    for (const f of faults) {
+      if (f.point !== point) continue;
+      const n = (passes.get(point) ?? 0) + 1;
+      passes.set(point, n);
+      if (n !== (f.nth ?? 1)) continue;
+      if (f.action === 'exit') process.exit(7);
+      const g = new Int32Array(f.gate!);
+      Atomics.store(g, 0, 1);
+      Atomics.notify(g, 0);
+      while (Atomics.load(g, 1) === 0) Atomics.wait(g, 1, 0, 100);
     }
-    t = performance.now();
-    stats.busyMs += t - t2;
-    try {
-      output.push(desc);
-    } catch (e) {
-      if (isKvdriveError(e, 'E_CLOSED')) return 'output closed'; // the owner rejects what is in flight
-      throw e;
-    }
-    faultPoint('pushed');
-    t2 = performance.now();
-    stats.waitOutputMs += t2 - t;
-    stats.items++;
-    Atomics.store(ctrl, rec + CW_BUSY, 0);
   }
-}
 
-async function main(): Promise<void> {
+  /** Lets pending microtasks (comlink replies) and I/O callbacks run. */
+  const yieldToEventLoop = () => new Promise<void>((r) => setImmediate(r));
+  const behind = () => Atomics.load(ctrl, posted) !== handled;
+  const wait = { wakeIf: behind, record };
+
+  /** The worker loop; returns why it ended (any other end is a thrown error: a death). */
+  async function run(fn: StageFn): Promise<string> {
+    const desc = record.desc;
+    const user = desc.subarray(1); // word 0 is the pipeline's ticket
+    for (;;) {
+      if (behind()) {
+        // Behind on the control plane: wait (on the event loop, so messages arrive) for a call to
+        // finish; a short timer covers a call announced but not yet delivered.
+        await Promise.race([new Promise<void>((r) => (caughtUp = r)), new Promise<void>((r) => setTimeout(r, 1))]);
+        if (!behind()) await yieldToEventLoop(); // flush the replies before the next blocking wait
+        continue;
+      }
+      if (stopRequested) return 'stop';
+      faultPoint('beforeWait');
+      let t = performance.now();
+      let status;
+      try {
+        status = input.popWait(desc, task.idleSliceMs, wait);
+      } catch (e) {
+        if (isKvdriveError(e, 'E_CLOSED')) return 'input aborted'; // by the owner
+        throw e;
+      }
+      let t2 = performance.now();
+      stats.waitInputMs += t2 - t;
+      if (status === 'closed') return 'input closed';
+      if (status === 'idle') continue;
+      faultPoint('popped');
+      try {
+        const r = fn(user);
+        if (r !== undefined && typeof (r as Promise<void>).then === 'function') await r;
+      } catch (e) {
+        stats.errors++;
+        const { code, message } = errorInfo(e);
+        void events.batchError(desc[0]!, code, message);
+        record.set(HANDOFF_IDLE); // after reporting: a death in between rejects it again, harmlessly
+        continue;
+      }
+      t = performance.now();
+      stats.busyMs += t - t2;
+      try {
+        output.push(desc, record);
+      } catch (e) {
+        if (isKvdriveError(e, 'E_CLOSED')) return 'output closed'; // the owner rejects what is in flight
+        throw e;
+      }
+      faultPoint('pushed');
+      t2 = performance.now();
+      stats.waitOutputMs += t2 - t;
+      stats.items++;
+    }
+  }
+
   let fn: StageFn;
   try {
-    const mod = (await import(data.moduleUrl.startsWith('file:') ? data.moduleUrl : pathToFileURL(data.moduleUrl).href)) as {
-      createStage?: CreateStage;
-    };
-    if (typeof mod.createStage !== 'function') throw new Error(`${data.moduleUrl} does not export a function createStage(init, ctx)`);
-    const made = await mod.createStage(data.init, { stage: data.stage, worker: data.index });
+    const mod = (await import(task.moduleUrl.startsWith('file:') ? task.moduleUrl : pathToFileURL(task.moduleUrl).href)) as { createStage?: CreateStage };
+    if (typeof mod.createStage !== 'function') throw new Error(`${task.moduleUrl} does not export a function createStage(init, ctx)`);
+    const made = await mod.createStage(task.init, { stage: task.stage, worker: task.index });
     if (typeof made === 'function') fn = made;
     else if (made !== null && typeof made === 'object' && typeof made.run === 'function') {
       fn = made.run;
       control = made.control;
-    } else throw new Error(`createStage of ${data.moduleUrl} returned ${typeof made}, not a function or { run, control? }`);
+    } else throw new Error(`createStage of ${task.moduleUrl} returned ${typeof made}, not a function or { run, control? }`);
   } catch (e) {
-    send({ type: 'initError', ...errorInfo(e) });
-    port.close();
-    return;
+    task.api.close();
+    task.events.close();
+    return { end: 'initError', ...errorInfo(e) };
   }
   initDone();
-  send({ type: 'ready' });
-  const reason = await run(fn);
-  send({ type: 'leaving', reason });
-  port.close(); // nothing else keeps the thread alive: it exits
+  void events.ready(threadId);
+  try {
+    const reason = await run(fn);
+    if (record.state === HANDOFF_HELD) record.set(HANDOFF_IDLE); // the owner rejects what is in flight
+    return { end: 'left', reason };
+  } finally {
+    await yieldToEventLoop(); // let the reply to stop() go out
+    task.api.close();
+    task.events.close();
+  }
 }
-
-void main();
