@@ -13,6 +13,7 @@ import { availableParallelism } from 'node:os';
 import { KvdriveError, fail } from '../errors.js';
 import { RingQueue } from './ring-queue.js';
 import { StagePool, type StageSpec, type StageStats } from './stage-pool.js';
+import type { StageFault } from './stage-contract.js';
 
 /** Options of {@link Pipeline.start}. */
 export interface PipelineOptions {
@@ -154,6 +155,13 @@ export class Pipeline {
     const pool = this.pools[stage];
     if (!pool) fail('E_RANGE', 'pipeline killWorker stage', `an index in [0, ${this.pools.length})`, stage);
     return pool.killWorker(worker);
+  }
+
+  /** @internal Arms a fault in worker `worker` of stage `stage` (see StagePool.arm). */
+  arm(stage: number, worker: number, fault: StageFault): Promise<void> {
+    const pool = this.pools[stage];
+    if (!pool) fail('E_RANGE', 'pipeline arm stage', `an index in [0, ${this.pools.length})`, stage);
+    return pool.arm(worker, fault);
   }
 
   /** Changes the spin budget of every worker endpoint (µs). */

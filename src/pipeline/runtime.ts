@@ -356,6 +356,8 @@ export class Runtime {
   private readonly tier: HotTier | undefined;
   /** tokens[seq * layers + layer]: context length of that layer; -1 = layer not prefilled. */
   private readonly tokens: Int32Array;
+  /** Prompt length of each (seq, layer), where its index was built (rebuilt there after a crash). */
+  private readonly prefilled: Int32Array;
   /** Per sequence handle: 0 free, 1 open. */
   private readonly open: Uint8Array;
   private readonly freeSlots: number[];
@@ -422,20 +424,23 @@ export class Runtime {
     this.local = mode === 'sequential' ? new DecodeState(init) : undefined;
     const { maxSequences } = store.layout;
     this.tokens = new Int32Array(maxSequences * init.shape.layers).fill(-1);
+    this.prefilled = new Int32Array(maxSequences * init.shape.layers);
     this.open = new Uint8Array(maxSequences);
     this.freeSlots = Array.from({ length: arena.layout.slots }, (_, i) => i);
   }
 
-  /** @internal Build requests recreating every index at its current length (selection worker replacement). */
+  /**
+   * @internal Build requests recreating every index (selection worker replacement): built over the
+   * prompt as at prefill; the next selection extends it to the current length exactly as the lost
+   * worker had (extends catch up over any number of tokens), so outputs do not depend on the crash.
+   */
   indexRebuildRequests(): DecodeControl[] {
     const L = this.shape.layers;
     const out: DecodeControl[] = [];
     for (let seq = 0; seq < this.open.length; seq++)
       if (this.open[seq] === 1)
-        for (let l = 0; l < L; l++) {
-          const tokens = this.tokens[seq * L + l]!;
-          if (tokens >= 0) out.push({ type: 'build', seq, layer: l, tokens });
-        }
+        for (let l = 0; l < L; l++)
+          if (this.tokens[seq * L + l]! >= 0) out.push({ type: 'build', seq, layer: l, tokens: this.prefilled[seq * L + l]! });
     return out;
   }
 
@@ -522,6 +527,7 @@ export class Runtime {
       const ssdChunks = this.ssd && this.ssdLayout === 'clusters' ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
       const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
+      this.prefilled[seq * this.shape.layers + layer] = k.tokens;
       const layout = (this.pipeline ? (await this.pipeline.control(0, req))[0] : await this.local!.control(req)) as ClusterLayout[] | undefined;
       if (window > 0) {
         // Warm candidates are the chunks the index can select: [sinkEnd, tailStart) by the
@@ -709,15 +715,16 @@ export class Runtime {
 
   /**
    * @internal Fault injection for tests: kills the worker thread of stage `stage` (pipelined mode)
-   * like a crash. The runtime recovers by itself: the batch it held rejects with E_WORKER, a
-   * replacement starts (the selection stage's replacement rebuilds every index first).
+   * like a crash — now, or (`at`) when it next has just popped a micro-batch or just handed one on.
+   * The runtime recovers by itself: a batch the worker held and had not handed on rejects with
+   * E_WORKER, a replacement starts (the selection stage's replacement rebuilds every index first).
    */
-  killStageWorker(stage: 'selection' | 'fetch' | 'compute'): Promise<void> {
+  killStageWorker(stage: 'selection' | 'fetch' | 'compute', at: 'now' | 'popped' | 'pushed' = 'now'): Promise<void> {
     if (!this.pipeline) throw new KvdriveError('E_CONFIG', 'killStageWorker: expected a pipelined runtime, got a sequential one');
     const names = ['selection', ...(this.tier || this.ssd ? ['fetch'] : []), 'compute'];
     const i = names.indexOf(stage);
     if (i < 0) fail('E_RANGE', 'killStageWorker stage', names.join(', '), stage);
-    return this.pipeline.killWorker(i);
+    return at === 'now' ? this.pipeline.killWorker(i) : this.pipeline.arm(i, 0, { point: at, action: 'exit' });
   }
 
   /** Time breakdown since open (see {@link RuntimeStats}). */
