@@ -78,6 +78,15 @@ describe('stage worker faults', () => {
     await pool.close();
   }, 10_000);
 
+  it('a worker exceeding its resourceLimits dies like a crash: its batch fails with E_WORKER, a replacement takes over', async () => {
+    const p = await Pipeline.start({ stages: [{ ...stage('a', 1), resourceLimits: { maxOldGenerationSizeMb: 24 } }], words: 4 });
+    await expectKvdError(() => p.submit([6, 1, 0, 0]), 'E_WORKER', /stage 'a' worker 0: expected it to finish batch \d+, got the worker dying \(uncaught .*memory/i);
+    expect((await p.submit([0, 2, 0, 0]))[3]).toBe(3);
+    expect((await p.stats()).stages[0]!.restarts).toBe(1);
+    await p.close();
+    await expectKvdError(() => Pipeline.start({ stages: [{ ...stage('a', 1), resourceLimits: { maxOldGenerationSizeMb: -1 } }], words: 4 }), 'E_CONFIG', /resourceLimits: expected an object of positive numbers/);
+  }, 20_000);
+
   it('after deaths and replacements, close() leaves no threads and no file descriptors', async () => {
     const threads0 = await osThreads();
     const fd0 = fds();

@@ -7,10 +7,12 @@ import { StagePool } from '../src/pipeline/stage-pool.js';
 import { RingQueue } from '../src/pipeline/ring-queue.js';
 import { expectKvdError } from './helpers.js';
 import { osThreads } from './threads.js';
+import { readdirSync } from 'node:fs';
 import { distPath, testWorker } from './dist.js';
 
 distPath('src/pipeline/stage-worker.js'); // fail early with the build hint
 const fixture = testWorker('stage-fixture.mjs');
+const fds = () => readdirSync('/proc/self/fd').length;
 const stage = (name: string, mul: number, add: number, extra: Record<string, unknown> = {}) => ({
   name,
   module: fixture,
@@ -20,6 +22,7 @@ const stage = (name: string, mul: number, add: number, extra: Record<string, unk
 describe('Pipeline of stage pools', () => {
   it('runs many batches through two stages over shared memory, nothing over postMessage per batch', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     const arena = new SharedArrayBuffer(8 * 8);
     const p = await Pipeline.start({ stages: [stage('a', 2, 1), stage('b', 3, 0, { arena })], words: 4, capacity: 8 });
     const n = 2000;
@@ -40,6 +43,7 @@ describe('Pipeline of stage pools', () => {
     ]);
     await p.close();
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('a throwing stage function rejects only its batch with E_WORKER; the next batch succeeds', async () => {
@@ -59,6 +63,7 @@ describe('Pipeline of stage pools', () => {
 
   it('a worker that calls process.exit rejects its batch with E_WORKER, is replaced, and the next batch succeeds', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     const p = await Pipeline.start({ stages: [stage('a', 1, 0), stage('b', 1, 1)], words: 4 });
     await expectKvdError(() => p.submit([2, 0, 0, 0]), 'E_WORKER', /stage 'a' worker 0: expected it to finish batch \d+, got the worker dying \(exit code 3\)/);
     expect((await p.submit([0, 10, 0, 0]))[3]).toBe(11);
@@ -66,6 +71,7 @@ describe('Pipeline of stage pools', () => {
     expect(st.stages[0]!.restarts).toBe(1);
     await p.close();
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('an uncaught error inside a worker rejects its batch with E_WORKER and the pool recovers', async () => {
@@ -87,6 +93,7 @@ describe('Pipeline of stage pools', () => {
 
   it('a replacement that cannot start is fatal: outstanding and later batches fail with E_WORKER', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     const starts = new SharedArrayBuffer(4 * 4);
     // stage b's healthy worker then leaves on the aborted rings: that is not a death to replace
     const startsB = new SharedArrayBuffer(4 * 4);
@@ -100,10 +107,12 @@ describe('Pipeline of stage pools', () => {
     expect(Atomics.load(new Int32Array(startsB), 0)).toBe(1); // b was never "replaced"
     await p.close();
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('close rejects outstanding batches with E_CLOSED, leaves no threads, and later use fails', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     const p = await Pipeline.start({ stages: [stage('a', 1, 0), stage('b', 1, 0)], words: 4, capacity: 2 });
     expect(await osThreads()).toBeGreaterThan(before);
     // settle() observes each rejection now, so none is unhandled while close() runs
@@ -117,6 +126,7 @@ describe('Pipeline of stage pools', () => {
     await expectKvdError(() => p.submit([0, 1, 0, 0]), 'E_CLOSED', /expected an open pipeline/);
     await expectKvdError(() => p.stats(), 'E_CLOSED');
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('control plane: stats and configure reach sleeping workers', async () => {
@@ -190,14 +200,18 @@ describe('validation', () => {
 
   it('a stage whose createStage throws fails start with E_WORKER and leaves no threads', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { failInit: true })], words: 4 }), 'E_WORKER', /expected createStage to succeed, got Error: init refused/);
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('a worker that exits during start-up fails start with E_WORKER and is not restarted', async () => {
     const before = await osThreads();
+    const fd0 = fds();
     await expectKvdError(() => Pipeline.start({ stages: [stage('a', 1, 0, { exitInit: true })], words: 4 }), 'E_WORKER', /expected it to start, got exit code 5/);
     expect(await osThreads()).toBe(before);
+    expect(fds()).toBe(fd0);
   });
 
   it('StagePool.close terminates a worker stuck in its stage function after closeTimeoutMs', async () => {

@@ -3,6 +3,7 @@
 //   op 1: throw an Error   op 2: process.exit(3)   op 3: uncaught error from a timer
 //   op 4: spin forever (only for close-timeout tests)
 //   op 5: with init.gate, set word 0 of the gate and wait until word 1 is set; then as op 0
+//   op 6: allocate JS heap without bound (for resource-limit tests)
 // init.failInit: createStage throws. init.failOnRespawn: throw when ctx shows a replacement
 // (a SharedArrayBuffer counter `init.starts` counts createStage calls per worker index 0).
 export function createStage(init, ctx) {
@@ -34,6 +35,10 @@ export function createStage(init, ctx) {
         return new Promise(() => {});
       case 4:
         for (;;);
+      case 6: {
+        const hoard = [];
+        for (;;) hoard.push(new Array(1 << 16).fill(desc[1]));
+      }
       case 5:
         if (init.gate) {
           const g = new Int32Array(init.gate);
