@@ -10,12 +10,14 @@
  */
 import { parentPort, workerData, type MessagePort } from 'node:worker_threads';
 import { Bench } from 'tinybench';
-import { RingQueue } from '../src/pipeline/ring-queue.js';
+import { HANDOFF_HEADER_WORDS, HandoffRecord, RingQueue } from '../src/pipeline/ring-queue.js';
 
 export interface EchoRing {
   ping: SharedArrayBuffer;
   pong: SharedArrayBuffer;
   spinMicros: number;
+  /** Echo through a hand-off record (as stage workers do: pop lock, claims, push lock). */
+  record?: boolean;
 }
 
 const nowNs = () => Number(process.hrtime.bigint());
@@ -29,8 +31,20 @@ function busyWaitMicros(us: number): void {
 async function echoRing(d: EchoRing): Promise<void> {
   const ping = RingQueue.attach(d.ping, { spinMicros: d.spinMicros });
   const pong = RingQueue.attach(d.pong, { spinMicros: d.spinMicros });
-  const desc = new Int32Array(ping.words);
-  while (ping.pop(desc)) pong.push(desc);
+  if (!d.record) {
+    const desc = new Int32Array(ping.words);
+    while (ping.pop(desc)) pong.push(desc);
+    return;
+  }
+  const words = new Int32Array(new SharedArrayBuffer((HANDOFF_HEADER_WORDS + ping.words) * 4));
+  const record = new HandoffRecord(words, 0, ping.words);
+  record.reset(1);
+  const opts = { record };
+  for (;;) {
+    const s = ping.popWait(record.desc, Infinity, opts);
+    if (s === 'closed') return;
+    if (s === 'item') pong.push(record.desc, record);
+  }
 }
 
 /** Round-trip tasks for a tinybench run: each task is one ping and its pong. */

@@ -6,6 +6,8 @@
  *   3. paced one-way worker → worker (a descriptor every G µs, so a sleeper has time to fall
  *      asleep): same three strategies, G = 20 µs and 200 µs
  * Hand-off latency = round trip / 2 in 1–2. Ratios are against postMessage measured in the same run.
+ * In 1–2 a fourth variant echoes through a HandoffRecord (pop and push under the ring's side locks,
+ * with claims), which is how stage workers hand descriptors on; compare it with 'ring pure wait'.
  *
  * Run: npm run build:ts && node dist/bench/ring-queue.bench.js [--time 500] [--spin 50]
  */
@@ -35,10 +37,11 @@ function start(data: Record<string, unknown>, transfer: unknown[] = []): { w: Wo
   return { w, msg, exit };
 }
 
-const mkRing = (spinMicros: number): EchoRing => ({
+const mkRing = (spinMicros: number, record = false): EchoRing => ({
   ping: RingQueue.create({ capacity: 8, words: 4 }).buffer,
   pong: RingQueue.create({ capacity: 8, words: 4 }).buffer,
   spinMicros,
+  record,
 });
 
 function closeRing(r: EchoRing): void {
@@ -68,8 +71,9 @@ function table(title: string, rows: Row[], baseline: string, halve: boolean): vo
 async function workerToWorker(): Promise<Row[]> {
   const spin = mkRing(SPIN);
   const wait = mkRing(0);
+  const rec = mkRing(0, true);
   const ch = new MessageChannel();
-  const echoes = [start({ role: 'echo-ring', ...spin }), start({ role: 'echo-ring', ...wait }), start({ role: 'echo-port', port: ch.port2 }, [ch.port2])];
+  const echoes = [start({ role: 'echo-ring', ...spin }), start({ role: 'echo-ring', ...wait }), start({ role: 'echo-port', port: ch.port2 }, [ch.port2]), start({ role: 'echo-ring', ...rec })];
   const pinger = start(
     {
       role: 'pinger',
@@ -77,6 +81,7 @@ async function workerToWorker(): Promise<Row[]> {
       rings: [
         { name: `ring spin ${SPIN}µs then wait`, ring: spin },
         { name: 'ring pure wait', ring: wait },
+        { name: 'ring pure wait, echo via hand-off record', ring: rec },
       ],
       port: ch.port1,
     },
@@ -85,22 +90,25 @@ async function workerToWorker(): Promise<Row[]> {
   const rows = (await pinger.msg) as Row[];
   closeRing(spin);
   closeRing(wait);
+  closeRing(rec);
   await echoes[2]!.w.terminate(); // the port echo has no loop to leave
-  await Promise.all([echoes[0]!.exit, echoes[1]!.exit, pinger.exit]);
+  await Promise.all([echoes[0]!.exit, echoes[1]!.exit, echoes[3]!.exit, pinger.exit]);
   return rows;
 }
 
 async function mainToWorker(): Promise<Row[]> {
   const spin = mkRing(SPIN);
   const wait = mkRing(0);
+  const rec = mkRing(0, true);
   const ch = new MessageChannel();
-  const echoes = [start({ role: 'echo-ring', ...spin }), start({ role: 'echo-ring', ...wait }), start({ role: 'echo-port', port: ch.port2 }, [ch.port2])];
+  const echoes = [start({ role: 'echo-ring', ...spin }), start({ role: 'echo-ring', ...wait }), start({ role: 'echo-port', port: ch.port2 }, [ch.port2]), start({ role: 'echo-ring', ...rec })];
   const bench = new Bench({ time: TIME_MS, warmupTime: 100 });
   roundTripTasks(
     bench,
     [
       { name: `ring spin ${SPIN}µs then waitAsync`, ring: spin },
       { name: 'ring pure waitAsync', ring: wait },
+      { name: 'ring pure waitAsync, echo via hand-off record', ring: rec },
     ],
     ch.port1,
     false,
@@ -108,9 +116,10 @@ async function mainToWorker(): Promise<Row[]> {
   await bench.run();
   closeRing(spin);
   closeRing(wait);
+  closeRing(rec);
   ch.port1.close();
   await echoes[2]!.w.terminate();
-  await Promise.all([echoes[0]!.exit, echoes[1]!.exit]);
+  await Promise.all([echoes[0]!.exit, echoes[1]!.exit, echoes[3]!.exit]);
   return bench.tasks.map((t) => {
     const l = (t.result as { latency: { p50: number; p99: number; mean: number; samplesCount: number } }).latency;
     return { name: t.name, p50: l.p50, p99: l.p99, mean: l.mean, samples: l.samplesCount };
@@ -159,9 +168,13 @@ table('main ↔ worker round trip (submit → complete)', mw, 'postMessage', tru
 for (const gap of [20, 200]) table(`paced one-way worker → worker, one descriptor every ${gap} µs`, await paced(gap), 'postMessage', false);
 
 // Share of a 1 ms layer step: a pipelined micro-batch crosses 4 hand-offs (main→S, S→F, F→C, C→main).
-const pick = (rows: Row[], prefix: string) => rows.find((r) => r.name.startsWith(prefix))!.p50 / 2;
-const perStep = (prefix: string) => pick(ww, prefix) * 2 + pick(mw, prefix) * 2;
+const pick = (rows: Row[], match: (name: string) => boolean) => rows.find((r) => match(r.name))!.p50 / 2;
+const perStep = (prefix: string, record: boolean) => {
+  const m = (n: string) => n.startsWith(prefix) && n.includes('hand-off record') === record;
+  return pick(ww, m) * 2 + pick(mw, m) * 2;
+};
 console.log('\n### Share of a 1 ms layer step (4 hand-offs per micro-batch: 2 main↔worker + 2 worker↔worker, p50)\n');
 console.log('| strategy | µs per micro-batch | share of 1 ms |');
 console.log('|---|---|---|');
-for (const p of ['ring spin', 'ring pure', 'postMessage']) console.log(`| ${p} | ${(perStep(p) * 1000).toFixed(1)} | ${(perStep(p) * 100).toFixed(1)}% |`);
+for (const [p, rec] of [['ring spin', false], ['ring pure', false], ['ring pure', true], ['postMessage', false]] as const)
+  console.log(`| ${p}${rec ? ' (workers via hand-off records)' : ''} | ${(perStep(p, rec) * 1000).toFixed(1)} | ${(perStep(p, rec) * 100).toFixed(1)}% |`);
