@@ -8,6 +8,8 @@ import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
 import { distPath } from './dist.js';
+import { osThreads } from './threads.js';
+import { readdirSync } from 'node:fs';
 
 distPath('src/pipeline/decode-stages.js');
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -58,7 +60,9 @@ describe('stage worker crashes inside a decode step', () => {
       expect(got).toEqual(want);
     }, 30_000);
 
-  it('the compute worker dying right after it popped a micro-batch fails that step with E_WORKER, and decoding goes on', async () => {
+  it('the compute worker dying right after it popped a micro-batch fails that step with E_WORKER, and decoding goes on; close() then leaves no threads or descriptors', async () => {
+    const threads0 = await osThreads();
+    const fd0 = readdirSync('/proc/self/fd').length;
     const rt = await openRuntime({ ...base, mode: 'pipelined' });
     const seqs = [rt.createSequence(), rt.createSequence()];
     for (const [i, s] of seqs.entries()) for (let l = 0; l < 2; l++) await rt.prefill(s, l, kvt(randn(PROMPT * row, i + l), PROMPT), kvt(randn(PROMPT * row, i + l + 5), PROMPT));
@@ -69,5 +73,7 @@ describe('stage worker crashes inside a decode step', () => {
     for (let t = 2; t < 5; t++) for (const o of await rt.attend(t % 2, entry(t))) expect(o.every(Number.isFinite)).toBe(true);
     expect(await restarts(rt, 'compute')).toBe(1);
     await rt.close();
+    expect(await osThreads()).toBe(threads0);
+    expect(readdirSync('/proc/self/fd').length).toBe(fd0);
   }, 30_000);
 });

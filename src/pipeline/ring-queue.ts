@@ -33,11 +33,14 @@
  * record says whether they are popping (position P claimed before the CAS), holding, or pushing
  * (position P). Record holders on one side of a ring take a per-side lock word around the claim,
  * so a claimed position is never ambiguous between two of them (a lock held ~100 ns, uncontended
- * with one worker per stage). After the thread died, another thread calls {@link salvage}: a
- * half-done pop is finished into the record (the slot released, so the ring is not wedged), a
- * half-done push is either recognised as handed on (published) or turned into a tombstone (so
- * consumers do not wait on a reserved slot forever) with the descriptor still held. The record then
- * says exactly whether the dead thread held a descriptor it had not handed on.
+ * with one worker per stage); the endpoints on one side of a ring are therefore either all record
+ * holders or a single thread without one (the main thread feeding the first ring, draining the
+ * last). After the thread died, another thread calls {@link RingQueue.salvageConsumer} on the ring
+ * it pops from and {@link RingQueue.salvageProducer} on the ring it pushes to: a half-done pop is
+ * finished into the record (the slot released, so the ring is not wedged), a half-done push is
+ * either recognised as handed on (published) or turned into a tombstone (so consumers do not wait
+ * on a reserved slot forever) with the descriptor still held. The record then says exactly whether
+ * the dead thread held a descriptor it had not handed on.
  */
 import { KvdriveError, fail } from '../errors.js';
 
