@@ -63,16 +63,16 @@ export default async function stageTask(task: StageTask): Promise<StageTaskEnd> 
   const initialized = new Promise<void>((r) => (initDone = r));
   let chain: Promise<unknown> = initialized;
   let caughtUp: (() => void) | undefined;
-  const announced = <A extends unknown[], R>(fn: (...a: A) => R | Promise<R>) =>
+  /** Wraps a control-plane handler: queued behind the previous call, counted in `handled` once settled. */
+  const announced =
+    <A extends unknown[], R>(fn: (...a: A) => R | Promise<R>) =>
     (...args: A): Promise<R> => {
       const run = chain.then(() => fn(...args));
-      chain = run.then(
-        () => undefined,
-        () => undefined,
-      ).then(() => {
+      const settled = () => {
         handled++;
         caughtUp?.();
-      });
+      };
+      chain = run.then(settled, settled);
       return run;
     };
 
@@ -100,11 +100,11 @@ export default async function stageTask(task: StageTask): Promise<StageTaskEnd> 
   expose(api, portEndpoint(task.api));
 
   function faultPoint(point: StageFault['point']): void {
+    if (faults.length === 0) return;
+    const n = (passes.get(point) ?? 0) + 1;
+    passes.set(point, n);
     for (const f of faults) {
-      if (f.point !== point) continue;
-      const n = (passes.get(point) ?? 0) + 1;
-      passes.set(point, n);
-      if (n !== (f.nth ?? 1)) continue;
+      if (f.point !== point || n !== (f.nth ?? 1)) continue;
       if (f.action === 'exit') process.exit(7);
       const g = new Int32Array(f.gate!);
       Atomics.store(g, 0, 1);
