@@ -206,7 +206,7 @@ export class KvMemory {
     const indexed = Math.max(0, Math.floor((tokens - local) / chunkSize)) * chunkSize;
     const st = this.config.sealTokens;
     // The prompt seals as one segment (everything the index sealed, whole chunks); decode in blocks.
-    if (lk.sealed === 0 && lk.tokens <= 0) return indexed >= st ? indexed : 0;
+    if (lk.sealed === 0 && lk.tokens <= 0) return indexed;
     return lk.sealed + Math.floor((indexed - lk.sealed) / st) * st;
   }
 
@@ -311,7 +311,9 @@ function tailCapacity(c: KvMemoryConfig): number {
 /** Index bytes per token of one layer for this policy and shape: a probe build over random keys. */
 function indexBytesPerToken(c: KvMemoryConfig): number {
   const p = c.policyOptions;
-  const tokens = Math.max(2048, 2 * (p.segmentTokens ?? 0), p.sinks + p.local + 4 * p.chunkSize);
+  // Several index segments, so per-segment costs are amortised as in a long context (an
+  // over-estimate for contexts shorter than this: the reserve errs on the safe side).
+  const tokens = Math.max(2048, Math.min(4 * p.segmentTokens, c.maxTokens), p.sinks + p.local + 4 * p.chunkSize);
   const { kvHeads, headDim } = c.shape;
   const data = new Float32Array(tokens * kvHeads * headDim);
   let x = 0x9e3779b9;
