@@ -10,6 +10,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
 import { attendDense } from '../src/attention/kernels.js';
 import { fromF32 } from '../src/util/f16.js';
+import { checkMemory, formatMemoryCheck, processMemory } from '../src/runtime/process-memory.js';
 import type { Dtype, KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
 
@@ -209,4 +210,40 @@ describe('A failed step', () => {
       expect(got.map(bits)).toEqual(want.map(bits));
       await rt.close();
     });
+});
+
+describe('Budgets measured, not asserted', () => {
+  it('DRAM+SSD: the resident set grows by at most the DRAM budget plus the stated overhead while the KV on SSD is twice as large', async () => {
+    const big = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 64 };
+    const T = 32768;
+    const brow = big.kvHeads * big.headDim;
+    const kvBytes = big.layers * T * 2 * brow * 2; // f16 K + V
+    const dramBudget = 16 * MiB; // index reserve ~11.5 MiB (0.34x the f16 KV), DRAM tier ~2 MiB
+    const before = processMemory()!;
+    const rt = await openRuntime({ shape: big, budget: 256, dtype: 'f16', dramBudget, ssd: { dir: tmp() }, maxSequences: 1, maxTokens: T + 16 });
+    const s = rt.createSequence();
+    for (let l = 0; l < big.layers; l++) {
+      const k = fromF32(randn(T * brow, 40 + l), 'f16');
+      const v = fromF32(randn(T * brow, 50 + l), 'f16');
+      await rt.prefill(s, l, { data: k, dtype: 'f16', tokens: T, heads: big.kvHeads, dim: big.headDim }, { data: v, dtype: 'f16', tokens: T, heads: big.kvHeads, dim: big.headDim });
+    }
+    for (let t = 0; t < 8; t++)
+      for (let l = 0; l < big.layers; l++) await rt.attend(l, [{ seq: s, q: randn(big.qHeads * big.headDim, 60 + t), kNew: randn(brow, 70 + t), vNew: randn(brow, 80 + t) }]);
+    const after = processMemory()!;
+    const m = (await rt.stats()).memory!;
+    expect(m.ssdWrittenBytes).toBeGreaterThanOrEqual(kvBytes * 0.99);
+    expect(kvBytes).toBeGreaterThanOrEqual(2 * dramBudget);
+    const check = checkMemory(
+      [{ what: 'dramBudget', bytes: dramBudget }],
+      [
+        { what: 'process before open', bytes: before.rssBytes },
+        // randn's f32 rows and their f16 copies for K and V of one layer, possibly not collected yet for two layers
+        { what: 'prompt inputs of two layers (f32 + f16, K and V)', bytes: 2 * 2 * T * brow * (4 + 2) },
+        { what: 'V8 heap growth and native scratch (stated slack)', bytes: 24 * MiB },
+      ],
+      after.rssBytes,
+    );
+    expect(check.within, formatMemoryCheck(check)).toBe(true);
+    await rt.close();
+  });
 });

@@ -17,17 +17,8 @@ import type { Dtype, KvTensor } from '../types.js';
 import { KvMemory, type KvMemoryConfig, type MemoryStats } from './kv-memory.js';
 import { attendEntry, type EntryStepStats } from './step.js';
 
-/** Tier traffic summed over attend() calls. */
-export interface MemoryTraffic {
-  chunks: number;
-  hotChunks: number;
-  dramChunks: number;
-  ssdChunks: number;
-  tailChunks: number;
-  ssdReadBytes: number;
-  hotAdmitted: number;
-  dramAdmitted: number;
-}
+/** Tier traffic summed over attend() calls (chunks by where they came from, SSD device bytes, admissions). */
+export type MemoryTraffic = Omit<EntryStepStats, 'selectMs' | 'fetchMs' | 'computeMs'>;
 
 /** What openRuntime needs to build a memory runtime. */
 export interface MemoryRuntimeInit extends Omit<KvMemoryConfig, 'ssd' | 'concurrency' | 'hotTierBytes'> {
@@ -194,15 +185,7 @@ export class MemoryRuntime {
   }
 
   private count(s: EntryStepStats): void {
-    const t = this.traffic;
-    t.chunks += s.chunks;
-    t.hotChunks += s.hotChunks;
-    t.dramChunks += s.dramChunks;
-    t.ssdChunks += s.ssdChunks;
-    t.tailChunks += s.tailChunks;
-    t.ssdReadBytes += s.ssdReadBytes;
-    t.hotAdmitted += s.hotAdmitted;
-    t.dramAdmitted += s.dramAdmitted;
+    for (const k of Object.keys(this.traffic) as (keyof MemoryTraffic)[]) this.traffic[k] += s[k];
     this.time.selectionMs += s.selectMs;
     this.time.fetchMs += s.fetchMs;
     this.time.computeMs += s.computeMs;
