@@ -37,6 +37,7 @@ afterAll(() => {
   for (const d of dirs) rmSync(d, { recursive: true, force: true });
 });
 
+const fds = () => readdirSync('/proc/self/fd').length;
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
 const kvt = (data: Float32Array | Uint16Array, tokens: number, dtype: Dtype = 'f32'): KvTensor => ({ data, dtype, tokens, heads: shape.kvHeads, dim: shape.headDim });
 
@@ -81,6 +82,7 @@ describe('Runtime memory model', () => {
       ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, sealTokens: SEAL, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
     ];
     for (const [name, opts] of configs) {
+      const fdsBefore = fds();
       const rt = await openRuntime(opts);
       const got = await decode(rt, 5);
       for (let i = 0; i < want.length; i++) expect(bits(got[i]!), `${name} output ${i}`).toBe(bits(want[i]!));
@@ -103,6 +105,7 @@ describe('Runtime memory model', () => {
       }
       if (opts.hotTier) expect(t.hotChunks, name).toBeGreaterThan(0);
       await rt.close();
+      expect(fds(), `${name}: file descriptors after close`).toBe(fdsBefore);
       // close deletes the runtime's segments
       if (opts.ssd) expect(readdirSync(opts.ssd.dir).filter((f) => !f.startsWith('manifest')).length).toBe(0);
     }
@@ -143,6 +146,7 @@ describe('Runtime memory model', () => {
     await expectKvdError(() => openRuntime({ ...base, dtype: 'f16' }), 'E_CONFIG'); // legacy store is f32
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, kvMemoryBytes: MiB }), 'E_CONFIG');
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, sealTokens: 30 }), 'E_CONFIG');
+    await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, calibrate: true }), 'E_CONFIG', /calibrate/);
   });
 
   it('a prefill in f32 or f16 bits gives the same f16 runtime state; a second prefill of a layer is refused', async () => {

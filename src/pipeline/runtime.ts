@@ -284,6 +284,8 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     throw new KvdriveError('E_CONFIG', `openRuntime options.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe((options as unknown as Record<string, unknown>)[key])}`);
   }
   if (options.calibrate) {
+    if (options.dramBudget !== undefined)
+      fail('E_CONFIG', 'openRuntime options.calibrate', 'no calibrate with dramBudget (the sweep tunes the legacy stage pipeline)', options.calibrate);
     const { calibrate: c, ...base } = options;
     const result = await calibrate(base, c === true ? {} : c, openRuntime);
     const tuned: RuntimeOptions = { ...base, microBatch: result.microBatch };
