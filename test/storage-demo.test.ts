@@ -36,7 +36,13 @@ describe('kvdrive demo --storage', () => {
         memory: { within: boolean; budgetBytes: number; measuredBytes: number; overhead: Array<{ what: string; bytes: number }> };
         memoryStats: { plan: { dramBudgetBytes: number; dramTierBytes: number }; sealedTokens: number };
       };
+      offloaded: { recall: number; oracleRecall: number };
+      policies: Array<{ policy: string; recall: number }>;
     };
+    // The offloaded path's recall (index only) is measured on the same trace beside the keyed one.
+    expect(r.offloaded.recall).toBeGreaterThan(0);
+    expect(r.offloaded.recall).toBeLessThanOrEqual(r.offloaded.oracleRecall + 1e-6);
+    expect(r.policies[0]!.policy).toBe('kvdrive');
     const t = r.tiers;
     expect(t.kvBytes).toBe(2 * 1024 * 8 * 128 * 2 * 2);
     expect(t.memoryStats.plan.dramBudgetBytes).toBe(24 * 2 ** 20);
