@@ -111,6 +111,28 @@ describe('Runtime memory model', () => {
     }
   });
 
+  it('prefill with an observation window (obsQ) ranks the DRAM tier and warms the hot tier; outputs equal the legacy runtime with the same tier', async () => {
+    const W = 16;
+    const run = async (opts: RuntimeOptions) => {
+      const rt = await openRuntime(opts);
+      const s = rt.createSequence();
+      for (let l = 0; l < shape.layers; l++)
+        await rt.prefill(s, l, kvt(input.prompt(13, 0, l, 0), PROMPT), kvt(input.prompt(13, 0, l, 1), PROMPT), randn(W * shape.qHeads * shape.headDim, 900 + l));
+      const outs: Float32Array[] = [];
+      for (let t = 0; t < 12; t++) for (let l = 0; l < shape.layers; l++) outs.push(...(await rt.attend(l, batchOf([s], 13, l, t))));
+      const st = await rt.stats();
+      await rt.close();
+      return { outs, st };
+    };
+    const hotTier = { windows: 2, maxBytes: MiB };
+    const legacy = await run({ ...base, maxSequences: 1, hotTier });
+    const mem = await run({ ...base, maxSequences: 1, hotTier, dramBudget: SMALL + MiB, sealTokens: SEAL, ssd: { dir: tmp() } });
+    expect(mem.outs.map(bits)).toEqual(legacy.outs.map(bits));
+    expect(mem.st.warmedChunks).toBe(legacy.st.warmedChunks);
+    expect(mem.st.warmedChunks).toBeGreaterThan(0);
+    expect(mem.st.memory!.traffic.hotChunks).toBeGreaterThan(0);
+  });
+
   it('a budget covering the context equals dense attention (f16 KV kept as f16, DRAM+SSD)', async () => {
     const rt = await openRuntime({ ...base, budget: 512, dtype: 'f16', dramBudget: 8 * MiB, sealTokens: SEAL, ssd: { dir: tmp() } });
     const [s] = await prefillAll(rt, 9, 1);

@@ -32,7 +32,7 @@ describe('kvdrive demo --storage', () => {
         identical: boolean;
         ratio: number;
         chunkBytes: number;
-        steps: Array<{ dramChunks: number; ssdChunks: number; tailChunks: number }>;
+        steps: Array<{ hotChunks: number; dramChunks: number; ssdChunks: number; tailChunks: number }>;
         memory: { within: boolean; budgetBytes: number; measuredBytes: number; overhead: Array<{ what: string; bytes: number }> };
         memoryStats: { plan: { dramBudgetBytes: number; dramTierBytes: number }; sealedTokens: number };
       };
@@ -51,13 +51,16 @@ describe('kvdrive demo --storage', () => {
     expect(t.steps).toHaveLength(3);
     // Every selected chunk came from one place; the prompt was sealed (1024 - 64 local, whole chunks).
     for (const s of t.steps) expect(s.dramChunks + s.ssdChunks + s.tailChunks).toBeGreaterThan(0);
+    // The hot tier (default window 2) serves the chunks it kept from the step before.
+    expect(t.steps.slice(1).every((s) => s.hotChunks > 0)).toBe(true);
     expect(t.memoryStats.sealedTokens).toBe(2 * 960);
     // The process's real memory is read and compared (the figures, not a constant).
     expect(t.memory.budgetBytes).toBe(24 * 2 ** 20);
     expect(t.memory.measuredBytes).toBeGreaterThan(t.memory.overhead[0]!.bytes);
     // Segments are deleted afterwards; the store's manifest stays.
     expect(readdirSync(dir)).toEqual(['manifest.json']);
-    const text = await run(['--storage', dir, '--tiers-only']);
+    const text = await run(['--storage', dir, '--tiers-only', '--hot-windows', '0']);
+    expect(text).toMatch(/hot tier 0 B \(window x0\)/);
     expect(text).toMatch(/DRAM\+SSD vs DRAM-only throughput .*: \d/);
     expect(text).toMatch(/bit-identical/);
     expect(text).toMatch(/peak RSS \(VmHWM\)/);

@@ -14,6 +14,8 @@ import type { SyntheticTrace } from '../trace/synthetic.js';
 import { toF32 } from '../util/f16.js';
 import type { KvTensor } from '../types.js';
 import { ProgressBar } from './progress.js';
+import { HotTier } from '../cache/hot-tier.js';
+import { resolvePolicyOptions } from '../index/options.js';
 
 export interface RuntimeDemoOptions {
   dir: string;
@@ -23,11 +25,14 @@ export interface RuntimeDemoOptions {
   mode: 'sequential' | 'pipelined';
   /** Layers also decoded DRAM-only for the ratio (default min(layers, 2)). */
   ratioLayers?: number;
+  /** Hot tier in front: window xN per (layer, kv head) (0 = none); its bytes count in dramBudget. */
+  hotWindows: number;
 }
 
 /** Per decode step, summed over layers. */
 interface StepRow {
   ms: number;
+  hotChunks: number;
   dramChunks: number;
   ssdChunks: number;
   tailChunks: number;
@@ -79,7 +84,8 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const layerKv = 2 * T * H * D * es;
   const before = processMemory();
   const shape = { layers: L, qHeads, kvHeads: H, headDim: D };
-  const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype };
+  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: hotTierBytes(trace, o) } : undefined;
+  const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype, ...(hotTier ? { hotTier } : {}) };
   const bar = new ProgressBar(L * (S + 1), 'runtime');
   const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true } });
   const inputs: Inputs[] = [];
@@ -106,7 +112,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
         bar.tick(`step ${s} layer ${l}`);
       }
       const m1 = (await rt.stats()).memory!.traffic;
-      rows.push({ ms: (performance.now() - t0) / L, dramChunks: m1.dramChunks - m0.dramChunks, ssdChunks: m1.ssdChunks - m0.ssdChunks, tailChunks: m1.tailChunks - m0.tailChunks, ssdReadBytes: m1.ssdReadBytes - m0.ssdReadBytes });
+      rows.push({ ms: (performance.now() - t0) / L, hotChunks: m1.hotChunks - m0.hotChunks, dramChunks: m1.dramChunks - m0.dramChunks, ssdChunks: m1.ssdChunks - m0.ssdChunks, tailChunks: m1.tailChunks - m0.tailChunks, ssdReadBytes: m1.ssdReadBytes - m0.ssdReadBytes });
       outs.push(stepOuts);
     }
     stats = await rt.stats();
@@ -130,7 +136,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   );
 
   // DRAM-only, first R layers, same inputs: its outputs must equal the tiered run's bit for bit.
-  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + plan.indexBytesPerToken * (T + S) * R + 256 * 2 ** 20;
+  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + plan.indexBytesPerToken * (T + S) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const dr = await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget });
   let dramOnlyMs = 0;
   let identical = true;
@@ -168,13 +174,13 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
   const m = r.stats.memory!;
   const p = m.plan;
   const cb = r.chunkBytes;
-  const rows: (string | number)[][] = [['step', 'ms/layer-step', 'DRAM tier bytes', 'SSD bytes', 'SSD device bytes', 'tail bytes']];
-  r.steps.forEach((s, i) => rows.push([i, ms(s.ms), bytes(s.dramChunks * cb), bytes(s.ssdChunks * cb), bytes(s.ssdReadBytes), bytes(s.tailChunks * cb)]));
+  const rows: (string | number)[][] = [['step', 'ms/layer-step', 'hot tier bytes', 'DRAM tier bytes', 'SSD bytes', 'SSD device bytes', 'tail bytes']];
+  r.steps.forEach((s, i) => rows.push([i, ms(s.ms), bytes(s.hotChunks * cb), bytes(s.dramChunks * cb), bytes(s.ssdChunks * cb), bytes(s.ssdReadBytes), bytes(s.tailChunks * cb)]));
   return [
     '',
     '',
     `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
-      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
     '',
     table(rows),
     '',
@@ -182,4 +188,15 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     `DRAM+SSD vs DRAM-only throughput (first ${r.ratioLayers} layers, steps after the first, same run): ${r.ratio.toFixed(3)} (${ms(r.tieredMs)} vs ${ms(r.dramOnlyMs)} per layer-step); outputs ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}`,
     `peak RSS (VmHWM) against the budget: ${formatMemoryCheck(r.memory)}`,
   ].join('\n');
+}
+
+/** Bytes a hot tier of this shape and window takes (slots + metadata): measured on a probe tier. */
+function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
+  const { layers, kvHeads, headDim } = trace.meta;
+  const probe = new HotTier({ layers, kvHeads, headDim, dtype: trace.dtype, chunkSize: resolvePolicyOptions('kvdrive', {}).chunkSize, budget: o.budget, windows: o.hotWindows, maxBytes: 2 ** 52 }); // a cap above any tier: it allocates what its windows need
+  try {
+    return probe.info().bytes;
+  } finally {
+    probe.destroy();
+  }
 }

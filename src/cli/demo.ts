@@ -55,6 +55,8 @@ interface DemoCliOptions {
   dramBudget?: number;
   /** With --storage: skip the dense / policy comparison (the whole-context run only). */
   tiersOnly?: boolean;
+  /** With --storage: hot-tier window in front of the DRAM tier (0 = none). */
+  hotWindows: number;
 }
 
 function render(ev: TraceEvaluation, o: DemoCliOptions): string {
@@ -109,6 +111,7 @@ export function register(program: Command): void {
     .option('--micro-batch <n>', 'with --batch: entries per micro-batch', integerOption('--micro-batch', 1, 64), 1)
     .option('--storage <dir>', 'SSD store directory: also decode through the runtime memory model, layers streamed in, sealed to SSD (segments are deleted afterwards)')
     .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
     .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
     .action(async (o: DemoCliOptions, cmd: Command) => {
       if (o.batch !== undefined) {
@@ -127,7 +130,7 @@ export function register(program: Command): void {
         seed: o.seed,
       });
       let tiers: RuntimeDemoResult | undefined;
-      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const) };
+      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows };
       if (o.storage !== undefined) tiers = await runRuntimeDemo(trace, runtimeOpts);
       if (o.tiersOnly) {
         if (!tiers) throw new KvdriveError('E_CONFIG', 'demo --tiers-only: expected --storage, got none');
