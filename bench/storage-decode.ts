@@ -25,18 +25,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
-import {
-  attendFetchedAsync,
-  DramStore,
-  generateSyntheticTrace,
-  HotTier,
-  SsdStore,
-  TieredAttention,
-  type KvTensor,
-  type Selection,
-  type StoreShape,
-  type TraceLayer,
-} from '../src/index.js';
+import { generateSyntheticTrace, type KvTensor, type Selection } from '../src/index.js';
+import { attendFetchedAsync, TieredAttention } from '../src/storage/tiered-attention.js';
+import { DramStore } from '../src/storage/dram-store.js';
+import { HotTier } from '../src/cache/hot-tier.js';
+import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
+import { type TraceLayer } from '../src/trace/trace.js';
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(`--${name}`);

@@ -18,7 +18,10 @@
 import { rmSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { DramStore, IoEngine, ioUringAvailable, SsdStore, TieredKv, type ClusterLayout, type FetchRequest, type IoEngineKind, type StoreShape } from '../src/index.js';
+import { DramStore } from '../src/storage/dram-store.js';
+import { IoEngine, ioUringAvailable, type IoEngineKind } from '../src/storage/io-engine.js';
+import { SsdStore, type ClusterLayout, type StoreShape } from '../src/storage/ssd-store.js';
+import { TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(`--${name}`);

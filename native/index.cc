@@ -327,7 +327,8 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       NotBusy("extend");
       KvView kv = GetKvView(info[0], "extend k");
       const int64_t tokens = ArgInt(info, 1, "extend tokens", 0, int64_t(1) << 40);
-      index_->Extend(kv, tokens);
+      const int64_t first = info.Length() > 2 && !info[2].IsUndefined() ? ArgInt(info, 2, "extend first", 0, int64_t(1) << 40) : 0;
+      index_->Extend(kv, tokens, first);
       return info.Env().Undefined();
     });
   }

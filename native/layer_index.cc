@@ -135,20 +135,20 @@ void LayerIndex::CheckKv(const KvView& kv, int64_t tokens, const char* what) con
                          std::to_string(kv.dim));
 }
 
-void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1) {
+void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first) {
   HeadIndex& H = heads_data_[h];
   const size_t base = size_t(c0 - firstChunk()) * dim_, n = size_t(c1 - c0) * dim_;
   H.reps.resize(base + n);
   if (cfg_.policy == PolicyKind::Quest) {
     H.maxs.resize(base + n);
-    ChunkMinMax(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, H.maxs.data() + base);
+    ChunkMinMax(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, H.maxs.data() + base);
   } else {
     float* var = nullptr;
     if (cfg_.policy == PolicyKind::Kvdrive) {
       H.var.resize(size_t(c1 - firstChunk()));
       var = H.var.data() + (c0 - firstChunk());
     }
-    ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, var);
+    ChunkMeans(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, var);
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
@@ -366,9 +366,15 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   built_ = true;
 }
 
-void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
+void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
   if (!built_) Throw("E_CONFIG", "extend: expected build() to have completed first, got an index that was never built");
-  CheckKv(kv, tokens, "extend");
+  if (first < 0 || first > endChunk_ * cfg_.chunk)
+    Throw("E_RANGE", "extend first: expected a token in [0, " + std::to_string(endChunk_ * cfg_.chunk) +
+                         "] (k must hold every chunk not sealed yet), got " + std::to_string(first));
+  if (tokens - first > kv.tokens)
+    Throw("E_SHAPE", "extend tokens: expected at most first + k.tokens = " + std::to_string(first + kv.tokens) + ", got " +
+                         std::to_string(tokens));
+  CheckKv(kv, std::min(tokens, kv.tokens), "extend");
   if (tokens < tokens_)
     Throw("E_RANGE", "extend tokens: expected >= " + std::to_string(tokens_) + " (the context only grows), got " +
                          std::to_string(tokens));
@@ -377,7 +383,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
     // Validate the new representatives for every head before changing any state.
     for (int h = 0; h < heads_; ++h) {
       try {
-        ComputeReps(kv, h, c0, c1);
+        ComputeReps(kv, h, c0, c1, first);
       } catch (...) {
         for (int r = 0; r <= h; ++r) {
           heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);

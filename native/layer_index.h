@@ -129,7 +129,10 @@ class LayerIndex {
   // respect to other LayerIndex objects; runs kv heads on cfg.threads threads.
   void Build(const KvView& kv, int64_t tokens);
   // Seals the chunks that left the local window since the last Build/Extend (tokens must not shrink).
-  void Extend(const KvView& kv, int64_t tokens);
+  // kv holds tokens [first, first + kv.tokens) (first = 0: the whole context); only the newly sealed
+  // chunks' rows are read, so a caller that offloads older tokens passes just its in-memory tail
+  // (first <= the first token of the first chunk not sealed yet).
+  void Extend(const KvView& kv, int64_t tokens, int64_t first = 0);
   // Selection for one decode position: q is qHeads x dim (qHeads a multiple of heads), budget K >= 1
   // tokens per kv head, pool M >= K tokens (0: no pool).
   // keys (optional): the layer's keys holding at least tokens() tokens, same heads and dim as at
@@ -154,7 +157,7 @@ class LayerIndex {
  private:
   int64_t SealedEnd(int64_t tokens) const;  // endChunk for a context of `tokens`
   int64_t ChunkTokens(int64_t j) const;     // tokens of chunk j that are not sinks
-  void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1);
+  void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first = 0);
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ClusterVariance(int h, Segment& seg, int c) const;

@@ -4,7 +4,8 @@
  * scalar fallback itself is exercised through setSimdLevel('scalar').
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { attendDense, attendSparse, cpuFeatures, setSimdLevel, type Dtype, type SimdLevel } from '../src/index.js';
+import { attendDense, attendSparse, cpuFeatures, setSimdLevel, type Dtype } from '../src/index.js';
+import { type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
 import { randn } from './helpers.js';
 import { allChunks, encode, randomKv, range, referenceAttention, relErr } from './attention-reference.js';

@@ -78,7 +78,7 @@ describe('kvdrive generate', () => {
     await expectKvdError(() => run([...f, '--top-p', '1.1']), 'E_CONFIG', /option --top-p: expected a number in \[0, 1\]/);
     await expectKvdError(() => run(['--model', '/nonexistent/m.bin', '--tokenizer', '/nonexistent/t.bin']), 'E_NOT_FOUND', /checkpoint not found/);
     if (!files()) return ctx.skip();
-    await expectKvdError(() => run([...f, '--backend', 'nope']), 'E_CONFIG', /attention backend: expected one of dense, kvdrive, got "nope"/);
+    await expectKvdError(() => run([...f, '--backend', 'nope']), 'E_CONFIG', /attention backend: expected one of dense, kvdrive, runtime, got "nope"/);
     await expectKvdError(() => run([...f, '--backend', 'kvdrive']), 'E_BUDGET', /kvdrive attention options\.budget: expected an integer ≥ 1 \(tokens per kv head\), got undefined/);
     await expectKvdError(() => run([...f, '--budget', '16', '--policy', 'lru']), 'E_POLICY', /option --policy: expected one of kvdrive, quest, shadowkv, got "lru"/);
     await expectKvdError(() => run([...f, '--policy', 'quest']), 'E_CONFIG', /option --policy: expected the kvdrive backend \(give --budget\)/);

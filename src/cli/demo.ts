@@ -6,6 +6,7 @@
  * attention mass (and the oracle's), output error, planted needles found.
  */
 import type { Command } from 'commander';
+import { KvdriveError } from '../errors.js';
 import { generateSyntheticTrace } from '../trace/synthetic.js';
 import { evaluateTrace, type TraceEvaluation } from '../eval/replay.js';
 import { bytes, ms, table } from '../eval/format.js';
@@ -15,7 +16,7 @@ import { choiceListOption, choiceOption, integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
 import { parseBytes } from '../cache/window-solver.js';
-import { replayTiered, type TieredReplayResult } from '../eval/tiered-replay.js';
+import { renderRuntimeDemo, runRuntimeDemo, type RuntimeDemoResult } from './demo-runtime.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
@@ -52,34 +53,20 @@ interface DemoCliOptions {
   storage?: string;
   /** DRAM budget of the DRAM+SSD run (bytes; default a third of the KV). */
   dramBudget?: number;
-  /** Lookahead pool tokens per kv head for prefetch (0 = none; default 2 x budget). */
-  pool?: number;
-  /** Hot-tier window in front of DRAM with --storage (0 = none). */
+  /** With --storage: skip the dense / policy comparison (the whole-context run only). */
+  tiersOnly?: boolean;
+  /** With --storage: hot-tier window in front of the DRAM tier (0 = none). */
   hotWindows: number;
 }
 
-function renderStorage(r: TieredReplayResult, o: DemoCliOptions): string {
-  const rows: (string | number)[][] = [['step', 'DRAM+SSD ms/layer-step', 'hot bytes', 'DRAM bytes', 'prefetched bytes', 'SSD bytes', 'SSD device bytes', 'DRAM-only ms/layer-step', 'DRAM-only hot / DRAM bytes']];
-  r.tiered.steps.forEach((t, s) => {
-    const d = r.dramOnly.steps[s]!;
-    rows.push([s, ms(t.ms), bytes(t.hotBytes), bytes(t.dramBytes), bytes(t.prefetchedBytes), bytes(t.ssdBytes), bytes(t.ssdReadBytes), ms(d.ms), `${bytes(d.hotBytes)} / ${bytes(d.dramBytes)}`]);
-  });
-  const pf = r.tiered.prefetch;
-  return [
-    '',
-    '',
-    `storage tiers (kvdrive policy, budget ${o.budget}, pool ${o.pool ?? 0}, hot tier window ${o.hotWindows}): KV ${bytes(r.kvBytes)} on SSD at ${o.storage} (${r.engine}, O_DIRECT), ` +
-      `DRAM budget ${bytes(r.tiered.dramBudget)} (${((100 * r.tiered.dramBudget) / r.kvBytes).toFixed(0)}% of the KV); bytes per step are summed over layers`,
-    '',
-    table(rows),
-    '',
-    `DRAM+SSD vs DRAM-only throughput: ${r.ratio.toFixed(3)} (${ms(r.tiered.msPerLayerStep)} vs ${ms(r.dramOnly.msPerLayerStep)} per layer-step, steps after the first, same run)`,
-    `outputs of DRAM+SSD and DRAM-only: ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}; prefetch: ${pf.issued} issued, ${pf.chunks} chunks, ${bytes(pf.readBytes)} read, ${pf.cancelled} cancelled`,
-    `prefill (index build, SSD write, importance warm-up): ${(r.tiered.prefillMs / 1000).toFixed(1)} s.`,
-  ].join('\n');
+/** The runtime's row: its selection (index only) measured by the eval, its time from the tiered run. */
+interface RuntimeRow {
+  offloaded: TraceEvaluation['policies'][number];
+  tiers: RuntimeDemoResult;
+  mode: string;
 }
 
-function render(ev: TraceEvaluation, o: DemoCliOptions): string {
+function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string {
   const m = ev.meta;
   const head =
     `workload: synthetic trace, ${m.layers} layers x ${m.decodeSteps} decode steps, context ${m.promptTokens} tokens, ` +
@@ -105,10 +92,31 @@ function render(ev: TraceEvaluation, o: DemoCliOptions): string {
       `${(p.buildMs / 1000).toFixed(1)} s`,
     ]);
   }
+  if (rt) {
+    const p = rt.offloaded;
+    const st = rt.tiers.stats;
+    const per = (x: number) => x / Math.max(1, st.attendCalls);
+    rows.push([
+      `kvdrive via runtime (${rt.mode}, ${o.hotWindows > 0 ? 'hot+' : ''}DRAM+SSD)`,
+      ms(per(st.wallMs)),
+      ms(per(st.selectionMs)),
+      ms(per(st.computeMs)),
+      bytes(p.sparseBytes),
+      `${(ev.dense.bytes / p.sparseBytes).toFixed(1)}x less`,
+      p.recall.toFixed(4),
+      p.oracleRecall.toFixed(4),
+      p.relError.toExponential(2),
+      p.needlesTotal ? `${p.needlesFound}/${p.needlesTotal}` : '-',
+      `${(rt.tiers.prefillMs / 1000).toFixed(1)} s (prefill)`,
+    ]);
+  }
   const notes = [
     `dense: exact attention over the whole context with ${o.threads} thread(s); policies: selection + exact attention over the selected tokens, 1 thread.`,
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens;`,
     `oracle: the same for the exact top-${o.budget} tokens (the best any selection can do). needles: planted far-back tokens a retrieval head must find.`,
+    ...(rt
+      ? [`kvdrive via runtime: the offloaded decode (openRuntime with dramBudget + SSD; time = whole attend incl. fetch, mean over all layer-steps); it selects from the index alone, so its recall is the eval's without the keys.`]
+      : []),
   ];
   return [head, '', table(rows), '', ...notes].join('\n');
 }
@@ -129,10 +137,10 @@ export function register(program: Command): void {
     .option('--batch <n>', 'decode a batch of n sequences with the runtime and show the per-stage time breakdown', integerOption('--batch', 1, 64))
     .option('--mode <mode>', 'with --batch: sequential, pipelined or both', choiceOption('--mode', ['sequential', 'pipelined', 'both'] as const), 'both')
     .option('--micro-batch <n>', 'with --batch: entries per micro-batch', integerOption('--micro-batch', 1, 64), 1)
-    .option('--storage <dir>', 'SSD store directory: also decode the kvdrive policy through DRAM+SSD and DRAM-only tiers (segments are deleted afterwards)')
-    .option('--dram-budget <bytes>', 'DRAM budget of the DRAM+SSD run, e.g. 256MiB (default: a third of the KV)', (v: string) => parseBytes(v, '--dram-budget'))
-    .option('--hot-windows <n>', 'hot tier in front of DRAM with --storage: slots per kv head = n x budget / chunk (0 = none)', integerOption('--hot-windows', 0, 64), 2)
-    .option('--pool <tokens>', 'lookahead pool per kv head driving prefetch with --storage (default 0 = no prefetch)', integerOption('--pool', 0, 2 ** 30, 'E_BUDGET'))
+    .option('--storage <dir>', 'SSD store directory: also decode through the runtime memory model, layers streamed in, sealed to SSD (segments are deleted afterwards)')
+    .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
+    .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
     .action(async (o: DemoCliOptions, cmd: Command) => {
       if (o.batch !== undefined) {
         // The batch runtime holds f32 KV for every sequence in DRAM: a shorter default context.
@@ -149,6 +157,15 @@ export function register(program: Command): void {
         dtype: o.dtype,
         seed: o.seed,
       });
+      let tiers: RuntimeDemoResult | undefined;
+      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows };
+      if (o.storage !== undefined) tiers = await runRuntimeDemo(trace, runtimeOpts);
+      if (o.tiersOnly) {
+        if (!tiers) throw new KvdriveError('E_CONFIG', 'demo --tiers-only: expected --storage, got none');
+        if (o.json) process.stdout.write(JSON.stringify({ budget: o.budget, tiers: { ...tiers, stats: undefined, memoryStats: tiers.stats.memory } }) + '\n');
+        else process.stdout.write(renderRuntimeDemo(tiers, runtimeOpts) + '\n');
+        return;
+      }
       const bar = new ProgressBar(o.layers * (o.steps + 2), 'demo');
       let phase = '';
       const ev = await evaluateTrace(trace, {
@@ -163,13 +180,22 @@ export function register(program: Command): void {
         onStep: (l, s) => bar.tick(`layer ${l} step ${s}`),
       });
       bar.finish();
-      let tiers: TieredReplayResult | undefined;
-      if (o.storage !== undefined) {
-        const sbar = new ProgressBar(2 * o.layers * o.steps, 'tiers');
-        tiers = await replayTiered(trace, { dir: o.storage, dramBudget: o.dramBudget, budget: o.budget, pool: o.pool, hotWindows: o.hotWindows, onStep: (run, l, s) => sbar.tick(`${run} layer ${l} step ${s}`) });
-        sbar.finish();
-      }
-      if (o.json) process.stdout.write(JSON.stringify({ ...ev, budget: o.budget, ...(tiers ? { tiers } : {}) }) + '\n');
-      else process.stdout.write(render(ev, o) + (tiers ? renderStorage(tiers, o) : '') + '\n');
+      // The offloaded runtime selects from the index alone (it never holds the full keys): its
+      // recall on the same trace and budget, beside the keyed figure above.
+      const offloaded =
+        tiers && o.policy.includes('kvdrive')
+          ? (await evaluateTrace(trace, { policies: ['kvdrive'], budget: o.budget, denseThreads: o.threads, offloaded: true })).policies[0]!
+          : undefined;
+      const keyed = ev.policies.find((p) => p.policy === 'kvdrive');
+      const recallLine =
+        offloaded && keyed
+          ? `\nrecall of the offloaded path (the runtime's selection, index only): ${offloaded.recall.toFixed(4)} (${offloaded.recallVsOracle.toFixed(3)} x oracle) vs ${keyed.recall.toFixed(4)} (${keyed.recallVsOracle.toFixed(3)} x oracle) with the keys, same trace and budget`
+          : '';
+      const row = offloaded && tiers ? { offloaded, tiers, mode: runtimeOpts.mode } : undefined;
+      if (o.json)
+        process.stdout.write(
+          JSON.stringify({ ...ev, budget: o.budget, ...(tiers ? { tiers: { ...tiers, stats: undefined, memoryStats: tiers.stats.memory }, offloaded } : {}) }) + '\n',
+        );
+      else process.stdout.write(render(ev, o, row) + (tiers ? renderRuntimeDemo(tiers, runtimeOpts) : '') + recallLine + '\n');
     });
 }

@@ -19,6 +19,8 @@ interface EvalCliOptions {
   policy: PolicyName[];
   budget: number;
   json?: boolean;
+  /** Select without the full keys, as the offloaded runtime does. */
+  offloaded?: boolean;
   threads: number;
 }
 
@@ -66,6 +68,7 @@ export function register(program: Command): void {
     .option('--budget <tokens>', 'tokens attended per kv head beside sinks and local window', integerOption('--budget', 1, 2 ** 31 - 1, 'E_BUDGET'), 2048)
     .option('--threads <n>', 'threads for the dense reference', integerOption('--threads', 1, 8), 2)
     .option('--json', 'print one JSON object instead of tables')
+    .option('--offloaded', 'select as the offloaded runtime does: from the index alone, without the full keys')
     .action(async (o: EvalCliOptions) => {
       const reader = await openTrace(o.trace);
       try {
@@ -75,6 +78,7 @@ export function register(program: Command): void {
           policies: o.policy,
           budget: o.budget,
           denseThreads: o.threads,
+          offloaded: o.offloaded === true,
           onStep: (l, s) => bar?.tick(`layer ${l} step ${s}`),
         });
         bar?.finish();

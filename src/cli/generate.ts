@@ -8,9 +8,11 @@
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
 import { choiceOption, integerOption, numberOption } from './options.js';
+import { parseBytes } from '../cache/window-solver.js';
 import type { PolicyName } from '../index/selection.js';
 import { backendNames, createBackend } from '../model/backends.js';
 import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
+import { RuntimeAttention } from '../model/runtime-attention.js';
 import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
 import { generate } from '../model/generate.js';
@@ -29,6 +31,9 @@ interface GenerateCliOptions {
   tracePrompt?: number;
   backend?: string;
   policy?: PolicyName;
+  storage?: string;
+  dramBudget?: number;
+  mode?: 'sequential' | 'pipelined';
 }
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
@@ -51,6 +56,9 @@ export function register(program: Command): void {
       integerOption('--budget', 1, Number.MAX_SAFE_INTEGER, 'E_BUDGET'),
     )
     .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, choiceOption('--policy', POLICIES, 'E_POLICY'))
+    .option('--storage <dir>', 'run attention through the runtime (backend "runtime") with an SSD store in this directory')
+    .option('--dram-budget <bytes>', 'runtime backend: DRAM budget of the memory model (e.g. 64MiB; default 256MiB)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--mode <mode>', 'runtime backend: sequential or pipelined', choiceOption('--mode', ['sequential', 'pipelined'] as const, 'E_CONFIG'))
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integerOption('--trace-prompt', 1))
     .action(async (opts: GenerateCliOptions) => {
@@ -58,12 +66,21 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
-      const backendName = opts.backend ?? (opts.budget !== undefined ? 'kvdrive' : 'dense');
+      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined;
+      const backendName = opts.backend ?? (wantsRuntime ? 'runtime' : opts.budget !== undefined ? 'kvdrive' : 'dense');
+      if (wantsRuntime && backendName !== 'runtime')
+        fail('E_CONFIG', 'options --storage / --dram-budget / --mode', 'the runtime backend', `--backend ${backendName}`);
       if (opts.policy !== undefined && backendName === 'dense')
         fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
       if (opts.budget !== undefined && backendName === 'dense')
         process.stderr.write(`note: --budget ${opts.budget} applies to the kvdrive sparse backend; the dense backend attends every position\n`);
-      const backend = createBackend(backendName, attentionShape(model.config), { budget: opts.budget, policy: opts.policy });
+      const backend = createBackend(backendName, attentionShape(model.config), {
+        budget: opts.budget,
+        policy: opts.policy,
+        mode: opts.mode,
+        storage: opts.storage,
+        dramBudget: opts.dramBudget,
+      });
       try {
         const r = await generate({
           model,
@@ -83,10 +100,18 @@ export function register(program: Command): void {
           `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${backendName}, stopped by ${r.stoppedBy})\n`,
         );
         if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
+        if (backend instanceof RuntimeAttention) {
+          const s = await backend.stats();
+          const m = s?.memory;
+          if (s && m)
+            process.stderr.write(
+              `runtime (${s.mode}): selection ${s.selectionMs.toFixed(1)} ms, fetch ${s.fetchMs.toFixed(1)} ms, compute ${s.computeMs.toFixed(1)} ms; chunks from hot ${m.traffic.hotChunks}, DRAM ${m.traffic.dramChunks}, SSD ${m.traffic.ssdChunks}, tail ${m.traffic.tailChunks}; sealed ${m.sealedTokens} of ${m.tokens} tokens (all layers)\n`,
+            );
+        }
         if (r.trace && opts.traceOut)
           process.stderr.write(`trace: ${opts.traceOut} (${r.trace.layers} layers, ${r.trace.promptTokens} prompt tokens, ${r.trace.decodeSteps} decode steps)\n`);
       } finally {
-        backend.close?.();
+        await backend.close?.();
       }
     });
 }

@@ -73,6 +73,12 @@ export interface ReplayOptions {
   denseThreads?: number;
   /** Called after each step (progress). */
   onStep?: (layer: number, step: number) => void;
+  /**
+   * Select as the offloaded runtime does (openRuntime with dramBudget): from the index alone, without
+   * the layer's full keys, which the memory model never holds. Default false: kvdrive re-ranks with
+   * the keys read in place.
+   */
+  offloaded?: boolean;
 }
 
 function mean(xs: number[]): number {
@@ -132,7 +138,7 @@ export async function replayLayer(
       const ts = performance.now();
       run.policy.extend(kView, tokens);
       // The keys let kvdrive re-rank its best candidates exactly (the others ignore them).
-      const sel: Selection = run.policy.select(q, opts.budget, { keys: kView });
+      const sel: Selection = run.policy.select(q, opts.budget, opts.offloaded ? undefined : { keys: kView });
       const selectMs = performance.now() - ts;
       const ta = performance.now();
       const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel });

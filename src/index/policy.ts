@@ -55,8 +55,10 @@ export interface SelectionPolicy {
    * Called each decode step as the context grows (k now holds `tokens` tokens): seals chunks that
    * left the local window into the index, incrementally (kvdrive: a new chunk joins the nearest
    * centroid of its open segment, and a segment that fills up is re-clustered) — cheap, synchronous.
+   * `first` (default 0): k holds tokens [first, first + k.tokens) only — a caller that offloaded
+   * older tokens passes its in-memory tail; first must not exceed the first token not sealed yet.
    */
-  extend(k: KvTensor, tokens: number): void;
+  extend(k: KvTensor, tokens: number, first?: number): void;
   /**
    * Select for one decode position. q: Float32Array(qHeads*dim) (query head h belongs to kv head
    * floor(h / (qHeads/kvHeads))). budget: tokens per kv head beside sinks and tail (integer >= 1).
@@ -94,7 +96,7 @@ export interface SegmentClusters {
 interface NativeIndex {
   build(k: KvTensor, tokens: number): Promise<void>;
   buildSync(k: KvTensor, tokens: number): void;
-  extend(k: KvTensor, tokens: number): void;
+  extend(k: KvTensor, tokens: number, first?: number): void;
   select(q: Float32Array, budget: number, pool?: number, keys?: KvTensor): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
   clusters(head: number): SegmentClusters[];
@@ -152,10 +154,11 @@ export class NativeSelectionPolicy implements SelectionPolicy {
     call(() => this.index.buildSync(k, tokens));
   }
 
-  extend(k: KvTensor, tokens: number): void {
+  extend(k: KvTensor, tokens: number, first = 0): void {
     this.checkKv('extend', k);
     checkTokens('extend', tokens);
-    call(() => this.index.extend(k, tokens));
+    if (!Number.isSafeInteger(first) || first < 0) fail('E_RANGE', 'extend first', 'a non-negative integer', first);
+    call(() => this.index.extend(k, tokens, first));
   }
 
   select(q: Float32Array, budget: number, opts?: SelectOptions): Selection {

@@ -3,15 +3,20 @@
  * RoPE and the KV cache; a backend computes attention for one layer at one position. The dense TS
  * reference ({@link DenseTsAttention}) and the kvdrive sparse backend implement the same interface.
  */
-/** Attention for one layer at one position. The host writes k/v of `pos` into its cache first. */
+/**
+ * Attention for one layer at one position. The host writes k/v of `pos` into its cache first.
+ * A backend that owns the KV itself (the runtime backend, src/model/runtime-attention.ts) reads only
+ * row `pos` of kCache / vCache — the new token — and may answer asynchronously: hosts call it through
+ * `Transformer.forwardAsync` (generate() does).
+ */
 export interface AttentionBackend {
   /** q: Float32Array(nHeads*headSize); kCache/vCache: Float32Array(seqLen*nKvHeads*headSize),
    *  token-major (position, kv head, dim); attends positions [0, pos]. Returns out (nHeads*headSize). */
-  attend(layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Float32Array;
+  attend(layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Float32Array | Promise<Float32Array>;
   /** Forget all per-sequence state (called when the host starts a new sequence). Optional. */
   reset?(): void;
-  /** Release resources (native memory, workers). Optional. */
-  close?(): void;
+  /** Release resources (native memory, workers, files). Optional. */
+  close?(): void | Promise<void>;
 }
 
 /** What a backend needs to know about the model. Query head h reads kv head floor(h / (nHeads / nKvHeads)). */
@@ -38,6 +43,12 @@ export interface BackendOptions {
   policy?: PolicyName;
   /** kvdrive backend: options of the selection policy (see PolicyOptions). */
   policyOptions?: PolicyOptions;
+  /** runtime backend: 'sequential' (default) or 'pipelined' (see RuntimeOptions.mode). */
+  mode?: 'sequential' | 'pipelined';
+  /** runtime backend: SSD store directory for sealed segments (see RuntimeOptions.ssd). */
+  storage?: string;
+  /** runtime backend: the memory model's DRAM budget in bytes (see RuntimeOptions.dramBudget; default 256 MiB). */
+  dramBudget?: number;
 }
 
 /** Creates a backend for a model shape. */

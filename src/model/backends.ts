@@ -1,12 +1,14 @@
 /**
  * Registry of attention backends by name, for `kvdrive generate --backend` and other callers that
- * pick a backend from configuration: "dense" (the TS reference) and "kvdrive" (the sparse backend,
- * src/model/kvdrive-attention.ts, which needs a budget) are always present.
+ * pick a backend from configuration: "dense" (the TS reference), "kvdrive" (the sparse backend over
+ * the host's cache, src/model/kvdrive-attention.ts) and "runtime" (the runtime with its memory model
+ * and tiers, src/model/runtime-attention.ts); both sparse ones need a budget.
  */
 import { KvdriveError, fail } from '../errors.js';
 import type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './attention-backend.js';
 import { DenseTsAttention } from './dense-attention.js';
 import { KvdriveAttention } from './kvdrive-attention.js';
+import { RuntimeAttention } from './runtime-attention.js';
 
 /** Builds the kvdrive sparse backend; its options are validated by KvdriveAttention (E_BUDGET without a budget). */
 function kvdriveFactory(shape: AttentionShape, options: BackendOptions): AttentionBackend {
@@ -14,9 +16,15 @@ function kvdriveFactory(shape: AttentionShape, options: BackendOptions): Attenti
   return new KvdriveAttention(shape, { budget: options.budget as number, policy: options.policy, policyOptions: options.policyOptions });
 }
 
+/** Builds the runtime backend (memory model: tiers, modes); E_BUDGET without a budget. */
+function runtimeFactory(shape: AttentionShape, o: BackendOptions): AttentionBackend {
+  return new RuntimeAttention(shape, { budget: o.budget as number, policy: o.policy, policyOptions: o.policyOptions, mode: o.mode, storage: o.storage, dramBudget: o.dramBudget });
+}
+
 const factories = new Map<string, BackendFactory>([
   ['dense', (shape) => new DenseTsAttention(shape)],
   ['kvdrive', kvdriveFactory],
+  ['runtime', runtimeFactory],
 ]);
 
 /** Registers a backend under a name (used by `kvdrive generate --backend`). */

@@ -122,51 +122,78 @@ export class Transformer {
   /**
    * Runs token `token` at position `pos` (positions must be fed in order 0, 1, 2, ... for one
    * sequence) and returns the logits over the vocabulary. The returned array is reused: it is
-   * valid until the next call.
+   * valid until the next call. E_CONFIG for a backend that answers asynchronously (use
+   * {@link forwardAsync}).
    */
   forward(token: number, pos: number): Float32Array {
-    const { dim, hiddenDim, nLayers, vocabSize, seqLen, headSize, kvDim, nHeads } = this.config;
+    this.embed(token, pos);
+    for (let l = 0; l < this.config.nLayers; l++) {
+      const att = this.attention(l, pos);
+      if (att instanceof Promise) {
+        att.catch(() => undefined);
+        fail('E_CONFIG', 'Transformer.forward backend', 'a synchronous AttentionBackend (use forwardAsync for this one)', 'a promise from attend()');
+      }
+      this.finishLayer(l, pos, att);
+    }
+    return this.head();
+  }
+
+  /** {@link forward} for backends that may answer asynchronously (awaits each layer's attention). */
+  async forwardAsync(token: number, pos: number): Promise<Float32Array> {
+    this.embed(token, pos);
+    for (let l = 0; l < this.config.nLayers; l++) this.finishLayer(l, pos, await this.attention(l, pos));
+    return this.head();
+  }
+
+  private embed(token: number, pos: number): void {
+    const { dim, vocabSize, seqLen } = this.config;
     if (!Number.isInteger(token) || token < 0 || token >= vocabSize) fail('E_RANGE', 'forward token', `an integer in [0, ${vocabSize})`, token);
     if (!Number.isInteger(pos) || pos < 0 || pos >= seqLen) fail('E_RANGE', 'forward pos', `an integer in [0, ${seqLen}) (seq_len)`, pos);
-    const { x, xb, xb2, q, hb, hb2, logits, checkpoint: w } = this;
+    this.x.set(this.checkpoint.tokenEmbedding.subarray(token * dim, (token + 1) * dim));
+  }
 
-    x.set(w.tokenEmbedding.subarray(token * dim, (token + 1) * dim));
+  /** Layer l up to attention: q into scratch, k and v straight into this position's cache row. */
+  private attention(l: number, pos: number): Float32Array | Promise<Float32Array> {
+    const { dim, headSize, kvDim } = this.config;
+    const { x, xb, q } = this;
+    const lw = this.checkpoint.layers[l]!;
+    rmsnorm(xb, x, lw.rmsAtt);
+    const k = this.kCache[l]!.subarray(pos * kvDim, (pos + 1) * kvDim);
+    const v = this.vCache[l]!.subarray(pos * kvDim, (pos + 1) * kvDim);
+    matmul(q, xb, lw.wq, dim, dim);
+    matmul(k, xb, lw.wk, dim, kvDim);
+    matmul(v, xb, lw.wv, dim, kvDim);
+    rope(q, pos, headSize);
+    rope(k, pos, headSize);
+    this.observer?.onProjections(l, pos, q, k, v);
+    return this.backend.attend(l, pos, q, this.kCache[l]!, this.vCache[l]!);
+  }
 
-    for (let l = 0; l < nLayers; l++) {
-      const lw = w.layers[l]!;
-      rmsnorm(xb, x, lw.rmsAtt);
-
-      // q into scratch; k and v straight into this position's cache row.
-      const k = this.kCache[l]!.subarray(pos * kvDim, (pos + 1) * kvDim);
-      const v = this.vCache[l]!.subarray(pos * kvDim, (pos + 1) * kvDim);
-      matmul(q, xb, lw.wq, dim, dim);
-      matmul(k, xb, lw.wk, dim, kvDim);
-      matmul(v, xb, lw.wv, dim, kvDim);
-      rope(q, pos, headSize);
-      rope(k, pos, headSize);
-      this.observer?.onProjections(l, pos, q, k, v);
-
-      const att = this.backend.attend(l, pos, q, this.kCache[l]!, this.vCache[l]!);
-      if (!(att instanceof Float32Array) || att.length !== nHeads * headSize)
-        fail('E_SHAPE', `attention backend output (layer ${l}, pos ${pos})`, `Float32Array(${nHeads * headSize})`, att);
-
-      matmul(xb2, att, lw.wo, dim, dim);
-      for (let i = 0; i < dim; i++) x[i] += xb2[i]!;
-
-      // SwiGLU FFN: x += W2 (silu(W1 xb) ⊙ W3 xb).
-      rmsnorm(xb, x, lw.rmsFfn);
-      matmul(hb, xb, lw.w1, dim, hiddenDim);
-      matmul(hb2, xb, lw.w3, dim, hiddenDim);
-      for (let i = 0; i < hiddenDim; i++) {
-        const g = hb[i]!;
-        hb[i] = (g / (1 + Math.exp(-g))) * hb2[i]!;
-      }
-      matmul(xb, hb, lw.w2, hiddenDim, dim);
-      for (let i = 0; i < dim; i++) x[i] += xb[i]!;
+  /** Layer l after attention: output projection, residual, SwiGLU FFN. */
+  private finishLayer(l: number, pos: number, att: Float32Array): void {
+    const { dim, hiddenDim, headSize, nHeads } = this.config;
+    const { x, xb, xb2, hb, hb2 } = this;
+    const lw = this.checkpoint.layers[l]!;
+    if (!(att instanceof Float32Array) || att.length !== nHeads * headSize)
+      fail('E_SHAPE', `attention backend output (layer ${l}, pos ${pos})`, `Float32Array(${nHeads * headSize})`, att);
+    matmul(xb2, att, lw.wo, dim, dim);
+    for (let i = 0; i < dim; i++) x[i] += xb2[i]!;
+    // SwiGLU FFN: x += W2 (silu(W1 xb) ⊙ W3 xb).
+    rmsnorm(xb, x, lw.rmsFfn);
+    matmul(hb, xb, lw.w1, dim, hiddenDim);
+    matmul(hb2, xb, lw.w3, dim, hiddenDim);
+    for (let i = 0; i < hiddenDim; i++) {
+      const g = hb[i]!;
+      hb[i] = (g / (1 + Math.exp(-g))) * hb2[i]!;
     }
+    matmul(xb, hb, lw.w2, hiddenDim, dim);
+    for (let i = 0; i < dim; i++) x[i] += xb[i]!;
+  }
 
-    rmsnorm(x, x, w.rmsFinal);
-    matmul(logits, x, w.wcls, dim, vocabSize);
-    return logits;
+  private head(): Float32Array {
+    const { dim, vocabSize } = this.config;
+    rmsnorm(this.x, this.x, this.checkpoint.rmsFinal);
+    matmul(this.logits, this.x, this.checkpoint.wcls, dim, vocabSize);
+    return this.logits;
   }
 }

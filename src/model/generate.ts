@@ -118,8 +118,9 @@ function parseOptions(options: unknown): z.infer<typeof optionsSchema> {
 }
 
 /**
- * Generates text; see {@link GenerateOptions}. The forward passes run synchronously on the calling
- * thread (this is the reference host); the promise settles after the optional trace is written.
+ * Generates text; see {@link GenerateOptions}. The forward passes run on the calling thread (this
+ * is the reference host), awaiting the backend's attention where it answers asynchronously; the
+ * promise settles after the optional trace is written.
  */
 export async function generate(options: GenerateOptions): Promise<GenerateResult> {
   const o = parseOptions(options);
@@ -156,7 +157,7 @@ export async function generate(options: GenerateOptions): Promise<GenerateResult
     const t0 = performance.now();
     let promptMs = 0;
     while (pos < steps) {
-      const logits = transformer.forward(token, pos);
+      const logits = await transformer.forwardAsync(token, pos);
       const inPrompt = pos < prompt.length - 1;
       const next = inPrompt ? prompt[pos + 1]! : sampler.sample(logits);
       pos++;
@@ -188,6 +189,6 @@ export async function generate(options: GenerateOptions): Promise<GenerateResult
     if (recorder && o.traceOut !== undefined) result.trace = await recorder.write(o.traceOut, o.tracePromptTokens);
     return result;
   } finally {
-    if (ownBackend) backend.close?.();
+    if (ownBackend) await backend.close?.();
   }
 }

@@ -39,6 +39,10 @@ import { SequenceStore } from './sequence-store.js';
 import { SharedArena, decodeSlotRegions } from './shared-arena.js';
 import type { StageStats } from './stage-pool.js';
 import { calibrate, type CalibrateOptions, type CalibrationResult } from './calibrate.js';
+import { MemoryRuntime, toDtype, type MemoryEntry } from '../runtime/memory-runtime.js';
+import type { MemoryStats } from '../runtime/kv-memory.js';
+import type { MemoryTraffic } from '../runtime/memory-runtime.js';
+import type { Dtype } from '../types.js';
 
 /** Options of {@link openRuntime}. */
 export interface RuntimeOptions {
@@ -72,8 +76,24 @@ export interface RuntimeOptions {
   /** Context capacity of a sequence in tokens, prompt + decoded (default 4096). */
   maxTokens?: number;
   /**
-   * Hard cap in bytes of the shared KV store, allocated at open as maxSequences x layers x 2 x
-   * maxTokens x kvHeads x headDim x 4 (default 1 GiB). Exceeding it is E_NOMEM at open.
+   * The memory model (DESIGN.md §3): everything the runtime keeps in DRAM, bytes — sinks and open
+   * tails, the selection indexes (reserved at their measured bytes per token x maxTokens), the hot
+   * tier's maxBytes, fetch buffers, and the DRAM tier (the rest). Sealed segments (prompt and
+   * decoded tokens, sealed in blocks of `sealTokens` as they leave the local window) go to the SSD
+   * store (`ssd`) and are cached in the DRAM tier; without `ssd` the DRAM tier must hold every chunk
+   * of maxSequences x maxTokens, else open fails with E_BUDGET naming the bytes needed. `stats().memory`
+   * itemises it. Without dramBudget the runtime uses the legacy store (every token, f32, in one
+   * SharedArrayBuffer of kvMemoryBytes).
+   */
+  dramBudget?: number;
+  /** With dramBudget: KV dtype kept in every tier, never widened (default 'f32'). */
+  dtype?: Dtype;
+  /** With dramBudget: tokens per segment sealed while decoding (a multiple of the chunk size; default 1024). */
+  sealTokens?: number;
+  /**
+   * Legacy store (no dramBudget): hard cap in bytes of the shared KV store, allocated at open as
+   * maxSequences x layers x 2 x maxTokens x kvHeads x headDim x 4 (default 1 GiB). Exceeding it is
+   * E_NOMEM at open.
    */
   kvMemoryBytes?: number;
   /** Pipelined mode: spin budget of the rings in µs, or 'auto' (see PipelineOptions.spinMicros). */
@@ -177,6 +197,11 @@ export interface RuntimeStats {
   maxInFlight: number;
   /** The last (up to 64) attend() calls, oldest first. */
   recentSteps: StepBreakdown[];
+  /**
+   * Memory model (dramBudget): the itemised budget, index bytes in use, sealed tokens, SSD writes,
+   * the DRAM tier's counters and per-tier traffic (chunks served by the hot tier, DRAM, SSD, tail).
+   */
+  memory?: MemoryStats & { traffic: MemoryTraffic };
 }
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
@@ -195,6 +220,9 @@ const optionsSchema = z
     maxSequences: int(1, 4096).optional(),
     maxTokens: int(1, 1 << 24).optional(),
     kvMemoryBytes: z.number().int().min(1).optional(),
+    dramBudget: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional(),
+    dtype: z.enum(['f32', 'f16', 'bf16']).optional(),
+    sealTokens: int(1, 1 << 24).optional(),
     spinMicros: z.union([z.literal('auto'), z.number().min(0).max(100_000)]).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
     ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional(), layout: z.enum(['chunks', 'clusters']).optional() }).strict().optional(),
@@ -213,6 +241,9 @@ const EXPECTED: Record<string, string> = {
   maxSequences: 'an integer in [1, 4096]',
   maxTokens: 'an integer in [1, 2^24]',
   kvMemoryBytes: 'a positive integer',
+  dramBudget: 'a positive integer number of bytes',
+  dtype: "'f32', 'f16' or 'bf16'",
+  sealTokens: 'an integer in [1, 2^24] (a multiple of the chunk size)',
   spinMicros: "'auto' or a number of µs in [0, 100000]",
   hotTier: '{ windows, maxBytes, eviction? }',
   ssd: "{ dir: a directory path, direct?: boolean, io?: IoEngineOptions, layout?: 'chunks' | 'clusters' }",
@@ -253,6 +284,8 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     throw new KvdriveError('E_CONFIG', `openRuntime options.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe((options as unknown as Record<string, unknown>)[key])}`);
   }
   if (options.calibrate) {
+    if (options.dramBudget !== undefined)
+      fail('E_CONFIG', 'openRuntime options.calibrate', 'no calibrate with dramBudget (the sweep tunes the legacy stage pipeline)', options.calibrate);
     const { calibrate: c, ...base } = options;
     const result = await calibrate(base, c === true ? {} : c, openRuntime);
     const tuned: RuntimeOptions = { ...base, microBatch: result.microBatch };
@@ -275,6 +308,48 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   // A selection holds at most `budget` tokens beside sinks and tail: floor(budget/c) whole chunks
   // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
   const maxChunksPerHead = Math.min(Math.floor(o.budget / resolved.chunkSize) + 2, Math.ceil(maxTokens / resolved.chunkSize));
+  if (o.dramBudget === undefined) {
+    if (o.dtype !== undefined && o.dtype !== 'f32') fail('E_CONFIG', 'openRuntime options.dtype', "'f32' without dramBudget (the legacy store is f32)", o.dtype);
+    if (o.sealTokens !== undefined) fail('E_CONFIG', 'openRuntime options.sealTokens', 'dramBudget (sealing belongs to the memory model)', 'no dramBudget');
+  } else {
+    if (o.kvMemoryBytes !== undefined) fail('E_CONFIG', 'openRuntime options.kvMemoryBytes', 'no kvMemoryBytes with dramBudget (the memory model has one budget)', o.kvMemoryBytes);
+    if (o.ssd?.layout !== undefined) fail('E_CONFIG', 'openRuntime options.ssd.layout', 'no layout with dramBudget (extents are the index clusters)', o.ssd.layout);
+    if (o.selectionThreads !== undefined || o.spinMicros !== undefined)
+      fail('E_CONFIG', 'openRuntime options.selectionThreads / spinMicros', 'neither with dramBudget (no stage workers)', 'one of them');
+    const maxSequences = o.maxSequences ?? 4;
+    const dtype = o.dtype ?? 'f32';
+    const cs = resolved.chunkSize;
+    const sealTokens = o.sealTokens ?? Math.ceil(1024 / cs) * cs;
+    const memory = await MemoryRuntime.open({
+      shape,
+      dtype,
+      policy,
+      policyOptions: resolved,
+      policyInput: { ...policyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim },
+      budget: o.budget,
+      maxSequences,
+      maxTokens,
+      dramBudget: o.dramBudget,
+      sealTokens,
+      maxChunksPerHead,
+      mode,
+      microBatch,
+      hotTier: o.hotTier
+        ? {
+            ...(o.hotTier as Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>),
+            layers: shape.layers,
+            kvHeads: shape.kvHeads,
+            headDim: shape.headDim,
+            dtype,
+            chunkSize: cs,
+            budget: o.budget,
+            sequences: maxSequences,
+          }
+        : undefined,
+      ssd: o.ssd ? { dir: o.ssd.dir, direct: o.ssd.direct, io: o.ssd.io } : undefined,
+    });
+    return new Runtime(undefined, undefined, undefined, mode, microBatch, resolved, undefined, undefined, undefined, 'chunks', { runtime: memory, shape, maxSequences, maxTokens });
+  }
   const store = SequenceStore.create({ shape, maxSequences: o.maxSequences ?? 4, maxTokens }, o.kvMemoryBytes ?? 1 << 30);
   const stagedChunkElems = o.ssd ? 2 * resolved.chunkSize * shape.headDim : 0;
   const arena = SharedArena.create(mode === 'pipelined' ? PIPELINE_SLOTS : 1, decodeSlotRegions(shape, microBatch, maxChunksPerHead, stagedChunkElems), 4 * 2 ** 30);
@@ -347,9 +422,11 @@ export class Runtime {
   readonly microBatch: number;
   /** What `openRuntime({ calibrate })` chose and measured; undefined without calibration. */
   calibration: CalibrationResult | undefined;
-  private readonly init: DecodeInit;
-  private readonly store: SequenceStore;
-  private readonly arena: SharedArena<DecodeRegions>;
+  private readonly legacyStore: SequenceStore | undefined;
+  private readonly legacyArena: SharedArena<DecodeRegions> | undefined;
+  /** The memory model (openRuntime with dramBudget); undefined: the legacy all-f32 shared store. */
+  private readonly memory: MemoryRuntime | undefined;
+  private readonly maxTokens: number;
   private readonly pipeline: Pipeline | undefined;
   /** Sequential mode: the stages run here. */
   private readonly local: DecodeState | undefined;
@@ -395,11 +472,14 @@ export class Runtime {
   /** The selection policy's resolved options (chunk geometry for warm-up). */
   private readonly policyOptions: ResolvedPolicyOptions;
 
-  /** @internal use openRuntime */
+  /**
+   * @internal use openRuntime. Either over the memory model (`memory`: every tier below, see
+   * src/runtime/memory-runtime.ts) or over the legacy all-f32 shared store (`init`, `store`, `arena`).
+   */
   constructor(
-    init: DecodeInit,
-    store: SequenceStore,
-    arena: SharedArena<DecodeRegions>,
+    init: DecodeInit | undefined,
+    store: SequenceStore | undefined,
+    arena: SharedArena<DecodeRegions> | undefined,
     mode: 'sequential' | 'pipelined',
     microBatch: number,
     policyOptions: ResolvedPolicyOptions,
@@ -407,26 +487,39 @@ export class Runtime {
     tier?: HotTier,
     ssd?: SsdStore,
     ssdLayout: 'chunks' | 'clusters' = 'chunks',
+    memory?: { runtime: MemoryRuntime; shape: ModelShape; maxSequences: number; maxTokens: number },
   ) {
     this.tier = tier;
     this.ssd = ssd;
-    this.segmentIds = new Array<string | undefined>(store.layout.maxSequences * init.shape.layers);
-    this.segmentWords = init.ssd ? new Int32Array(init.ssd.segments) : undefined;
+    this.memory = memory?.runtime;
+    const maxSequences = memory ? memory.maxSequences : store!.layout.maxSequences;
+    this.maxTokens = memory ? memory.maxTokens : store!.layout.maxTokens;
+    this.shape = memory ? memory.shape : init!.shape;
+    this.segmentIds = new Array<string | undefined>(maxSequences * this.shape.layers);
+    this.segmentWords = init?.ssd ? new Int32Array(init.ssd.segments) : undefined;
     this.ssdLayout = ssdLayout;
     this.policyOptions = policyOptions;
-    this.init = init;
-    this.shape = init.shape;
-    this.store = store;
-    this.arena = arena;
+    this.legacyStore = store;
+    this.legacyArena = arena;
     this.mode = mode;
     this.microBatch = microBatch;
     this.pipeline = pipeline;
-    this.local = mode === 'sequential' ? new DecodeState(init) : undefined;
-    const { maxSequences } = store.layout;
-    this.tokens = new Int32Array(maxSequences * init.shape.layers).fill(-1);
-    this.prefilled = new Int32Array(maxSequences * init.shape.layers);
+    this.local = mode === 'sequential' && init ? new DecodeState(init) : undefined;
+    this.tokens = new Int32Array(maxSequences * this.shape.layers).fill(-1);
+    this.prefilled = new Int32Array(maxSequences * this.shape.layers);
     this.open = new Uint8Array(maxSequences);
-    this.freeSlots = Array.from({ length: arena.layout.slots }, (_, i) => i);
+    this.freeSlots = Array.from({ length: arena ? arena.layout.slots : 0 }, (_, i) => i);
+  }
+
+  /** Legacy mode: the all-f32 shared store. */
+  private get store(): SequenceStore {
+    if (!this.legacyStore) throw new KvdriveError('E_INTERNAL', 'runtime: expected the legacy shared store, got a memory-model runtime');
+    return this.legacyStore;
+  }
+
+  private get arena(): SharedArena<DecodeRegions> {
+    if (!this.legacyArena) throw new KvdriveError('E_INTERNAL', 'runtime: expected the legacy arena, got a memory-model runtime');
+    return this.legacyArena;
   }
 
   /**
@@ -470,6 +563,7 @@ export class Runtime {
     if (seq < 0) throw new KvdriveError('E_NOMEM', `createSequence: expected fewer than maxSequences = ${this.open.length} open sequences, got all of them open`);
     this.open[seq] = 1;
     this.tokens.fill(-1, seq * this.shape.layers, (seq + 1) * this.shape.layers);
+    this.memory?.openSequence(seq);
     return seq;
   }
 
@@ -477,6 +571,11 @@ export class Runtime {
   closeSequence(seq: number): Promise<void> {
     return this.serial(async () => {
       this.checkSeq('closeSequence', seq);
+      if (this.memory) {
+        this.open[seq] = 0;
+        await this.memory.closeSequence(seq);
+        return;
+      }
       if (this.pipeline) await this.pipeline.control(0, { type: 'drop', seq });
       else await this.local!.control({ type: 'drop', seq });
       // No batch is in flight (operations are serialized), so no worker holds this sequence's
@@ -503,19 +602,21 @@ export class Runtime {
       const { kvHeads, headDim } = this.shape;
       for (const [name, t] of [['k', k], ['v', v]] as const) {
         if (t === null || typeof t !== 'object') fail('E_TYPE', `prefill ${name}`, 'a KvTensor { data, dtype, tokens, heads, dim }', t);
-        if (t.dtype !== 'f32' || !(t.data instanceof Float32Array)) fail('E_DTYPE', `prefill ${name}`, "dtype 'f32' with Float32Array data", t.dtype);
+        const dtype = this.memory?.memory.config.dtype ?? 'f32';
+        const ok = (t.dtype === 'f32' && t.data instanceof Float32Array) || (t.dtype === dtype && t.data instanceof Uint16Array);
+        if (!ok) fail('E_DTYPE', `prefill ${name}`, dtype === 'f32' ? "dtype 'f32' with Float32Array data" : `dtype '${dtype}' (Uint16Array bits) or 'f32' (Float32Array, narrowed to ${dtype})`, t.dtype);
         if (t.heads !== kvHeads || t.dim !== headDim) fail('E_SHAPE', `prefill ${name} heads x dim`, `${kvHeads} x ${headDim}`, `${t.heads} x ${t.dim}`);
         if (!Number.isInteger(t.tokens) || t.tokens < 0) fail('E_SHAPE', `prefill ${name}.tokens`, 'a non-negative integer', t.tokens);
         if (t.data.length !== t.tokens * kvHeads * headDim) fail('E_SHAPE', `prefill ${name}.data length`, `tokens x heads x dim = ${t.tokens * kvHeads * headDim}`, t.data.length);
         if (t.layout !== undefined && t.layout !== 'thd' && t.layout !== 'htd') fail('E_CONFIG', `prefill ${name}.layout`, "'thd' or 'htd'", t.layout);
       }
       if (k.tokens !== v.tokens) fail('E_SHAPE', 'prefill v.tokens', `k.tokens = ${k.tokens}`, v.tokens);
-      if (k.tokens > this.store.layout.maxTokens) fail('E_BUDGET', 'prefill tokens', `at most maxTokens = ${this.store.layout.maxTokens}`, k.tokens);
+      if (k.tokens > this.maxTokens) fail('E_BUDGET', 'prefill tokens', `at most maxTokens = ${this.maxTokens}`, k.tokens);
       if (this.tier && this.tokens[seq * this.shape.layers + layer]! >= 0)
         fail('E_CONFIG', `prefill seq ${seq} layer ${layer}`, 'one prefill per layer with a hot tier (its slots would keep the old rows)', 'a second prefill');
       let window = 0;
       if (obsQ !== undefined) {
-        if (!this.tier) fail('E_CONFIG', 'prefill obsQ', 'a runtime opened with a hotTier (the observation window warms it)', 'no hot tier');
+        if (!this.tier && !this.memory) fail('E_CONFIG', 'prefill obsQ', 'a runtime opened with a hotTier or a dramBudget (the observation window warms them)', 'no hot tier');
         const row = this.shape.qHeads * headDim;
         if (!(obsQ instanceof Float32Array)) fail('E_TYPE', 'prefill obsQ', `a Float32Array(W x ${row})`, obsQ);
         window = obsQ.length / row;
@@ -523,7 +624,14 @@ export class Runtime {
           fail('E_SHAPE', 'prefill obsQ length', `W x qHeads x headDim with 1 <= W <= ${k.tokens} prompt tokens (rows of ${row})`, obsQ.length);
         checkVector('prefill obsQ', obsQ, obsQ.length);
       }
-      for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t));
+      if (this.memory) {
+        const dtype = this.memory.memory.config.dtype;
+        const conv = (name: string, t: KvTensor): KvTensor => ({ ...t, layout: 'thd', dtype, data: toDtype(`prefill ${name}`, toThd(t), dtype) });
+        await this.memory.prefill(seq, layer, conv('k', k), conv('v', v), obsQ);
+        this.tokens[seq * this.shape.layers + layer] = k.tokens;
+        return;
+      }
+      for (const [kind, t] of [[0, k], [1, v]] as const) this.store.write(seq, layer, kind, 0, toThd(t) as Float32Array); // validated above: f32
       const ssdChunks = this.ssd && this.ssdLayout === 'clusters' ? Math.floor(k.tokens / this.policyOptions.chunkSize) : 0;
       const req: DecodeControl = { type: 'build', seq, layer, tokens: k.tokens, ...(ssdChunks > 0 ? { layoutChunks: ssdChunks } : {}) };
       this.tokens[seq * this.shape.layers + layer] = -1; // not attendable until the index exists
@@ -618,16 +726,18 @@ export class Runtime {
       seen.add(e.seq);
       const t = this.tokens[e.seq * L + layer]!;
       if (t < 0) fail('E_RANGE', `attend batch[${i}]`, `sequence ${e.seq} layer ${layer} prefilled first`, 'no prefill');
-      if (t + 1 > this.store.layout.maxTokens) fail('E_BUDGET', `attend batch[${i}] context`, `at most maxTokens = ${this.store.layout.maxTokens} tokens`, t + 1);
+      if (t + 1 > this.maxTokens) fail('E_BUDGET', `attend batch[${i}] context`, `at most maxTokens = ${this.maxTokens} tokens`, t + 1);
       checkVector(`attend batch[${i}].q`, e.q, hq * d);
       checkVector(`attend batch[${i}].kNew`, e.kNew, hkv * d);
       checkVector(`attend batch[${i}].vNew`, e.vNew, hkv * d);
     }
+    if (this.memory) return this.attendMemory(layer, batch, t0);
+    // Written at the next position but not committed: the token counts advance only when every
+    // micro-batch succeeded, so a failed step retried with the same input equals a clean run.
     for (const e of batch) {
       const at = this.tokens[e.seq * L + layer]!;
       this.store.write(e.seq, layer, 0, at, e.kNew);
       this.store.write(e.seq, layer, 1, at, e.vNew);
-      this.tokens[e.seq * L + layer] = at + 1;
     }
     this.counters.appendMs += performance.now() - t0;
 
@@ -658,7 +768,47 @@ export class Runtime {
     });
     if (this.recent.length > 64) this.recent.shift();
     if (failed) throw failed.reason;
+    for (const e of batch) this.tokens[e.seq * L + layer]!++;
     return outputs;
+  }
+
+  /** attend() over the memory model (src/runtime/step.ts per entry). */
+  private async attendMemory(layer: number, batch: AttendEntry[], t0: number): Promise<Float32Array[]> {
+    const mem = this.memory!;
+    const dtype = mem.memory.config.dtype;
+    const entries: MemoryEntry[] = batch.map((e, i) => ({
+      seq: e.seq,
+      q: e.q,
+      kNew: toDtype(`attend batch[${i}].kNew`, e.kNew, dtype),
+      vNew: toDtype(`attend batch[${i}].vNew`, e.vNew, dtype),
+    }));
+    const before = { ...mem.time };
+    this.counters.appendMs += performance.now() - t0;
+    let outputs: Float32Array[] | undefined;
+    let error: unknown;
+    try {
+      outputs = await mem.attend(layer, entries);
+    } catch (e) {
+      error = e;
+    }
+    const wallMs = performance.now() - t0;
+    const c = this.counters;
+    const selectionMs = mem.time.selectionMs - before.selectionMs;
+    const fetchMs = mem.time.fetchMs - before.fetchMs;
+    const computeMs = mem.time.computeMs - before.computeMs;
+    c.attendCalls++;
+    c.entries += batch.length;
+    c.microBatches += Math.ceil(batch.length / this.microBatch);
+    c.wallMs += wallMs;
+    c.selectionMs += selectionMs;
+    c.fetchMs += fetchMs;
+    c.computeMs += computeMs;
+    this.recent.push({ layer, entries: batch.length, wallMs, selectionMs, hitMissMs: 0, fetchMs, computeMs, stallMs: Math.max(0, wallMs - computeMs) });
+    if (this.recent.length > 64) this.recent.shift();
+    this.maxInFlight = Math.max(this.maxInFlight, this.mode === 'pipelined' ? Math.min(Math.ceil(batch.length / this.microBatch), PIPELINE_SLOTS) : 1);
+    if (error !== undefined) throw error;
+    for (const e of batch) this.tokens[e.seq * this.shape.layers + layer] = mem.tokens(e.seq, layer);
+    return outputs!;
   }
 
   private async runMicroBatch(layer: number, part: AttendEntry[], outputs: Float32Array[]): Promise<void> {
@@ -674,7 +824,7 @@ export class Runtime {
       part.forEach((e, b) => {
         seqs[b] = e.seq;
         q.set(e.q, b * hq * d);
-        meta[b * 4 + 1] = this.tokens[e.seq * L + layer]!;
+        meta[b * 4 + 1] = this.tokens[e.seq * L + layer]! + 1; // the new token included (committed after the step)
       });
       this.maxInFlight = Math.max(this.maxInFlight, ++this.inFlight);
       if (this.pipeline) await this.pipeline.submit([slot, part.length, layer]).finally(() => this.inFlight--);
@@ -733,6 +883,16 @@ export class Runtime {
     const c = this.counters;
     const s: RuntimeStats = { mode: this.mode, ...c, stallMs: Math.max(0, c.wallMs - c.computeMs), maxInFlight: this.maxInFlight, recentSteps: this.recent.map((r) => ({ ...r })) };
     if (this.pipeline) s.stages = (await this.pipeline.stats()).stages;
+    if (this.memory) {
+      const m = this.memory.stats();
+      s.memory = m;
+      s.hits = m.traffic.hotChunks;
+      s.misses = m.traffic.chunks - m.traffic.hotChunks;
+      s.ssdChunks = m.traffic.ssdChunks;
+      s.ssdBytes = m.traffic.ssdChunks * this.memory.memory.chunkBytes;
+      s.ssdReadBytes = m.traffic.ssdReadBytes;
+      s.warmedChunks = this.memory.time.warmedChunks;
+    }
     return s;
   }
 
@@ -742,6 +902,13 @@ export class Runtime {
     this.closed = true; // later calls, and calls queued behind the current one, fail with E_CLOSED
     await this.pipeline?.close(); // rejects micro-batches in flight with E_CLOSED
     await this.queue;
+    if (this.memory) {
+      const open: number[] = [];
+      this.open.forEach((o, seq) => o === 1 && open.push(seq));
+      this.open.fill(0);
+      await this.memory.close(open);
+      return;
+    }
     this.tier?.destroy(); // after every worker has exited: nobody holds the handle any more
     if (this.ssd) {
       // The runtime's segments are scratch: delete them, then release files and the I/O engine.
@@ -756,10 +923,12 @@ export class Runtime {
 }
 
 /** The tensor's data in 'thd' order (a view when it already is). */
-function toThd(t: KvTensor): Float32Array {
-  const data = t.data as Float32Array;
+function toThd<T extends Float32Array | Uint16Array>(t: KvTensor & { data: T }): T;
+function toThd(t: KvTensor): Float32Array | Uint16Array;
+function toThd(t: KvTensor): Float32Array | Uint16Array {
+  const data = t.data;
   if (t.layout !== 'htd') return data;
-  const out = new Float32Array(data.length);
+  const out = data instanceof Float32Array ? new Float32Array(data.length) : new Uint16Array(data.length);
   for (let h = 0; h < t.heads; h++)
     for (let tok = 0; tok < t.tokens; tok++) out.set(data.subarray((h * t.tokens + tok) * t.dim, (h * t.tokens + tok + 1) * t.dim), (tok * t.heads + h) * t.dim);
   return out;

@@ -601,7 +601,7 @@ function sliceTokens(t: KvTensor, a: number, b: number): KvTensor {
  * that range, each one extent; chunks the index does not cover (sinks, the local window) follow in
  * token order, four per extent.
  */
-function clusterLayout(policy: NativeSelectionPolicy, head: number, first: number, end: number): ClusterLayout {
+export function clusterLayout(policy: NativeSelectionPolicy, head: number, first: number, end: number): ClusterLayout {
   const n = end - first;
   const seen = new Uint8Array(n);
   const ids: number[] = [];

@@ -21,11 +21,14 @@ import type { SsdStore, StoreShape } from './ssd-store.js';
 
 /** Options of a {@link TieredKv}. */
 export interface TieredKvOptions {
-  /** The SSD tier holding every segment (the full backing store). */
-  ssd: SsdStore;
+  /**
+   * The SSD tier holding every segment (the full backing store). Optional: without it the DRAM
+   * tier must hold every chunk of every segment (a DRAM miss is then E_INTERNAL).
+   */
+  ssd?: SsdStore;
   /** The DRAM tier (optional: SSD-only when omitted). Segments are registered in it if missing. */
   dram?: DramStore;
-  /** The sequence's sealed segment ids in token order; global chunk ids run across them. */
+  /** The sequence's sealed segment ids in token order; global chunk ids run across them. More may follow ({@link TieredKv.appendSegment}). */
   segments: string[];
   /** Prefetch staging pool: number of buffers (default 2; 0 disables prefetch). */
   stagingBuffers?: number;
@@ -37,7 +40,7 @@ export interface TieredKvOptions {
 
 const optionsSchema = z
   .object({
-    ssd: z.custom<SsdStore>((v) => typeof v === 'object' && v !== null, 'an SsdStore'),
+    ssd: z.custom<SsdStore>((v) => typeof v === 'object' && v !== null, 'an SsdStore').optional(),
     dram: z.custom<DramStore>((v) => typeof v === 'object' && v !== null, 'a DramStore').optional(),
     segments: z.array(z.string()).min(1),
     stagingBuffers: z.number().int().min(0).max(64).optional(),
@@ -128,13 +131,13 @@ export class TieredKv {
   readonly shape: StoreShape;
   readonly chunkBytes: number;
   /** Chunks per (layer, kv head) over the whole segment chain. */
-  readonly totalChunks: number;
-  private readonly ssd: SsdStore;
+  totalChunks: number;
+  private readonly ssd?: SsdStore;
   private readonly dram?: DramStore;
   private readonly segments: string[];
-  private readonly segHandles: Int32Array;
-  private readonly segStart: Int32Array; // first global chunk of each segment (+ total at the end)
-  private readonly chunkSeg: Int32Array; // global chunk -> segment index
+  private readonly segHandles: number[] = [];
+  private readonly segStart: number[] = [0]; // first global chunk of each segment (+ total at the end)
+  private chunkSeg: Int32Array; // global chunk -> segment index
   private readonly dramMaps: Array<{ slots: Int32Array; chunks: number }> = [];
   private readonly promote: boolean;
   private readonly pool: Uint8Array[] = [];
@@ -147,33 +150,48 @@ export class TieredKv {
 
   constructor(options: TieredKvOptions) {
     const o = parseOptions(optionsSchema, options, 'TieredKv options');
+    if (!o.ssd && !o.dram) fail('E_CONFIG', 'TieredKv options', 'an ssd store, a dram store or both', 'neither');
     this.ssd = o.ssd;
     this.dram = o.dram;
-    this.shape = o.ssd.shape;
-    this.chunkBytes = o.ssd.chunkBytes;
+    this.shape = o.ssd ? o.ssd.shape : o.dram!.shape;
+    this.chunkBytes = o.ssd ? o.ssd.chunkBytes : o.dram!.chunkBytes;
     this.promote = o.promote ?? true;
     if (o.dram && o.dram.chunkBytes !== this.chunkBytes)
       fail('E_CONFIG', 'TieredKv options.dram', `a DRAM store of the SSD store's shape (chunk ${this.chunkBytes} bytes)`, `chunk ${o.dram.chunkBytes} bytes`);
-    this.segments = [...o.segments];
-    const info = new Map(o.ssd.segments().map((s) => [s.id, s]));
-    this.segHandles = new Int32Array(this.segments.length);
-    this.segStart = new Int32Array(this.segments.length + 1);
-    for (let s = 0; s < this.segments.length; s++) {
-      const id = this.segments[s]!;
-      this.segHandles[s] = o.ssd.segmentHandle(id); // E_NOT_FOUND / E_CORRUPT for unusable ids
-      const chunks = info.get(id)!.chunks;
-      this.segStart[s + 1] = this.segStart[s]! + chunks;
-      if (o.dram) {
-        if (!o.dram.hasSegment(id)) o.dram.addSegment(id, chunks * this.shape.chunkSize);
-        this.dramMaps.push(o.dram.slotMap(id));
-      }
-    }
-    this.totalChunks = this.segStart[this.segments.length]!;
-    this.chunkSeg = new Int32Array(this.totalChunks);
-    for (let s = 0; s < this.segments.length; s++) this.chunkSeg.fill(s, this.segStart[s]!, this.segStart[s + 1]!);
+    this.segments = [];
+    this.totalChunks = 0;
+    this.chunkSeg = new Int32Array(0);
+    for (const id of o.segments) this.appendSegment(id);
     this.stagingBytes = o.stagingBytes ?? 8 << 20;
     if (this.stagingBytes < this.chunkBytes) fail('E_CONFIG', 'TieredKv options.stagingBytes', `at least one chunk (${this.chunkBytes} bytes)`, this.stagingBytes);
     for (let i = 0; i < (o.stagingBuffers ?? 2); i++) this.pool.push(new Uint8Array(this.stagingBytes));
+  }
+
+  /**
+   * Appends a sealed segment to the chain (decode seals segments as tokens leave the local window);
+   * its chunks get the next global ids. Without an SSD store the DRAM store must already hold it.
+   */
+  appendSegment(id: string): void {
+    this.check();
+    let chunks: number;
+    if (this.ssd) {
+      const handle = this.ssd.segmentHandle(id); // E_NOT_FOUND / E_CORRUPT for unusable ids
+      chunks = this.ssd.segments().find((s) => s.id === id)!.chunks;
+      this.segHandles.push(handle);
+      if (this.dram && !this.dram.hasSegment(id)) this.dram.addSegment(id, chunks * this.shape.chunkSize);
+    } else {
+      chunks = this.dram!.slotMap(id).chunks; // E_NOT_FOUND for a segment it does not hold
+      this.segHandles.push(-1);
+    }
+    if (this.dram) this.dramMaps.push(this.dram.slotMap(id));
+    const s = this.segments.length;
+    this.segments.push(id);
+    this.segStart.push(this.totalChunks + chunks);
+    const seg = new Int32Array(this.totalChunks + chunks);
+    seg.set(this.chunkSeg);
+    seg.fill(s, this.totalChunks);
+    this.chunkSeg = seg;
+    this.totalChunks += chunks;
   }
 
   private static zeroStats(): FetchStats {
@@ -335,6 +353,8 @@ export class TieredKv {
 
   /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
   private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number) {
+    if (!this.ssd)
+      throw new KvdriveError('E_INTERNAL', `TieredKv fetch: expected every chunk resident in DRAM (no SSD store), got ${groups.size} (segment, kv head) groups with misses`);
     const H = this.shape.kvHeads;
     const nItems = groups.size;
     const segments = new Int32Array(nItems);

@@ -1,0 +1,202 @@
+/**
+ * `kvdrive demo --storage DIR`: the synthetic workload decoded through the runtime's memory model
+ * (openRuntime({ dramBudget, ssd })), streaming the layers in: each prompt layer is generated,
+ * prefilled (index built, sealed to SSD, the DRAM tier filled up to its budget) and dropped before
+ * the next, so the process never holds the whole KV. Then every decode step runs over all layers.
+ * Printed: bytes per tier per step, time per layer-step, the peak resident set (VmHWM) against the
+ * budget plus the stated overhead, and — on the first layers, in the same run — the DRAM-only
+ * runtime's time and outputs (bit-identical expected) for the DRAM+SSD / DRAM-only ratio.
+ */
+import { bytes, ms, table } from '../eval/format.js';
+import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
+import { checkMemory, formatMemoryCheck, processMemory, type MemoryCheck } from '../runtime/process-memory.js';
+import type { SyntheticTrace } from '../trace/synthetic.js';
+import { toF32 } from '../util/f16.js';
+import type { KvTensor } from '../types.js';
+import { ProgressBar } from './progress.js';
+import { HotTier } from '../cache/hot-tier.js';
+import { resolvePolicyOptions } from '../index/options.js';
+
+export interface RuntimeDemoOptions {
+  dir: string;
+  /** DRAM budget of the memory model, bytes. */
+  dramBudget: number;
+  budget: number;
+  mode: 'sequential' | 'pipelined';
+  /** Layers also decoded DRAM-only for the ratio (default min(layers, 2)). */
+  ratioLayers?: number;
+  /** Hot tier in front: window xN per (layer, kv head) (0 = none); its bytes count in dramBudget. */
+  hotWindows: number;
+}
+
+/** Per decode step, summed over layers. */
+interface StepRow {
+  ms: number;
+  hotChunks: number;
+  dramChunks: number;
+  ssdChunks: number;
+  tailChunks: number;
+  ssdReadBytes: number;
+}
+
+export interface RuntimeDemoResult {
+  kvBytes: number;
+  steps: StepRow[];
+  chunkBytes: number;
+  prefillMs: number;
+  /** ms per layer-step on the first ratioLayers layers: DRAM+SSD and DRAM-only. */
+  tieredMs: number;
+  dramOnlyMs: number;
+  ratio: number;
+  identical: boolean;
+  ratioLayers: number;
+  memory: MemoryCheck;
+  stats: RuntimeStats;
+}
+
+type Inputs = { q: Float32Array[]; kNew: (Float32Array | Uint16Array)[]; vNew: (Float32Array | Uint16Array)[] };
+
+/** Prefills layers [0, layers) of `trace` into `rt` one at a time; keeps only the decode inputs. */
+async function streamPrefill(rt: Runtime, seq: number, trace: SyntheticTrace, layers: number, inputs: Inputs[], tick: (l: number) => void): Promise<void> {
+  const { promptTokens: T, decodeSteps: S, kvHeads: H, headDim: D, qHeads } = trace.meta;
+  const dtype = trace.dtype;
+  for (let l = 0; l < layers; l++) {
+    let d: ReturnType<SyntheticTrace['layerData']> | undefined = trace.layerData(l);
+    const t = (data: Float32Array | Uint16Array): KvTensor => ({ data, dtype, tokens: T, heads: H, dim: D });
+    await rt.prefill(seq, l, t(d.k), t(d.v));
+    if (!inputs[l]) {
+      const q = toF32(d.q, dtype);
+      const row = H * D;
+      inputs[l] = {
+        q: Array.from({ length: S }, (_, s) => q.slice(s * qHeads * D, (s + 1) * qHeads * D)),
+        kNew: Array.from({ length: S }, (_, s) => d!.kNew.slice(s * row, (s + 1) * row)),
+        vNew: Array.from({ length: S }, (_, s) => d!.vNew.slice(s * row, (s + 1) * row)),
+      };
+    }
+    d = undefined; // the layer's prompt KV is garbage from here on
+    tick(l);
+  }
+}
+
+export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOptions): Promise<RuntimeDemoResult> {
+  const { layers: L, promptTokens: T, decodeSteps: S, kvHeads: H, headDim: D, qHeads } = trace.meta;
+  const es = trace.dtype === 'f32' ? 4 : 2;
+  const layerKv = 2 * T * H * D * es;
+  const before = processMemory();
+  const shape = { layers: L, qHeads, kvHeads: H, headDim: D };
+  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: hotTierBytes(trace, o) } : undefined;
+  const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype, ...(hotTier ? { hotTier } : {}) };
+  const bar = new ProgressBar(L * (S + 1), 'runtime');
+  const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true } });
+  const inputs: Inputs[] = [];
+  const outs: Float32Array[][] = [];
+  const rows: StepRow[] = [];
+  let stats: RuntimeStats;
+  let prefillMs: number;
+  const R = Math.min(L, o.ratioLayers ?? 2);
+  let tieredMs = 0;
+  try {
+    const seq = rt.createSequence();
+    const p0 = performance.now();
+    await streamPrefill(rt, seq, trace, L, inputs, (l) => bar.tick(`prefill layer ${l}`));
+    prefillMs = performance.now() - p0;
+    for (let s = 0; s < S; s++) {
+      const m0 = (await rt.stats()).memory!.traffic;
+      const t0 = performance.now();
+      const stepOuts: Float32Array[] = [];
+      for (let l = 0; l < L; l++) {
+        const a = performance.now();
+        const [out] = await rt.attend(l, [{ seq, q: inputs[l]!.q[s]!, kNew: toF32(inputs[l]!.kNew[s]!, trace.dtype), vNew: toF32(inputs[l]!.vNew[s]!, trace.dtype) }]);
+        if (l < R && s > 0) tieredMs += performance.now() - a; // the first step warms caches
+        stepOuts.push(out!);
+        bar.tick(`step ${s} layer ${l}`);
+      }
+      const m1 = (await rt.stats()).memory!.traffic;
+      rows.push({ ms: (performance.now() - t0) / L, hotChunks: m1.hotChunks - m0.hotChunks, dramChunks: m1.dramChunks - m0.dramChunks, ssdChunks: m1.ssdChunks - m0.ssdChunks, tailChunks: m1.tailChunks - m0.tailChunks, ssdReadBytes: m1.ssdReadBytes - m0.ssdReadBytes });
+      outs.push(stepOuts);
+    }
+    stats = await rt.stats();
+  } finally {
+    await rt.close();
+  }
+  bar.finish();
+  const after = processMemory();
+  const plan = stats.memory!.plan;
+  const memory = checkMemory(
+    [
+      { what: 'dramBudget (tails, index reserve, fetch buffers, DRAM tier)', bytes: o.dramBudget },
+    ],
+    [
+      { what: 'process before open (node, addon, trace plans)', bytes: before?.rssBytes ?? 0 },
+      { what: 'one prompt layer being generated and prefilled (K + V, host dtype)', bytes: layerKv },
+      { what: 'synthetic generation scratch (f32 rows of one layer)', bytes: T * H * D * 4 },
+      { what: 'decode inputs kept for every layer (q, kNew, vNew) and outputs', bytes: L * S * (qHeads * D * 8 + 2 * H * D * es) },
+    ],
+    after?.peakRssBytes,
+  );
+
+  // DRAM-only, first R layers, same inputs: its outputs must equal the tiered run's bit for bit.
+  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + plan.indexBytesPerToken * (T + S) * R + plan.hotTierBytes + 256 * 2 ** 20;
+  const dr = await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget });
+  let dramOnlyMs = 0;
+  let identical = true;
+  try {
+    const seq = dr.createSequence();
+    await streamPrefill(dr, seq, trace, R, inputs, () => undefined);
+    for (let s = 0; s < S; s++)
+      for (let l = 0; l < R; l++) {
+        const a = performance.now();
+        const [out] = await dr.attend(l, [{ seq, q: inputs[l]!.q[s]!, kNew: toF32(inputs[l]!.kNew[s]!, trace.dtype), vNew: toF32(inputs[l]!.vNew[s]!, trace.dtype) }]);
+        if (s > 0) dramOnlyMs += performance.now() - a;
+        const want = outs[s]![l]!;
+        if (Buffer.compare(Buffer.from(out!.buffer, out!.byteOffset, out!.byteLength), Buffer.from(want.buffer, want.byteOffset, want.byteLength)) !== 0) identical = false;
+      }
+  } finally {
+    await dr.close();
+  }
+  const n = Math.max(1, R * (S - 1));
+  return {
+    kvBytes: L * layerKv,
+    steps: rows,
+    chunkBytes: 2 * 4 * D * es,
+    prefillMs,
+    tieredMs: tieredMs / n,
+    dramOnlyMs: dramOnlyMs / n,
+    ratio: dramOnlyMs / Math.max(1e-9, tieredMs),
+    identical,
+    ratioLayers: R,
+    memory,
+    stats,
+  };
+}
+
+export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): string {
+  const m = r.stats.memory!;
+  const p = m.plan;
+  const cb = r.chunkBytes;
+  const rows: (string | number)[][] = [['step', 'ms/layer-step', 'hot tier bytes', 'DRAM tier bytes', 'SSD bytes', 'SSD device bytes', 'tail bytes']];
+  r.steps.forEach((s, i) => rows.push([i, ms(s.ms), bytes(s.hotChunks * cb), bytes(s.dramChunks * cb), bytes(s.ssdChunks * cb), bytes(s.ssdReadBytes), bytes(s.tailChunks * cb)]));
+  return [
+    '',
+    '',
+    `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
+      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+    '',
+    table(rows),
+    '',
+    `prefill (generate + index + SSD write + DRAM fill, all layers): ${(r.prefillMs / 1000).toFixed(1)} s; index in use ${bytes(m.indexBytes)}`,
+    `DRAM+SSD vs DRAM-only throughput (first ${r.ratioLayers} layers, steps after the first, same run): ${r.ratio.toFixed(3)} (${ms(r.tieredMs)} vs ${ms(r.dramOnlyMs)} per layer-step); outputs ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}`,
+    `peak RSS (VmHWM) against the budget: ${formatMemoryCheck(r.memory)}`,
+  ].join('\n');
+}
+
+/** Bytes a hot tier of this shape and window takes (slots + metadata): measured on a probe tier. */
+function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
+  const { layers, kvHeads, headDim } = trace.meta;
+  const probe = new HotTier({ layers, kvHeads, headDim, dtype: trace.dtype, chunkSize: resolvePolicyOptions('kvdrive', {}).chunkSize, budget: o.budget, windows: o.hotWindows, maxBytes: 2 ** 52 }); // a cap above any tier: it allocates what its windows need
+  try {
+    return probe.info().bytes;
+  } finally {
+    probe.destroy();
+  }
+}

@@ -1,0 +1,363 @@
+/**
+ * The runtime's memory model (DESIGN.md §3, "Where a sequence's KV lives"): which tier holds which
+ * tokens of every (sequence, layer), and what that costs.
+ *
+ *   tokens [0, sinks)          the sinks: a copy in DRAM, always attended
+ *   tokens [sealed, tokens)    the open tail: in DRAM, host dtype (the local window and the tokens
+ *                              not sealed yet)
+ *   tokens [0, sealed)         sealed segments (prompt AND decoded tokens, sealed in blocks of
+ *                              `sealTokens` once they have left the local window): written to the SSD
+ *                              store (cluster-contiguous checksummed extents) and cached in the DRAM
+ *                              tier under its byte budget; without an SSD store the DRAM tier holds
+ *                              every sealed chunk (open fails with E_BUDGET naming the bytes needed
+ *                              when it cannot)
+ *
+ * K/V are kept in the host's dtype (f32, f16 or bf16), never widened in storage. The selection index
+ * of each (sequence, layer) is built from the prompt's keys and extended from the tail as chunks
+ * leave the local window; it never needs the sealed keys again. A hot tier (src/cache/hot-tier.ts)
+ * may sit in front; the step (step.ts) reads hot-tier slots, the DRAM tier, SSD and the tail.
+ *
+ * Budget (`dramBudget`, bytes) is split at open into itemised parts (see {@link MemoryPlan}); every
+ * part is allocated or reserved at open, so the process's resident set is the budget plus a stated
+ * overhead whatever the context length. Sealing runs after the step that made it due, off that
+ * step's path (awaited by the next step of the same layer, whose failure it then becomes).
+ */
+import { KvdriveError, fail } from '../errors.js';
+import type { PolicyOptions, ResolvedPolicyOptions } from '../index/options.js';
+import { createPolicy, NativeSelectionPolicy, type SelectionPolicy } from '../index/policy.js';
+import type { PolicyName } from '../index/selection.js';
+import { DramStore, type DramStats } from '../storage/dram-store.js';
+import { chunkBytesOf, type ClusterLayout, type SsdStore, type StoreShape } from '../storage/ssd-store.js';
+import { TieredKv } from '../storage/tiered-kv.js';
+import { clusterLayout } from '../storage/tiered-attention.js';
+import type { Dtype, KvTensor, ModelShape } from '../types.js';
+
+/** What the memory model is built from (resolved runtime options). */
+export interface KvMemoryConfig {
+  shape: ModelShape;
+  dtype: Dtype;
+  policy: PolicyName;
+  /** Resolved policy options, shape fields included (geometry: chunkSize, sinks, local). */
+  policyOptions: ResolvedPolicyOptions;
+  /** The options indexes are created with (as given, shape fields added). */
+  policyInput: PolicyOptions;
+  /** Selection budget, tokens per kv head (sizes the fetch buffers). */
+  budget: number;
+  maxSequences: number;
+  maxTokens: number;
+  /** Everything the model keeps in DRAM, bytes. */
+  dramBudget: number;
+  /** Tokens per sealed segment once decoding (a multiple of the chunk size). */
+  sealTokens: number;
+  /** Hot tier byte cap (0: none); counted inside dramBudget. */
+  hotTierBytes: number;
+  /** Micro-batches that may run at once (fetch buffers in flight). */
+  concurrency: number;
+  /** Selected chunks per kv head at most (fetch buffer size). */
+  maxChunksPerHead: number;
+  ssd?: SsdStore;
+}
+
+/** How `dramBudget` is spent, bytes; every item is allocated or reserved at open. */
+export interface MemoryPlan {
+  dramBudgetBytes: number;
+  /** Sinks and open tails of every (sequence, layer), host dtype, allocated at open. */
+  residentBytes: number;
+  /** Selection index reserve: indexBytesPerToken x maxTokens x maxSequences x layers. */
+  indexBytes: number;
+  /** Index bytes per token and layer (centroids, chunk representatives, sketch), measured on a probe build. */
+  indexBytesPerToken: number;
+  /** The hot tier's byte cap. */
+  hotTierBytes: number;
+  /** Fetch buffers: concurrency x 2 x kvHeads x maxChunksPerHead chunks. */
+  fetchBytes: number;
+  /** What is left for the DRAM tier (arena + slot metadata). */
+  dramTierBytes: number;
+  /** K + V bytes per token of one layer in the host dtype. */
+  kvBytesPerTokenLayer: number;
+}
+
+/** Counters of the memory model. */
+export interface MemoryStats {
+  plan: MemoryPlan;
+  /** Index bytes in use now (sum over open sequences and layers). */
+  indexBytes: number;
+  /** Tokens held by open sequences, summed over layers. */
+  tokens: number;
+  /** Tokens sealed into segments (tiers), summed over layers. */
+  sealedTokens: number;
+  /** Segments written to SSD and their bytes (since open). */
+  ssdSegments: number;
+  ssdWrittenBytes: number;
+  dram: DramStats;
+}
+
+const elemBytes = (d: Dtype) => (d === 'f32' ? 4 : 2);
+/** Largest finite f32: the importance of a chunk whose only copy is in DRAM (no SSD store). */
+const F32_MAX = 3.4028234663852886e38;
+
+function typed(d: Dtype, n: number): Float32Array | Uint16Array {
+  return d === 'f32' ? new Float32Array(n) : new Uint16Array(n);
+}
+
+/** One (sequence, layer): its index, sinks, open tail and sealed segment chain. */
+export class LayerKv {
+  /** Tokens committed (-1: not prefilled). Advanced only by a step that completed. */
+  tokens = -1;
+  /** Tokens [0, sealed) are in sealed segments; the tail holds [sealed, tokens). A multiple of the chunk size. */
+  sealed = 0;
+  policy: SelectionPolicy | undefined;
+  /** Fetch over the sealed segment chain (created at the first seal). */
+  tiers: TieredKv | undefined;
+  readonly segments: string[] = [];
+  /** A seal started after the last step; the next step awaits it. */
+  pendingSeal: Promise<void> | undefined;
+  readonly sinkK: Float32Array | Uint16Array;
+  readonly sinkV: Float32Array | Uint16Array;
+  readonly tailK: Float32Array | Uint16Array;
+  readonly tailV: Float32Array | Uint16Array;
+
+  constructor(dtype: Dtype, sinks: number, tailCapacity: number, row: number) {
+    this.sinkK = typed(dtype, sinks * row);
+    this.sinkV = typed(dtype, sinks * row);
+    this.tailK = typed(dtype, tailCapacity * row);
+    this.tailV = typed(dtype, tailCapacity * row);
+  }
+}
+
+/** The memory model of one runtime: every open sequence's KV and the tiers below it. */
+export class KvMemory {
+  readonly config: KvMemoryConfig;
+  readonly plan: MemoryPlan;
+  readonly storeShape: StoreShape;
+  readonly chunkBytes: number;
+  /** Tail capacity in tokens: a seal leaves fewer than sealTokens + local + chunk, a step adds one. */
+  readonly tailCapacity: number;
+  readonly dram: DramStore;
+  readonly ssd: SsdStore | undefined;
+  /** layers[seq * L + layer]; undefined while the sequence is closed. */
+  private readonly layers: (LayerKv | undefined)[];
+  private generation = 0;
+  /** SSD writes run one at a time (the store's manifest is rewritten per segment). */
+  private writes: Promise<unknown> = Promise.resolve();
+  private ssdSegments = 0;
+  private ssdWrittenBytes = 0;
+
+  private constructor(config: KvMemoryConfig, plan: MemoryPlan) {
+    this.config = config;
+    this.plan = plan;
+    const { shape, dtype, policyOptions: p } = config;
+    this.storeShape = { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype, chunkSize: p.chunkSize };
+    this.chunkBytes = chunkBytesOf(this.storeShape);
+    this.tailCapacity = tailCapacity(config);
+    this.ssd = config.ssd;
+    this.dram = new DramStore({ budgetBytes: plan.dramTierBytes, shape: this.storeShape, shared: false });
+    this.layers = new Array<LayerKv | undefined>(config.maxSequences * shape.layers);
+  }
+
+  /**
+   * Splits the budget (E_BUDGET naming the bytes needed when it cannot hold the fixed parts, or —
+   * without an SSD store — every sealed chunk of maxSequences x maxTokens) and allocates.
+   */
+  static open(config: KvMemoryConfig): KvMemory {
+    return new KvMemory(config, planMemory(config));
+  }
+
+  /** Opens the layers of a sequence (allocates its sinks and tails: part of residentBytes). */
+  openSequence(seq: number): void {
+    const { shape, dtype, policyOptions: p } = this.config;
+    const row = shape.kvHeads * shape.headDim;
+    for (let l = 0; l < shape.layers; l++) this.layers[seq * shape.layers + l] = new LayerKv(dtype, p.sinks, this.tailCapacity, row);
+  }
+
+  layer(seq: number, layer: number): LayerKv {
+    const lk = this.layers[seq * this.config.shape.layers + layer];
+    if (!lk) throw new KvdriveError('E_INTERNAL', `memory: expected sequence ${seq} to be open, got a closed one`);
+    return lk;
+  }
+
+  /** Frees a sequence: waits for its seals, deletes its segments from both tiers. The first error is rethrown after cleanup. */
+  async closeSequence(seq: number): Promise<void> {
+    const L = this.config.shape.layers;
+    let error: unknown;
+    for (let l = 0; l < L; l++) {
+      const lk = this.layers[seq * L + l];
+      if (!lk) continue;
+      this.layers[seq * L + l] = undefined;
+      await lk.pendingSeal?.catch(() => undefined);
+      await lk.tiers?.close();
+      for (const id of lk.segments) {
+        if (this.dram.hasSegment(id)) this.dram.removeSegment(id);
+        if (this.ssd) await this.ssd.deleteSegment(id).catch((e: unknown) => (error ??= e));
+      }
+    }
+    if (error !== undefined) throw error;
+  }
+
+  /** A view of `tokens` tokens of a thd array (host dtype). */
+  tensor(data: Float32Array | Uint16Array, tokens: number): KvTensor {
+    const { kvHeads, headDim } = this.config.shape;
+    return { data: data.subarray(0, tokens * kvHeads * headDim), dtype: this.config.dtype, tokens, heads: kvHeads, dim: headDim };
+  }
+
+  /** Where sealing of a layer holding `tokens` tokens should reach: whole blocks of tokens the index has sealed. */
+  sealTarget(lk: LayerKv, tokens: number): number {
+    const { local, chunkSize } = this.config.policyOptions;
+    const indexed = Math.max(0, Math.floor((tokens - local) / chunkSize)) * chunkSize;
+    const st = this.config.sealTokens;
+    // The prompt seals as one segment (everything the index sealed, whole chunks); decode in blocks.
+    if (lk.sealed === 0 && lk.tokens <= 0) return indexed;
+    return lk.sealed + Math.floor((indexed - lk.sealed) / st) * st;
+  }
+
+  /**
+   * Seals tokens [lk.sealed, end) — rows given thd from token lk.sealed — into one segment: SSD write
+   * (extents = the index's clusters for kvdrive) and DRAM (every chunk without SSD; with SSD the
+   * chunks that fit in free slots). Then the tail drops those rows. State changes only on success.
+   */
+  async seal(seq: number, layer: number, lk: LayerKv, k: Float32Array | Uint16Array, v: Float32Array | Uint16Array, end: number, scores?: Float32Array): Promise<void> {
+    const first = lk.sealed;
+    const n = end - first;
+    if (n <= 0) return;
+    const { kvHeads, headDim } = this.config.shape;
+    const cs = this.config.policyOptions.chunkSize;
+    const row = kvHeads * headDim;
+    const id = `s${seq}_${layer}_${this.generation++}`;
+    const kt = this.tensor(k, n);
+    const vt = this.tensor(v, n);
+    const chunks = n / cs;
+    if (this.ssd) {
+      const policy = lk.policy;
+      const clusters: ClusterLayout[] | undefined =
+        policy instanceof NativeSelectionPolicy && policy.name === 'kvdrive'
+          ? Array.from({ length: kvHeads }, (_, h) => clusterLayout(policy, h, first / cs, end / cs))
+          : undefined;
+      const write = this.writes.then(() => this.ssd!.writeSegment(id, clusters ? { layers: [{ k: kt, v: vt }], clusters } : { layers: [{ k: kt, v: vt }] }));
+      this.writes = write.catch(() => undefined);
+      const info = await write;
+      this.ssdSegments++;
+      this.ssdWrittenBytes += info.bytes;
+    }
+    try {
+      this.dram.addSegment(id, n);
+      const s = new Float32Array(kvHeads * chunks);
+      if (scores) s.set(scores.subarray(0, s.length));
+      else if (!this.ssd) s.fill(F32_MAX); // the only copy: never evicted
+      const admitted = this.dram.warm(id, { layers: [{ k: kt, v: vt }] }, s);
+      if (!this.ssd && admitted !== kvHeads * chunks)
+        throw new KvdriveError('E_BUDGET', `memory: expected the DRAM tier to hold every sealed chunk (no SSD store), got room for ${admitted} of ${kvHeads * chunks}`);
+      if (lk.tiers) lk.tiers.appendSegment(id);
+      else lk.tiers = new TieredKv({ ssd: this.ssd, dram: this.dram, segments: [id], stagingBuffers: 0, promote: false });
+    } catch (e) {
+      if (this.dram.hasSegment(id)) this.dram.removeSegment(id);
+      await this.ssd?.deleteSegment(id).catch(() => undefined);
+      throw e;
+    }
+    lk.segments.push(id);
+    // The tail keeps [end, tokens): shift the rows left (the tail is a small window).
+    const keep = Math.max(0, lk.tokens - end);
+    if (k === lk.tailK) {
+      lk.tailK.copyWithin(0, n * row, (n + keep) * row);
+      lk.tailV.copyWithin(0, n * row, (n + keep) * row);
+    }
+    lk.sealed = end;
+  }
+
+  /** Starts the seal a completed step made due (if any); the layer's next step awaits it. */
+  startSeal(seq: number, layer: number, lk: LayerKv): void {
+    const end = this.sealTarget(lk, lk.tokens);
+    if (end <= lk.sealed || lk.pendingSeal) return;
+    const p = this.seal(seq, layer, lk, lk.tailK, lk.tailV, end);
+    lk.pendingSeal = p;
+    p.then(
+      () => (lk.pendingSeal = undefined),
+      () => undefined, // kept: the next step awaits it, reports the error and clears it
+    );
+  }
+
+  /** Before a step: a pending or due seal must complete (its error fails this step; state unchanged). */
+  async settleSeal(seq: number, layer: number, lk: LayerKv): Promise<void> {
+    if (lk.pendingSeal) {
+      const p = lk.pendingSeal;
+      try {
+        await p;
+      } finally {
+        lk.pendingSeal = undefined;
+      }
+    }
+    const end = this.sealTarget(lk, lk.tokens);
+    if (end > lk.sealed) await this.seal(seq, layer, lk, lk.tailK, lk.tailV, end);
+  }
+
+  stats(): MemoryStats {
+    let indexBytes = 0;
+    let tokens = 0;
+    let sealedTokens = 0;
+    for (const lk of this.layers) {
+      if (!lk || lk.tokens < 0) continue;
+      indexBytes += lk.policy?.indexBytes() ?? 0;
+      tokens += lk.tokens;
+      sealedTokens += lk.sealed;
+    }
+    return { plan: { ...this.plan }, indexBytes, tokens, sealedTokens, ssdSegments: this.ssdSegments, ssdWrittenBytes: this.ssdWrittenBytes, dram: this.dram.stats() };
+  }
+}
+
+function tailCapacity(c: KvMemoryConfig): number {
+  const { local, chunkSize } = c.policyOptions;
+  return c.sealTokens + local + chunkSize + 1;
+}
+
+/** Index bytes per token of one layer for this policy and shape: a probe build over random keys. */
+function indexBytesPerToken(c: KvMemoryConfig): number {
+  const p = c.policyOptions;
+  // Several index segments, so per-segment costs are amortised as in a long context (an
+  // over-estimate for contexts shorter than this: the reserve errs on the safe side).
+  const tokens = Math.max(2048, Math.min(4 * p.segmentTokens, c.maxTokens), p.sinks + p.local + 4 * p.chunkSize);
+  const { kvHeads, headDim } = c.shape;
+  const data = new Float32Array(tokens * kvHeads * headDim);
+  let x = 0x9e3779b9;
+  for (let i = 0; i < data.length; i++) {
+    x = (Math.imul(x ^ (x >>> 15), 0x2c1b3c6d) + 0x6b43a9b5) >>> 0;
+    data[i] = x / 2 ** 31 - 1;
+  }
+  const policy = createPolicy(c.policy, c.policyInput);
+  policy.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim: headDim }, tokens);
+  return Math.ceil(policy.indexBytes() / tokens);
+}
+
+/** Splits dramBudget into its parts; E_BUDGET naming the bytes needed when it is too small. */
+export function planMemory(c: KvMemoryConfig): MemoryPlan {
+  const { layers, kvHeads, headDim } = c.shape;
+  const es = elemBytes(c.dtype);
+  const row = kvHeads * headDim * es;
+  const cs = c.policyOptions.chunkSize;
+  if (c.sealTokens % cs !== 0 || c.sealTokens < cs) fail('E_CONFIG', 'memory sealTokens', `a positive multiple of the chunk size ${cs}`, c.sealTokens);
+  const slotsPerLayer = c.maxSequences * layers;
+  const residentBytes = slotsPerLayer * 2 * (c.policyOptions.sinks + tailCapacity(c)) * row;
+  const perToken = indexBytesPerToken(c);
+  const indexBytes = perToken * c.maxTokens * slotsPerLayer;
+  const chunkBytes = 2 * cs * headDim * es;
+  const fetchBytes = c.concurrency * 2 * kvHeads * c.maxChunksPerHead * chunkBytes;
+  const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes;
+  const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
+  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
+  if (!c.ssd) {
+    const chunks = slotsPerLayer * kvHeads * Math.ceil(c.maxTokens / cs);
+    const need = fixed + chunks * perChunk;
+    if (need > c.dramBudget)
+      fail('E_BUDGET', 'dramBudget (no SSD store: DRAM holds every chunk)', `at least ${need} bytes = ${items} + DRAM tier ${chunks} chunks x ${perChunk}`, c.dramBudget);
+  } else if (fixed + perChunk * kvHeads > c.dramBudget) {
+    fail('E_BUDGET', 'dramBudget', `at least ${fixed + perChunk * kvHeads} bytes = ${items} + a DRAM tier of one chunk per kv head`, c.dramBudget);
+  }
+  return {
+    dramBudgetBytes: c.dramBudget,
+    residentBytes,
+    indexBytes,
+    indexBytesPerToken: perToken,
+    hotTierBytes: c.hotTierBytes,
+    fetchBytes,
+    dramTierBytes: c.dramBudget - fixed,
+    kvBytesPerTokenLayer: 2 * row,
+  };
+}
