@@ -1,6 +1,8 @@
 // LayerIndex: build / extend / select for the three selection policies (see layer_index.h).
 #include "layer_index.h"
 
+#include "thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -8,7 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <thread>
 
 namespace kvd {
 namespace {
@@ -300,28 +301,10 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   }
 }
 
-// Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
-// exception (main thread's first) is rethrown after both finish.
+// Heads are independent: they run on the thread pool with at most cfg.threads workers. The
+// exception of the lowest failing head is rethrown once every head is done.
 void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
-  std::exception_ptr helperError, mainError;
-  std::thread helper;
-  const bool split = cfg_.threads > 1 && heads_ > 1;
-  if (split)
-    helper = std::thread([&] {
-      try {
-        for (int h = 1; h < heads_; h += 2) fn(h);
-      } catch (...) {
-        helperError = std::current_exception();
-      }
-    });
-  try {
-    for (int h = 0; h < heads_; h += split ? 2 : 1) fn(h);
-  } catch (...) {
-    mainError = std::current_exception();
-  }
-  if (split) helper.join();
-  if (mainError) std::rethrow_exception(mainError);
-  if (helperError) std::rethrow_exception(helperError);
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { fn(int(h)); }, std::max(1, cfg_.threads));
 }
 
 void LayerIndex::Build(const KvView& kv, int64_t tokens) {
