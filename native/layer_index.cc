@@ -479,16 +479,22 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
-  SelectResult out;
-  int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
-  out.chunk = cfg_.chunk;
-  out.offsets.push_back(0);
-  if (pool > 0) out.poolOffsets.push_back(0);
-  SelectScratch& sc = Scratch();
-  std::vector<Ranked>& ranked = sc.ranked;
-  std::vector<int32_t>& ids = sc.ids;
-  std::vector<float>& scores = sc.scores;
-  for (int h = 0; h < heads_; ++h) {
+  // Kv heads are independent: each selects into its own result on the thread pool (per-thread
+  // scratch), and the results are concatenated in head order, so the selection does not depend on
+  // the thread count.
+  struct HeadOut {
+    SelectResult r;
+    int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
+  };
+  std::vector<HeadOut> parts{size_t(heads_)};
+  auto selectHead = [&](int h) {
+    SelectResult& out = parts[size_t(h)].r;
+    int64_t& f16Vectors = parts[size_t(h)].f16Vectors;
+    out.chunk = cfg_.chunk;
+    SelectScratch& sc = Scratch();
+    std::vector<Ranked>& ranked = sc.ranked;
+    std::vector<int32_t>& ids = sc.ids;
+    std::vector<float>& scores = sc.scores;
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
@@ -620,8 +626,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
-      out.offsets.push_back(int32_t(out.ids.size()));
-      continue;
+      return;
     }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
@@ -651,8 +656,28 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
     }
     std::sort(out.ids.begin() + selBegin, out.ids.end());
+  };
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { selectHead(int(h)); }, std::max(1, cfg_.threads));
+
+  SelectResult out;
+  out.chunk = cfg_.chunk;
+  out.offsets.push_back(0);
+  if (pool > 0) out.poolOffsets.push_back(0);
+  int64_t f16Vectors = 0;
+  for (HeadOut& p : parts) {
+    const SelectResult& r = p.r;
+    if (r.chunk == 1) out.chunk = 1;
+    out.ids.insert(out.ids.end(), r.ids.begin(), r.ids.end());
     out.offsets.push_back(int32_t(out.ids.size()));
-    if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+    if (pool > 0) {
+      out.poolIds.insert(out.poolIds.end(), r.poolIds.begin(), r.poolIds.end());
+      out.poolScores.insert(out.poolScores.end(), r.poolScores.begin(), r.poolScores.end());
+      out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+    }
+    out.vectorsScored += r.vectorsScored;
+    out.keysScored += r.keysScored;
+    out.bytesScored += r.bytesScored;
+    f16Vectors += p.f16Vectors;
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
   // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
