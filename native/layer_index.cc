@@ -102,6 +102,7 @@ struct SelectScratch {
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
   std::vector<int64_t> toksAt;
+  SketchQuery sketchQuery;
 };
 SelectScratch& Scratch() {
   thread_local SelectScratch s;
@@ -331,6 +332,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     if (cfg_.policy == PolicyKind::Quest) R.maxs.reserve(room * dim_);
     if (cfg_.policy == PolicyKind::Kvdrive) R.var.reserve(room);
     ComputeReps(kv, h, c0, c1);
+    if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) UpdateSketch(kv, h, tokens);
     // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
     // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
     if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
@@ -393,14 +395,28 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
     }
     endChunk_ = c1;
   }
+  if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch)
+    for (int h = 0; h < heads_; ++h) UpdateSketch(kv, h, tokens);
   tokens_ = tokens;
+}
+
+void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens) {
+  KeySketch& s = heads_data_[h].sketch;
+  // Channel scales are measured on the context at build; a build on a short context (a host that
+  // starts at position 0) re-measures them each time the context doubles, up to 4096 tokens, and
+  // keeps them from then on (per-row scales absorb what later tokens exceed).
+  constexpr int64_t kCalibrateUpTo = 4096;
+  if (s.dim != kv.dim || (s.calibratedAt < kCalibrateUpTo && tokens >= std::max<int64_t>(64, 2 * s.calibratedAt)))
+    CalibrateSketch(kv, h, tokens, s);
+  else
+    AppendSketch(kv, h, tokens, s);
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
   return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
 }
 
-void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
@@ -443,7 +459,14 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   std::vector<float>& share = sc.share;
   logits.resize(size_t(g) * ld);
   share.resize((nRe + 15) / 16 * 16);
-  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld);
+  const bool useKeys = keys && !cfg_.preferSketch;
+  if (useKeys) {
+    ScoreKeyRows(qh, g, *keys, h, toksAt.data(), nAll, logits.data(), ld);
+  } else {
+    const KeySketch& sketch = heads_data_[h].sketch;
+    PrepareSketchQuery(qh, g, sketch, sc.sketchQuery);
+    ScoreSketchRows(sc.sketchQuery, g, sketch, toksAt.data(), nAll, logits.data(), ld);
+  }
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
   // same factor for every token of the head); share = the sum over the group.
@@ -473,7 +496,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     }
   }
   out.keysScored += int64_t(nAll);
-  out.bytesScored += int64_t(nAll) * dim_ * int64_t(DtypeSize(keys.dtype));
+  out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : KeySketch::BytesPerToken(dim_));
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
@@ -575,12 +598,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
-      const bool rerank = keys && cfg_.rerankFactor > 0 && !ids.empty();
+      // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
+      const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
+      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
       if (rerank && RerankChunks(budget) >= ids.size()) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
         // chunk-mean scores would never be read.
         for (int32_t id : ids) ranked.push_back({0.f, id});
-        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
         reranked = true;
         goto fill;
       }
@@ -595,7 +620,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
         reranked = true;
       }
       }
@@ -696,7 +721,7 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
+    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4 + H.sketch.Bytes();
     for (const Segment& s : H.segments)
       b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "index.h"
+#include "key_sketch.h"
 
 namespace kvd {
 
@@ -70,6 +71,12 @@ struct IndexConfig {
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;
+  // kvdrive: keep an int8 key sketch per kv head (key_sketch.h, dim + 4 bytes per token), built at
+  // Build / Extend, so the level-3 re-rank runs when Select is given no keys.
+  bool keySketch = true;
+  // kvdrive: re-rank with the sketch even when Select is given the keys (contiguous, half the
+  // bytes of f16 keys; scores approximate).
+  bool preferSketch = false;
   int threads = 2;  // build splits kv heads over this many threads
 };
 
@@ -103,6 +110,7 @@ struct HeadIndex {
   std::vector<float> maxs;  // quest page maxima, same shape
   std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
   std::vector<Segment> segments;  // kvdrive only, ascending
+  KeySketch sketch;               // kvdrive with keySketch: every token [0, tokens) of the head
 };
 
 // One ranked chunk of a select: higher score first, then lower chunk id.
@@ -166,8 +174,12 @@ class LayerIndex {
   size_t RerankChunks(int64_t budget) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
   // want: max(budget, pool) tokens the caller will fill.
-  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+  // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
+  void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
                    std::vector<Ranked>& ranked, SelectResult& out) const;
+  // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
+  // is short, see Extend).
+  void UpdateSketch(const KvView& kv, int h, int64_t tokens);
 
   IndexConfig cfg_;
   bool built_ = false;

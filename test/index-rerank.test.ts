@@ -47,7 +47,7 @@ async function replay(options: PolicyOptions, keyed: boolean) {
 
 describe('kvdrive exact re-rank with the keys', () => {
   it('token-granular: finds every needle and beats index-only selection, close to the token oracle', async () => {
-    const plain = await replay({}, false);
+    const plain = await replay({ keySketch: false }, false);
     const keyed = await replay({}, true);
     console.log(`recall / oracle: index only ${plain.recall.toFixed(4)} (needles ${plain.found}/${plain.total}), ` +
       `keyed ${keyed.recall.toFixed(4)} (needles ${keyed.found}/${keyed.total})`);
@@ -76,7 +76,7 @@ describe('kvdrive exact re-rank with the keys', () => {
     const chunks = await replay({ tokenGranular: false }, true);
     for (const sel of chunks.sels) expect(sel.chunkSize).toBe(4);
     const off = await replay({ rerankFactor: 0 }, true);
-    const plain = await replay({}, false);
+    const plain = await replay({ keySketch: false }, false);
     for (let s = 0; s < STEPS; s++) {
       expect(off.sels[s]!.chunkSize).toBe(4);
       expect(Array.from(off.sels[s]!.chunkIds)).toEqual(Array.from(plain.sels[s]!.chunkIds));

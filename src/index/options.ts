@@ -83,7 +83,25 @@ export interface PolicyOptions {
    * strong keys are scattered.
    */
   tokenGranular?: boolean;
-  /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
+  /**
+   * kvdrive only: keep a key sketch per kv head (default true): every key as int8 codes with
+   * per-channel and per-token scales, headDim + 4 bytes per token and kv head (132 B at head dim
+   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` re-ranks its
+   * candidates on the sketch (approximate q·k), so the exact-share re-rank works where the keys
+   * are offloaded; on the demo workload keyless select with the sketch keeps recall / oracle within
+   * ~0.01 of the keyed select (bench/pareto.md).
+   */
+  keySketch?: boolean;
+  /**
+   * kvdrive only: re-rank with the key sketch even when select() is given the keys (default
+   * false). The sketch is contiguous per head and half the bytes of f16 keys, so the re-rank reads
+   * less; its scores are approximate.
+   */
+  preferSketch?: boolean;
+  /**
+   * kvdrive only: worker threads (of the addon's thread pool) that the index build and every
+   * select split the kv heads over (1 to 8, default 2).
+   */
   threads?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
   qHeads?: number;
@@ -108,6 +126,8 @@ export interface ResolvedPolicyOptions {
   radiusWeight: number;
   outlierFraction: number;
   tokenGranular: boolean;
+  keySketch: boolean;
+  preferSketch: boolean;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -115,7 +135,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'threads'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -134,7 +154,9 @@ const schema = z
     radiusWeight: z.number().min(0).max(1000).optional(),
     outlierFraction: z.number().min(0).max(1).optional(),
     tokenGranular: z.boolean().optional(),
-    threads: int(1, 2).optional(),
+    keySketch: z.boolean().optional(),
+    preferSketch: z.boolean().optional(),
+    threads: int(1, 8).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
     headDim: int(1, 65536).optional(),
@@ -155,7 +177,9 @@ const EXPECTED: Record<string, string> = {
   radiusWeight: 'a number in [0, 1000]',
   outlierFraction: 'a number in [0, 1]',
   tokenGranular: 'a boolean',
-  threads: 'the integer 1 or 2',
+  keySketch: 'a boolean',
+  preferSketch: 'a boolean',
+  threads: 'an integer in [1, 8]',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
   headDim: 'an integer in [1, 65536]',
@@ -202,6 +226,8 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
+    keySketch: o.keySketch ?? true,
+    preferSketch: o.preferSketch ?? false,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,
