@@ -228,6 +228,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       cfg_.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
       cfg_.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
       cfg_.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
+      cfg_.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
       Napi::Value cf = o.Get("candidateFactor");
       if (!cf.IsUndefined()) {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;

@@ -151,6 +151,29 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1) {
       var = H.var.data() + (c0 - firstChunk());
     }
     ChunkMeans(kv, h, cfg_.chunk, 0, cfg_.sinks, c0, c1, H.reps.data() + base, var);
+    if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) {
+      // Outlier detection (ShadowKV): the key least aligned with its chunk's landmark.
+      H.minCos.resize(size_t(c1 - firstChunk()));
+      std::vector<float> row(static_cast<size_t>(dim_), 0.f);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+        double mm = 0;
+        for (int d = 0; d < dim_; ++d) mm += double(m[d]) * m[d];
+        double worst = 1.0;
+        for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) {
+          const void* r = kv.Row(t, h);
+          double kk = 0, km = 0;
+          for (int d = 0; d < dim_; ++d) {
+            const double x = LoadElem(r, kv.dtype, size_t(d));
+            kk += x * x;
+            km += x * m[d];
+          }
+          const double den = std::sqrt(kk * mm);
+          worst = std::min(worst, den > 0 ? km / den : 1.0);
+        }
+        H.minCos[size_t(j - firstChunk())] = std::isfinite(worst) ? float(worst) : 1.f;
+      }
+    }
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
@@ -368,6 +391,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens) {
           heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Kvdrive) heads_data_[r].var.resize(size_t(c0 - firstChunk()));
+          if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) heads_data_[r].minCos.resize(size_t(c0 - firstChunk()));
         }
         throw;
       }
@@ -635,6 +659,16 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         out.vectorsScored += int64_t(n);
       }
       for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
+      if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0 && n > 0) {
+        // The outlier chunks rank first (score +inf), inside the budget but never more than a
+        // quarter of its chunks (the paper's 48 at its budget 2048 / chunk 8 = 256 chunks).
+        std::vector<Ranked>& worst = sc.tok;
+        worst.resize(n);
+        for (size_t t = 0; t < n; ++t) worst[t] = {-H.minCos[t], int32_t(t)};
+        const size_t m = std::min({n, size_t(cfg_.outlierChunks), size_t(budget / cfg_.chunk / 4)});
+        SelectBest(worst, m, sc.hist);
+        for (size_t i = 0; i < m; ++i) ranked[size_t(worst[i].id)].score = INFINITY;
+      }
     }
   fill:
     // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
@@ -721,7 +755,7 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4 + H.sketch.Bytes();
+    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size() + H.minCos.size()) * 4 + H.sketch.Bytes();
     for (const Segment& s : H.segments)
       b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;

@@ -20,7 +20,11 @@
 //    workload), level 2 is skipped. Level 3 reads each key row once for the whole group; with a
 //    token-major ('thd') cache its rows are 256 B scattered 2 KiB apart, and this gather dominates
 //    the select (memory-bound; a head-major 'htd' cache reads a chunk's rows contiguously).
-//  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
+//  - shadowkv, as its paper selects (minus the low-rank pre-RoPE key compression): chunk means
+//    (c = 8) as landmarks, every landmark scored, best chunks up to K tokens; plus its static
+//    outlier chunks (outlierChunks, 48 in the paper's configuration), those whose keys have the
+//    lowest cosine similarity to their landmark, selected first within the K tokens (at most a
+//    quarter of them, so small budgets keep landmark-ranked chunks).
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
 // so selections are deterministic.
@@ -73,11 +77,13 @@ struct IndexConfig {
   bool tokenGranular = true;
   // kvdrive: keep an int8 key sketch per kv head (key_sketch.h, dim + 4 bytes per token), built at
   // Build / Extend, so the level-3 re-rank runs when Select is given no keys.
-  bool keySketch = true;
+  bool keySketch = false;
   // kvdrive: re-rank with the sketch even when Select is given the keys (contiguous, half the
   // bytes of f16 keys; scores approximate).
   bool preferSketch = false;
-  int threads = 2;  // build splits kv heads over this many threads
+  // shadowkv: static outlier chunks selected first (the paper's configuration: 48).
+  int outlierChunks = 48;
+  int threads = 2;  // build and select split kv heads over this many pool workers
 };
 
 // The clusters of one segment of one kv head. Member lists hold absolute chunk ids.
@@ -109,6 +115,7 @@ struct HeadIndex {
   std::vector<float> reps;  // (endChunk - firstChunk) x dim: chunk means, or page minima for quest
   std::vector<float> maxs;  // quest page maxima, same shape
   std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
+  std::vector<float> minCos;  // shadowkv: per chunk, the lowest cosine similarity of a key to the chunk mean
   std::vector<Segment> segments;  // kvdrive only, ascending
   KeySketch sketch;               // kvdrive with keySketch: every token [0, tokens) of the head
 };

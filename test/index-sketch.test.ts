@@ -24,7 +24,7 @@ const needles = await traceNeedles(trace);
 const qAt = (s: number) => layer.q.subarray(s * shape.qHeads * shape.headDim, (s + 1) * shape.qHeads * shape.headDim);
 
 async function replay(options: PolicyOptions, keyed: boolean) {
-  const p = createPolicy('kvdrive', { ...options, ...shape });
+  const p = createPolicy('kvdrive', { keySketch: true, ...options, ...shape });
   await p.build(prefixView(k, T), T);
   let recall = 0;
   let oracle = 0;
@@ -91,7 +91,7 @@ describe('kvdrive key sketch', () => {
   });
 
   it('a host that starts at position 0 gets a sketch as its context grows', () => {
-    const p = createPolicy('kvdrive', shape);
+    const p = createPolicy('kvdrive', { keySketch: true, ...shape });
     p.buildSync(prefixView(k, 0), 0);
     for (let t = 1; t <= 600; t++) p.extend(prefixView(k, t), t);
     const sel = p.select(qAt(0), 32);
@@ -103,7 +103,7 @@ describe('kvdrive key sketch', () => {
     const data = Uint16Array.from(prefixView(k, 2048).data as Uint16Array);
     data[2040 * shape.kvHeads * shape.headDim] = 0x7e00; // f16 NaN in the tail, kv head 0
     const bad = { ...prefixView(k, 2048), data };
-    const p = createPolicy('kvdrive', shape);
+    const p = createPolicy('kvdrive', { keySketch: true, ...shape });
     await p.build(bad, 2048);
     expectKvdError(() => p.select(qAt(0), 64), 'E_NONFINITE', /kv head 0, token 2040/);
     expectKvdError(() => createPolicy('kvdrive', { keySketch: 1 as never }), 'E_CONFIG', /keySketch: expected a boolean, got 1/);

@@ -16,6 +16,7 @@ import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
 import { parseBytes } from '../cache/window-solver.js';
 import { replayTiered, type TieredReplayResult } from '../eval/tiered-replay.js';
+import { runParetoDemo } from './demo-pareto.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
@@ -56,6 +57,8 @@ interface DemoCliOptions {
   pool?: number;
   /** Hot-tier window in front of DRAM with --storage (0 = none). */
   hotWindows: number;
+  /** --pareto: time against recall / oracle per policy at budgets 512..4096 (demo-pareto.ts). */
+  pareto?: boolean;
 }
 
 function renderStorage(r: TieredReplayResult, o: DemoCliOptions): string {
@@ -133,7 +136,9 @@ export function register(program: Command): void {
     .option('--dram-budget <bytes>', 'DRAM budget of the DRAM+SSD run, e.g. 256MiB (default: a third of the KV)', (v: string) => parseBytes(v, '--dram-budget'))
     .option('--hot-windows <n>', 'hot tier in front of DRAM with --storage: slots per kv head = n x budget / chunk (0 = none)', integerOption('--hot-windows', 0, 64), 2)
     .option('--pool <tokens>', 'lookahead pool per kv head driving prefetch with --storage (default 0 = no prefetch)', integerOption('--pool', 0, 2 ** 30, 'E_BUDGET'))
+    .option('--pareto', 'time per layer-step beside recall / oracle for every policy at budgets 512, 1024, 2048, 4096')
     .action(async (o: DemoCliOptions, cmd: Command) => {
+      if (o.pareto) return runParetoDemo(o);
       if (o.batch !== undefined) {
         // The batch runtime holds f32 KV for every sequence in DRAM: a shorter default context.
         const context = cmd.getOptionValueSource('context') === 'default' ? 8192 : o.context;

@@ -84,12 +84,14 @@ export interface PolicyOptions {
    */
   tokenGranular?: boolean;
   /**
-   * kvdrive only: keep a key sketch per kv head (default true): every key as int8 codes with
+   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 codes with
    * per-channel and per-token scales, headDim + 4 bytes per token and kv head (132 B at head dim
-   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` re-ranks its
-   * candidates on the sketch (approximate q·k), so the exact-share re-rank works where the keys
-   * are offloaded; on the demo workload keyless select with the sketch keeps recall / oracle within
-   * ~0.01 of the keyed select (bench/pareto.md).
+   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` then
+   * re-ranks its candidates on the sketch (approximate q·k) — the level-3 re-rank where the keys
+   * are offloaded — and, with tokenGranular, returns single tokens (chunkSize 1) as the keyed
+   * select does. On the demo workload keyless select with the sketch has the keyed select's
+   * recall / oracle (bench/pareto.md). Off by default so that keyless callers built on chunk
+   * selections keep getting them.
    */
   keySketch?: boolean;
   /**
@@ -99,10 +101,17 @@ export interface PolicyOptions {
    */
   preferSketch?: boolean;
   /**
-   * kvdrive only: worker threads (of the addon's thread pool) that the index build and every
-   * select split the kv heads over (1 to 8, default 2).
+   * Worker threads (of the addon's thread pool) that the index build and every select split the
+   * kv heads over (1 to 8, default 2; every policy).
    */
   threads?: number;
+  /**
+   * shadowkv only: static outlier chunks (default 48, the ShadowKV paper's configuration; >= 0):
+   * the chunks whose keys have the lowest cosine similarity to their chunk mean (landmark), which
+   * a landmark score misjudges. They are selected first whatever the query, within the budget and
+   * at most a quarter of its chunks (48 of 256 at budget 2048); landmark scores fill the rest.
+   */
+  outlierChunks?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
   qHeads?: number;
   /** KV heads; when given, build() checks k.heads against it. */
@@ -128,6 +137,7 @@ export interface ResolvedPolicyOptions {
   tokenGranular: boolean;
   keySketch: boolean;
   preferSketch: boolean;
+  outlierChunks: number;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -135,7 +145,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -156,6 +166,7 @@ const schema = z
     tokenGranular: z.boolean().optional(),
     keySketch: z.boolean().optional(),
     preferSketch: z.boolean().optional(),
+    outlierChunks: int(0, 1 << 20).optional(),
     threads: int(1, 8).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
@@ -179,6 +190,7 @@ const EXPECTED: Record<string, string> = {
   tokenGranular: 'a boolean',
   keySketch: 'a boolean',
   preferSketch: 'a boolean',
+  outlierChunks: 'an integer in [0, 2^20]',
   threads: 'an integer in [1, 8]',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
@@ -206,6 +218,8 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     if (stray.length > 0)
       throw new KvdriveError('E_CONFIG', `${what}: expected no kvdrive-only options (${KVDRIVE_ONLY.join(', ')}) for policy '${policy}', got ${stray.join(', ')}`);
   }
+  if (policy !== 'shadowkv' && o.outlierChunks !== undefined)
+    throw new KvdriveError('E_CONFIG', `${what}: expected no shadowkv-only options (outlierChunks) for policy '${policy}', got outlierChunks`);
   const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
   const segmentTokens = o.segmentTokens ?? 4096;
   if (policy === 'kvdrive' && segmentTokens % chunkSize !== 0)
@@ -226,8 +240,9 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
-    keySketch: o.keySketch ?? true,
+    keySketch: o.keySketch ?? false,
     preferSketch: o.preferSketch ?? false,
+    outlierChunks: o.outlierChunks ?? 48,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,

@@ -1,0 +1,198 @@
+/**
+ * `kvdrive demo --pareto`: cost against accuracy for every policy at budgets 512, 1024, 2048 and
+ * 4096 on the demo workload. Per layer, each policy indexes the prompt once; every decode step then
+ * extends each index, and for every budget selects and attends (both with the same threads, the
+ * addon's pool), beside dense attention and the dense probabilities that give the recall of dense
+ * mass and the token oracle's recall at that budget. One row per (policy, budget): mean time per
+ * layer-step (extend + select + sparse attention) and recall / oracle, so a reader sees which policy
+ * buys which recall at which cost. The same function backs bench/pareto.ts.
+ */
+import { generateSyntheticTrace } from '../trace/synthetic.js';
+import { layerKvWithNew } from '../trace/trace.js';
+import { prefixView, traceNeedles } from '../eval/replay.js';
+import { attendedMask, massRecall, oracleMask } from '../eval/metrics.js';
+import { attendDense, attendSparse, attentionWeights } from '../attention/kernels.js';
+import { createPolicy, type SelectionPolicy } from '../index/policy.js';
+import type { PolicyName } from '../index/selection.js';
+import { ms, table } from '../eval/format.js';
+import { cpuFeatures } from '../native.js';
+import { ProgressBar } from './progress.js';
+
+/** The budgets of the table (tokens per kv head beside sinks and local window). */
+export const PARETO_BUDGETS = [512, 1024, 2048, 4096] as const;
+
+export interface ParetoOptions {
+  context: number;
+  layers: number;
+  steps: number;
+  dtype: 'f32' | 'f16' | 'bf16';
+  seed: number;
+  /** Threads of selection, sparse and dense attention. */
+  threads: number;
+  policy: PolicyName[];
+  budgets?: readonly number[];
+  /** Called after each (layer, step). */
+  onStep?: (layer: number, step: number) => void;
+}
+
+export interface ParetoRow {
+  policy: PolicyName;
+  budget: number;
+  /** Mean per layer-step, milliseconds: extend + select, sparse attention, and their sum. */
+  selectMs: number;
+  attendMs: number;
+  totalMs: number;
+  recall: number;
+  oracleRecall: number;
+  /** Mean over steps of recall / oracle recall. */
+  recallVsOracle: number;
+  needlesFound: number;
+  needlesTotal: number;
+}
+
+export interface ParetoResult {
+  context: number;
+  layers: number;
+  steps: number;
+  seed: number;
+  threads: number;
+  denseMs: number;
+  rows: ParetoRow[];
+}
+
+interface Acc {
+  select: number;
+  attend: number;
+  recall: number;
+  oracle: number;
+  ratio: number;
+  n: number;
+  found: number;
+  total: number;
+}
+
+const QHEADS = 32;
+const KVHEADS = 8;
+const HEAD_DIM = 128;
+
+/** Runs the sweep (see the file comment). */
+export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
+  const budgets = o.budgets ?? PARETO_BUDGETS;
+  const trace = generateSyntheticTrace({
+    layers: o.layers, promptTokens: o.context, decodeSteps: o.steps, qHeads: QHEADS, kvHeads: KVHEADS, headDim: HEAD_DIM,
+    dtype: o.dtype, seed: o.seed,
+  });
+  const needles = await traceNeedles(trace);
+  const acc = new Map<string, Acc>();
+  const key = (p: PolicyName, b: number) => `${p}/${b}`;
+  for (const p of o.policy)
+    for (const b of budgets) acc.set(key(p, b), { select: 0, attend: 0, recall: 0, oracle: 0, ratio: 0, n: 0, found: 0, total: 0 });
+  let denseMs = 0;
+  let denseN = 0;
+  const T = o.context;
+  for (let l = 0; l < o.layers; l++) {
+    const layer = await trace.layer(l);
+    const { k, v } = layerKvWithNew(layer);
+    const policies: { name: PolicyName; policy: SelectionPolicy }[] = [];
+    for (const name of o.policy) {
+      const policy = createPolicy(name, { qHeads: QHEADS, kvHeads: KVHEADS, headDim: HEAD_DIM, threads: o.threads });
+      await policy.build(prefixView(k, T), T);
+      policies.push({ name, policy });
+    }
+    for (let s = 0; s < o.steps; s++) {
+      const tokens = T + s + 1;
+      const kv = prefixView(k, tokens);
+      const vv = prefixView(v, tokens);
+      const q = layer.q.subarray(s * QHEADS * HEAD_DIM, (s + 1) * QHEADS * HEAD_DIM);
+      const td = performance.now();
+      attendDense({ q, qHeads: QHEADS, k: kv, v: vv, threads: o.threads });
+      denseMs += performance.now() - td;
+      denseN++;
+      const weights = attentionWeights({ q, qHeads: QHEADS, k: kv });
+      for (const { name, policy } of policies) {
+        const te = performance.now();
+        policy.extend(kv, tokens);
+        const extendMs = performance.now() - te;
+        for (const budget of budgets) {
+          const ts = performance.now();
+          const sel = policy.select(q, budget, { keys: kv });
+          const selectMs = performance.now() - ts + extendMs;
+          const ta = performance.now();
+          attendSparse({ q, qHeads: QHEADS, k: kv, v: vv, selection: sel, threads: o.threads });
+          const attendMs = performance.now() - ta;
+          const mask = attendedMask(sel, KVHEADS);
+          const recall = massRecall(weights, mask, QHEADS, KVHEADS, tokens);
+          const oracle = massRecall(weights, oracleMask(weights, QHEADS, KVHEADS, tokens, sel.sinkEnd, sel.tailStart, budget), QHEADS, KVHEADS, tokens);
+          const a = acc.get(key(name, budget))!;
+          a.select += selectMs;
+          a.attend += attendMs;
+          a.recall += recall;
+          a.oracle += oracle;
+          a.ratio += oracle > 0 ? recall / oracle : 1;
+          a.n++;
+          for (const nd of needles) {
+            if (nd.layer !== l || s < nd.firstStep || s > nd.lastStep) continue;
+            a.total++;
+            if (mask[nd.kvHead * tokens + nd.token]) a.found++;
+          }
+        }
+      }
+      o.onStep?.(l, s);
+    }
+  }
+  const rows: ParetoRow[] = [];
+  for (const p of o.policy)
+    for (const b of budgets) {
+      const a = acc.get(key(p, b))!;
+      rows.push({
+        policy: p, budget: b, selectMs: a.select / a.n, attendMs: a.attend / a.n, totalMs: (a.select + a.attend) / a.n,
+        recall: a.recall / a.n, oracleRecall: a.oracle / a.n, recallVsOracle: a.ratio / a.n, needlesFound: a.found, needlesTotal: a.total,
+      });
+    }
+  return { context: o.context, layers: o.layers, steps: o.steps, seed: o.seed, threads: o.threads, denseMs: denseMs / denseN, rows };
+}
+
+/**
+ * Per budget, whether `policy` is both faster and more accurate (recall / oracle) than every other
+ * policy of the sweep.
+ */
+export function dominates(r: ParetoResult, policy: PolicyName): { budget: number; faster: boolean; moreAccurate: boolean }[] {
+  const budgets = [...new Set(r.rows.map((x) => x.budget))];
+  return budgets.map((budget) => {
+    const mine = r.rows.find((x) => x.policy === policy && x.budget === budget);
+    const others = r.rows.filter((x) => x.policy !== policy && x.budget === budget);
+    return {
+      budget,
+      faster: !!mine && others.every((x) => mine.totalMs < x.totalMs),
+      moreAccurate: !!mine && others.every((x) => mine.recallVsOracle > x.recallVsOracle),
+    };
+  });
+}
+
+/** The table printed by `kvdrive demo --pareto` (and written by bench/pareto.ts). */
+export function renderPareto(r: ParetoResult): string {
+  const head =
+    `pareto: synthetic trace (seed ${r.seed}), ${r.layers} layers x ${r.steps} decode steps, context ${r.context} tokens, ` +
+    `${QHEADS} query / ${KVHEADS} kv heads, head dim ${HEAD_DIM}; ${r.threads} thread(s) for selection and attention; SIMD ${cpuFeatures().active}`;
+  const rows: (string | number)[][] = [['policy', 'budget', 'time/layer-step', 'select', 'attend', 'recall', 'oracle', 'recall/oracle', 'needles']];
+  for (const x of r.rows)
+    rows.push([x.policy, x.budget, ms(x.totalMs), ms(x.selectMs), ms(x.attendMs), x.recall.toFixed(4), x.oracleRecall.toFixed(4),
+      x.recallVsOracle.toFixed(4), x.needlesTotal ? `${x.needlesFound}/${x.needlesTotal}` : '-']);
+  const lines = [head, '', table(rows), '', `dense attention over the whole context: ${ms(r.denseMs)} per layer-step (${r.threads} thread(s)).`];
+  if (r.rows.some((x) => x.policy === 'kvdrive') && new Set(r.rows.map((x) => x.policy)).size > 1) {
+    const d = dominates(r, 'kvdrive');
+    lines.push('kvdrive against the other policies, per budget: ' +
+      d.map((x) => `${x.budget}: ${x.faster ? 'faster' : 'NOT faster'}, ${x.moreAccurate ? 'more accurate' : 'NOT more accurate'}`).join('; '));
+  }
+  lines.push('time: extend + select + sparse attention, mean per layer-step; recall / oracle: share of dense attention mass on the attended',
+    'tokens over the same for the exact top-budget tokens, mean per step.');
+  return lines.join('\n');
+}
+
+/** `kvdrive demo --pareto [--json]`: runs the sweep with a progress bar and prints it. */
+export async function runParetoDemo(o: Omit<ParetoOptions, 'onStep'> & { json?: boolean }): Promise<void> {
+  const bar = new ProgressBar(o.layers * o.steps, 'pareto');
+  const r = await runPareto({ ...o, onStep: (l, s) => bar.tick(`layer ${l} step ${s}`) });
+  bar.finish();
+  process.stdout.write((o.json ? JSON.stringify({ ...r, kvdriveVsOthers: dominates(r, 'kvdrive') }) : renderPareto(r)) + '\n');
+}
