@@ -66,6 +66,9 @@ HeadSpans BuildSpans(const AttnJob& job, int h) {
     add(0, job.tokens);
     return hs;
   }
+  const size_t n = size_t(job.offsets[h + 1] - job.offsets[h]) + 2;
+  hs.spans.reserve(n);
+  hs.start.reserve(n);
   if (job.sinkEnd > 0) add(0, job.sinkEnd);
   hs.firstChunkSpan = hs.spans.size();
   for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {

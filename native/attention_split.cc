@@ -14,16 +14,31 @@ namespace kvd {
 namespace {
 
 // One part of one head: its spans (pieces of the head's spans) and where each piece came from.
+// A head that is a single part uses its own span list in place (`whole`: piece i is span i).
 struct Part {
   std::vector<Span> spans;
   std::vector<size_t> origSpan;  // index in the head's span list
   std::vector<int64_t> rowOff;   // first row of the piece within that span
+  const Span* whole = nullptr;
+  size_t wholeN = 0;
+
+  const Span* data() const { return whole ? whole : spans.data(); }
+  size_t size() const { return whole ? wholeN : spans.size(); }
+  size_t Orig(size_t i) const { return whole ? i : origSpan[i]; }
+  int64_t RowOff(size_t i) const { return whole ? 0 : rowOff[i]; }
 };
 
 // Cuts a head's spans at positions kPartTokens * p of its concatenated sequence (at least one part,
 // possibly empty).
 std::vector<Part> CutParts(const HeadAttn& head, size_t esz) {
+  int64_t total = 0;
+  for (size_t s = 0; s < head.nSpans; ++s) total += std::max<int64_t>(0, head.spans[s].len);
   std::vector<Part> parts(1);
+  if (total <= kPartTokens) {
+    parts[0].whole = head.spans;
+    parts[0].wholeN = head.nSpans;
+    return parts;
+  }
   int64_t room = kPartTokens;
   for (size_t s = 0; s < head.nSpans; ++s) {
     const Span& sp = head.spans[s];
@@ -89,8 +104,8 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
       r.out.resize(headOut);
       r.lse.resize(size_t(group));
       if (heads[h].spanMass) {
-        if (multi) r.massByQuery.resize(size_t(group) * parts[h][p].spans.size());
-        else r.mass.resize(parts[h][p].spans.size());
+        if (multi) r.massByQuery.resize(size_t(group) * parts[h][p].size());
+        else r.mass.resize(parts[h][p].size());
       }
     }
   }
@@ -126,7 +141,7 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
         for (size_t h : it.heads) {
           const Part& part = parts[h][it.part];
           PartOut& r = res[h][it.part];
-          calls.push_back(HeadAttn{heads[h].qGroup, part.spans.data(), part.spans.size(), r.out.data(), r.lse.data(),
+          calls.push_back(HeadAttn{heads[h].qGroup, part.data(), part.size(), r.out.data(), r.lse.data(),
                                    r.mass.empty() ? nullptr : r.mass.data(),
                                    r.massByQuery.empty() ? nullptr : r.massByQuery.data()});
         }
@@ -139,9 +154,9 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
           r.failed = true;
           r.inValue = e.inValue;
           r.msg = e.what();
-          if (e.span < part.spans.size()) {
-            r.span = part.origSpan[e.span];
-            r.row = part.rowOff[e.span] + e.row;
+          if (e.span < part.size()) {
+            r.span = part.Orig(e.span);
+            r.row = part.RowOff(e.span) + e.row;
           } else {
             r.span = heads[h].nSpans;  // no row to name (overflow)
           }
@@ -181,12 +196,12 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
     std::vector<double> acc(heads[h].nSpans, 0.0);
     for (size_t p = 0; p < rs.size(); ++p) {
       const Part& part = parts[h][p];
-      const size_t n = part.spans.size();
+      const size_t n = part.size();
       for (int j = 0; j < group; ++j) {
         const float lp = rs[p].lse[size_t(j)];
         if (lp == -INFINITY) continue;
         const double w = std::exp(double(lp) - double(heads[h].lse[j]));
-        for (size_t i = 0; i < n; ++i) acc[part.origSpan[i]] += w * double(rs[p].massByQuery[size_t(j) * n + i]);
+        for (size_t i = 0; i < n; ++i) acc[part.Orig(i)] += w * double(rs[p].massByQuery[size_t(j) * n + i]);
       }
     }
     for (size_t s = 0; s < heads[h].nSpans; ++s) mass[s] = float(acc[s] / group);

@@ -35,8 +35,12 @@ export interface ParetoOptions {
   onStep?: (layer: number, step: number) => void;
 }
 
+/** Label of the keyless kvdrive variant: select without the keys, re-ranking on the key sketch. */
+export const KEYLESS = 'kvdrive keyless (sketch)';
+
 export interface ParetoRow {
-  policy: PolicyName;
+  /** A policy name, or {@link KEYLESS}. */
+  policy: string;
   budget: number;
   /** Mean per layer-step, milliseconds: extend + select, sparse attention, and their sum. */
   selectMs: number;
@@ -71,6 +75,7 @@ interface Acc {
   total: number;
 }
 
+const BASELINES: readonly string[] = ['quest', 'shadowkv'];
 const QHEADS = 32;
 const KVHEADS = 8;
 const HEAD_DIM = 128;
@@ -83,21 +88,28 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
     dtype: o.dtype, seed: o.seed,
   });
   const needles = await traceNeedles(trace);
+  // Every policy selects with the keys (kvdrive re-ranks on them); beside kvdrive, the same index
+  // selecting without keys on its key sketch (the offloaded paths' contract).
+  type Variant = { label: string; name: PolicyName; keyed: boolean };
+  const variants: Variant[] = o.policy.flatMap((name): Variant[] =>
+    name === 'kvdrive' ? [{ label: name, name, keyed: true }, { label: KEYLESS, name, keyed: false }] : [{ label: name, name, keyed: true }],
+  );
   const acc = new Map<string, Acc>();
-  const key = (p: PolicyName, b: number) => `${p}/${b}`;
-  for (const p of o.policy)
-    for (const b of budgets) acc.set(key(p, b), { select: 0, attend: 0, recall: 0, oracle: 0, ratio: 0, n: 0, found: 0, total: 0 });
+  const key = (p: string, b: number) => `${p}/${b}`;
+  for (const { label } of variants)
+    for (const b of budgets) acc.set(key(label, b), { select: 0, attend: 0, recall: 0, oracle: 0, ratio: 0, n: 0, found: 0, total: 0 });
   let denseMs = 0;
   let denseN = 0;
   const T = o.context;
   for (let l = 0; l < o.layers; l++) {
     const layer = await trace.layer(l);
     const { k, v } = layerKvWithNew(layer);
-    const policies: { name: PolicyName; policy: SelectionPolicy }[] = [];
-    for (const name of o.policy) {
-      const policy = createPolicy(name, { qHeads: QHEADS, kvHeads: KVHEADS, headDim: HEAD_DIM, threads: o.threads });
+    const policies: { label: string; keyed: boolean; policy: SelectionPolicy }[] = [];
+    for (const { label, name, keyed } of variants) {
+      const sketch = keyed ? {} : { keySketch: true };
+      const policy = createPolicy(name, { qHeads: QHEADS, kvHeads: KVHEADS, headDim: HEAD_DIM, threads: o.threads, ...sketch });
       await policy.build(prefixView(k, T), T);
-      policies.push({ name, policy });
+      policies.push({ label, keyed, policy });
     }
     for (let s = 0; s < o.steps; s++) {
       const tokens = T + s + 1;
@@ -109,13 +121,13 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
       denseMs += performance.now() - td;
       denseN++;
       const weights = attentionWeights({ q, qHeads: QHEADS, k: kv });
-      for (const { name, policy } of policies) {
+      for (const { label, keyed, policy } of policies) {
         const te = performance.now();
         policy.extend(kv, tokens);
         const extendMs = performance.now() - te;
         for (const budget of budgets) {
           const ts = performance.now();
-          const sel = policy.select(q, budget, { keys: kv });
+          const sel = policy.select(q, budget, keyed ? { keys: kv } : undefined);
           const selectMs = performance.now() - ts + extendMs;
           const ta = performance.now();
           attendSparse({ q, qHeads: QHEADS, k: kv, v: vv, selection: sel, threads: o.threads });
@@ -123,7 +135,7 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
           const mask = attendedMask(sel, KVHEADS);
           const recall = massRecall(weights, mask, QHEADS, KVHEADS, tokens);
           const oracle = massRecall(weights, oracleMask(weights, QHEADS, KVHEADS, tokens, sel.sinkEnd, sel.tailStart, budget), QHEADS, KVHEADS, tokens);
-          const a = acc.get(key(name, budget))!;
+          const a = acc.get(key(label, budget))!;
           a.select += selectMs;
           a.attend += attendMs;
           a.recall += recall;
@@ -141,7 +153,7 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
     }
   }
   const rows: ParetoRow[] = [];
-  for (const p of o.policy)
+  for (const { label: p } of variants)
     for (const b of budgets) {
       const a = acc.get(key(p, b))!;
       rows.push({
@@ -153,18 +165,18 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
 }
 
 /**
- * Per budget, whether `policy` is both faster and more accurate (recall / oracle) than every other
- * policy of the sweep.
+ * Per budget, whether `policy` is faster and whether it is more accurate (recall / oracle) than
+ * every one of `others`.
  */
-export function dominates(r: ParetoResult, policy: PolicyName): { budget: number; faster: boolean; moreAccurate: boolean }[] {
+export function dominates(r: ParetoResult, policy: string, others: readonly string[]): { budget: number; faster: boolean; moreAccurate: boolean }[] {
   const budgets = [...new Set(r.rows.map((x) => x.budget))];
   return budgets.map((budget) => {
     const mine = r.rows.find((x) => x.policy === policy && x.budget === budget);
-    const others = r.rows.filter((x) => x.policy !== policy && x.budget === budget);
+    const rest = r.rows.filter((x) => others.includes(x.policy) && x.budget === budget);
     return {
       budget,
-      faster: !!mine && others.every((x) => mine.totalMs < x.totalMs),
-      moreAccurate: !!mine && others.every((x) => mine.recallVsOracle > x.recallVsOracle),
+      faster: !!mine && rest.every((x) => mine.totalMs < x.totalMs),
+      moreAccurate: !!mine && rest.every((x) => mine.recallVsOracle > x.recallVsOracle),
     };
   });
 }
@@ -179,11 +191,11 @@ export function renderPareto(r: ParetoResult): string {
     rows.push([x.policy, x.budget, ms(x.totalMs), ms(x.selectMs), ms(x.attendMs), x.recall.toFixed(4), x.oracleRecall.toFixed(4),
       x.recallVsOracle.toFixed(4), x.needlesTotal ? `${x.needlesFound}/${x.needlesTotal}` : '-']);
   const lines = [head, '', table(rows), '', `dense attention over the whole context: ${ms(r.denseMs)} per layer-step (${r.threads} thread(s)).`];
-  if (r.rows.some((x) => x.policy === 'kvdrive') && new Set(r.rows.map((x) => x.policy)).size > 1) {
-    const d = dominates(r, 'kvdrive');
-    lines.push('kvdrive against the other policies, per budget: ' +
-      d.map((x) => `${x.budget}: ${x.faster ? 'faster' : 'NOT faster'}, ${x.moreAccurate ? 'more accurate' : 'NOT more accurate'}`).join('; '));
-  }
+  const baselines = BASELINES.filter((b) => r.rows.some((x) => x.policy === b));
+  for (const mine of ['kvdrive', KEYLESS])
+    if (baselines.length > 0 && r.rows.some((x) => x.policy === mine))
+      lines.push(`${mine} against ${baselines.join(' and ')}, per budget: ` +
+        dominates(r, mine, baselines).map((x) => `${x.budget}: ${x.faster ? 'faster' : 'NOT faster'}, ${x.moreAccurate ? 'more accurate' : 'NOT more accurate'}`).join('; '));
   lines.push('time: extend + select + sparse attention, mean per layer-step; recall / oracle: share of dense attention mass on the attended',
     'tokens over the same for the exact top-budget tokens, mean per step.');
   return lines.join('\n');
@@ -194,5 +206,5 @@ export async function runParetoDemo(o: Omit<ParetoOptions, 'onStep'> & { json?: 
   const bar = new ProgressBar(o.layers * o.steps, 'pareto');
   const r = await runPareto({ ...o, onStep: (l, s) => bar.tick(`layer ${l} step ${s}`) });
   bar.finish();
-  process.stdout.write((o.json ? JSON.stringify({ ...r, kvdriveVsOthers: dominates(r, 'kvdrive') }) : renderPareto(r)) + '\n');
+  process.stdout.write((o.json ? JSON.stringify({ ...r, kvdriveVsBaselines: dominates(r, 'kvdrive', BASELINES) }) : renderPareto(r)) + '\n');
 }
