@@ -157,6 +157,12 @@ void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s) {
   s.calibratedAt = tokens;
   s.codes.clear();
   s.rowScale.clear();
+  // Room for the context to double before extend() reallocates (growing by one row would otherwise
+  // copy the whole sketch on the first decode step). Reserved pages are not touched until written:
+  // address space, not memory.
+  const size_t room = size_t(2 * tokens + 4096);
+  s.codes.reserve(room * size_t(dim));
+  s.rowScale.reserve(room);
   AppendSketch(kv, h, tokens, s);
 }
 
