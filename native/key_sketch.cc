@@ -74,62 +74,48 @@ __attribute__((target("avx2"))) int32_t Hsum8(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// One body for both vector levels (a macro, so each level's intrinsics sit in its own target
+// function): each row's codes are widened to int16 once and multiplied into four query heads'
+// int32 accumulators (madd: pairs of int16 products), then reduced; a dim tail runs scalar.
+// W: int16 lanes per vector; VEC / ZERO / LOADC (W codes widened) / LOADQ / MADD_ADD / HSUM.
+#define KVD_SKETCH_SCORE_BODY(W, VEC, ZERO, LOADC, LOADQ, MADD_ADD, HSUM)                       \
+  const int full = dim / (W) * (W);                                                            \
+  for (size_t i = 0; i < n; ++i) {                                                             \
+    if (i + kAhead < n) {                                                                      \
+      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * size_t(dim)); \
+      for (int b = 0; b < dim; b += 64) __builtin_prefetch(p + b);                             \
+    }                                                                                          \
+    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);                                 \
+    for (int j0 = 0; j0 < group; j0 += 4) {                                                    \
+      const int nj = std::min(4, group - j0);                                                  \
+      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                   \
+      for (int d = 0; d < full; d += (W)) {                                                    \
+        const VEC c = LOADC(r + d);                                                            \
+        for (int t = 0; t < nj; ++t) acc[t] = MADD_ADD(acc[t], c, LOADQ(q + size_t(j0 + t) * dim + d)); \
+      }                                                                                        \
+      for (int t = 0; t < nj; ++t) {                                                           \
+        int32_t s = HSUM(acc[t]);                                                              \
+        const int16_t* qj = q + size_t(j0 + t) * dim;                                          \
+        for (int d = full; d < dim; ++d) s += int32_t(qj[d]) * int32_t(r[d]);                  \
+        dots[size_t(j0 + t) * ld + i] = s;                                                     \
+      }                                                                                        \
+    }                                                                                          \
+  }
+
+#define KVD_LOADC2(p) _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define KVD_LOADQ2(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+#define KVD_MADD2(a, c, qv) _mm256_add_epi32(a, _mm256_madd_epi16(c, qv))
 __attribute__((target("avx2"))) void ScoreAvx2(const int16_t* q, int group, int dim, const int8_t* codes,
                                                const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
-  const int full = dim / 16 * 16;
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * size_t(dim));
-      for (int b = 0; b < dim; b += 64) __builtin_prefetch(p + b);
-    }
-    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);
-    for (int j0 = 0; j0 < group; j0 += 4) {
-      const int nj = std::min(4, group - j0);
-      __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int d = 0; d < full; d += 16) {
-        const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d)));
-        for (int t = 0; t < nj; ++t) {
-          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + size_t(j0 + t) * dim + d));
-          acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(c, qv));
-        }
-      }
-      for (int t = 0; t < nj; ++t) {
-        int32_t s = Hsum8(acc[t]);
-        const int16_t* qj = q + size_t(j0 + t) * dim;
-        for (int d = full; d < dim; ++d) s += int32_t(qj[d]) * int32_t(r[d]);
-        dots[size_t(j0 + t) * ld + i] = s;
-      }
-    }
-  }
+  KVD_SKETCH_SCORE_BODY(16, __m256i, _mm256_setzero_si256(), KVD_LOADC2, KVD_LOADQ2, KVD_MADD2, Hsum8)
 }
 
+#define KVD_LOADC5(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
+#define KVD_LOADQ5(p) _mm512_loadu_si512(p)
+#define KVD_MADD5(a, c, qv) _mm512_add_epi32(a, _mm512_madd_epi16(c, qv))
 __attribute__((target("avx512f,avx512bw"))) void ScoreAvx512(const int16_t* q, int group, int dim, const int8_t* codes,
                                                              const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
-  const int full = dim / 32 * 32;
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * size_t(dim));
-      for (int b = 0; b < dim; b += 64) __builtin_prefetch(p + b);
-    }
-    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);
-    for (int j0 = 0; j0 < group; j0 += 4) {
-      const int nj = std::min(4, group - j0);
-      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-      for (int d = 0; d < full; d += 32) {
-        const __m512i c = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d)));
-        for (int t = 0; t < nj; ++t) {
-          const __m512i qv = _mm512_loadu_si512(q + size_t(j0 + t) * dim + d);
-          acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(c, qv));
-        }
-      }
-      for (int t = 0; t < nj; ++t) {
-        int32_t s = _mm512_reduce_add_epi32(acc[t]);
-        const int16_t* qj = q + size_t(j0 + t) * dim;
-        for (int d = full; d < dim; ++d) s += int32_t(qj[d]) * int32_t(r[d]);
-        dots[size_t(j0 + t) * ld + i] = s;
-      }
-    }
-  }
+  KVD_SKETCH_SCORE_BODY(32, __m512i, _mm512_setzero_si512(), KVD_LOADC5, KVD_LOADQ5, KVD_MADD5, _mm512_reduce_add_epi32)
 }
 
 bool HasAvx512Bw() {

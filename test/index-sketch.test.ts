@@ -5,50 +5,18 @@
 import { describe, expect, it } from 'vitest';
 import { createPolicy, type PolicyOptions, type Selection } from '../src/index.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
-import { generateSyntheticTrace } from '../src/trace/synthetic.js';
-import { layerKvWithNew } from '../src/trace/trace.js';
-import { prefixView, traceNeedles } from '../src/eval/replay.js';
-import { attendedMask, massRecall, oracleMask } from '../src/eval/metrics.js';
-import { attentionWeights } from '../src/attention/kernels.js';
+import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';
+import { traceReplay } from './trace-replay.js';
 
 // Seed 11: no default was tuned on it (the demo uses 1; bench/index-tune.ts tuned on 1, 2, 3).
 const T = 8192;
 const STEPS = 3;
 const BUDGET = 128;
 const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };
-const trace = generateSyntheticTrace({ layers: 1, promptTokens: T, decodeSteps: STEPS, ...shape, dtype: 'f16', seed: 11 });
-const layer = await trace.layer(0);
-const { k } = layerKvWithNew(layer);
-const needles = await traceNeedles(trace);
-const qAt = (s: number) => layer.q.subarray(s * shape.qHeads * shape.headDim, (s + 1) * shape.qHeads * shape.headDim);
-
-async function replay(options: PolicyOptions, keyed: boolean) {
-  const p = createPolicy('kvdrive', { keySketch: true, ...options, ...shape });
-  await p.build(prefixView(k, T), T);
-  let recall = 0;
-  let oracle = 0;
-  let found = 0;
-  let total = 0;
-  const sels: Selection[] = [];
-  for (let s = 0; s < STEPS; s++) {
-    const tokens = T + s + 1;
-    const kv = prefixView(k, tokens);
-    p.extend(kv, tokens);
-    const sel = p.select(qAt(s), BUDGET, keyed ? { keys: kv } : undefined);
-    sels.push(sel);
-    const w = attentionWeights({ q: qAt(s), qHeads: shape.qHeads, k: kv });
-    const mask = attendedMask(sel, shape.kvHeads);
-    recall += massRecall(w, mask, shape.qHeads, shape.kvHeads, tokens);
-    oracle += massRecall(w, oracleMask(w, shape.qHeads, shape.kvHeads, tokens, sel.sinkEnd, sel.tailStart, BUDGET), shape.qHeads, shape.kvHeads, tokens);
-    for (const n of needles) {
-      if (s < n.firstStep || s > n.lastStep) continue;
-      total++;
-      if (mask[n.kvHead * tokens + n.token]) found++;
-    }
-  }
-  return { ratio: recall / oracle, found, total, sels, stats: p.lastSelectStats(), bytes: p.indexBytes() };
-}
+const tr = await traceReplay({ T, steps: STEPS, budget: BUDGET, shape, seed: 11 });
+const { k, qAt } = tr;
+const replay = (options: PolicyOptions, keyed: boolean) => tr.replay({ keySketch: true, ...options }, keyed);
 
 const ids = (sels: Selection[]) => sels.map((s) => Array.from(s.chunkIds));
 
@@ -108,5 +76,6 @@ describe('kvdrive key sketch', () => {
     expectKvdError(() => p.select(qAt(0), 64), 'E_NONFINITE', /kv head 0, token 2040/);
     expectKvdError(() => createPolicy('kvdrive', { keySketch: 1 as never }), 'E_CONFIG', /keySketch: expected a boolean, got 1/);
     expectKvdError(() => createPolicy('quest', { preferSketch: true }), 'E_CONFIG', /kvdrive-only/);
+    expectKvdError(() => createPolicy('kvdrive', { preferSketch: true, keySketch: false }), 'E_CONFIG', /preferSketch: expected keySketch not false/);
   });
 });

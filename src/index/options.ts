@@ -96,8 +96,8 @@ export interface PolicyOptions {
   keySketch?: boolean;
   /**
    * kvdrive only: re-rank with the key sketch even when select() is given the keys (default
-   * false). The sketch is contiguous per head and half the bytes of f16 keys, so the re-rank reads
-   * less; its scores are approximate.
+   * false; implies keySketch). The sketch is contiguous per head and half the bytes of f16 keys,
+   * so the re-rank reads less; its scores are approximate.
    */
   preferSketch?: boolean;
   /**
@@ -220,6 +220,8 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
   }
   if (policy !== 'shadowkv' && o.outlierChunks !== undefined)
     throw new KvdriveError('E_CONFIG', `${what}: expected no shadowkv-only options (outlierChunks) for policy '${policy}', got outlierChunks`);
+  if (o.preferSketch === true && o.keySketch === false)
+    throw new KvdriveError('E_CONFIG', `${what}.preferSketch: expected keySketch not false (preferSketch re-ranks on the sketch), got keySketch false`);
   const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
   const segmentTokens = o.segmentTokens ?? 4096;
   if (policy === 'kvdrive' && segmentTokens % chunkSize !== 0)
@@ -240,7 +242,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
-    keySketch: o.keySketch ?? false,
+    keySketch: o.keySketch ?? o.preferSketch ?? false,
     preferSketch: o.preferSketch ?? false,
     outlierChunks: o.outlierChunks ?? 48,
     threads: o.threads ?? 2,
