@@ -22,11 +22,11 @@ function markdown(r: ParetoResult): string {
   const lines = [
     `### seed ${r.seed}: ${r.context} tokens, ${r.layers} layer(s) x ${r.steps} steps, ${r.threads} thread(s); dense ${f(r.denseMs)} ms per layer-step`,
     '',
-    '| policy | budget | ms/layer-step | select ms | attend ms | vs dense | recall | oracle | recall / oracle | needles |',
-    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---|',
+    '| policy | budget | ms/layer-step | select ms | attend ms | vs dense | CPU ms | recall | oracle | recall / oracle | needles |',
+    '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|',
   ];
   for (const x of r.rows)
-    lines.push(`| ${x.policy} | ${x.budget} | ${f(x.totalMs)} | ${f(x.selectMs)} | ${f(x.attendMs)} | ${(x.totalMs / r.denseMs).toFixed(3)} | ${x.recall.toFixed(4)} | ` +
+    lines.push(`| ${x.policy} | ${x.budget} | ${f(x.totalMs)} | ${f(x.selectMs)} | ${f(x.attendMs)} | ${(x.totalMs / r.denseMs).toFixed(3)} | ${f(x.cpuMs)} | ${x.recall.toFixed(4)} | ` +
       `${x.oracleRecall.toFixed(4)} | ${x.recallVsOracle.toFixed(4)} | ${x.needlesTotal ? `${x.needlesFound}/${x.needlesTotal}` : '-'} |`);
   for (const mine of ['kvdrive', KEYLESS])
     lines.push('', `${mine} vs quest and shadowkv: ` +
