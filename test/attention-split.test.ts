@@ -5,7 +5,7 @@
 // re-weighted per query head across parts.
 import { describe, expect, it } from 'vitest';
 import { attendDense, attendDenseAsync, attendSparse } from '../src/index.js';
-import { randn } from './helpers.js';
+import { expectKvdError, randn } from './helpers.js';
 import { allChunks, randomKv, range, referenceAttention, relErr, selectedTokens, selectionOf, toHtd } from './attention-reference.js';
 
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
@@ -41,6 +41,14 @@ describe('attention split by KV length', () => {
       expect(bits(s.out)).toBe(bits(dense.out));
       expect(bits(s.lse)).toBe(bits(dense.lse));
     }
+  });
+
+  it('a NaN in a later part names its kv head and token, at every thread count', async () => {
+    const data = Uint16Array.from(k.tensor.data as Uint16Array);
+    data[(12000 * kvHeads + 1) * dim + 5] = 0x7e00; // f16 NaN: token 12000 (second part), kv head 1
+    const bad = { ...k.tensor, data };
+    for (const threads of [1, 2])
+      await expectKvdError(() => attendDense({ q, qHeads, k: bad, v: v.tensor, threads }), 'E_NONFINITE', /attendDense: k: kv head 1, token 12000:/);
   });
 
   it('per-chunk mass across parts equals the reference mass (and does not depend on threads)', () => {
