@@ -198,20 +198,36 @@ async function main(): Promise<void> {
   for (let h = 0; h < KV_HEADS; h++)
     for (let i = 0; i < BUDGET / CHUNK; i++) arenaSel.chunkIds[h * (BUDGET / CHUNK) + i] = SINKS / CHUNK + i;
 
-  add({ name: 'memoryRead sparse bytes, hot', bytes: sparseBytes, flops: 0 }, () => memoryRead(hotSlice));
-  add(
-    { name: 'sparse 2048 of 128K, compact arena (hot tier)', bytes: sparseBytes, flops: flopsFor(perHead), baseline: 'memoryRead sparse bytes, hot' },
-    () => attendSparse({ q, qHeads: Q_HEADS, k: arena(arenaK), v: arena(arenaV), selection: arenaSel }),
-  );
-  add(
-    { name: 'sparse 2048 of 128K, scattered, same selection', bytes: sparseBytes, flops: flopsFor(perHead), baseline: 'memoryRead sparse bytes, hot' },
-    () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: hotSel }),
-  );
-  add({ name: 'memoryRead sparse bytes, cold', bytes: sparseBytes, flops: 0 }, () => memoryRead(coldSlices[coldB++ % 16]!));
-  add(
-    { name: 'sparse 2048 of 128K, scattered, 16 selections in turn', bytes: sparseBytes, flops: flopsFor(perHead), baseline: 'memoryRead sparse bytes, cold' },
-    () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: coldSels[coldI++ % 16]! }),
-  );
+  // The same 2048 tokens per head as single-token spans (a token-granular kvdrive selection).
+  const tokenSel: Selection = { ...hotSel, chunkSize: 1, chunkIds: new Int32Array(BUDGET * KV_HEADS), offsets: new Int32Array(KV_HEADS + 1) };
+  for (let h = 0; h < KV_HEADS; h++) {
+    let at = h * BUDGET;
+    for (let i = hotSel.offsets[h]!; i < hotSel.offsets[h + 1]!; i++)
+      for (let t = hotSel.chunkIds[i]! * CHUNK; t < (hotSel.chunkIds[i]! + 1) * CHUNK; t++) tokenSel.chunkIds[at++] = t;
+    tokenSel.offsets[h + 1] = at;
+  }
+  for (const threads of [1, 2]) {
+    const hot = `memoryRead sparse bytes, hot (${threads}T)`;
+    const cold = `memoryRead sparse bytes, cold (${threads}T)`;
+    add({ name: hot, bytes: sparseBytes, flops: 0 }, () => memoryRead(hotSlice, threads));
+    add(
+      { name: `sparse 2048 of 128K, compact arena (hot tier) (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      () => attendSparse({ q, qHeads: Q_HEADS, k: arena(arenaK), v: arena(arenaV), selection: arenaSel, threads }),
+    );
+    add(
+      { name: `sparse 2048 of 128K, scattered, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: hotSel, threads }),
+    );
+    add(
+      { name: `sparse 2048 single tokens of 128K, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: tokenSel, threads }),
+    );
+    add({ name: cold, bytes: sparseBytes, flops: 0 }, () => memoryRead(coldSlices[coldB++ % 16]!, threads));
+    add(
+      { name: `sparse 2048 of 128K, scattered, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: cold },
+      () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: coldSels[coldI++ % 16]!, threads }),
+    );
+  }
 
   // Hook: centroid scoring (native.scoreCentroids from the index branch), when present. One kv
   // head's GQA group scores the centroids of a 128K context at ~16 tokens per cluster.

@@ -213,6 +213,8 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
     offsets[h + 1] = offsets[h] + size_t(group) * size_t(totals[h]);
     std::fill(heads[h].out, heads[h].out + size_t(group) * size_t(dim), 0.f);
     if (heads[h].spanMass) std::fill(heads[h].spanMass, heads[h].spanMass + heads[h].nSpans, 0.f);
+    if (heads[h].spanMassByQuery)
+      std::fill(heads[h].spanMassByQuery, heads[h].spanMassByQuery + size_t(group) * heads[h].nSpans, 0.f);
   }
   scratch.logits.resize(offsets[nHeads]);
   std::vector<float*> Ls(nHeads);
@@ -264,7 +266,9 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
       state[h] = HeadState::BadOutput;
       continue;
     }
-    if (float* mass = heads[h].spanMass) {
+    if (heads[h].spanMass || heads[h].spanMassByQuery) {
+      float* mass = heads[h].spanMass;
+      float* byQuery = heads[h].spanMassByQuery;
       const float* L = Ls[h];
       const size_t total = size_t(totals[h]);
       size_t pos = 0;
@@ -276,8 +280,9 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
           double sj = 0.0;
           for (size_t t = 0; t < len; ++t) sj += p[t];
           acc += sj / double(s[j]);
+          if (byQuery) byQuery[size_t(j) * heads[h].nSpans + sp] = float(sj / double(s[j]));
         }
-        mass[sp] = float(acc / group);
+        if (mass) mass[sp] = float(acc / group);
         pos += len;
       }
     }

@@ -55,6 +55,10 @@ struct HeadAttn {
   float* out;       // group x dim
   float* lse;       // group
   float* spanMass;  // nSpans, or null
+  // Optional (may be null): group x nSpans, row j = the mass of each span under query head j alone
+  // (sum over the span of that head's probabilities), so partial results over disjoint token sets
+  // can be re-weighted per query head when they are merged (see attention_split.h).
+  float* spanMassByQuery = nullptr;
 };
 void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale,
                       AttnScratch& scratch);

@@ -9,16 +9,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "args.h"
 #include "async_work.h"
 #include "attention.h"
+#include "attention_split.h"
 #include "errors.h"
 #include "registry.h"
 
@@ -47,33 +45,6 @@ struct AttnJob {
   float* chunkMass = nullptr;  // nChunks (sparse only)
 };
 
-// Scratch buffers survive between calls so the logits buffer (group x tokens floats) is not
-// re-allocated and re-faulted on every decode step. Oversized buffers are dropped on release.
-class ScratchPool {
- public:
-  std::unique_ptr<AttnScratch> Acquire() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) return std::make_unique<AttnScratch>();
-    auto s = std::move(free_.back());
-    free_.pop_back();
-    return s;
-  }
-  void Release(std::unique_ptr<AttnScratch> s) {
-    if (s->logits.capacity() > (size_t(64) << 20)) return;  // > 256 MiB of logits: give it back
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.size() < size_t(kMaxThreads)) free_.push_back(std::move(s));
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<AttnScratch>> free_;
-};
-
-ScratchPool& Pool() {
-  static ScratchPool pool;
-  return pool;
-}
-
 // ---- running ----
 
 // The spans one kv head attends, in token order, with each span's first token.
@@ -95,6 +66,9 @@ HeadSpans BuildSpans(const AttnJob& job, int h) {
     add(0, job.tokens);
     return hs;
   }
+  const size_t n = size_t(job.offsets[h + 1] - job.offsets[h]) + 2;
+  hs.spans.reserve(n);
+  hs.start.reserve(n);
   if (job.sinkEnd > 0) add(0, job.sinkEnd);
   hs.firstChunkSpan = hs.spans.size();
   for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
@@ -105,29 +79,26 @@ HeadSpans BuildSpans(const AttnJob& job, int h) {
   return hs;
 }
 
-// Kv heads [h0, h1) in one interleaved AttendHeadsSpans call.
-void RunHeads(const AttnJob& job, int h0, int h1, AttnScratch& scratch) {
-  const size_t n = size_t(h1 - h0);
+// Runs every kv head through AttendSplit (the thread pool, split by head and by KV length; the
+// result does not depend on the thread count). NaN/Inf errors name the kv head and token.
+void RunJob(const AttnJob& job) {
+  const size_t n = size_t(job.kvHeads);
   std::vector<HeadSpans> hs;
   hs.reserve(n);
   std::vector<std::vector<float>> mass(n);
   std::vector<HeadAttn> heads(n);
-  // Outputs accumulate in this thread's own buffer (the kernel updates them once per tile) and are
-  // copied out at the end: no cache line of the shared output array is written by two threads.
   const size_t headOut = size_t(job.group) * size_t(job.dim);
-  std::vector<float> out(n * headOut);
-  for (size_t i = 0; i < n; ++i) {
-    const int h = h0 + int(i);
-    hs.push_back(BuildSpans(job, h));
-    if (job.sparse) mass[i].resize(hs[i].spans.size());
-    const size_t qOff = size_t(h) * size_t(job.group);
-    heads[i] = HeadAttn{job.q + qOff * size_t(job.dim), hs[i].spans.data(), hs[i].spans.size(), out.data() + i * headOut,
-                        job.lse + qOff, job.sparse ? mass[i].data() : nullptr};
+  for (size_t h = 0; h < n; ++h) {
+    hs.push_back(BuildSpans(job, int(h)));
+    if (job.sparse) mass[h].resize(hs[h].spans.size());
+    const size_t qOff = h * size_t(job.group);
+    heads[h] = HeadAttn{job.q + qOff * size_t(job.dim), hs[h].spans.data(), hs[h].spans.size(), job.out + h * headOut,
+                        job.lse + qOff, job.sparse ? mass[h].data() : nullptr};
   }
   try {
-    AttendHeadsSpans(heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, scratch);
+    AttendSplit(heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, job.threads);
   } catch (const NonFiniteRowError& e) {
-    const int h = h0 + int(e.head);
+    const int h = int(e.head);
     const HeadSpans& bad = hs[e.head];
     if (e.span >= bad.spans.size()) Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
     const int64_t token = bad.start[e.span] + e.row;
@@ -135,44 +106,11 @@ void RunHeads(const AttnJob& job, int h0, int h1, AttnScratch& scratch) {
                              std::to_string(token) + ": NaN/Inf in the " + (e.inValue ? "value" : "key") +
                              " row (attention " + (e.inValue ? "output" : "logit") + " is not finite)");
   }
-  std::copy(out.begin(), out.end(), job.out + size_t(h0) * headOut);
   if (job.sparse) {
-    for (size_t i = 0; i < n; ++i) {
-      const int h = h0 + int(i);
+    for (size_t h = 0; h < n; ++h)
       for (int32_t c = job.offsets[h]; c < job.offsets[h + 1]; ++c)
-        job.chunkMass[c] = mass[i][hs[i].firstChunkSpan + size_t(c - job.offsets[h])];
-    }
+        job.chunkMass[c] = mass[h][hs[h].firstChunkSpan + size_t(c - job.offsets[h])];
   }
-}
-
-// Runs every kv head; with threads > 1 the heads are split into contiguous blocks, one per
-// std::thread. Per-head arithmetic does not depend on the split, so results are identical for
-// any thread count; the error of the lowest failing head is the one reported.
-void RunJob(const AttnJob& job) {
-  const int nThreads = std::min(job.threads, job.kvHeads);
-  if (nThreads <= 1) {
-    auto scratch = Pool().Acquire();
-    RunHeads(job, 0, job.kvHeads, *scratch);
-    Pool().Release(std::move(scratch));
-    return;
-  }
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(nThreads));
-  std::vector<std::thread> workers;
-  workers.reserve(size_t(nThreads));
-  for (int t = 0; t < nThreads; ++t) {
-    workers.emplace_back([&, t] {
-      try {
-        auto scratch = Pool().Acquire();
-        RunHeads(job, job.kvHeads * t / nThreads, job.kvHeads * (t + 1) / nThreads, *scratch);
-        Pool().Release(std::move(scratch));
-      } catch (...) {
-        errors[size_t(t)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& w : workers) w.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 // ---- parsing ----

@@ -227,7 +227,8 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       cfg_.local = int(GetIntOr(o, "local", what, 0, 1 << 24, 64));
       cfg_.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
       cfg_.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
-      cfg_.threads = int(GetIntOr(o, "threads", what, 1, 2, 2));
+      cfg_.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
+      cfg_.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
       Napi::Value cf = o.Get("candidateFactor");
       if (!cf.IsUndefined()) {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
@@ -262,6 +263,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       if (!tg.IsUndefined()) {
         if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
         cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
+      }
+      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg_.keySketch}, {"preferSketch", &cfg_.preferSketch}}) {
+        Napi::Value b = o.Get(key);
+        if (b.IsUndefined()) continue;
+        if (!b.IsBoolean()) Throw("E_CONFIG", what + "." + key + ": expected a boolean, got a non-boolean");
+        *field = b.As<Napi::Boolean>().Value();
       }
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +

@@ -1,6 +1,8 @@
 // LayerIndex: build / extend / select for the three selection policies (see layer_index.h).
 #include "layer_index.h"
 
+#include "thread_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -8,7 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <thread>
 
 namespace kvd {
 namespace {
@@ -101,6 +102,7 @@ struct SelectScratch {
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
   std::vector<int64_t> toksAt;
+  SketchQuery sketchQuery;
 };
 SelectScratch& Scratch() {
   thread_local SelectScratch s;
@@ -149,6 +151,29 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, in
       var = H.var.data() + (c0 - firstChunk());
     }
     ChunkMeans(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, var);
+    if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) {
+      // Outlier detection (ShadowKV): the key least aligned with its chunk's landmark.
+      H.minCos.resize(size_t(c1 - firstChunk()));
+      std::vector<float> row(static_cast<size_t>(dim_), 0.f);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+        double mm = 0;
+        for (int d = 0; d < dim_; ++d) mm += double(m[d]) * m[d];
+        double worst = 1.0;
+        for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) {
+          const void* r = kv.Row(t - first, h);  // kv holds tokens [first, ...)
+          double kk = 0, km = 0;
+          for (int d = 0; d < dim_; ++d) {
+            const double x = LoadElem(r, kv.dtype, size_t(d));
+            kk += x * x;
+            km += x * m[d];
+          }
+          const double den = std::sqrt(kk * mm);
+          worst = std::min(worst, den > 0 ? km / den : 1.0);
+        }
+        H.minCos[size_t(j - firstChunk())] = std::isfinite(worst) ? float(worst) : 1.f;
+      }
+    }
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
@@ -300,28 +325,10 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   }
 }
 
-// Heads are independent: with cfg.threads > 1, odd heads run on a helper thread. The first
-// exception (main thread's first) is rethrown after both finish.
+// Heads are independent: they run on the thread pool with at most cfg.threads workers. The
+// exception of the lowest failing head is rethrown once every head is done.
 void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
-  std::exception_ptr helperError, mainError;
-  std::thread helper;
-  const bool split = cfg_.threads > 1 && heads_ > 1;
-  if (split)
-    helper = std::thread([&] {
-      try {
-        for (int h = 1; h < heads_; h += 2) fn(h);
-      } catch (...) {
-        helperError = std::current_exception();
-      }
-    });
-  try {
-    for (int h = 0; h < heads_; h += split ? 2 : 1) fn(h);
-  } catch (...) {
-    mainError = std::current_exception();
-  }
-  if (split) helper.join();
-  if (mainError) std::rethrow_exception(mainError);
-  if (helperError) std::rethrow_exception(helperError);
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { fn(int(h)); }, std::max(1, cfg_.threads));
 }
 
 void LayerIndex::Build(const KvView& kv, int64_t tokens) {
@@ -348,6 +355,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     if (cfg_.policy == PolicyKind::Quest) R.maxs.reserve(room * dim_);
     if (cfg_.policy == PolicyKind::Kvdrive) R.var.reserve(room);
     ComputeReps(kv, h, c0, c1);
+    if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) UpdateSketch(kv, h, tokens);
     // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
     // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
     if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
@@ -389,6 +397,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
           heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
           if (cfg_.policy == PolicyKind::Kvdrive) heads_data_[r].var.resize(size_t(c0 - firstChunk()));
+          if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) heads_data_[r].minCos.resize(size_t(c0 - firstChunk()));
         }
         throw;
       }
@@ -416,14 +425,30 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
     }
     endChunk_ = c1;
   }
+  if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch)
+    for (int h = 0; h < heads_; ++h) UpdateSketch(kv, h, tokens, first);
   tokens_ = tokens;
+}
+
+void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first) {
+  KeySketch& s = heads_data_[h].sketch;
+  // Channel scales are measured on the context at build; a build on a short context (a host that
+  // starts at position 0) re-measures them each time the context doubles, up to 4096 tokens, and
+  // keeps them from then on (per-row scales absorb what later tokens exceed).
+  constexpr int64_t kCalibrateUpTo = 4096;
+  // Re-measuring re-quantizes every token, so it needs the whole context in kv (first == 0); a
+  // caller that passes only its tail (first > 0, the runtime's offloaded sequences) only appends.
+  if (s.dim != kv.dim || (first == 0 && s.calibratedAt < kCalibrateUpTo && tokens >= std::max<int64_t>(64, 2 * s.calibratedAt)))
+    CalibrateSketch(kv, h, tokens, s);
+  else
+    AppendSketch(kv, h, tokens, s, first);
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
   return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
 }
 
-void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
                              std::vector<Ranked>& ranked, SelectResult& out) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
@@ -466,7 +491,14 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
   std::vector<float>& share = sc.share;
   logits.resize(size_t(g) * ld);
   share.resize((nRe + 15) / 16 * 16);
-  ScoreKeyRows(qh, g, keys, h, toksAt.data(), nAll, logits.data(), ld);
+  const bool useKeys = keys && !cfg_.preferSketch;
+  if (useKeys) {
+    ScoreKeyRows(qh, g, *keys, h, toksAt.data(), nAll, logits.data(), ld);
+  } else {
+    const KeySketch& sketch = heads_data_[h].sketch;
+    PrepareSketchQuery(qh, g, sketch, sc.sketchQuery);
+    ScoreSketchRows(sc.sketchQuery, g, sketch, toksAt.data(), nAll, logits.data(), ld);
+  }
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
   // same factor for every token of the head); share = the sum over the group.
@@ -496,22 +528,28 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView& keys, 
     }
   }
   out.keysScored += int64_t(nAll);
-  out.bytesScored += int64_t(nAll) * dim_ * int64_t(DtypeSize(keys.dtype));
+  out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : KeySketch::BytesPerToken(dim_));
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
-  SelectResult out;
-  int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
-  out.chunk = cfg_.chunk;
-  out.offsets.push_back(0);
-  if (pool > 0) out.poolOffsets.push_back(0);
-  SelectScratch& sc = Scratch();
-  std::vector<Ranked>& ranked = sc.ranked;
-  std::vector<int32_t>& ids = sc.ids;
-  std::vector<float>& scores = sc.scores;
-  for (int h = 0; h < heads_; ++h) {
+  // Kv heads are independent: each selects into its own result on the thread pool (per-thread
+  // scratch), and the results are concatenated in head order, so the selection does not depend on
+  // the thread count.
+  struct HeadOut {
+    SelectResult r;
+    int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
+  };
+  std::vector<HeadOut> parts{size_t(heads_)};
+  auto selectHead = [&](int h) {
+    SelectResult& out = parts[size_t(h)].r;
+    int64_t& f16Vectors = parts[size_t(h)].f16Vectors;
+    out.chunk = cfg_.chunk;
+    SelectScratch& sc = Scratch();
+    std::vector<Ranked>& ranked = sc.ranked;
+    std::vector<int32_t>& ids = sc.ids;
+    std::vector<float>& scores = sc.scores;
     const HeadIndex& H = heads_data_[h];
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
@@ -592,12 +630,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ids.clear();
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
-      const bool rerank = keys && cfg_.rerankFactor > 0 && !ids.empty();
+      // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
+      const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
+      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
       if (rerank && RerankChunks(budget) >= ids.size()) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
         // chunk-mean scores would never be read.
         for (int32_t id : ids) ranked.push_back({0.f, id});
-        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
         reranked = true;
         goto fill;
       }
@@ -612,7 +652,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, *keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
         reranked = true;
       }
       }
@@ -627,6 +667,16 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         out.vectorsScored += int64_t(n);
       }
       for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
+      if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0 && n > 0) {
+        // The outlier chunks rank first (score +inf), inside the budget but never more than a
+        // quarter of its chunks (the paper's 48 at its budget 2048 / chunk 8 = 256 chunks).
+        std::vector<Ranked>& worst = sc.tok;
+        worst.resize(n);
+        for (size_t t = 0; t < n; ++t) worst[t] = {-H.minCos[t], int32_t(t)};
+        const size_t m = std::min({n, size_t(cfg_.outlierChunks), size_t(budget / cfg_.chunk / 4)});
+        SelectBest(worst, m, sc.hist);
+        for (size_t i = 0; i < m; ++i) ranked[size_t(worst[i].id)].score = INFINITY;
+      }
     }
   fill:
     // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
@@ -643,8 +693,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
-      out.offsets.push_back(int32_t(out.ids.size()));
-      continue;
+      return;
     }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
     // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
@@ -674,8 +723,28 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
     }
     std::sort(out.ids.begin() + selBegin, out.ids.end());
+  };
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { selectHead(int(h)); }, std::max(1, cfg_.threads));
+
+  SelectResult out;
+  out.chunk = cfg_.chunk;
+  out.offsets.push_back(0);
+  if (pool > 0) out.poolOffsets.push_back(0);
+  int64_t f16Vectors = 0;
+  for (HeadOut& p : parts) {
+    const SelectResult& r = p.r;
+    if (r.chunk == 1) out.chunk = 1;
+    out.ids.insert(out.ids.end(), r.ids.begin(), r.ids.end());
     out.offsets.push_back(int32_t(out.ids.size()));
-    if (pool > 0) out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+    if (pool > 0) {
+      out.poolIds.insert(out.poolIds.end(), r.poolIds.begin(), r.poolIds.end());
+      out.poolScores.insert(out.poolScores.end(), r.poolScores.begin(), r.poolScores.end());
+      out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+    }
+    out.vectorsScored += r.vectorsScored;
+    out.keysScored += r.keysScored;
+    out.bytesScored += r.bytesScored;
+    f16Vectors += p.f16Vectors;
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
   // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
@@ -694,7 +763,7 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 int64_t LayerIndex::Bytes() const {
   int64_t b = 0;
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size()) * 4;
+    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size() + H.minCos.size()) * 4 + H.sketch.Bytes();
     for (const Segment& s : H.segments)
       b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;

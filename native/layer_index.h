@@ -20,7 +20,11 @@
 //    workload), level 2 is skipped. Level 3 reads each key row once for the whole group; with a
 //    token-major ('thd') cache its rows are 256 B scattered 2 KiB apart, and this gather dominates
 //    the select (memory-bound; a head-major 'htd' cache reads a chunk's rows contiguously).
-//  - shadowkv: chunk means (c = 8), every mean scored, best chunks up to K tokens.
+//  - shadowkv, as its paper selects (minus the low-rank pre-RoPE key compression): chunk means
+//    (c = 8) as landmarks, every landmark scored, best chunks up to K tokens; plus its static
+//    outlier chunks (outlierChunks, 48 in the paper's configuration), those whose keys have the
+//    lowest cosine similarity to their landmark, selected first within the K tokens (at most a
+//    quarter of them, so small budgets keep landmark-ranked chunks).
 //  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
 // Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
 // so selections are deterministic.
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "index.h"
+#include "key_sketch.h"
 
 namespace kvd {
 
@@ -70,7 +75,15 @@ struct IndexConfig {
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;
-  int threads = 2;  // build splits kv heads over this many threads
+  // kvdrive: keep an int8 key sketch per kv head (key_sketch.h, dim + 4 bytes per token), built at
+  // Build / Extend, so the level-3 re-rank runs when Select is given no keys.
+  bool keySketch = false;
+  // kvdrive: re-rank with the sketch even when Select is given the keys (contiguous, half the
+  // bytes of f16 keys; scores approximate).
+  bool preferSketch = false;
+  // shadowkv: static outlier chunks selected first (the paper's configuration: 48).
+  int outlierChunks = 48;
+  int threads = 2;  // build and select split kv heads over this many pool workers
 };
 
 // The clusters of one segment of one kv head. Member lists hold absolute chunk ids.
@@ -102,7 +115,9 @@ struct HeadIndex {
   std::vector<float> reps;  // (endChunk - firstChunk) x dim: chunk means, or page minima for quest
   std::vector<float> maxs;  // quest page maxima, same shape
   std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
+  std::vector<float> minCos;  // shadowkv: per chunk, the lowest cosine similarity of a key to the chunk mean
   std::vector<Segment> segments;  // kvdrive only, ascending
+  KeySketch sketch;               // kvdrive with keySketch: every token [0, tokens) of the head
 };
 
 // One ranked chunk of a select: higher score first, then lower chunk id.
@@ -169,8 +184,12 @@ class LayerIndex {
   size_t RerankChunks(int64_t budget) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
   // want: max(budget, pool) tokens the caller will fill.
-  void RerankExact(const float* qh, int g, int h, const KvView& keys, int64_t budget, int64_t want,
+  // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
+  void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
                    std::vector<Ranked>& ranked, SelectResult& out) const;
+  // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
+  // is short, see Extend).
+  void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
 
   IndexConfig cfg_;
   bool built_ = false;

@@ -5,6 +5,10 @@ import { centroidTiles, chunkMeans, indexKernelLevel, scoreCentroids } from '../
 import { structuredCase } from './index-data.js';
 import { expectKvdError, randn } from './helpers.js';
 
+// Index-only selection (levels 1-2; no key sketch, no shadowkv outlier chunks): what these tests
+// check. The sketch re-rank is tested in index-sketch.test.ts, the outliers in index-shadowkv.test.ts.
+const INDEX_ONLY = { kvdrive: { keySketch: false }, quest: {}, shadowkv: { outlierChunks: 0 } } as const satisfies Record<PolicyName, object>;
+
 const POLICIES: PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 const C = structuredCase({ tokens: 1500, kvHeads: 2, qHeads: 4, dim: 16, seed: 2, queries: 2 });
 
@@ -72,7 +76,7 @@ describe('index kernels', () => {
 
 describe('selection policies', () => {
   it.each(POLICIES)('%s: geometry, every chunk at a budget >= context, budget respected below', async (name) => {
-    const p = createPolicy(name, { qHeads: 4, kvHeads: 2, headDim: 16 });
+    const p = createPolicy(name, { ...INDEX_ONLY[name], qHeads: 4, kvHeads: 2, headDim: 16 });
     await p.build(kv(), C.tokens);
     const c = p.chunkSize;
     const q = C.queries[0]!;
@@ -110,7 +114,7 @@ describe('selection policies', () => {
   });
 
   it.each(POLICIES)('%s: lookahead pool ranks best first and contains the selection', async (name) => {
-    const p = createPolicy(name);
+    const p = createPolicy(name, INDEX_ONLY[name]);
     await p.build(kv(), C.tokens);
     const sel = p.select(C.queries[1]!, 128, { pool: 256 });
     for (let h = 0; h < 2; h++) {
@@ -130,7 +134,7 @@ describe('selection policies', () => {
   });
 
   it('shadowkv scores match q·chunk-mean (max over the group): top chunk is the argmax', async () => {
-    const p = createPolicy('shadowkv', { sinks: 0, local: 0 });
+    const p = createPolicy('shadowkv', { outlierChunks: 0, sinks: 0, local: 0 });
     await p.build(kv(), C.tokens);
     const sel = p.select(C.queries[0]!, 8, { pool: 8 });
     for (let h = 0; h < 2; h++) {
@@ -144,7 +148,7 @@ describe('selection policies', () => {
   });
 
   it('kvdrive: deterministic, CSR membership covers every indexed chunk exactly once, per segment', async () => {
-    const opts = { segmentTokens: 512, seed: 9 };
+    const opts = { keySketch: false, segmentTokens: 512, seed: 9 };
     const a = createPolicy('kvdrive', opts) as NativeSelectionPolicy;
     const b = createPolicy('kvdrive', opts) as NativeSelectionPolicy;
     await a.build(kv(), C.tokens);
@@ -173,7 +177,7 @@ describe('selection policies', () => {
   });
 
   it('extend seals chunks incrementally; a filled segment is re-clustered; selections stay complete', async () => {
-    const p = createPolicy('kvdrive', { segmentTokens: 256 }) as NativeSelectionPolicy;
+    const p = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256 }) as NativeSelectionPolicy;
     await p.build(kv(600), 600);
     const before = p.clusters(0);
     expect(before.at(-1)!.full).toBe(false); // 600 - 64 = 536 tokens: the third segment is partial
@@ -194,12 +198,12 @@ describe('selection policies', () => {
     expect(chunks).toBe(sel.tailStart / 4 - 1);
     expect(sel.offsets[1]).toBe(chunks);
     // The re-clustered segments equal a fresh build over the same tokens.
-    const fresh = createPolicy('kvdrive', { segmentTokens: 256 }) as NativeSelectionPolicy;
+    const fresh = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256 }) as NativeSelectionPolicy;
     await fresh.build(kv(), 900);
     expect(fresh.clusters(0).slice(0, 3)).toEqual(segs.slice(0, 3));
     // Quest / shadowkv extend too.
     for (const name of ['quest', 'shadowkv'] as const) {
-      const f = createPolicy(name);
+      const f = createPolicy(name, INDEX_ONLY[name]);
       await f.build(kv(300), 300);
       f.extend(kv(), 700);
       const s = f.select(C.queries[0]!, 10_000);
@@ -212,14 +216,14 @@ describe('selection policies', () => {
     const bits = f32ToBf16(C.keys);
     const widened = new Float32Array(new Uint32Array(Array.from(bits, (b) => b << 16)).buffer);
     for (const name of POLICIES) {
-      const a = createPolicy(name);
-      const b = createPolicy(name);
+      const a = createPolicy(name, INDEX_ONLY[name]);
+      const b = createPolicy(name, INDEX_ONLY[name]);
       await a.build({ ...kv(), data: bits, dtype: 'bf16' }, C.tokens);
       await b.build(kv(C.tokens, widened), C.tokens);
       expect(a.select(C.queries[0]!, 200)).toEqual(b.select(C.queries[0]!, 200));
     }
     const half = new Uint16Array(C.keys.length).fill(0x3c00); // f16 1.0
-    const p = createPolicy('kvdrive');
+    const p = createPolicy('kvdrive', { keySketch: false });
     await p.build({ ...kv(), data: half, dtype: 'f16' }, C.tokens);
     expect(chunkMeans({ ...kv(), data: half, dtype: 'f16' }, { start: 4, end: 12 })[0]).toBe(1);
   });
@@ -228,7 +232,7 @@ describe('selection policies', () => {
     const run = async (level: 'scalar' | 'avx2' | 'avx512' | 'best', k: KvTensor) => {
       indexKernelLevel(level);
       try {
-        const p = createPolicy('kvdrive', { segmentTokens: 512 }) as NativeSelectionPolicy;
+        const p = createPolicy('kvdrive', { keySketch: false, segmentTokens: 512 }) as NativeSelectionPolicy;
         await p.build(k, C.tokens);
         return { clusters: p.clusters(1), sel: p.select(C.queries[0]!, 300, { pool: 400 }) };
       } finally {
@@ -246,7 +250,7 @@ describe('selection policies', () => {
 
   it('index build of a layer runs off the JS thread (the event loop keeps turning)', async () => {
     const big = structuredCase({ tokens: 8192, kvHeads: 4, qHeads: 4, dim: 64, seed: 1, queries: 1 });
-    const p = createPolicy('kvdrive');
+    const p = createPolicy('kvdrive', { keySketch: false });
     let ticks = 0;
     const timer = setInterval(() => ticks++, 0);
     const done = p.build({ data: big.keys, dtype: 'f32', tokens: 8192, heads: 4, dim: 64 }, 8192);
@@ -271,7 +275,7 @@ describe('selection policies reject bad input with typed errors', () => {
   });
 
   it('build / extend', async () => {
-    const p = createPolicy('kvdrive', { kvHeads: 2, headDim: 16 });
+    const p = createPolicy('kvdrive', { keySketch: false, kvHeads: 2, headDim: 16 });
     await expectKvdError(() => p.select(C.queries[0]!, 10), 'E_CONFIG', /build\(\) to have completed first/);
     await expectKvdError(() => p.extend(kv(), 10), 'E_CONFIG', /build\(\) to have completed first/);
     await expectKvdError(() => p.build(kv(), C.tokens + 1), 'E_SHAPE', /at most k.tokens = 1500, got 1501/);
@@ -298,7 +302,7 @@ describe('selection policies reject bad input with typed errors', () => {
   });
 
   it('select', async () => {
-    const p = createPolicy('kvdrive', { qHeads: 4, headDim: 16 }) as NativeSelectionPolicy;
+    const p = createPolicy('kvdrive', { keySketch: false, qHeads: 4, headDim: 16 }) as NativeSelectionPolicy;
     await p.build(kv(), C.tokens);
     const q = C.queries[0]!;
     await expectKvdError(() => p.select(q, 0), 'E_BUDGET', /budget.*expected an integer >= 1, got 0/);
@@ -310,7 +314,7 @@ describe('selection policies reject bad input with typed errors', () => {
     nan[17] = NaN;
     await expectKvdError(() => p.select(nan, 64), 'E_NONFINITE', /select q: expected finite values, got NaN at element 17/);
     await expectKvdError(() => p.clusters(2), 'E_RANGE', /clusters head: expected an integer in \[0, 1\], got 2/);
-    const loose = createPolicy('shadowkv');
+    const loose = createPolicy('shadowkv', { outlierChunks: 0 });
     await loose.build(kv(), C.tokens);
     await expectKvdError(() => loose.select(q.subarray(0, 40), 64), 'E_SHAPE', /multiple of kvHeads 2 and dim 16, got 40/);
   });

@@ -2,6 +2,10 @@ import { describe, expect, it } from 'vitest';
 import { createPolicy, type PolicyName, type PolicyOptions, type Selection } from '../src/index.js';
 import { chunkOracleMass, denseGroupProbs, oracleMass, structuredCase, type StructuredCase } from './index-data.js';
 
+// Index-only selection (levels 1-2): kvdrive without its key sketch (tested in
+// index-sketch.test.ts), shadowkv without its outlier chunks (index-shadowkv.test.ts).
+const INDEX_ONLY: Record<PolicyName, PolicyOptions> = { kvdrive: { keySketch: false }, quest: {}, shadowkv: { outlierChunks: 0 } };
+
 // 8192 tokens, GQA 8/2, head dim 32, keys in topic runs; budget 256 tokens (3.1%) per kv head.
 const BUDGET = 256;
 const shape = { tokens: 8192, kvHeads: 2, qHeads: 8, dim: 32 };
@@ -25,7 +29,7 @@ function selectedMass(sel: Selection, h: number, p: Float64Array): number {
 }
 
 async function evaluate(c: StructuredCase, name: PolicyName, options: PolicyOptions = {}) {
-  const policy = createPolicy(name, options);
+  const policy = createPolicy(name, { ...INDEX_ONLY[name], ...options });
   await policy.build({ data: c.keys, dtype: 'f32', tokens: c.tokens, heads: c.kvHeads, dim: c.dim }, c.tokens);
   let got = 0;
   let tokenOracle = 0;

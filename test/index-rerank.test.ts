@@ -1,53 +1,24 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyOptions, type Selection } from '../src/index.js';
-import { generateSyntheticTrace } from '../src/trace/synthetic.js';
-import { layerKvWithNew } from '../src/trace/trace.js';
-import { prefixView, traceNeedles } from '../src/eval/replay.js';
-import { attendedMask, massRecall, oracleMask } from '../src/eval/metrics.js';
-import { attentionWeights } from '../src/attention/kernels.js';
+import { createPolicy, type PolicyOptions } from '../src/index.js';
+import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';
+import { traceReplay } from './trace-replay.js';
 
 // A small demo-like synthetic trace (planted needles, scattered salient tokens); budget 1.56%.
 const T = 8192;
 const STEPS = 4;
 const BUDGET = 128;
 const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };
-const trace = generateSyntheticTrace({ layers: 1, promptTokens: T, decodeSteps: STEPS, ...shape, dtype: 'f16', seed: 3 });
-const layer = await trace.layer(0);
-const { k } = layerKvWithNew(layer);
-const needles = await traceNeedles(trace);
-const qAt = (s: number) => layer.q.subarray(s * shape.qHeads * shape.headDim, (s + 1) * shape.qHeads * shape.headDim);
-
+const tr = await traceReplay({ T, steps: STEPS, budget: BUDGET, shape, seed: 3 });
+const { k, qAt } = tr;
 async function replay(options: PolicyOptions, keyed: boolean) {
-  const p = createPolicy('kvdrive', { ...options, ...shape, kvHeads: shape.kvHeads });
-  await p.build(prefixView(k, T), T);
-  let recall = 0;
-  let oracle = 0;
-  let found = 0;
-  let total = 0;
-  const sels: Selection[] = [];
-  for (let s = 0; s < STEPS; s++) {
-    const tokens = T + s + 1;
-    const kv = prefixView(k, tokens);
-    p.extend(kv, tokens);
-    const sel = p.select(qAt(s), BUDGET, keyed ? { keys: kv } : undefined);
-    sels.push(sel);
-    const w = attentionWeights({ q: qAt(s), qHeads: shape.qHeads, k: kv });
-    const mask = attendedMask(sel, shape.kvHeads);
-    recall += massRecall(w, mask, shape.qHeads, shape.kvHeads, tokens);
-    oracle += massRecall(w, oracleMask(w, shape.qHeads, shape.kvHeads, tokens, sel.sinkEnd, sel.tailStart, BUDGET), shape.qHeads, shape.kvHeads, tokens);
-    for (const n of needles) {
-      if (s < n.firstStep || s > n.lastStep) continue;
-      total++;
-      if (mask[n.kvHead * tokens + n.token]) found++;
-    }
-  }
-  return { recall: recall / oracle, found, total, sels, stats: p.lastSelectStats() };
+  const r = await tr.replay(options, keyed);
+  return { ...r, recall: r.ratio };
 }
 
 describe('kvdrive exact re-rank with the keys', () => {
   it('token-granular: finds every needle and beats index-only selection, close to the token oracle', async () => {
-    const plain = await replay({}, false);
+    const plain = await replay({ keySketch: false }, false);
     const keyed = await replay({}, true);
     console.log(`recall / oracle: index only ${plain.recall.toFixed(4)} (needles ${plain.found}/${plain.total}), ` +
       `keyed ${keyed.recall.toFixed(4)} (needles ${keyed.found}/${keyed.total})`);
@@ -76,7 +47,7 @@ describe('kvdrive exact re-rank with the keys', () => {
     const chunks = await replay({ tokenGranular: false }, true);
     for (const sel of chunks.sels) expect(sel.chunkSize).toBe(4);
     const off = await replay({ rerankFactor: 0 }, true);
-    const plain = await replay({}, false);
+    const plain = await replay({ keySketch: false }, false);
     for (let s = 0; s < STEPS; s++) {
       expect(off.sels[s]!.chunkSize).toBe(4);
       expect(Array.from(off.sels[s]!.chunkIds)).toEqual(Array.from(plain.sels[s]!.chunkIds));

@@ -17,6 +17,7 @@ import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
 import { parseBytes } from '../cache/window-solver.js';
 import { renderRuntimeDemo, runRuntimeDemo, type RuntimeDemoResult } from './demo-runtime.js';
+import { runParetoDemo } from './demo-pareto.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
@@ -32,7 +33,8 @@ export const DEMO_DEFAULTS = {
   headDim: 128,
   dtype: 'f16' as const,
   seed: 1,
-  threads: 1,
+  /** Both cores of the reference machine, for dense attention and for every policy alike. */
+  threads: 2,
 };
 
 interface DemoCliOptions {
@@ -57,6 +59,8 @@ interface DemoCliOptions {
   tiersOnly?: boolean;
   /** With --storage: hot-tier window in front of the DRAM tier (0 = none). */
   hotWindows: number;
+  /** --pareto: time against recall / oracle per policy at budgets 512..4096 (demo-pareto.ts). */
+  pareto?: boolean;
 }
 
 /** The runtime's row: its selection (index only) measured by the eval, its time from the tiered run. */
@@ -111,7 +115,7 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string
     ]);
   }
   const notes = [
-    `dense: exact attention over the whole context with ${o.threads} thread(s); policies: selection + exact attention over the selected tokens, 1 thread.`,
+    `dense: exact attention over the whole context; policies: selection + exact attention over the selected tokens; ${o.threads} thread(s) for both.`,
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens;`,
     `oracle: the same for the exact top-${o.budget} tokens (the best any selection can do). needles: planted far-back tokens a retrieval head must find.`,
     ...(rt
@@ -131,7 +135,7 @@ export function register(program: Command): void {
     .option('--budget <tokens>', 'tokens per kv head beside sinks and local window', integerOption('--budget', 1, 2 ** 31 - 1, 'E_BUDGET'), DEMO_DEFAULTS.budget)
     .option('--dtype <dtype>', 'KV storage dtype: f32, f16, bf16', choiceOption('--dtype', ['f32', 'f16', 'bf16'] as const, 'E_DTYPE'), DEMO_DEFAULTS.dtype)
     .option('--seed <n>', 'trace seed', integerOption('--seed', 0, 2 ** 32 - 1), DEMO_DEFAULTS.seed)
-    .option('--threads <n>', 'threads for dense attention', integerOption('--threads', 1, 8), DEMO_DEFAULTS.threads)
+    .option('--threads <n>', 'threads for dense attention, selection and sparse attention', integerOption('--threads', 1, 8), DEMO_DEFAULTS.threads)
     .option('--policy <names>', 'policies to compare (comma-separated)', choiceListOption('--policy', POLICIES, 'E_POLICY'), [...POLICIES])
     .option('--json', 'print one JSON object instead of the table')
     .option('--batch <n>', 'decode a batch of n sequences with the runtime and show the per-stage time breakdown', integerOption('--batch', 1, 64))
@@ -141,7 +145,9 @@ export function register(program: Command): void {
     .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
     .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
     .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
+    .option('--pareto', 'time per layer-step beside recall / oracle for every policy at budgets 512, 1024, 2048, 4096')
     .action(async (o: DemoCliOptions, cmd: Command) => {
+      if (o.pareto) return runParetoDemo(o);
       if (o.batch !== undefined) {
         // The batch runtime holds f32 KV for every sequence in DRAM: a shorter default context.
         const context = cmd.getOptionValueSource('context') === 'default' ? 8192 : o.context;

@@ -66,7 +66,7 @@ export function register(program: Command): void {
     .requiredOption('--trace <file>', 'trace file (safetensors, DESIGN.md §7)')
     .option('--policy <names>', 'kvdrive, quest, shadowkv, or a comma-separated list', choiceListOption('--policy', POLICIES, 'E_POLICY'), ['kvdrive'])
     .option('--budget <tokens>', 'tokens attended per kv head beside sinks and local window', integerOption('--budget', 1, 2 ** 31 - 1, 'E_BUDGET'), 2048)
-    .option('--threads <n>', 'threads for the dense reference', integerOption('--threads', 1, 8), 2)
+    .option('--threads <n>', 'threads for the dense reference, selection and sparse attention', integerOption('--threads', 1, 8), 2)
     .option('--json', 'print one JSON object instead of tables')
     .option('--offloaded', 'select as the offloaded runtime does: from the index alone, without the full keys')
     .action(async (o: EvalCliOptions) => {

@@ -69,7 +69,10 @@ export interface ReplayOptions {
   budget: number;
   policyOptions?: Partial<PolicyOptions>;
   needles?: Needle[];
-  /** Threads for dense attention (the reference); selection and sparse attention use one. */
+  /**
+   * Threads (of the addon's pool) for dense attention (the reference), and for every policy's
+   * selection and sparse attention, so both sides of the comparison use the same cores (default 1).
+   */
   denseThreads?: number;
   /** Called after each step (progress). */
   onStep?: (layer: number, step: number) => void;
@@ -112,7 +115,7 @@ export async function replayLayer(
 
   const runs = [];
   for (const name of opts.policies) {
-    const policy = createPolicy(name, { ...opts.policyOptions, qHeads, kvHeads, headDim: dim });
+    const policy = createPolicy(name, { threads: opts.denseThreads ?? 1, ...opts.policyOptions, qHeads, kvHeads, headDim: dim });
     const t0 = performance.now();
     await policy.build(prefixView(k, T), T);
     const result: LayerResult = {
@@ -141,7 +144,7 @@ export async function replayLayer(
       const sel: Selection = run.policy.select(q, opts.budget, opts.offloaded ? undefined : { keys: kView });
       const selectMs = performance.now() - ts;
       const ta = performance.now();
-      const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel });
+      const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel, threads: opts.denseThreads });
       const attendMs = performance.now() - ta;
 
       const mask = attendedMask(sel, kvHeads);

@@ -83,8 +83,35 @@ export interface PolicyOptions {
    * strong keys are scattered.
    */
   tokenGranular?: boolean;
-  /** kvdrive only: threads the index build of a layer splits kv heads over (1 or 2, default 2). */
+  /**
+   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 codes with
+   * per-channel and per-token scales, headDim + 4 bytes per token and kv head (132 B at head dim
+   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` then
+   * re-ranks its candidates on the sketch (approximate q·k) — the level-3 re-rank where the keys
+   * are offloaded — and, with tokenGranular, returns single tokens (chunkSize 1) as the keyed
+   * select does. On the demo workload keyless select with the sketch has the keyed select's
+   * recall / oracle (bench/pareto.md). Off by default so that keyless callers built on chunk
+   * selections keep getting them.
+   */
+  keySketch?: boolean;
+  /**
+   * kvdrive only: re-rank with the key sketch even when select() is given the keys (default
+   * false; implies keySketch). The sketch is contiguous per head and half the bytes of f16 keys,
+   * so the re-rank reads less; its scores are approximate.
+   */
+  preferSketch?: boolean;
+  /**
+   * Worker threads (of the addon's thread pool) that the index build and every select split the
+   * kv heads over (1 to 8, default 2; every policy).
+   */
   threads?: number;
+  /**
+   * shadowkv only: static outlier chunks (default 48, the ShadowKV paper's configuration; >= 0):
+   * the chunks whose keys have the lowest cosine similarity to their chunk mean (landmark), which
+   * a landmark score misjudges. They are selected first whatever the query, within the budget and
+   * at most a quarter of its chunks (48 of 256 at budget 2048); landmark scores fill the rest.
+   */
+  outlierChunks?: number;
   /** Query heads; when given, select() checks q.length === qHeads * headDim. */
   qHeads?: number;
   /** KV heads; when given, build() checks k.heads against it. */
@@ -108,6 +135,9 @@ export interface ResolvedPolicyOptions {
   radiusWeight: number;
   outlierFraction: number;
   tokenGranular: boolean;
+  keySketch: boolean;
+  preferSketch: boolean;
+  outlierChunks: number;
   threads: number;
   qHeads?: number;
   kvHeads?: number;
@@ -115,7 +145,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'threads'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -134,7 +164,10 @@ const schema = z
     radiusWeight: z.number().min(0).max(1000).optional(),
     outlierFraction: z.number().min(0).max(1).optional(),
     tokenGranular: z.boolean().optional(),
-    threads: int(1, 2).optional(),
+    keySketch: z.boolean().optional(),
+    preferSketch: z.boolean().optional(),
+    outlierChunks: int(0, 1 << 20).optional(),
+    threads: int(1, 8).optional(),
     qHeads: int(1, 4096).optional(),
     kvHeads: int(1, 4096).optional(),
     headDim: int(1, 65536).optional(),
@@ -155,7 +188,10 @@ const EXPECTED: Record<string, string> = {
   radiusWeight: 'a number in [0, 1000]',
   outlierFraction: 'a number in [0, 1]',
   tokenGranular: 'a boolean',
-  threads: 'the integer 1 or 2',
+  keySketch: 'a boolean',
+  preferSketch: 'a boolean',
+  outlierChunks: 'an integer in [0, 2^20]',
+  threads: 'an integer in [1, 8]',
   qHeads: 'an integer in [1, 4096]',
   kvHeads: 'an integer in [1, 4096]',
   headDim: 'an integer in [1, 65536]',
@@ -182,6 +218,10 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     if (stray.length > 0)
       throw new KvdriveError('E_CONFIG', `${what}: expected no kvdrive-only options (${KVDRIVE_ONLY.join(', ')}) for policy '${policy}', got ${stray.join(', ')}`);
   }
+  if (policy !== 'shadowkv' && o.outlierChunks !== undefined)
+    throw new KvdriveError('E_CONFIG', `${what}: expected no shadowkv-only options (outlierChunks) for policy '${policy}', got outlierChunks`);
+  if (o.preferSketch === true && o.keySketch === false)
+    throw new KvdriveError('E_CONFIG', `${what}.preferSketch: expected keySketch not false (preferSketch re-ranks on the sketch), got keySketch false`);
   const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
   const segmentTokens = o.segmentTokens ?? 4096;
   if (policy === 'kvdrive' && segmentTokens % chunkSize !== 0)
@@ -202,6 +242,9 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
+    keySketch: o.keySketch ?? o.preferSketch ?? false,
+    preferSketch: o.preferSketch ?? false,
+    outlierChunks: o.outlierChunks ?? 48,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
     kvHeads: o.kvHeads,

@@ -320,12 +320,17 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     const dtype = o.dtype ?? 'f32';
     const cs = resolved.chunkSize;
     const sealTokens = o.sealTokens ?? Math.ceil(1024 / cs) * cs;
+    // The memory model selects without the full keys (they are sealed away), so kvdrive keeps its
+    // key sketch unless told otherwise: the exact re-rank then runs on it (DESIGN.md §3).
+    const memPolicyOptions: PolicyOptions =
+      policy === 'kvdrive' && policyOptions.keySketch === undefined ? { ...policyOptions, keySketch: true } : policyOptions;
+    const memPolicyInput = { ...memPolicyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim };
     const memory = await MemoryRuntime.open({
       shape,
       dtype,
       policy,
-      policyOptions: resolved,
-      policyInput: { ...policyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim },
+      policyOptions: resolvePolicyOptions(policy, memPolicyInput),
+      policyInput: memPolicyInput,
       budget: o.budget,
       maxSequences,
       maxTokens,

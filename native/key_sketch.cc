@@ -1,0 +1,247 @@
+// Key sketch quantization and scoring (key_sketch.h). The scoring kernel has AVX-512BW, AVX2 and
+// scalar bodies; all compute the same exact int32 dot products.
+#include "key_sketch.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "dtype.h"
+#include "index.h"
+
+namespace kvd {
+namespace {
+
+bool HasF16c() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+// f16 -> f32 with F16C, 8 values per instruction (exact, like F16ToF32).
+__attribute__((target("avx,f16c"))) void WidenF16(const uint16_t* r, int dim, float* out) {
+  int d = 0;
+  for (; d + 8 <= dim; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d))));
+  for (; d < dim; ++d) out[d] = F16ToF32(r[d]);
+}
+
+// Widens row t of kv head h to f32 (one dtype branch per row).
+void LoadRow(const KvView& kv, int h, int64_t t, float* out) {
+  const void* row = kv.Row(t, h);
+  switch (kv.dtype) {
+    case Dtype::F32: std::memcpy(out, row, size_t(kv.dim) * 4); break;
+    case Dtype::F16: {
+      const uint16_t* r = static_cast<const uint16_t*>(row);
+      if (HasF16c()) {
+        WidenF16(r, kv.dim, out);
+        break;
+      }
+      for (int d = 0; d < kv.dim; ++d) out[d] = F16ToF32(r[d]);
+      break;
+    }
+    case Dtype::BF16: {
+      const uint16_t* r = static_cast<const uint16_t*>(row);
+      for (int d = 0; d < kv.dim; ++d) out[d] = Bf16ToF32(r[d]);
+      break;
+    }
+  }
+}
+
+// Round to nearest even for |x| < 2^22 without a libm call per element (no -ffast-math here, so
+// the compiler keeps the two operations).
+inline float RoundNearest(float x) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  return x >= 0.f ? (x + kMagic) - kMagic : -((-x + kMagic) - kMagic);
+}
+
+// invC: 1 / channel scale.
+void QuantizeRow(const float* k, const float* invC, int dim, int8_t* codes, float* scale) {
+  float m = 0.f;
+  bool finite = true;
+  for (int d = 0; d < dim; ++d) {
+    finite &= std::isfinite(k[d]);
+    m = std::max(m, std::fabs(k[d] * invC[d]));
+  }
+  if (!finite) {  // scored as NaN: the re-rank reports the token (E_NONFINITE)
+    std::fill(codes, codes + dim, int8_t(0));
+    *scale = NAN;
+    return;
+  }
+  const float s = m / 127.f;
+  *scale = s;
+  if (s == 0.f) {
+    std::fill(codes, codes + dim, int8_t(0));
+    return;
+  }
+  const float inv = 1.f / s;
+  for (int d = 0; d < dim; ++d) {
+    const float x = RoundNearest(k[d] * invC[d] * inv);
+    codes[d] = int8_t(std::max(-127.f, std::min(127.f, x)));
+  }
+}
+
+// Largest |q16| such that dim * |q16| * 127 fits in int32 (capped at int16).
+int QueryLevels(int dim) {
+  const int64_t lv = int64_t(INT32_MAX) / (int64_t(dim) * 127);
+  return int(std::max<int64_t>(1, std::min<int64_t>(32767, lv)));
+}
+
+void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, const int64_t* tokens, size_t n,
+                 int32_t* dots, size_t ld) {
+  for (size_t i = 0; i < n; ++i) {
+    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);
+    for (int j = 0; j < group; ++j) {
+      const int16_t* qj = q + size_t(j) * dim;
+      int32_t acc = 0;
+      for (int d = 0; d < dim; ++d) acc += int32_t(qj[d]) * int32_t(r[d]);
+      dots[size_t(j) * ld + i] = acc;
+    }
+  }
+}
+
+constexpr size_t kAhead = 8;  // rows prefetched ahead (gathered rows are not consecutive)
+
+__attribute__((target("avx2"))) int32_t Hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One body for both vector levels (a macro, so each level's intrinsics sit in its own target
+// function): each row's codes are widened to int16 once and multiplied into four query heads'
+// int32 accumulators (madd: pairs of int16 products), then reduced; a dim tail runs scalar.
+// W: int16 lanes per vector; VEC / ZERO / LOADC (W codes widened) / LOADQ / MADD_ADD / HSUM.
+#define KVD_SKETCH_SCORE_BODY(W, VEC, ZERO, LOADC, LOADQ, MADD_ADD, HSUM)                       \
+  const int full = dim / (W) * (W);                                                            \
+  for (size_t i = 0; i < n; ++i) {                                                             \
+    if (i + kAhead < n) {                                                                      \
+      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * size_t(dim)); \
+      for (int b = 0; b < dim; b += 64) __builtin_prefetch(p + b);                             \
+    }                                                                                          \
+    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);                                 \
+    for (int j0 = 0; j0 < group; j0 += 4) {                                                    \
+      const int nj = std::min(4, group - j0);                                                  \
+      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                   \
+      for (int d = 0; d < full; d += (W)) {                                                    \
+        const VEC c = LOADC(r + d);                                                            \
+        for (int t = 0; t < nj; ++t) acc[t] = MADD_ADD(acc[t], c, LOADQ(q + size_t(j0 + t) * dim + d)); \
+      }                                                                                        \
+      for (int t = 0; t < nj; ++t) {                                                           \
+        int32_t s = HSUM(acc[t]);                                                              \
+        const int16_t* qj = q + size_t(j0 + t) * dim;                                          \
+        for (int d = full; d < dim; ++d) s += int32_t(qj[d]) * int32_t(r[d]);                  \
+        dots[size_t(j0 + t) * ld + i] = s;                                                     \
+      }                                                                                        \
+    }                                                                                          \
+  }
+
+#define KVD_LOADC2(p) _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define KVD_LOADQ2(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+#define KVD_MADD2(a, c, qv) _mm256_add_epi32(a, _mm256_madd_epi16(c, qv))
+__attribute__((target("avx2"))) void ScoreAvx2(const int16_t* q, int group, int dim, const int8_t* codes,
+                                               const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  KVD_SKETCH_SCORE_BODY(16, __m256i, _mm256_setzero_si256(), KVD_LOADC2, KVD_LOADQ2, KVD_MADD2, Hsum8)
+}
+
+#define KVD_LOADC5(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
+#define KVD_LOADQ5(p) _mm512_loadu_si512(p)
+#define KVD_MADD5(a, c, qv) _mm512_add_epi32(a, _mm512_madd_epi16(c, qv))
+__attribute__((target("avx512f,avx512bw"))) void ScoreAvx512(const int16_t* q, int group, int dim, const int8_t* codes,
+                                                             const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  KVD_SKETCH_SCORE_BODY(32, __m512i, _mm512_setzero_si512(), KVD_LOADC5, KVD_LOADQ5, KVD_MADD5, _mm512_reduce_add_epi32)
+}
+
+bool HasAvx512Bw() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return ok;
+}
+
+}  // namespace
+
+void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s) {
+  const int dim = kv.dim;
+  s.dim = dim;
+  s.channelScale.assign(size_t(dim), 0.f);
+  std::vector<float> row(static_cast<size_t>(dim), 0.f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    LoadRow(kv, h, t, row.data());
+    for (int d = 0; d < dim; ++d)
+      if (std::isfinite(row[d])) s.channelScale[d] = std::max(s.channelScale[d], std::fabs(row[d]));
+  }
+  for (float& c : s.channelScale)
+    if (!(c > 0.f)) c = 1.f;
+  s.calibratedAt = tokens;
+  s.codes.clear();
+  s.rowScale.clear();
+  // Room for the context to double before extend() reallocates (growing by one row would otherwise
+  // copy the whole sketch on the first decode step). Reserved pages are not touched until written:
+  // address space, not memory.
+  const size_t room = size_t(2 * tokens + 4096);
+  s.codes.reserve(room * size_t(dim));
+  s.rowScale.reserve(room);
+  AppendSketch(kv, h, tokens, s);
+}
+
+void AppendSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s, int64_t first) {
+  const int64_t t0 = s.tokens();
+  if (tokens <= t0) return;
+  const int dim = s.dim;
+  s.codes.resize(size_t(tokens) * size_t(dim));
+  s.rowScale.resize(size_t(tokens));
+  std::vector<float> row(static_cast<size_t>(dim), 0.f), invC(static_cast<size_t>(dim), 0.f);
+  for (int d = 0; d < dim; ++d) invC[d] = 1.f / s.channelScale[d];
+  for (int64_t t = t0; t < tokens; ++t) {
+    LoadRow(kv, h, t - first, row.data());  // kv holds tokens [first, first + kv.tokens), first <= t0
+    QuantizeRow(row.data(), invC.data(), dim, s.codes.data() + size_t(t) * size_t(dim), &s.rowScale[size_t(t)]);
+  }
+}
+
+void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQuery& out) {
+  const int dim = s.dim;
+  const float levels = float(QueryLevels(dim));
+  out.q.resize(size_t(group) * size_t(dim));
+  out.scale.resize(size_t(group));
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + size_t(j) * dim;
+    float m = 0.f;
+    for (int d = 0; d < dim; ++d) m = std::max(m, std::fabs(qj[d] * s.channelScale[d]));
+    const float qs = m > 0.f ? m / levels : 1.f;
+    const float inv = 1.f / qs;
+    out.scale[j] = qs;
+    for (int d = 0; d < dim; ++d) {
+      const float x = std::nearbyint(qj[d] * s.channelScale[d] * inv);
+      out.q[size_t(j) * dim + d] = int16_t(std::max(-levels, std::min(levels, x)));
+    }
+  }
+}
+
+void ScoreSketchRows(const SketchQuery& q, int group, const KeySketch& s, const int64_t* tokens, size_t n, float* out,
+                     size_t ld) {
+  // Integer dots land in `out` reinterpreted, then become floats in place.
+  int32_t* dots = reinterpret_cast<int32_t*>(out);
+  const SimdLevel level = IndexKernelLevel();
+  if (level == SimdLevel::Avx512 && HasAvx512Bw()) ScoreAvx512(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  else if (level != SimdLevel::Scalar) ScoreAvx2(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  else ScoreScalar(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  for (int j = 0; j < group; ++j) {
+    const float qs = q.scale[j];
+    for (size_t i = 0; i < n; ++i) {
+      float* o = out + size_t(j) * ld + i;
+      int32_t v;
+      std::memcpy(&v, o, 4);
+      *o = float(v) * (qs * s.rowScale[size_t(tokens[i])]);
+    }
+  }
+}
+
+}  // namespace kvd

@@ -1,0 +1,81 @@
+// kvdrive's key sketch (native/key_sketch.h): select() without the keys re-ranks on int8 codes
+// kept by the policy. It must keep the keyed select's recall on a demo-like trace, pick exactly
+// the keyless selection when told to prefer it over given keys, select the same tokens at every
+// SIMD level and thread count, cost dim + 4 bytes per token and kv head, and still report NaN keys.
+import { describe, expect, it } from 'vitest';
+import { createPolicy, type PolicyOptions, type Selection } from '../src/index.js';
+import { indexKernelLevel } from '../src/index/kernels.js';
+import { prefixView } from '../src/eval/replay.js';
+import { expectKvdError } from './helpers.js';
+import { traceReplay } from './trace-replay.js';
+
+// Seed 11: no default was tuned on it (the demo uses 1; bench/index-tune.ts tuned on 1, 2, 3).
+const T = 8192;
+const STEPS = 3;
+const BUDGET = 128;
+const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };
+const tr = await traceReplay({ T, steps: STEPS, budget: BUDGET, shape, seed: 11 });
+const { k, qAt } = tr;
+const replay = (options: PolicyOptions, keyed: boolean) => tr.replay({ keySketch: true, ...options }, keyed);
+
+const ids = (sels: Selection[]) => sels.map((s) => Array.from(s.chunkIds));
+
+describe('kvdrive key sketch', () => {
+  it('keyless select with the sketch keeps the keyed recall and needles', async () => {
+    const keyed = await replay({}, true);
+    const sketch = await replay({}, false);
+    const none = await replay({ keySketch: false }, false);
+    console.log(`recall / oracle (seed 11): keyed ${keyed.ratio.toFixed(4)} (needles ${keyed.found}/${keyed.total}), keyless sketch ${sketch.ratio.toFixed(4)} (${sketch.found}/${sketch.total}), ` +
+      `keyless without sketch ${none.ratio.toFixed(4)}`);
+    expect(sketch.total).toBeGreaterThan(0);
+    expect(sketch.found).toBeGreaterThanOrEqual(keyed.found);
+    expect(sketch.ratio).toBeGreaterThan(none.ratio);
+    expect(sketch.ratio).toBeGreaterThanOrEqual(keyed.ratio - 0.01);
+    // The issue's bar on a held-out seed: measured 0.9775 (keyed 0.9775, 3 of 4 needles both).
+    expect(sketch.ratio).toBeGreaterThanOrEqual(0.97);
+    for (const sel of sketch.sels) expect(sel.chunkSize).toBe(1);
+    // Sketch rows are counted as read: dim + 4 bytes each, fewer than f16 key rows (2 * dim).
+    expect(sketch.stats.bytesScored).toBeLessThan(keyed.stats.bytesScored);
+    // dim + 4 bytes per token and kv head, plus the per-channel scales.
+    const tokens = T + STEPS;
+    expect(sketch.bytes - none.bytes).toBe(shape.kvHeads * (tokens * (shape.headDim + 4) + shape.headDim * 4));
+  });
+
+  it('preferSketch with the keys is the keyless selection', async () => {
+    const keyless = await replay({}, false);
+    const preferred = await replay({ preferSketch: true }, true);
+    expect(ids(preferred.sels)).toEqual(ids(keyless.sels));
+  });
+
+  it('selects the same tokens at every SIMD level and thread count', async () => {
+    const best = indexKernelLevel('best');
+    const want = ids((await replay({ threads: 1 }, false)).sels);
+    for (const level of ['scalar', 'avx2', 'avx512'] as const) {
+      indexKernelLevel(level);
+      expect(ids((await replay({ threads: 2 }, false)).sels)).toEqual(want);
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('a host that starts at position 0 gets a sketch as its context grows', () => {
+    const p = createPolicy('kvdrive', { keySketch: true, ...shape });
+    p.buildSync(prefixView(k, 0), 0);
+    for (let t = 1; t <= 600; t++) p.extend(prefixView(k, t), t);
+    const sel = p.select(qAt(0), 32);
+    expect(sel.chunkSize).toBe(1);
+    for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(32);
+  });
+
+  it('a NaN key is reported by the keyless re-rank (E_NONFINITE, naming the token)', async () => {
+    const data = Uint16Array.from(prefixView(k, 2048).data as Uint16Array);
+    data[2040 * shape.kvHeads * shape.headDim] = 0x7e00; // f16 NaN in the tail, kv head 0
+    const bad = { ...prefixView(k, 2048), data };
+    const p = createPolicy('kvdrive', { keySketch: true, ...shape });
+    await p.build(bad, 2048);
+    expectKvdError(() => p.select(qAt(0), 64), 'E_NONFINITE', /kv head 0, token 2040/);
+    expectKvdError(() => createPolicy('kvdrive', { keySketch: 1 as never }), 'E_CONFIG', /keySketch: expected a boolean, got 1/);
+    expectKvdError(() => createPolicy('quest', { preferSketch: true }), 'E_CONFIG', /kvdrive-only/);
+    expectKvdError(() => createPolicy('kvdrive', { preferSketch: true, keySketch: false }), 'E_CONFIG', /preferSketch: expected keySketch not false/);
+  });
+});
