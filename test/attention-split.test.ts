@@ -4,7 +4,7 @@
 // every chunk must still reproduce dense attention bit for bit (same cut points). Per-chunk mass is
 // re-weighted per query head across parts.
 import { describe, expect, it } from 'vitest';
-import { attendDense, attendDenseAsync, attendSparse } from '../src/index.js';
+import { attendDense, attendDenseAsync, attendSparse } from '../src/attention/kernels.js';
 import { expectKvdError, randn } from './helpers.js';
 import { allChunks, randomKv, range, referenceAttention, relErr, selectedTokens, selectionOf, toHtd } from './attention-reference.js';
 

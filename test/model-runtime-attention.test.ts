@@ -25,10 +25,10 @@ const tmp = () => {
 };
 
 /**
- * DRAM budgets leaving the DRAM tier about a third of the model's KV (5 layers x 512 tokens x 256 B):
+ * DRAM budgets leaving the DRAM tier about a third of the KV the run seals (5 layers x 200 tokens x 256 B):
  * the fixed parts (tails, index reserve, fetch buffers — four in flight when pipelined) come first.
  */
-const SMALL = { sequential: 700_000, pipelined: 1_500_000 };
+const SMALL = { sequential: 800_000, pipelined: 1_585_000 };
 
 function stories() {
   const fx = fixturesDir();
@@ -51,7 +51,7 @@ describe('generate through the runtime', () => {
         expect(r.text, `${mode} ${storage ? 'dram+ssd' : 'dram'}`).toBe(dense.text);
         const m = (await backend.stats())!.memory!;
         expect(m.sealedTokens).toBeGreaterThan(0);
-        if (storage) expect(m.traffic.ssdChunks).toBeGreaterThan(0);
+        if (storage) expect(m.traffic.ssdChunks, `${mode}: chunks read from SSD`).toBeGreaterThan(0);
         await backend.close();
       }
   });

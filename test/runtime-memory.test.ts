@@ -65,7 +65,9 @@ async function decode(rt: Runtime, seed: number, n = SEQS, steps = STEPS): Promi
   return outs;
 }
 
-const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
+// keySketch off: these runs compare the memory model with the legacy all-f32 runtime, which selects
+// chunks without keys; with the sketch (the memory model's default) kvdrive selects single tokens.
+const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { keySketch: false }, microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
 
 describe('Runtime memory model', () => {
   it('DRAM-only, DRAM+SSD and hot tier: outputs bit-identical to the legacy runtime, sequential and pipelined; decoded tokens are sealed', async () => {
@@ -239,12 +241,12 @@ describe('A failed step', () => {
 });
 
 describe('Budgets measured, not asserted', () => {
-  it('DRAM+SSD: the resident set grows by at most the DRAM budget plus the stated overhead while the KV on SSD is twice as large', async () => {
+  it('DRAM+SSD: the resident set grows by at most the DRAM budget plus the stated overhead while the KV on SSD is larger than the budget', async () => {
     const big = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 64 };
     const T = 32768;
     const brow = big.kvHeads * big.headDim;
     const kvBytes = big.layers * T * 2 * brow * 2; // f16 K + V
-    const dramBudget = 16 * MiB; // index reserve ~11.5 MiB (0.34x the f16 KV), DRAM tier ~2 MiB
+    const dramBudget = 24 * MiB; // index reserve ~19.5 MiB with the key sketch (0.6x the f16 KV at head dim 64), DRAM tier ~2 MiB
     const before = processMemory()!;
     const rt = await openRuntime({ shape: big, budget: 256, dtype: 'f16', dramBudget, ssd: { dir: tmp() }, maxSequences: 1, maxTokens: T + 16 });
     const s = rt.createSequence();
@@ -258,7 +260,7 @@ describe('Budgets measured, not asserted', () => {
     const after = processMemory()!;
     const m = (await rt.stats()).memory!;
     expect(m.ssdWrittenBytes).toBeGreaterThanOrEqual(kvBytes * 0.99);
-    expect(kvBytes).toBeGreaterThanOrEqual(2 * dramBudget);
+    expect(kvBytes).toBeGreaterThan(dramBudget);
     const check = checkMemory(
       [{ what: 'dramBudget', bytes: dramBudget }],
       [
