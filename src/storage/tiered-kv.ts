@@ -17,7 +17,8 @@ import type { Selection } from '../index/selection.js';
 import { native } from '../native.js';
 import type { DramStore } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
-import type { SsdStore, StoreShape } from './ssd-store.js';
+import { chunkBytesOf, storeShapeSchema, type SsdStore, type StoreShape } from './ssd-store.js';
+import { expectArray, expectInt, expectObject } from '../util/check.js';
 
 /** Options of a {@link TieredKv}. */
 export interface TieredKvOptions {
@@ -116,6 +117,10 @@ interface Prefetch {
 
 /** K and V rows of entry `i` of a fetch buffer, as typed views (f32: Float32Array, else Uint16Array). */
 export function chunkRows(buf: Uint8Array, i: number, shape: StoreShape): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array } {
+  expectArray(buf, Uint8Array, 'chunkRows buf');
+  shape = parseOptions(storeShapeSchema, shape, 'chunkRows shape');
+  const cb = chunkBytesOf(shape);
+  expectInt(i, 'chunkRows entry', 0, Math.floor(buf.length / cb) - 1);
   const n = shape.chunkSize * shape.headDim;
   const es = shape.dtype === 'f32' ? 4 : 2;
   const base = buf.byteOffset + i * 2 * n * es;
@@ -182,6 +187,7 @@ export class TieredKv {
 
   /** Builds a fetch request from a Selection of one layer (chunk sizes must match the store). */
   static requestFromSelection(sel: Selection, layer: number, scores?: Float32Array): FetchRequest {
+    expectObject(sel, 'requestFromSelection selection');
     return { layer, offsets: sel.offsets, chunkIds: sel.chunkIds, scores, chunkSize: sel.chunkSize };
   }
 
