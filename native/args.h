@@ -25,6 +25,10 @@ inline std::string Num(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
   char buf[32];
+  if (v == std::floor(v) && std::fabs(v) < 1e18) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "%.17g", v);
   std::string s = buf;
   // Prefer the shortest form that round-trips (0.1, not 0.10000000000000001).
@@ -285,8 +289,8 @@ inline KvView GetKvView(const Napi::Value& v, const std::string& what) {
     kv.array = a.object;
   }
   if (overflow || uint64_t(length) != want)
-    Throw("E_SHAPE", what + ".data (tokens*heads*dim): expected " + std::to_string(kv.tokens) + "*" + std::to_string(kv.heads) +
-                         "*" + std::to_string(kv.dim) + " = " + (overflow ? std::string("more than 2^64") : std::to_string(want)) +
+    Throw("E_SHAPE", what + ".data (tokens*heads*dim = " + std::to_string(kv.tokens) + "*" + std::to_string(kv.heads) + "*" +
+                         std::to_string(kv.dim) + "): expected " + (overflow ? std::string("more than 2^64") : std::to_string(want)) +
                          " elements, got " + std::to_string(length));
   Napi::Value layout = o.Get("layout");
   if (!layout.IsUndefined() && !layout.IsString()) Throw("E_CONFIG", what + ".layout: expected 'thd' or 'htd', got a non-string");

@@ -329,6 +329,8 @@ interface SsdInput {
   /** Segment edits; `reseal` recomputes the index and footer checksums afterwards. */
   segment?: { ops: ByteOp[]; target: 'footer' | 'index' | 'any'; reseal: boolean };
   reads: { layer: number; head: number; ids: number[] }[];
+  /** I/O engine the store reads through (a small pool keeps each input cheap). */
+  engine: 'pread' | 'auto';
 }
 
 const ssdBase = (ctx: FuzzContext) =>
@@ -368,7 +370,7 @@ function reseal(b: Uint8Array): void {
 export const ssdTarget = defineTarget<SsdInput>({
   name: 'ssd-store',
   input(g) {
-    const x: SsdInput = { reads: [] };
+    const x: SsdInput = { reads: [], engine: g.bool(0.8) ? 'pread' : 'auto' };
     const k = g.int(0, 3);
     if (k === 0) x.manifest = jsonOps(g, MANIFEST_SKELETON);
     else {
@@ -400,7 +402,7 @@ export const ssdTarget = defineTarget<SsdInput>({
       }
       writeFileSync(join(dir, f), b);
     }
-    const s = await SsdStore.open({ dir, create: false });
+    const s = await SsdStore.open({ dir, create: false, kind: x.engine, threads: 1, queueDepth: 4 });
     try {
       for (const r of x.reads) if (s.has('s0')) await s.readChunks('s0', r.layer, r.head, r.ids);
     } finally {

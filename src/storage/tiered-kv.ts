@@ -200,17 +200,9 @@ export class TieredKv {
     const cs = req.chunkSize;
     if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'fetch request chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
     if (!Number.isInteger(req.layer) || req.layer < 0 || req.layer >= s.layers) fail('E_RANGE', 'fetch request layer', `an integer in [0, ${s.layers})`, req.layer);
-    if (!(req.offsets instanceof Int32Array) || req.offsets.length !== s.kvHeads + 1)
-      fail('E_SHAPE', 'fetch request offsets', `an Int32Array of kvHeads + 1 = ${s.kvHeads + 1} entries`, req.offsets);
-    if (!(req.chunkIds instanceof Int32Array)) fail('E_TYPE', 'fetch request chunkIds', 'an Int32Array', req.chunkIds);
-    const off = req.offsets;
-    if (off[0] !== 0 || off[s.kvHeads] !== req.chunkIds.length) fail('E_SHAPE', 'fetch request offsets', `0 .. chunkIds.length ${req.chunkIds.length}`, `${off[0]} .. ${off[s.kvHeads]}`);
-    for (let h = 0; h < s.kvHeads; h++) if (off[h + 1]! < off[h]!) fail('E_SHAPE', 'fetch request offsets', 'non-decreasing offsets', Array.from(off).join(','));
+    // The kernels' chunk-list validator (native/args.h): offsets, ids in [0, sealed chunks of the chain).
+    native.checkChunkLists({ offsets: req.offsets, chunkIds: req.chunkIds, kvHeads: s.kvHeads, maxChunks: this.totalChunks, what: 'fetch request', ascending: false });
     const ids = req.chunkIds;
-    for (let i = 0; i < ids.length; i++) {
-      const g = ids[i]!;
-      if (!(g >= 0 && g < this.totalChunks)) fail('E_RANGE', `fetch request chunkIds[${i}]`, `a chunk id in [0, ${this.totalChunks}) (sealed chunks of the segment chain)`, g);
-    }
     if (req.scores !== undefined) {
       if (!(req.scores instanceof Float32Array) || req.scores.length !== ids.length)
         fail('E_SHAPE', 'fetch request scores', `a Float32Array of ${ids.length} entries`, req.scores);
