@@ -141,6 +141,13 @@ inline int64_t GetIntValue(const Napi::Value& v, const std::string& what, int64_
   return int64_t(d);
 }
 
+// A registry handle passed as argument i: an integer (E_TYPE when absent or not a number).
+inline int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsNumber())
+    Throw("E_TYPE", std::string(what) + ": expected an integer handle, got " + (info.Length() <= i ? "nothing" : "a non-number"));
+  return GetIntValue(info[i], std::string(what) + " handle", -(int64_t(1) << 53), int64_t(1) << 53);
+}
+
 inline int64_t GetInt(const Napi::Object& o, const char* key, const std::string& what, int64_t min, int64_t max) {
   return GetIntValue(o.Get(key), what + "." + key, min, max);
 }
@@ -372,6 +379,20 @@ inline SelectionArg GetSelectionArg(const Napi::Value& sv, const SelectionRules&
         Throw("E_NONFINITE", what + ".poolScores[" + std::to_string(i) + "]: expected a finite score, got " + Num(s.poolScores.data[i]));
   }
   return s;
+}
+
+// Copies a parsed Selection into a kernel job's fields of the same names (chunkSize, tokens,
+// sinkEnd, tailStart, offsets, chunkIds, nChunks) and keeps its arrays alive.
+template <typename Job>
+inline void SetSelection(Job& job, const SelectionArg& s, std::vector<Napi::Object>& keep) {
+  job.chunkSize = s.chunkSize;
+  job.tokens = s.tokens;
+  job.sinkEnd = s.sinkEnd;
+  job.tailStart = s.tailStart;
+  job.offsets = s.offsets.data;
+  job.chunkIds = s.chunkIds.data;
+  job.nChunks = s.chunkIds.length;
+  s.Keep(keep);
 }
 
 // Query vectors: a Float32Array of qHeads*dim finite values (qHeads a multiple of kvHeads).

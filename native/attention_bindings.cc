@@ -215,15 +215,7 @@ void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Objec
   SelectionRules rules;
   rules.kvHeads = job.kvHeads;
   rules.maxTokens = job.k.tokens;
-  const SelectionArg s = GetSelectionArg(o.Get("selection"), rules, job.what + ".selection");
-  job.chunkSize = s.chunkSize;
-  job.tokens = s.tokens;
-  job.sinkEnd = s.sinkEnd;
-  job.tailStart = s.tailStart;
-  job.offsets = s.offsets.data;
-  job.chunkIds = s.chunkIds.data;
-  job.nChunks = s.chunkIds.length;
-  s.Keep(keep);
+  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, job.what + ".selection"), keep);
 }
 
 // Parses the call and allocates its outputs (JS arrays, written by the kernel). `result` is the

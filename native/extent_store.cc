@@ -630,12 +630,6 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
   if (corrupt) throw *corrupt;
 }
 
-int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsNumber())
-    Throw("E_TYPE", std::string(what) + ": expected an integer handle, got " + (info.Length() <= i ? "nothing" : "a non-number"));
-  return GetIntValue(info[i], std::string(what) + " handle", -(int64_t(1) << 53), int64_t(1) << 53);
-}
-
 Napi::Object SegmentInfo(Napi::Env env, const Segment& s) {
   Napi::Object r = Napi::Object::New(env);
   r.Set("dtype", DtypeName(s.dtype));

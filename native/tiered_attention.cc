@@ -211,15 +211,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   rules.maxSinkEnd = job.sinkK.tokens;
   rules.minTailStart = job.tailBase;
   rules.chunksBeforeTail = true;
-  const SelectionArg sel = GetSelectionArg(o.Get("selection"), rules, what + ".selection");
-  job.chunkSize = sel.chunkSize;
-  job.tokens = sel.tokens;
-  job.sinkEnd = sel.sinkEnd;
-  job.tailStart = sel.tailStart;
-  job.offsets = sel.offsets.data;
-  job.chunkIds = sel.chunkIds.data;
-  job.nChunks = sel.chunkIds.length;
-  sel.Keep(keep);
+  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
 
   ArrayArg<int32_t> fOff, fIds;
   size_t nFetched = job.nChunks;
