@@ -168,6 +168,18 @@ function kernelCall(g: Gen): Call {
     const m = mutate(g, args);
     return { fn, args: [m.outA, m.lseA, m.outB, m.lseB, m.heads, m.dim] };
   }
+  if (g.bool(0.04)) {
+    // A KV view whose claimed size overflows 64 bits: tokens*heads*dim = 2^40 * 256 * 65536 = 2^64
+    // wraps to 0, matching an empty array, with q sized for the claimed shape (the reproducer).
+    const dtype = g.pick(['f32', 'f16', 'bf16'] as const);
+    const huge = (): Obj => ({ data: dtype === 'f32' ? new Float32Array(0) : new Uint16Array(0), dtype, tokens: 2 ** 40, heads: 256, dim: 65536 });
+    const o: Obj = { q: new Float32Array(256 * 65536), qHeads: 256, k: huge(), v: huge(), tokens: g.pick([64, 0, 2 ** 40]) };
+    if (fn.startsWith('attendSparse') || fn === 'attendStaged')
+      o.selection = { chunkSize: 4, tokens: 64, sinkEnd: 0, tailStart: 64, offsets: new Int32Array(257), chunkIds: new Int32Array(0) };
+    if (fn === 'attendStaged') Object.assign(o, { maxChunksPerHead: 1, stagedChunks: 0, staged: new Uint8Array(0) });
+    if (fn.startsWith('attendFetched')) Object.assign(o, { sink: { k: huge(), v: huge() }, tail: { k: huge(), v: huge() }, tailBase: 0, fetched: new Uint8Array(0), selection: { chunkSize: 4, tokens: 64, sinkEnd: 0, tailStart: 64, offsets: new Int32Array(257), chunkIds: new Int32Array(0) } });
+    return { fn, args: [o] };
+  }
   if (fn === 'attendDense' || fn === 'attendDenseAsync' || fn === 'attentionWeights') {
     const o: Obj = { q, qHeads, k: kv(g, s), v: kv(g, s) };
     if (fn === 'attentionWeights') delete o.v;

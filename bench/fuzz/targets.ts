@@ -6,7 +6,8 @@
 import type { FuzzTarget } from './harness.js';
 import { apiTargets } from './targets-api.js';
 import { fileTargets } from './targets-files.js';
+import { selftestTargets } from './targets-selftest.js';
 
 export function fuzzTargets(): FuzzTarget[] {
-  return [...fileTargets, ...apiTargets];
+  return [...fileTargets, ...apiTargets, ...(process.env.KVDRIVE_FUZZ_SELFTEST === '1' ? selftestTargets : [])];
 }

@@ -25,6 +25,24 @@ function childScript(): string {
   return child;
 }
 
+describe('fuzz harness', () => {
+  it('reports a crash, a hang, an untyped error and a bad message, each with its input, and goes on', async () => {
+    process.env.KVDRIVE_FUZZ_SELFTEST = '1';
+    try {
+      const [r] = await runFuzz({ targets: ['selftest'], inputs: 12, seed: 1, timeoutMs: 1500, childScript: childScript() });
+      const kinds = new Set(r!.findings.map((f) => f.kind));
+      expect([...kinds].sort()).toEqual(['badMessage', 'crash', 'hang', 'untyped']);
+      expect(r!.inputs).toBe(12);
+      const crash = r!.findings.find((f) => f.kind === 'crash')!;
+      expect(crash.detail).toMatch(/SIGSEGV/);
+      expect(crash.input).toBe('{"i":0}');
+      expect(r!.findings.find((f) => f.kind === 'hang')!.input).toBe('{"i":1}');
+    } finally {
+      delete process.env.KVDRIVE_FUZZ_SELFTEST;
+    }
+  }, 120_000);
+});
+
 describe('fuzz slice', () => {
   it('every target: 250 seeded inputs, no crash, hang, untyped error or bad message', async () => {
     const reports: TargetReport[] = await runFuzz({
