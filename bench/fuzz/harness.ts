@@ -201,18 +201,19 @@ function runChild(target: string, from: number, o: RunOptions, dir: string, r: T
     let stderr = '';
     let hung = false;
     let timer: NodeJS.Timeout | undefined;
-    const arm = () => {
+    const arm = (ms: number) => {
       if (timer) clearTimeout(timer);
       timer = setTimeout(() => {
         hung = true;
         p.kill('SIGKILL');
-      }, o.timeoutMs);
+      }, ms);
     };
     const record = (kind: Finding['kind'], index: number, input: string, detail: string) => {
       r[kind === 'badMessage' ? 'badMessages' : kind === 'crash' ? 'crashes' : kind === 'hang' ? 'hangs' : 'untyped']++;
       r.findings.push({ kind, index, input, detail: detail.slice(0, 2000) });
     };
-    arm(); // covers the child's start-up too
+    // Start-up (loading the addon and modules on a loaded machine) gets its own, longer limit.
+    arm(Math.max(o.timeoutMs, 60_000));
     p.stdout.on('data', (b: Buffer) => {
       buf += b.toString();
       let nl: number;
@@ -229,7 +230,7 @@ function runChild(target: string, from: number, o: RunOptions, dir: string, r: T
         const arg = sp < 0 ? '' : rest.slice(sp + 1);
         if (tag === 'B') {
           pending = { index, input: arg };
-          arm();
+          arm(o.timeoutMs);
           continue;
         }
         if (tag === 'D') continue;

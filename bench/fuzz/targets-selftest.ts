@@ -10,6 +10,7 @@ export const selftestTargets: FuzzTarget[] = [
   defineTarget<{ i: number }>({
     name: 'selftest',
     input: (g) => ({ i: g.int(0, 3) }),
+    // (the generator is seeded per input index, so which input gets which kind is fixed)
     run({ i }) {
       if (i === 0) process.kill(process.pid, 'SIGSEGV');
       if (i === 1) for (;;);

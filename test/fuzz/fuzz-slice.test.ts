@@ -29,10 +29,10 @@ describe('fuzz harness', () => {
   it('reports a crash, a hang, an untyped error and a bad message, each with its input, and goes on', async () => {
     process.env.KVDRIVE_FUZZ_SELFTEST = '1';
     try {
-      const [r] = await runFuzz({ targets: ['selftest'], inputs: 12, seed: 1, timeoutMs: 1500, childScript: childScript() });
+      const [r] = await runFuzz({ targets: ['selftest'], inputs: 8, seed: 1, timeoutMs: 1500, childScript: childScript() });
       const kinds = new Set(r!.findings.map((f) => f.kind));
       expect([...kinds].sort()).toEqual(['badMessage', 'crash', 'hang', 'untyped']);
-      expect(r!.inputs).toBe(12);
+      expect(r!.inputs).toBe(8);
       const crash = r!.findings.find((f) => f.kind === 'crash')!;
       expect(crash.detail).toMatch(/SIGSEGV/);
       expect(crash.input).toBe('{"i":0}');
