@@ -121,24 +121,6 @@ Napi::Object GetOptions(const Napi::CallbackInfo& info, const std::string& what)
   return info[0].As<Napi::Object>();
 }
 
-float GetScale(const Napi::Object& o, const std::string& what, int dim) {
-  Napi::Value s = o.Get("scale");
-  if (s.IsUndefined()) return 1.f / std::sqrt(float(dim));
-  if (!s.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number, got a non-number");
-  const double d = s.As<Napi::Number>().DoubleValue();
-  if (!std::isfinite(d) || d <= 0 || float(d) == 0.f)
-    Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
-  return float(d);
-}
-
-void CheckQueryFinite(const float* q, int qHeads, int dim, const std::string& what) {
-  for (int h = 0; h < qHeads; ++h)
-    for (int d = 0; d < dim; ++d)
-      if (!std::isfinite(q[size_t(h) * size_t(dim) + size_t(d)]))
-        Throw("E_NONFINITE", what + ".q: query head " + std::to_string(h) + " holds NaN/Inf (at element " +
-                                 std::to_string(d) + "); expected finite values");
-}
-
 // q, qHeads, k (and v when withValues), scale, threads: everything but the token range.
 void ParseCommon(const Napi::Object& o, AttnJob& job, bool withValues, std::vector<Napi::Object>& keep) {
   const std::string& what = job.what;
@@ -158,39 +140,20 @@ void ParseCommon(const Napi::Object& o, AttnJob& job, bool withValues, std::vect
     keep.push_back(job.v.array);
   }
   keep.push_back(job.k.array);
-  job.qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-  if (job.qHeads % job.kvHeads != 0)
-    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(job.kvHeads) +
-                         "), got " + std::to_string(job.qHeads));
+  job.qHeads = GetQHeads(o, job.kvHeads, what);
   job.group = job.qHeads / job.kvHeads;
-  auto q = GetF32(o.Get("q"), what + ".q");
-  ExpectLength(q.length, size_t(job.qHeads) * size_t(job.dim), what + ".q (qHeads*dim)");
-  CheckQueryFinite(q.data, job.qHeads, job.dim, what);
+  auto q = GetQuery(o, job.qHeads, job.dim, what);
   job.q = q.data;
   keep.push_back(q.object);
-  job.scale = GetScale(o, what, job.dim);
+  job.scale = GetScaleArg(o, job.dim, what);
   job.threads = int(GetIntOr(o, "threads", what, 1, kMaxThreads, 1));
 }
 
 void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Object>& keep) {
-  const std::string what = job.what + ".selection";
-  Napi::Value sv = o.Get("selection");
-  if (!sv.IsObject()) Throw("E_TYPE", what + ": expected a Selection object { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds }");
-  Napi::Object sel = sv.As<Napi::Object>();
-  job.chunkSize = GetInt(sel, "chunkSize", what, 1, int64_t(1) << 30);
-  job.tokens = GetInt(sel, "tokens", what, 0, job.k.tokens);
-  job.sinkEnd = GetInt(sel, "sinkEnd", what, 0, job.tokens);
-  job.tailStart = GetInt(sel, "tailStart", what, job.sinkEnd, job.tokens);
-  auto offsets = GetI32(sel.Get("offsets"), what + ".offsets");
-  auto ids = GetI32(sel.Get("chunkIds"), what + ".chunkIds");
-  const int64_t maxChunks = (job.tokens + job.chunkSize - 1) / job.chunkSize;
-  CheckChunkLists(offsets, ids, job.kvHeads, maxChunks, what,
-                  " for " + std::to_string(job.tokens) + " tokens of chunk size " + std::to_string(job.chunkSize));
-  job.offsets = offsets.data;
-  job.chunkIds = ids.data;
-  job.nChunks = ids.length;
-  keep.push_back(offsets.object);
-  keep.push_back(ids.object);
+  SelectionRules rules;
+  rules.kvHeads = job.kvHeads;
+  rules.maxTokens = job.k.tokens;
+  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, job.what + ".selection"), keep);
 }
 
 // Parses the call and allocates its outputs (JS arrays, written by the kernel). `result` is the
@@ -206,8 +169,8 @@ AttnJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool sp
   if (sparse) ParseSelection(o, job, keep);
   else job.tokens = GetIntOr(o, "tokens", what, 0, job.k.tokens, job.k.tokens);
 
-  auto out = Napi::Float32Array::New(env, size_t(job.qHeads) * size_t(job.dim));
-  auto lse = Napi::Float32Array::New(env, size_t(job.qHeads));
+  auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
+  auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
   job.out = out.Data();
   job.lse = lse.Data();
   result = Napi::Object::New(env);
@@ -216,7 +179,7 @@ AttnJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool sp
   keep.push_back(out);
   keep.push_back(lse);
   if (sparse) {
-    auto mass = Napi::Float32Array::New(env, job.nChunks);
+    auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
     job.chunkMass = mass.Data();
     result.Set("chunkMass", mass);
     keep.push_back(mass);
@@ -268,7 +231,7 @@ Napi::Value AttentionWeights(const Napi::CallbackInfo& info) {
     ParseCommon(o, job, false, keep);
     job.tokens = GetIntOr(o, "tokens", what, 0, job.k.tokens, job.k.tokens);
     const size_t T = size_t(job.tokens);
-    auto probs = Napi::Float32Array::New(info.Env(), size_t(job.qHeads) * T);
+    auto probs = NewF32(info.Env(), CheckedMul(uint64_t(job.qHeads), T, what + " qHeads*tokens"), what + " (qHeads*tokens)");
     for (int h = 0; h < job.kvHeads; ++h) {
       const size_t qOff = size_t(h) * size_t(job.group);
       Span span{job.k.Row(0, h), job.k.Row(0, h), job.tokens, job.k.tokenStride, job.k.tokenStride};

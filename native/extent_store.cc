@@ -260,13 +260,13 @@ Napi::Value SegmentWrite(const Napi::CallbackInfo& info) {
         auto offs = GetI32(e.As<Napi::Object>().Get("offsets"), w + ".offsets");
         auto ids = GetI32(e.As<Napi::Object>().Get("chunkIds"), w + ".chunkIds");
         ExpectLength(ids.length, size_t(nChunks), w + ".chunkIds (every chunk exactly once)");
-        if (offs.length < 2 || offs.data[0] != 0 || offs.data[offs.length - 1] != int32_t(nChunks))
-          Throw("E_SHAPE", w + ".offsets: expected CSR offsets from 0 to " + std::to_string(nChunks) + " (nClusters + 1 entries)");
+        if (offs.length < 2) Throw("E_SHAPE", w + ".offsets: expected nClusters + 1 >= 2 entries, got " + std::to_string(offs.length));
+        CheckOffsets(offs, offs.length - 1, ids.length, w + ".offsets", "nClusters", "chunkIds");
         Cluster cl;
         for (size_t i = 0; i < offs.length; ++i) {
-          if (i > 0 && offs.data[i] <= offs.data[i - 1])
-            Throw("E_SHAPE", w + ".offsets: expected strictly increasing offsets (no empty cluster), got " +
-                                 std::to_string(offs.data[i - 1]) + " then " + std::to_string(offs.data[i]));
+          if (i > 0 && offs.data[i] == offs.data[i - 1])
+            Throw("E_SHAPE", w + ".offsets: expected no empty cluster, got offsets[" + std::to_string(i - 1) + "] = offsets[" +
+                                 std::to_string(i) + "] = " + std::to_string(offs.data[i]));
           cl.offsets.push_back(offs.data[i]);
         }
         std::fill(seen.begin(), seen.end(), 0);
@@ -375,13 +375,20 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
   uint64_t indexOffset = Get<uint64_t>(p), indexBytes = Get<uint64_t>(p);
   uint32_t indexCrc = Get<uint32_t>(p), footerCrc = Get<uint32_t>(p);
   if (Crc32c(0, foot, 60) != footerCrc) Corrupt(path, "footer checksum mismatch");
-  if (dt > 2 || s->chunkSize <= 0 || s->heads <= 0 || s->layers <= 0 || s->dim <= 0) Corrupt(path, "footer fields out of range");
+  // The same limits as a KV view the writer accepts (args.h), so no size below can overflow.
+  if (dt > 2 || s->chunkSize <= 0 || s->chunkSize > (1 << 16) || s->heads <= 0 || s->heads > kMaxKvHeads || s->layers <= 0 ||
+      s->layers > 65536 || s->dim <= 0 || s->dim > kMaxDim || s->tokens < 0 || s->tokens > kMaxTokens)
+    Corrupt(path, "footer fields out of range (dtype " + std::to_string(dt) + ", layers " + std::to_string(s->layers) + ", heads " +
+                      std::to_string(s->heads) + ", dim " + std::to_string(s->dim) + ", chunkSize " + std::to_string(s->chunkSize) +
+                      ", tokens " + std::to_string(s->tokens) + ")");
   s->dtype = Dtype(dt);
   s->chunks = s->tokens / s->chunkSize;
   s->chunkBytes = 2ull * s->chunkSize * s->dim * DtypeSize(s->dtype);
-  if (indexOffset + indexBytes + kSegmentFooterBytes != s->fileBytes)
-    Corrupt(path, "expected " + std::to_string(indexOffset + indexBytes + kSegmentFooterBytes) + " bytes from the footer, got " +
-                      std::to_string(s->fileBytes) + " (truncated or extended)");
+  if (indexOffset > s->fileBytes || indexBytes > s->fileBytes || indexOffset + indexBytes + kSegmentFooterBytes != s->fileBytes)
+    Corrupt(path, "expected index offset " + std::to_string(indexOffset) + " + index bytes " + std::to_string(indexBytes) +
+                      " + the footer to be the file size, got a " + std::to_string(s->fileBytes) + "-byte file (truncated or extended)");
+  // Each region takes at least 16 index bytes: bound the region table before allocating it.
+  if (uint64_t(s->layers) * uint64_t(s->heads) > indexBytes / 16) Corrupt(path, "index ends early (fewer bytes than regions)");
   std::vector<uint8_t> index(indexBytes);
   readAt(index.data(), indexBytes, indexOffset, "index");
   if (Crc32c(0, index.data(), index.size()) != indexCrc) Corrupt(path, "index checksum mismatch");
@@ -395,7 +402,8 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
     uint32_t nExt = Get<uint32_t>(p), nCh = Get<uint32_t>(p);
     if (nCh != uint64_t(s->chunks) || uint64_t(end - p) < uint64_t(nExt) * 24 + uint64_t(nCh) * 4) Corrupt(path, "index region sizes inconsistent");
     g.extents.resize(nExt);
-    g.extentOf.resize(nCh);
+    // Every layout position lies in exactly one extent (reads compute offsets inside it).
+    g.extentOf.assign(nCh, UINT32_MAX);
     for (uint32_t e = 0; e < nExt; ++e) {
       Extent& x = g.extents[e];
       x.offset = Get<uint64_t>(p);
@@ -403,10 +411,19 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
       x.firstPos = Get<uint32_t>(p);
       x.chunks = Get<uint32_t>(p);
       x.crc = Get<uint32_t>(p);
-      if (x.firstPos + uint64_t(x.chunks) > nCh || x.bytes != x.chunks * s->chunkBytes || x.offset + x.bytes > indexOffset)
+      if (x.firstPos + uint64_t(x.chunks) > nCh || uint64_t(x.bytes) != uint64_t(x.chunks) * s->chunkBytes ||
+          x.offset > indexOffset || x.bytes > indexOffset - x.offset)
         Corrupt(path, "index extent " + std::to_string(e) + " of region " + std::to_string(r) + " out of range");
-      for (uint32_t q = x.firstPos; q < x.firstPos + x.chunks; ++q) g.extentOf[q] = e;
+      for (uint32_t q = x.firstPos; q < x.firstPos + x.chunks; ++q) {
+        if (g.extentOf[q] != UINT32_MAX)
+          Corrupt(path, "index extents " + std::to_string(g.extentOf[q]) + " and " + std::to_string(e) + " of region " +
+                            std::to_string(r) + " overlap at chunk position " + std::to_string(q));
+        g.extentOf[q] = e;
+      }
     }
+    for (uint32_t q = 0; q < nCh; ++q)
+      if (g.extentOf[q] == UINT32_MAX)
+        Corrupt(path, "index region " + std::to_string(r) + ": chunk position " + std::to_string(q) + " lies in no extent");
     g.order.resize(nCh);
     g.posOf.assign(nCh, -1);
     for (uint32_t q = 0; q < nCh; ++q) {
@@ -613,12 +630,6 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
   if (corrupt) throw *corrupt;
 }
 
-int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsNumber())
-    Throw("E_TYPE", std::string(what) + ": expected an integer handle, got " + (info.Length() <= i ? "nothing" : "a non-number"));
-  return int64_t(info[i].As<Napi::Number>().DoubleValue());
-}
-
 Napi::Object SegmentInfo(Napi::Env env, const Segment& s) {
   Napi::Object r = Napi::Object::New(env);
   r.Set("dtype", DtypeName(s.dtype));
@@ -717,9 +728,8 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     ExpectLength(layers.length, n, "segmentRead.layers");
     ExpectLength(heads.length, n, "segmentRead.heads");
     ExpectLength(dofs.length, ids.length, "segmentRead.destOffsets (one per chunk)");
-    ExpectLength(io.length, n + 1, "segmentRead.itemOffsets (items + 1)");
-    if (io.data[0] != 0 || size_t(io.data[n]) != ids.length)
-      Throw("E_SHAPE", "segmentRead.itemOffsets: expected CSR offsets from 0 to chunkIds.length " + std::to_string(ids.length));
+    // Every offset is checked before any item's range is read (items index chunkIds through them).
+    CheckOffsets(io, n, ids.length, "segmentRead.itemOffsets", "items");
     std::vector<ReadItem> items(n);
     std::shared_ptr<IoEngine> eng;
     for (size_t i = 0; i < n; ++i) {
@@ -730,19 +740,13 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
       if (layers.data[i] < 0 || layers.data[i] >= s->layers || heads.data[i] < 0 || heads.data[i] >= s->heads)
         Throw("E_RANGE", w + ": expected layer in [0, " + std::to_string(s->layers) + ") and kv head in [0, " + std::to_string(s->heads) +
                              "), got layer " + std::to_string(layers.data[i]) + ", kv head " + std::to_string(heads.data[i]));
-      if (io.data[i + 1] < io.data[i]) Throw("E_SHAPE", "segmentRead.itemOffsets: expected non-decreasing offsets");
       const int32_t* p = ids.data + io.data[i];
-      size_t cnt = size_t(io.data[i + 1] - io.data[i]);
+      const size_t cnt = size_t(io.data[i + 1] - io.data[i]);
       for (size_t j = 0; j < cnt; ++j)
         if (p[j] < 0 || p[j] >= s->chunks)
           Throw("E_RANGE", w + ": expected chunk ids in [0, " + std::to_string(s->chunks) + "), got " + std::to_string(p[j]));
       const double* dp = dofs.data + io.data[i];
-      for (size_t j = 0; j < cnt; ++j) {
-        double d = dp[j];
-        if (!(d >= 0 && d == double(uint64_t(d)) && d + double(s->chunkBytes) <= double(dest.length)))
-          Throw("E_RANGE", w + ": expected destOffset + chunkBytes " + std::to_string(s->chunkBytes) + " <= dest.byteLength " +
-                               std::to_string(dest.length) + ", got destOffset " + Num(d));
-      }
+      CheckByteOffsets(dp, cnt, s->chunkBytes, dest.length, w + " destOffsets");
       items[i] = ReadItem{s, layers.data[i] * s->heads + heads.data[i], p, cnt, dest.data, dp};
     }
     std::shared_ptr<std::atomic<bool>> cancel;
@@ -790,15 +794,10 @@ Napi::Value CopyChunks(const Napi::CallbackInfo& info) {
     auto dofs = GetArray<double>(info[3], napi_float64_array, "copyChunks(destOffsets)");
     ExpectLength(dofs.length, so.length, "copyChunks(destOffsets)");
     if (info.Length() < 5 || !info[4].IsNumber()) Throw("E_TYPE", "copyChunks(bytes): expected a block size in bytes");
-    double b = info[4].As<Napi::Number>().DoubleValue();
-    if (!(b >= 0 && b == double(uint64_t(b)))) Throw("E_RANGE", "copyChunks(bytes): expected a non-negative integer, got " + Num(b));
-    for (size_t i = 0; i < so.length; ++i) {
-      double s0 = so.data[i], d0 = dofs.data[i];
-      if (!(s0 >= 0 && s0 == double(uint64_t(s0)) && s0 + b <= double(src.length) && d0 >= 0 && d0 == double(uint64_t(d0)) &&
-            d0 + b <= double(dst.length)))
-        Throw("E_RANGE", "copyChunks block " + std::to_string(i) + ": expected offsets within src (" + std::to_string(src.length) +
-                             " bytes) and dest (" + std::to_string(dst.length) + " bytes), got " + Num(s0) + " -> " + Num(d0));
-    }
+    const double b = info[4].As<Napi::Number>().DoubleValue();
+    if (!IsIntIn(b, 0, int64_t(1) << 53)) Throw("E_RANGE", "copyChunks(bytes): expected a non-negative integer, got " + Num(b));
+    CheckByteOffsets(so.data, so.length, uint64_t(b), src.length, "copyChunks(srcOffsets)");
+    CheckByteOffsets(dofs.data, dofs.length, uint64_t(b), dst.length, "copyChunks(destOffsets)");
     for (size_t i = 0; i < so.length; ++i)
       std::memmove(dst.data + uint64_t(dofs.data[i]), src.data + uint64_t(so.data[i]), size_t(b));
     return info.Env().Undefined();
@@ -820,7 +819,7 @@ Napi::Value FetchBufferSpansB(const Napi::CallbackInfo& info) {
     int d = int(GetInt(o, "dim", "fetchBufferSpans", 1, 1 << 16));
     if (info.Length() < 6 || !info[5].IsString()) Throw("E_DTYPE", "fetchBufferSpans(dtype): expected 'f32', 'f16' or 'bf16'");
     Dtype dt = ParseDtype(info[5].As<Napi::String>());
-    if (uint64_t(first + n) * PageFirstChunkBytes(c, d, dt) > buf.length)
+    if (CheckedMul(uint64_t(first + n), PageFirstChunkBytes(c, d, dt), "fetchBufferSpans size") > buf.length)
       Throw("E_RANGE", "fetchBufferSpans: expected entries within the buffer (" + std::to_string(buf.length) + " bytes)");
     std::vector<Span> spans;
     FetchBufferSpans(buf.data, size_t(first), size_t(n), c, d, dt, spans);

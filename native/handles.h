@@ -26,14 +26,14 @@ class HandleRegistry {
   // Throws E_CLOSED for an unknown or released handle.
   std::shared_ptr<T> Get(int64_t id) const {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = map_.find(int32_t(id));
+    auto it = id == int64_t(int32_t(id)) ? map_.find(int32_t(id)) : map_.end();
     if (it == map_.end())
       Throw("E_CLOSED", std::string(kind_) + " handle " + std::to_string(id) + ": expected an open handle, got a closed or unknown one");
     return it->second;
   }
   bool Remove(int64_t id) {
     std::lock_guard<std::mutex> g(mu_);
-    return map_.erase(int32_t(id)) > 0;
+    return id == int64_t(int32_t(id)) && map_.erase(int32_t(id)) > 0;
   }
   size_t Size() const {
     std::lock_guard<std::mutex> g(mu_);

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <unordered_map>
 
+#include "args.h"
 #include "errors.h"
 
 namespace kvd {
@@ -84,24 +86,29 @@ static uint32_t MapBuckets(int32_t capacity) {
 // ---- Tier ----
 
 int64_t Tier::RequiredBytes(const TierConfig& c, int64_t* slotBytesOut, int64_t* metaBytesOut) {
-  const int64_t perStep = (c.budget + c.chunkSize - 1) / c.chunkSize;
-  const int64_t chunkBytes = int64_t(c.chunkSize) * c.dim * int64_t(DtypeSize(c.dtype)) * 2;  // K and V
-  int64_t slots = 0, meta = 0;
+  // Checked arithmetic: a configuration whose size does not fit in 63 bits is E_RANGE, never a
+  // wrapped (small or negative) size that would pass the maxBytes check.
+  const std::string what = "hot tier size";
+  const uint64_t perStep = uint64_t((c.budget + c.chunkSize - 1) / c.chunkSize);
+  const uint64_t chunkBytes = CheckedMul(uint64_t(c.chunkSize) * uint64_t(c.dim), DtypeSize(c.dtype) * 2, what);  // K and V
+  uint64_t slots = 0, meta = 0;
   for (int l = 0; l < c.layers; ++l)
     for (int h = 0; h < c.kvHeads; ++h) {
-      const int64_t cap = int64_t(c.windows[size_t(l) * c.kvHeads + h]) * perStep;
+      const uint64_t cap = CheckedMul(uint64_t(c.windows[size_t(l) * c.kvHeads + h]), perStep, what);
       // slotChunk, slotRows, freeSlots (int32), lastUse, uses, massStep, poolStamp (int64), mass, poolScore (float)
-      const int64_t perSlotMeta = 4 * 3 + 8 * 4 + 4 * 2;
-      const int64_t m = cap > 0 ? int64_t(MapBuckets(int32_t(cap))) * 8 : 0;
-      slots += cap;
-      meta += cap * perSlotMeta + m;
+      const uint64_t perSlotMeta = 4 * 3 + 8 * 4 + 4 * 2;
+      const uint64_t m = cap > 0 ? uint64_t(MapBuckets(int32_t(cap))) * 8 : 0;
+      slots = CheckedAdd(slots, cap, what);
+      meta = CheckedAdd(meta, CheckedAdd(CheckedMul(cap, perSlotMeta, what), m, what), what);
     }
-  slots *= c.sequences;
-  meta = meta * c.sequences + int64_t(sizeof(PairState)) * c.sequences * c.layers * c.kvHeads +
-         int64_t(c.sequences) * c.layers;  // busy flags
-  if (slotBytesOut) *slotBytesOut = slots * chunkBytes;
-  if (metaBytesOut) *metaBytesOut = meta;
-  return slots * chunkBytes + meta;
+  const uint64_t seqs = uint64_t(c.sequences), pairs = CheckedMul(seqs, uint64_t(c.layers), uint64_t(c.kvHeads), what);
+  slots = CheckedMul(slots, seqs, what);
+  meta = CheckedAdd(CheckedMul(meta, seqs, what), CheckedMul(sizeof(PairState), pairs, what), what);
+  meta = CheckedAdd(meta, seqs * uint64_t(c.layers), what);  // busy flags
+  const uint64_t slotBytes = CheckedMul(slots, chunkBytes, what);
+  if (slotBytesOut) *slotBytesOut = int64_t(slotBytes);
+  if (metaBytesOut) *metaBytesOut = int64_t(meta);
+  return int64_t(CheckedAdd(slotBytes, meta, what));
 }
 
 Tier::Tier(const TierConfig& c) : cfg_(c) {
@@ -153,9 +160,13 @@ Tier::Tier(const TierConfig& c) : cfg_(c) {
       }
 }
 
-Tier::LayerLock::LayerLock(Tier& t, int seq, int layer) : flag_(&t.busy_[size_t(seq) * t.cfg_.layers + layer]) {
+Tier::LayerLock::LayerLock(Tier& t, int seq, int layer, Wait wait) : flag_(&t.busy_[size_t(seq) * t.cfg_.layers + layer]) {
   uint8_t expected = 0;
-  if (!flag_->compare_exchange_strong(expected, 1, std::memory_order_acquire))
+  while (wait == Wait::kYes && !flag_->compare_exchange_weak(expected, 1, std::memory_order_acquire)) {
+    expected = 0;
+    std::this_thread::yield();
+  }
+  if (wait == Wait::kNo && !flag_->compare_exchange_strong(expected, 1, std::memory_order_acquire))
     Throw("E_CONFIG", "hot tier: sequence " + std::to_string(seq) + ", layer " + std::to_string(layer) +
                           " is in use by another thread; expected one operation per (sequence, layer) at a time");
 }
@@ -368,8 +379,10 @@ void Tier::RecordMass(int seq, int layer, int head, const int32_t* ids, const fl
   }
 }
 
-std::string Tier::Check() const {
+std::string Tier::Check() {
   for (size_t pi = 0; pi < pairs_.size(); ++pi) {
+    const size_t seqLayer = pi / size_t(cfg_.kvHeads);
+    LayerLock lock(*this, int(seqLayer / size_t(cfg_.layers)), int(seqLayer % size_t(cfg_.layers)), Wait::kYes);
     const PairState& p = pairs_[pi];
     const std::string at = "pair " + std::to_string(pi) + ": ";
     int32_t resident = 0;

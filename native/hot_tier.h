@@ -152,10 +152,13 @@ class Tier {
   // Records the attention mass of the selected chunks of this step (for lookahead eviction).
   void RecordMass(int seq, int layer, int head, const int32_t* ids, const float* mass, int32_t n);
 
-  // Exclusive use of one (sequence, layer) for the duration of an operation.
+  // Exclusive use of one (sequence, layer) for the duration of an operation. An operation that
+  // finds the pair busy throws E_CONFIG; a reader (stats, residents, check) passes `wait` and
+  // yields until the running operation (one layer step) releases it.
+  enum class Wait { kNo, kYes };
   class LayerLock {
    public:
-    LayerLock(Tier& t, int seq, int layer);
+    LayerLock(Tier& t, int seq, int layer, Wait wait = Wait::kNo);
     ~LayerLock();
    private:
     std::atomic<uint8_t>* flag_;
@@ -163,7 +166,8 @@ class Tier {
 
   // Consistency check of every pair (tests): each resident chunk in exactly one slot, the map and
   // the slots agree, resident ≤ capacity, free list exact. Returns "" or the first violation.
-  std::string Check() const;
+  // Takes each layer's lock (waiting).
+  std::string Check();
 
  private:
   // Copies rows of chunk `chunk` available in the source (from row `from`) into `slot`.

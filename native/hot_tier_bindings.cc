@@ -31,82 +31,46 @@ Napi::Object Opts(const Napi::CallbackInfo& info, size_t i, const std::string& w
 
 int32_t Handle(const Napi::CallbackInfo& info, const std::string& what) {
   if (info.Length() < 1 || !info[0].IsNumber()) Throw("E_TYPE", what + ": expected a hot tier handle (integer)");
-  return info[0].As<Napi::Number>().Int32Value();
+  return int32_t(GetIntValue(info[0], what + " handle", 0, INT32_MAX, "E_CLOSED"));
 }
 
+// A Selection checked against the tier (GetSelectionArg), with per-head views for Tier::Fetch.
 struct ParsedSelection {
-  int64_t chunkSize = 0, tokens = 0, sinkEnd = 0, tailStart = 0;
+  SelectionArg arg;
+  int64_t tailStart = 0, sinkEnd = 0, tokens = 0;
   const int32_t* offsets = nullptr;
   const int32_t* ids = nullptr;
   size_t nIds = 0;
-  const int32_t* poolOffsets = nullptr;
-  const int32_t* poolIds = nullptr;
-  const float* poolScores = nullptr;
   std::vector<Napi::Object> arrays;  // keep-alive handles of the arrays above (async use)
   HeadSelection Head(int h) const {
     HeadSelection s;
     s.ids = ids + offsets[h];
     s.n = offsets[h + 1] - offsets[h];
-    if (poolOffsets) {
-      s.poolIds = poolIds + poolOffsets[h];
-      s.poolScores = poolScores + poolOffsets[h];
-      s.poolN = poolOffsets[h + 1] - poolOffsets[h];
+    if (arg.hasPool) {
+      const int32_t* po = arg.poolOffsets.data;
+      s.poolIds = arg.poolIds.data + po[h];
+      s.poolScores = arg.poolScores.data + po[h];
+      s.poolN = po[h + 1] - po[h];
     }
     return s;
   }
 };
 
-void CheckOffsets(const ArrayArg<int32_t>& off, int heads, size_t n, const std::string& what) {
-  ExpectLength(off.length, size_t(heads) + 1, what + " (kvHeads+1)");
-  if (off.data[0] != 0) Throw("E_RANGE", what + "[0]: expected 0, got " + std::to_string(off.data[0]));
-  for (int h = 0; h < heads; ++h)
-    if (off.data[h + 1] < off.data[h])
-      Throw("E_RANGE", what + ": expected non-decreasing offsets, got offsets[" + std::to_string(h + 1) + "] = " +
-                           std::to_string(off.data[h + 1]) + " < " + std::to_string(off.data[h]));
-  if (size_t(off.data[heads]) != n)
-    Throw("E_SHAPE", what + "[kvHeads]: expected the id count (" + std::to_string(n) + "), got " + std::to_string(off.data[heads]));
-}
-
 ParsedSelection GetSelection(const Napi::Value& sv, const Tier& t, int64_t srcTokens, const std::string& what) {
-  if (!sv.IsObject()) Throw("E_TYPE", what + ": expected a Selection object { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds }");
-  Napi::Object sel = sv.As<Napi::Object>();
+  SelectionRules rules;
+  rules.kvHeads = t.config().kvHeads;
+  rules.chunkSize = t.config().chunkSize;
+  rules.maxTokens = srcTokens;
+  rules.pool = true;
   ParsedSelection s;
-  const int heads = t.config().kvHeads;
-  s.chunkSize = GetInt(sel, "chunkSize", what, 1, int64_t(1) << 30);
-  if (s.chunkSize != t.config().chunkSize)
-    Throw("E_SHAPE", what + ".chunkSize: expected the hot tier's chunk size " + std::to_string(t.config().chunkSize) +
-                         ", got " + std::to_string(s.chunkSize));
-  s.tokens = GetInt(sel, "tokens", what, 0, srcTokens);
-  s.sinkEnd = GetInt(sel, "sinkEnd", what, 0, s.tokens);
-  s.tailStart = GetInt(sel, "tailStart", what, s.sinkEnd, s.tokens);
-  auto off = GetI32(sel.Get("offsets"), what + ".offsets");
-  auto ids = GetI32(sel.Get("chunkIds"), what + ".chunkIds");
-  CheckOffsets(off, heads, ids.length, what + ".offsets");
-  const int64_t maxChunks = (s.tokens + s.chunkSize - 1) / s.chunkSize;
-  CheckChunkIds(off.data, ids, heads, maxChunks, what, "");
-  s.offsets = off.data;
-  s.ids = ids.data;
-  s.nIds = ids.length;
-  s.arrays = {off.object, ids.object};
-  Napi::Value po = sel.Get("poolOffsets");
-  if (!po.IsUndefined()) {
-    auto poff = GetI32(po, what + ".poolOffsets");
-    auto pids = GetI32(sel.Get("poolIds"), what + ".poolIds");
-    auto psc = GetF32(sel.Get("poolScores"), what + ".poolScores");
-    CheckOffsets(poff, heads, pids.length, what + ".poolOffsets");
-    ExpectLength(psc.length, pids.length, what + ".poolScores (one per pool id)");
-    for (size_t i = 0; i < pids.length; ++i) {
-      if (pids.data[i] < 0 || pids.data[i] >= maxChunks)
-        Throw("E_RANGE", what + ".poolIds[" + std::to_string(i) + "]: expected a chunk id in [0, " +
-                             std::to_string(maxChunks) + "), got " + std::to_string(pids.data[i]));
-      if (!std::isfinite(psc.data[i]))
-        Throw("E_NONFINITE", what + ".poolScores[" + std::to_string(i) + "]: expected a finite score, got NaN/Inf");
-    }
-    s.poolOffsets = poff.data;
-    s.poolIds = pids.data;
-    s.poolScores = psc.data;
-    s.arrays.insert(s.arrays.end(), {poff.object, pids.object, psc.object});
-  }
+  s.arg = GetSelectionArg(sv, rules, what);
+  s.tokens = s.arg.tokens;
+  s.sinkEnd = s.arg.sinkEnd;
+  s.tailStart = s.arg.tailStart;
+  s.offsets = s.arg.offsets.data;
+  s.ids = s.arg.chunkIds.data;
+  s.nIds = s.arg.chunkIds.length;
+  s.arg.Keep(s.arrays);
   return s;
 }
 
@@ -290,27 +254,14 @@ Prepared PrepareAttend(const Napi::CallbackInfo& info) {
   Tier& t = *a->tier;
   const TierConfig& c = t.config();
   auto sel = std::make_shared<ParsedSelection>(GetSelection(o.Get("selection"), t, a->k.tokens, what + ".selection"));
-  const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-  if (qHeads % c.kvHeads != 0)
-    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(c.kvHeads) + "), got " + std::to_string(qHeads));
+  const int qHeads = GetQHeads(o, c.kvHeads, what);
   const int group = qHeads / c.kvHeads;
-  auto q = GetF32(o.Get("q"), what + ".q");
-  ExpectLength(q.length, size_t(qHeads) * c.dim, what + ".q (qHeads*dim)");
-  for (size_t i = 0; i < q.length; ++i)
-    if (!std::isfinite(q.data[i]))
-      Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
-  float scale = 1.f / std::sqrt(float(c.dim));
-  Napi::Value sv = o.Get("scale");
-  if (!sv.IsUndefined()) {
-    if (!sv.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number");
-    const double d = sv.As<Napi::Number>().DoubleValue();
-    if (!std::isfinite(d) || d <= 0) Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
-    scale = float(d);
-  }
+  auto q = GetQuery(o, qHeads, c.dim, what);
+  const float scale = GetScaleArg(o, c.dim, what);
   Napi::Env env = info.Env();
-  auto out = Napi::Float32Array::New(env, size_t(qHeads) * c.dim);
-  auto lse = Napi::Float32Array::New(env, size_t(qHeads));
-  auto chunkMass = Napi::Float32Array::New(env, sel->nIds);
+  auto out = NewF32(env, uint64_t(qHeads) * uint64_t(c.dim), what + ".out");
+  auto lse = NewF32(env, uint64_t(qHeads), what + ".lse");
+  auto chunkMass = NewF32(env, sel->nIds, what + ".chunkMass");
   auto fromSource = std::make_shared<int64_t>(0);
   auto result = std::make_shared<Napi::ObjectReference>(Napi::Persistent(Napi::Object::New(env)));
   result->Value().Set("out", out);
@@ -404,14 +355,13 @@ Prepared PrepareWarm(const Napi::CallbackInfo& info) {
   Napi::Object o = Opts(info, 1, what);
   auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
   const TierConfig& c = a->tier->config();
+  // Warm-up order: per kv head the chunks to place, best first (any order, each < the source's chunks).
   auto off = GetI32(o.Get("offsets"), what + ".offsets");
   auto ids = GetI32(o.Get("chunkIds"), what + ".chunkIds");
-  CheckOffsets(off, c.kvHeads, ids.length, what + ".offsets");
+  CheckOffsets(off, size_t(c.kvHeads), ids.length, what + ".offsets");
   const int64_t maxChunks = (a->k.tokens + c.chunkSize - 1) / c.chunkSize;
-  for (size_t i = 0; i < ids.length; ++i)
-    if (ids.data[i] < 0 || ids.data[i] >= maxChunks)
-      Throw("E_RANGE", what + ".chunkIds[" + std::to_string(i) + "]: expected a chunk id in [0, " +
-                           std::to_string(maxChunks) + "), got " + std::to_string(ids.data[i]));
+  CheckIds(off.data, size_t(c.kvHeads), ids, maxChunks, false, what + ".chunkIds", "kv head",
+           " (chunks of the source's " + std::to_string(a->k.tokens) + " tokens)");
   auto placed = std::make_shared<std::vector<int32_t>>(size_t(c.kvHeads));
   Prepared op;
   op.keep = {a->k.array, a->v.array, off.object, ids.object};
@@ -448,13 +398,16 @@ Napi::Value Stats(const Napi::CallbackInfo& info) {
     }
     std::vector<Counters> per(size_t(c.layers) * c.kvHeads);
     std::vector<double> resident(per.size(), 0.0);
+    // Pair state is written by fetch / attend / warm on other threads: read it under each layer's lock.
     for (int s = seqLo; s < seqHi; ++s)
-      for (int l = 0; l < c.layers; ++l)
+      for (int l = 0; l < c.layers; ++l) {
+        Tier::LayerLock lock(*t, s, l, Tier::Wait::kYes);
         for (int h = 0; h < c.kvHeads; ++h) {
           const PairState& p = t->Pair(s, l, h);
           per[size_t(l) * c.kvHeads + h].Add(p.total);
           resident[size_t(l) * c.kvHeads + h] += p.resident;
         }
+      }
     Napi::Object o = CountersObject(info.Env(), per);
     o.Set("resident", F64(info.Env(), resident));
     return o;
@@ -470,10 +423,12 @@ Napi::Value Residents(const Napi::CallbackInfo& info) {
     const int seq = int(GetIntOr(o, "sequence", what, 0, c.sequences - 1, 0));
     const int layer = int(GetInt(o, "layer", what, 0, c.layers - 1));
     const int head = int(GetInt(o, "head", what, 0, c.kvHeads - 1));
-    const PairState& p = t->Pair(seq, layer, head);
     std::vector<int32_t> ids;
-    for (int32_t ch : p.slotChunk)
-      if (ch >= 0) ids.push_back(ch);
+    {
+      Tier::LayerLock lock(*t, seq, layer, Tier::Wait::kYes);
+      for (int32_t ch : t->Pair(seq, layer, head).slotChunk)
+        if (ch >= 0) ids.push_back(ch);
+    }
     std::sort(ids.begin(), ids.end());
     auto a = Napi::Int32Array::New(info.Env(), ids.size());
     for (size_t i = 0; i < ids.size(); ++i) a[i] = ids[i];
@@ -511,21 +466,20 @@ Prepared PrepareImportance(const Napi::CallbackInfo& info) {
   const std::string what = "hotTierImportance";
   Napi::Object o = Opts(info, 0, what);
   auto k = std::make_shared<KvView>(GetKvView(o.Get("k"), what + ".k"));
-  const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-  if (qHeads % k->heads != 0)
-    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(k->heads) + "), got " + std::to_string(qHeads));
+  const int qHeads = GetQHeads(o, k->heads, what);
   const int group = qHeads / k->heads;
   const int64_t cs = GetInt(o, "chunkSize", what, 1, 1 << 16);
   auto pos = GetI32(o.Get("positions"), what + ".positions");
   if (pos.length == 0) Throw("E_SHAPE", what + ".positions: expected at least one observation query, got 0");
   auto q = GetF32(o.Get("q"), what + ".q");
-  ExpectLength(q.length, pos.length * size_t(qHeads) * k->dim, what + ".q (queries*qHeads*dim)");
+  ExpectLength(q.length, CheckedMul(pos.length, uint64_t(qHeads), uint64_t(k->dim), what + ".q size"),
+               what + ".q (queries*qHeads*dim)");
   for (size_t i = 0; i < q.length; ++i)
     if (!std::isfinite(q.data[i])) Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
   for (size_t w = 0; w < pos.length; ++w)
     if (pos.data[w] < 0) Throw("E_RANGE", what + ".positions[" + std::to_string(w) + "]: expected >= 0, got " + std::to_string(pos.data[w]));
   const int64_t nChunks = (k->tokens + cs - 1) / cs;
-  auto scores = Napi::Float32Array::New(info.Env(), size_t(k->heads) * size_t(nChunks));
+  auto scores = NewF32(info.Env(), uint64_t(k->heads) * uint64_t(nChunks), what + " scores");
   auto result = std::make_shared<Napi::ObjectReference>(Napi::Persistent(scores.As<Napi::Object>()));
   Prepared op;
   op.keep = {k->array, q.object, pos.object, scores};

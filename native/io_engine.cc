@@ -529,12 +529,6 @@ std::shared_ptr<std::atomic<bool>> CancelFlagByHandle(int64_t h) { return Cancel
 
 namespace {
 
-int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsNumber())
-    Throw("E_TYPE", std::string(what) + ": expected an integer handle, got " + (info.Length() <= i ? "nothing" : "a non-number"));
-  return int64_t(info[i].As<Napi::Number>().DoubleValue());
-}
-
 bool BoolOr(const Napi::Object& o, const char* key, bool dflt, const std::string& what) {
   Napi::Value v = o.Get(key);
   if (v.IsUndefined()) return dflt;
@@ -636,10 +630,10 @@ Napi::Value EngineRead(const Napi::CallbackInfo& info) {
     std::vector<ReadReq> reqs(files.length);
     for (size_t i = 0; i < files.length; ++i) {
       double off = offs.data[i], len = lens.data[i], d = dofs.data[i];
-      if (!(off >= 0 && off == double(uint64_t(off)) && len >= 0 && len == double(uint64_t(len)) && d >= 0 && d == double(uint64_t(d))))
+      if (!IsIntIn(off, 0, int64_t(1) << 53) || !IsIntIn(len, 0, int64_t(1) << 53) || !IsIntIn(d, 0, int64_t(1) << 53))
         Throw("E_RANGE", "ioEngineRead request " + std::to_string(i) + ": expected non-negative integer offset/length/destOffset, got " +
                              Num(off) + "/" + Num(len) + "/" + Num(d));
-      if (d + len > double(dest.length))
+      if (uint64_t(d) > dest.length || uint64_t(len) > dest.length - uint64_t(d))
         Throw("E_RANGE", "ioEngineRead request " + std::to_string(i) + ": expected destOffset+length <= dest.byteLength " +
                              std::to_string(dest.length) + ", got " + Num(d + len));
       e->File(files.data[i]);  // validates the id now, on the JS thread

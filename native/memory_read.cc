@@ -98,7 +98,7 @@ Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
     if (info.Length() >= 2 && !info[1].IsUndefined()) {
       if (!info[1].IsNumber()) Throw("E_TYPE", what + ": threads: expected an integer, got a non-number");
       const double d = info[1].As<Napi::Number>().DoubleValue();
-      if (d != double(int(d)) || d < 1 || d > 8) Throw("E_RANGE", what + ": threads: expected an integer in [1, 8], got " + Num(d));
+      if (!IsIntIn(d, 1, 8)) Throw("E_RANGE", what + ": threads: expected an integer in [1, 8], got " + Num(d));
       threads = int(d);
     }
     const uint8_t* p = static_cast<const uint8_t*>(data);

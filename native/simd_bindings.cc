@@ -70,7 +70,7 @@ RowArg GetRow(const Napi::Value& row, const Napi::Value& dtype, const std::strin
 size_t GetCount(const Napi::Value& v, const std::string& what, size_t min, size_t max) {
   if (!v.IsNumber()) Throw("E_TYPE", what + ": expected an integer, got a non-number");
   const double d = v.As<Napi::Number>().DoubleValue();
-  if (d != double(int64_t(d)) || d < double(min) || d > double(max))
+  if (!IsIntIn(d, int64_t(min), int64_t(max)))
     Throw("E_RANGE", what + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + Num(d));
   return size_t(d);
 }

@@ -40,54 +40,36 @@ Napi::Value AttendStaged(const Napi::CallbackInfo& info) {
                            std::to_string(k.dim) + "), got " + std::to_string(v.tokens) + " x " + std::to_string(v.heads) + " x " +
                            std::to_string(v.dim));
     const int hkv = k.heads, dim = k.dim;
-    const int qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-    if (qHeads % hkv != 0)
-      Throw("E_SHAPE", what + ".qHeads: expected a multiple of kv heads " + std::to_string(hkv) + ", got " + std::to_string(qHeads));
+    const int qHeads = GetQHeads(o, hkv, what);
     const int group = qHeads / hkv;
-    auto q = GetF32(o.Get("q"), what + ".q");
-    ExpectLength(q.length, size_t(qHeads) * dim, what + ".q (qHeads*dim)");
+    auto q = GetQuery(o, qHeads, dim, what);
     const int64_t maxC = GetInt(o, "maxChunksPerHead", what, 1, int64_t(1) << 30);
 
     const std::string sw = what + ".selection";
-    Napi::Value sv = o.Get("selection");
-    if (!sv.IsObject()) Throw("E_TYPE", sw + ": expected a Selection object { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds }");
-    Napi::Object sel = sv.As<Napi::Object>();
-    const int64_t cs = GetInt(sel, "chunkSize", sw, 1, int64_t(1) << 20);
-    const int64_t tokens = GetInt(sel, "tokens", sw, 0, k.tokens);
-    const int64_t sinkEnd = GetInt(sel, "sinkEnd", sw, 0, tokens);
-    const int64_t tailStart = GetInt(sel, "tailStart", sw, sinkEnd, tokens);
-    auto offsets = GetI32(sel.Get("offsets"), sw + ".offsets");
-    auto ids = GetI32(sel.Get("chunkIds"), sw + ".chunkIds");
-    ExpectLength(offsets.length, size_t(hkv) + 1, sw + ".offsets (kvHeads+1)");
-    if (offsets.data[0] != 0 || size_t(offsets.data[hkv]) != ids.length)
-      Throw("E_SHAPE", sw + ".offsets: expected CSR offsets from 0 to chunkIds.length " + std::to_string(ids.length));
-    const int64_t nChunks = (tokens + cs - 1) / cs;
+    SelectionRules rules;
+    rules.kvHeads = hkv;
+    rules.maxTokens = k.tokens;
+    const SelectionArg sel = GetSelectionArg(o.Get("selection"), rules, sw);
+    const int64_t cs = sel.chunkSize, tokens = sel.tokens, sinkEnd = sel.sinkEnd, tailStart = sel.tailStart;
+    const ArrayArg<int32_t>& offsets = sel.offsets;
+    const ArrayArg<int32_t>& ids = sel.chunkIds;
+    const int64_t nChunks = sel.maxChunks;
     for (int h = 0; h < hkv; ++h) {
       const int64_t n = int64_t(offsets.data[h + 1]) - offsets.data[h];
-      if (n < 0 || n > maxC)
-        Throw("E_RANGE", sw + ".offsets: expected 0..maxChunksPerHead = " + std::to_string(maxC) + " chunks for kv head " +
+      if (n > maxC)
+        Throw("E_RANGE", sw + ".offsets: expected at most maxChunksPerHead = " + std::to_string(maxC) + " chunks for kv head " +
                              std::to_string(h) + ", got " + std::to_string(n));
-      for (int32_t i = offsets.data[h]; i < offsets.data[h + 1]; ++i) {
-        if (ids.data[i] < 0 || ids.data[i] >= nChunks || (i > offsets.data[h] && ids.data[i] <= ids.data[i - 1]))
-          Throw("E_RANGE", sw + ".chunkIds[" + std::to_string(i) + "]: expected ascending ids in [0, " + std::to_string(nChunks) +
-                               "), got " + std::to_string(ids.data[i]));
-      }
     }
     const int64_t stagedChunks = GetInt(o, "stagedChunks", what, 0, nChunks);
     const size_t rowBytes = size_t(dim) * sizeof(float);
-    const size_t chunkBytes = 2 * size_t(cs) * rowBytes;
+    const uint64_t chunkBytes = CheckedMul(2 * uint64_t(cs), rowBytes, what + " chunkBytes");
     auto staged = GetArray<uint8_t>(o.Get("staged"), napi_uint8_array, what + ".staged");
-    if (stagedChunks > 0 && staged.length < size_t(hkv) * size_t(maxC) * chunkBytes)
+    const uint64_t stagedNeed = CheckedMul(uint64_t(hkv), uint64_t(maxC), chunkBytes, what + ".staged size");
+    if (stagedChunks > 0 && staged.length < stagedNeed)
       Throw("E_SHAPE", what + ".staged: expected at least kvHeads x maxChunksPerHead x chunkBytes = " +
-                           std::to_string(size_t(hkv) * size_t(maxC) * chunkBytes) + " bytes, got " + std::to_string(staged.length));
-    // Same default and rounding as attendSparse (GetScale in attention_bindings.cc).
-    float scale = 1.f / std::sqrt(float(dim));
-    Napi::Value scv = o.Get("scale");
-    if (!scv.IsUndefined()) {
-      const double d = scv.IsNumber() ? scv.As<Napi::Number>().DoubleValue() : -1;
-      if (!std::isfinite(d) || d <= 0 || float(d) == 0.f) Throw("E_RANGE", what + ".scale: expected a finite number > 0");
-      scale = float(d);
-    }
+                           std::to_string(stagedNeed) + " bytes, got " + std::to_string(staged.length));
+    // Same default and rounding as attendSparse.
+    const float scale = GetScaleArg(o, dim, what);
 
     // Spans per head, in attendSparse's order.
     std::vector<std::vector<Span>> spans(static_cast<size_t>(hkv));
@@ -112,8 +94,8 @@ Napi::Value AttendStaged(const Napi::CallbackInfo& info) {
       }
       if (tokens > tailStart) dram(tailStart, tokens);
     }
-    auto out = Napi::Float32Array::New(env, size_t(qHeads) * dim);
-    auto lse = Napi::Float32Array::New(env, size_t(qHeads));
+    auto out = NewF32(env, uint64_t(qHeads) * uint64_t(dim), what + ".out");
+    auto lse = NewF32(env, uint64_t(qHeads), what + ".lse");
     std::vector<HeadAttn> heads(static_cast<size_t>(hkv));
     for (int h = 0; h < hkv; ++h) {
       const size_t q0 = size_t(h) * size_t(group);

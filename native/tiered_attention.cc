@@ -132,22 +132,12 @@ void Run(const FetchedJob& job) {
   }
 }
 
-// Offsets (kvHeads + 1) and ascending ids per head; returns false when absent (undefined).
-bool GetIdLists(const Napi::Object& o, const char* offKey, const char* idKey, int heads, const std::string& what,
-                ArrayArg<int32_t>& off, ArrayArg<int32_t>& ids) {
-  Napi::Value ov = o.Get(offKey);
-  if (ov.IsUndefined()) return false;
-  off = GetI32(ov, what + "." + offKey);
-  ids = GetI32(o.Get(idKey), what + "." + idKey);
-  ExpectLength(off.length, size_t(heads) + 1, what + "." + offKey + " (kvHeads+1)");
-  if (off.data[0] != 0 || size_t(off.data[heads]) != ids.length)
-    Throw("E_SHAPE", what + "." + offKey + ": expected offsets from 0 to " + idKey + ".length " + std::to_string(ids.length));
-  for (int h = 0; h < heads; ++h) {
-    if (off.data[h + 1] < off.data[h]) Throw("E_RANGE", what + "." + offKey + ": expected non-decreasing offsets");
-    for (int32_t i = off.data[h] + 1; i < off.data[h + 1]; ++i)
-      if (ids.data[i] <= ids.data[i - 1])
-        Throw("E_RANGE", what + "." + idKey + "[" + std::to_string(i) + "]: expected ascending unique ids per kv head");
-  }
+// Page lists (kvHeads + 1 offsets and ascending ids per head) of a buffer of page-first chunks;
+// returns false when absent (undefined).
+bool GetPageLists(const Napi::Object& o, const char* offKey, const char* idKey, int heads, const std::string& what,
+                  ArrayArg<int32_t>& off, ArrayArg<int32_t>& ids) {
+  if (o.Get(offKey).IsUndefined()) return false;
+  GetChunkLists(o, offKey, idKey, heads, INT32_MAX, what, "", off, ids);
   return true;
 }
 
@@ -207,52 +197,25 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   job.kvHeads = job.sinkK.heads;
   job.dim = job.sinkK.dim;
   job.dtype = job.sinkK.dtype;
-  job.qHeads = int(GetInt(o, "qHeads", what, 1, 65536));
-  if (job.qHeads % job.kvHeads != 0)
-    Throw("E_SHAPE", what + ".qHeads: expected a multiple of the kv heads (" + std::to_string(job.kvHeads) + "), got " +
-                         std::to_string(job.qHeads));
+  job.qHeads = GetQHeads(o, job.kvHeads, what);
   job.group = job.qHeads / job.kvHeads;
-  auto q = GetF32(o.Get("q"), what + ".q");
-  ExpectLength(q.length, size_t(job.qHeads) * size_t(job.dim), what + ".q (qHeads*dim)");
-  for (size_t i = 0; i < q.length; ++i)
-    if (!std::isfinite(q.data[i]))
-      Throw("E_NONFINITE", what + ".q: element " + std::to_string(i) + " is NaN/Inf; expected finite values");
+  auto q = GetQuery(o, job.qHeads, job.dim, what);
   job.q = q.data;
   keep.push_back(q.object);
-  Napi::Value sc = o.Get("scale");
-  job.scale = 1.f / std::sqrt(float(job.dim));
-  if (!sc.IsUndefined()) {
-    if (!sc.IsNumber()) Throw("E_TYPE", what + ".scale: expected a number, got a non-number");
-    const double d = sc.As<Napi::Number>().DoubleValue();
-    if (!std::isfinite(d) || d <= 0) Throw("E_RANGE", what + ".scale: expected a finite number > 0, got " + Num(d));
-    job.scale = float(d);
-  }
-  job.tailBase = GetInt(o, "tailBase", what, 0, int64_t(1) << 40);
+  job.scale = GetScaleArg(o, job.dim, what);
+  job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
 
-  const std::string sw = what + ".selection";
-  Napi::Value sv = o.Get("selection");
-  if (!sv.IsObject()) Throw("E_TYPE", sw + ": expected a Selection object { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds }");
-  Napi::Object sel = sv.As<Napi::Object>();
-  job.chunkSize = GetInt(sel, "chunkSize", sw, 1, int64_t(1) << 20);
-  job.tokens = GetInt(sel, "tokens", sw, 0, int64_t(1) << 40);
-  job.sinkEnd = GetInt(sel, "sinkEnd", sw, 0, std::min(job.tokens, job.sinkK.tokens));
-  job.tailStart = GetInt(sel, "tailStart", sw, std::max(job.sinkEnd, job.tailBase), job.tokens);
-  if (job.tokens > job.tailBase + job.tailK.tokens)
-    Throw("E_RANGE", sw + ".tokens: expected at most tailBase + tail tokens = " + std::to_string(job.tailBase + job.tailK.tokens) +
-                         " (the tail tensor must hold [tailStart, tokens)), got " + std::to_string(job.tokens));
-  auto offsets = GetI32(sel.Get("offsets"), sw + ".offsets");
-  auto ids = GetI32(sel.Get("chunkIds"), sw + ".chunkIds");
-  const int64_t maxChunks = (job.tailStart + job.chunkSize - 1) / job.chunkSize;
-  CheckChunkLists(offsets, ids, job.kvHeads, maxChunks, sw, " (chunks before tailStart " + std::to_string(job.tailStart) + ")");
-  job.offsets = offsets.data;
-  job.chunkIds = ids.data;
-  job.nChunks = ids.length;
-  keep.push_back(offsets.object);
-  keep.push_back(ids.object);
+  SelectionRules rules;
+  rules.kvHeads = job.kvHeads;
+  rules.maxTokens = job.tailBase + job.tailK.tokens;
+  rules.maxSinkEnd = job.sinkK.tokens;
+  rules.minTailStart = job.tailBase;
+  rules.chunksBeforeTail = true;
+  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
 
   ArrayArg<int32_t> fOff, fIds;
   size_t nFetched = job.nChunks;
-  if (GetIdLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, what, fOff, fIds)) {
+  if (GetPageLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, what, fOff, fIds)) {
     job.fetchedOffsets = fOff.data;
     job.fetchedIds = fIds.data;
     nFetched = fIds.length;
@@ -263,7 +226,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
     job.fetchedIds = job.chunkIds;
   }
   auto fetched = GetArray<uint8_t>(o.Get("fetched"), napi_uint8_array, what + ".fetched");
-  const size_t need = nFetched * PageFirstChunkBytes(int(job.chunkSize), job.dim, job.dtype);
+  const uint64_t need = CheckedMul(nFetched, PageFirstChunkBytes(int(job.chunkSize), job.dim, job.dtype), what + ".fetched size");
   if (fetched.length < need)
     Throw("E_SHAPE", what + ".fetched: expected at least " + std::to_string(need) + " bytes (" + std::to_string(nFetched) +
                          " page-first chunks), got " + std::to_string(fetched.length));
@@ -271,9 +234,9 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   keep.push_back(fetched.object);
   GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.chunkSize, job.tier, job.hotSeq, job.hotLayer);
 
-  auto out = Napi::Float32Array::New(env, size_t(job.qHeads) * size_t(job.dim));
-  auto lse = Napi::Float32Array::New(env, size_t(job.qHeads));
-  auto mass = Napi::Float32Array::New(env, job.nChunks);
+  auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
+  auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
+  auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
   job.out = out.Data();
   job.lse = lse.Data();
   job.chunkMass = mass.Data();
@@ -295,8 +258,9 @@ Napi::Value AttendFetched(const Napi::CallbackInfo& info) {
   });
 }
 
+// Validation errors reject the promise (an async API never throws synchronously).
 Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
+  return GuardPromise(info.Env(), "attendFetchedAsync", [&]() -> Napi::Value {
     std::vector<Napi::Object> keep;
     Napi::Object result;
     FetchedJob job = Prepare(info, "attendFetchedAsync", keep, result);
@@ -324,45 +288,27 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
     tier = hot::Acquire(int32_t(GetInt(hv.As<Napi::Object>(), "handle", what + ".hot", 0, int64_t(1) << 30)));
     const hot::TierConfig& c = tier->config();
     GetHot(o, what, c.kvHeads, c.dim, c.dtype, c.chunkSize, tier, seq, layer);
-    const int64_t tokens = GetInt(o, "tokens", what, 0, int64_t(1) << 40);
-    Napi::Value sv = o.Get("selection");
-    if (!sv.IsObject()) Throw("E_TYPE", what + ".selection: expected a Selection");
-    Napi::Object sel = sv.As<Napi::Object>();
+    const int64_t tokens = GetInt(o, "tokens", what, 0, kMaxTokens);
     const std::string sw = what + ".selection";
-    if (GetInt(sel, "chunkSize", sw, 1, int64_t(1) << 20) != c.chunkSize)
-      Throw("E_SHAPE", sw + ".chunkSize: expected the hot tier's chunk size " + std::to_string(c.chunkSize));
-    const int64_t tailStart = GetInt(sel, "tailStart", sw, 0, tokens);
-    ArrayArg<int32_t> off, ids, pOff, pIds;
-    if (!GetIdLists(sel, "offsets", "chunkIds", c.kvHeads, sw, off, ids)) Throw("E_TYPE", sw + ".offsets: expected an Int32Array");
-    ArrayArg<float> poolScores;
-    Napi::Value pov = sel.Get("poolOffsets");
-    const int32_t* selPoolOff = nullptr;
-    const int32_t* selPoolIds = nullptr;
-    const float* selPoolScores = nullptr;
-    if (!pov.IsUndefined()) {
-      auto po = GetI32(pov, sw + ".poolOffsets");
-      auto pi = GetI32(sel.Get("poolIds"), sw + ".poolIds");
-      poolScores = GetF32(sel.Get("poolScores"), sw + ".poolScores");
-      ExpectLength(po.length, size_t(c.kvHeads) + 1, sw + ".poolOffsets (kvHeads+1)");
-      ExpectLength(poolScores.length, pi.length, sw + ".poolScores (one per pool id)");
-      if (po.data[0] != 0 || size_t(po.data[c.kvHeads]) != pi.length) Throw("E_SHAPE", sw + ".poolOffsets: expected 0 .. poolIds.length");
-      for (int h = 0; h < c.kvHeads; ++h)
-        if (po.data[h + 1] < po.data[h]) Throw("E_RANGE", sw + ".poolOffsets: expected non-decreasing offsets");
-      for (size_t i = 0; i < pi.length; ++i)
-        if (!std::isfinite(poolScores.data[i])) Throw("E_NONFINITE", sw + ".poolScores[" + std::to_string(i) + "]: expected a finite score");
-      selPoolOff = po.data;
-      selPoolIds = pi.data;
-      selPoolScores = poolScores.data;
-    }
-    if (!GetIdLists(o, "pageOffsets", "pageIds", c.kvHeads, what, pOff, pIds)) Throw("E_TYPE", what + ".pageOffsets: expected an Int32Array");
+    SelectionRules rules;
+    rules.kvHeads = c.kvHeads;
+    rules.chunkSize = c.chunkSize;
+    rules.chunksBeforeTail = true;
+    rules.pool = true;
+    const SelectionArg sel = GetSelectionArg(o.Get("selection"), rules, sw);
+    const int64_t tailStart = sel.tailStart;
+    if (tailStart > tokens)
+      Throw("E_RANGE", sw + ".tailStart: expected at most tokens " + std::to_string(tokens) + " (the rows the pages hold), got " +
+                           std::to_string(tailStart));
+    const ArrayArg<int32_t>& off = sel.offsets;
+    const ArrayArg<int32_t>& ids = sel.chunkIds;
+    ArrayArg<int32_t> pOff, pIds;
+    if (!GetPageLists(o, "pageOffsets", "pageIds", c.kvHeads, what, pOff, pIds)) Throw("E_TYPE", what + ".pageOffsets: expected an Int32Array");
     auto pages = GetArray<uint8_t>(o.Get("pages"), napi_uint8_array, what + ".pages");
     const size_t cb = PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype);
-    if (pages.length < pIds.length * cb)
-      Throw("E_SHAPE", what + ".pages: expected at least " + std::to_string(pIds.length * cb) + " bytes, got " + std::to_string(pages.length));
-    for (int h = 0; h < c.kvHeads; ++h)
-      for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i)
-        if (int64_t(ids.data[i]) * c.chunkSize >= tailStart)
-          Throw("E_RANGE", sw + ".chunkIds[" + std::to_string(i) + "]: expected a chunk before tailStart " + std::to_string(tailStart));
+    const uint64_t needBytes = CheckedMul(pIds.length, cb, what + ".pages size");
+    if (pages.length < needBytes)
+      Throw("E_SHAPE", what + ".pages: expected at least " + std::to_string(needBytes) + " bytes, got " + std::to_string(pages.length));
     hot::PagedChunks paged{pages.data, cb, pOff.data, pIds.data};
     hot::Source src{nullptr, nullptr, &paged, tokens};
     hot::Tier::LayerLock lock(*tier, seq, layer);
@@ -371,10 +317,11 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
       hot::HeadSelection hs;
       hs.ids = ids.data + off.data[h];
       hs.n = off.data[h + 1] - off.data[h];
-      if (selPoolOff) {
-        hs.poolIds = selPoolIds + selPoolOff[h];
-        hs.poolScores = selPoolScores + selPoolOff[h];
-        hs.poolN = selPoolOff[h + 1] - selPoolOff[h];
+      if (sel.hasPool) {
+        const int32_t* po = sel.poolOffsets.data;
+        hs.poolIds = sel.poolIds.data + po[h];
+        hs.poolScores = sel.poolScores.data + po[h];
+        hs.poolN = po[h + 1] - po[h];
       }
       total.Add(tier->Fetch(seq, layer, h, hs, tailStart, src));
     }

@@ -53,12 +53,12 @@ describe('attendStaged', () => {
   it('rejects bad input with typed errors', async () => {
     const staged = stage(k, v, 12);
     const ok = { q, qHeads: Q, k: kv(k), v: kv(v), selection: sel, staged, stagedChunks: 12, maxChunksPerHead: MAXC };
-    await expectKvdError(() => native.attendStaged({ ...ok, qHeads: 3 }), 'E_SHAPE', /qHeads: expected a multiple of kv heads 2, got 3/);
+    await expectKvdError(() => native.attendStaged({ ...ok, qHeads: 3 }), 'E_SHAPE', /qHeads: expected a multiple of the kv heads \(2\), got 3/);
     await expectKvdError(() => native.attendStaged({ ...ok, q: new Float32Array(5) }), 'E_SHAPE', /q \(qHeads\*dim\)/);
-    await expectKvdError(() => native.attendStaged({ ...ok, maxChunksPerHead: 2 }), 'E_RANGE', /expected 0..maxChunksPerHead = 2 chunks for kv head 0, got 3/);
+    await expectKvdError(() => native.attendStaged({ ...ok, maxChunksPerHead: 2 }), 'E_RANGE', /expected at most maxChunksPerHead = 2 chunks for kv head 0, got 3/);
     await expectKvdError(() => native.attendStaged({ ...ok, staged: new Uint8Array(16) }), 'E_SHAPE', /staged: expected at least kvHeads x maxChunksPerHead x chunkBytes/);
     await expectKvdError(() => native.attendStaged({ ...ok, stagedChunks: 17 }), 'E_RANGE', /stagedChunks/);
-    await expectKvdError(() => native.attendStaged({ ...ok, selection: { ...sel, chunkIds: Int32Array.from([2, 2, 11, 1, 13]) } }), 'E_RANGE', /expected ascending ids/);
+    await expectKvdError(() => native.attendStaged({ ...ok, selection: { ...sel, chunkIds: Int32Array.from([2, 2, 11, 1, 13]) } }), 'E_RANGE', /expected ascending unique chunk ids/);
     await expectKvdError(() => native.attendStaged({ ...ok, k: { ...kv(k), dtype: 'f16', data: new Uint16Array(T * H * D) } }), 'E_DTYPE', /expected f32 k and v/);
     await expectKvdError(() => native.attendStaged({ ...ok, scale: -1 }), 'E_RANGE', /scale/);
     await expectKvdError(() => native.attendStaged(undefined), 'E_TYPE', /expected an options object/);

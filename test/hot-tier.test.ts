@@ -298,7 +298,7 @@ describe('hot tier', () => {
     await expectKvdError(() => t.fetch({ layer: 0, k: kvTensor(64, 1, 16, 'f32', 1), v: k, selection: sel }), 'E_SHAPE', /expected heads 2 and dim 8/);
     await expectKvdError(() => t.fetch({ layer: 0, k, v: k, selection: { ...sel, chunkSize: 8 } }), 'E_SHAPE', /chunk size 4, got 8/);
     await expectKvdError(() => t.fetch({ layer: 0, k, v: k, selection: { ...sel, offsets: Int32Array.from([0, 2, 2]), chunkIds: Int32Array.from([5, 3]) } }), 'E_RANGE', /ascending unique/);
-    await expectKvdError(() => t.fetch({ layer: 0, k, v: k, selection: { ...sel, chunkIds: Int32Array.from([3, 99]) } }), 'E_RANGE', /chunk id in \[0, 16\), got 99/);
+    await expectKvdError(() => t.fetch({ layer: 0, k, v: k, selection: { ...sel, chunkIds: Int32Array.from([3, 99]) } }), 'E_RANGE', /chunk id in \[0, 16\).*, got 99/);
     await expectKvdError(() => t.fetch({ layer: 0, k, v: k, selection: { ...sel, tokens: 65 } }), 'E_RANGE', /tokens/);
     await expectKvdError(
       () => t.fetch({ layer: 0, k, v: k, selection: { ...sel, poolOffsets: Int32Array.from([0, 1, 2]), poolIds: Int32Array.from([1, 2]), poolScores: Float32Array.from([1, NaN]) } }),

@@ -161,7 +161,7 @@ describe('tiered KV fetch', () => {
     const dest = new Uint8Array(64 * kv.chunkBytes);
     await expectKvdError(() => kv.fetch(request(0, [[32], []]), dest), 'E_RANGE', /chunk id in \[0, 32\).*got 32/);
     await expectKvdError(() => kv.fetch(request(2, [[0], []]), dest), 'E_RANGE', /layer/);
-    await expectKvdError(() => kv.fetch(request(0, [[0]]), dest), 'E_SHAPE', /kvHeads \+ 1 = 3/);
+    await expectKvdError(() => kv.fetch(request(0, [[0]]), dest), 'E_SHAPE', /offsets \(kvHeads\+1\): expected 3 elements, got 2/);
     await expectKvdError(() => kv.fetch({ ...request(0, [[0], []]), chunkSize: 8 }, dest), 'E_CONFIG', /chunk size 4/);
     await expectKvdError(() => kv.fetch(request(0, [[0, 1], []]), new Uint8Array(10)), 'E_SHAPE', /at least 2 chunks/);
     await expectKvdError(() => kv.fetch(request(0, [[0], []], [NaN]), dest), 'E_NONFINITE', /scores/);

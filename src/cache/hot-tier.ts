@@ -12,10 +12,11 @@
  * (a concurrent second one is rejected with E_CONFIG).
  */
 import { z } from 'zod';
-import { KvdriveError, describe } from '../errors.js';
+import { KvdriveError, describe, fail } from '../errors.js';
 import { native } from '../native.js';
 import type { Dtype, KvTensor } from '../types.js';
 import type { Selection } from '../index/selection.js';
+import { expectInt } from '../util/check.js';
 
 /** Eviction policies of the hot tier. */
 export const EvictionPolicies = ['lookahead', 'lru', 'lfu'] as const;
@@ -194,6 +195,11 @@ function sum<T extends TierCounters>(xs: T[]): TierCounters {
 
 /** Resolves the `windows` option to windows[layer][head], validating the shape. */
 export function resolveWindows(w: HotTierOptions['windows'], layers: number, kvHeads: number): number[][] {
+  expectInt(layers, 'resolveWindows layers', 1, 4096);
+  expectInt(kvHeads, 'resolveWindows kvHeads', 1, 4096);
+  const r = OptionsSchema.shape.windows.safeParse(w);
+  if (!r.success) fail('E_CONFIG', 'hot tier windows', 'a window, windows[layer][head] or a window allocation', w);
+  w = r.data as HotTierOptions['windows'];
   if (typeof w === 'number') return Array.from({ length: layers }, () => new Array<number>(kvHeads).fill(w));
   let rows: number[][];
   if (Array.isArray(w)) rows = w;

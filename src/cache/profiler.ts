@@ -19,7 +19,7 @@ import type { PolicyName } from '../index/selection.js';
 import { layerKvWithNew, type TraceReader } from '../trace/trace.js';
 import type { KvTensor } from '../types.js';
 import { EvictionPolicies, HotTier, resolveWindows, type EvictionPolicy } from './hot-tier.js';
-import type { PairProfile, WindowProfile } from './profile-types.js';
+import { parseProfile, type PairProfile, type WindowProfile } from './profile-types.js';
 import { warmUp } from './warmup.js';
 
 /** Options of {@link profileTrace}. */
@@ -216,6 +216,7 @@ export async function measureWindows(
 
 /** Totals of a profile per window: fetched bytes per step (all pairs) and mean hit rate. */
 export function profileTotals(p: WindowProfile): { window: number; fetchedBytesPerStep: number; residentBytes: number; hitRate: number }[] {
+  p = parseProfile(p, 'profileTotals profile');
   return p.windows.map((w, j) => {
     let f = 0;
     let c = 0;

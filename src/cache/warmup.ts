@@ -11,7 +11,8 @@
 import { fail } from '../errors.js';
 import { native } from '../native.js';
 import type { KvTensor } from '../types.js';
-import type { HotTier } from './hot-tier.js';
+import { HotTier } from './hot-tier.js';
+import { expectArray, expectInt, expectObject } from '../util/check.js';
 
 /** Observation window of one layer. */
 export interface ObservationWindow {
@@ -31,11 +32,13 @@ export interface ObservationWindow {
  * chunk j. Runs in C++ (AttentionProbsHeadSpans, same arithmetic as attention).
  */
 export function importanceScores(k: KvTensor, obs: ObservationWindow, chunkSize: number): Float32Array {
+  expectObject(obs, 'importanceScores observation window');
   return native.hotTierImportance({ k, q: obs.q, qHeads: obs.qHeads, positions: obs.positions, chunkSize }) as Float32Array;
 }
 
 /** {@link importanceScores} off the JS thread (prefill-sized inputs take long). */
-export function importanceScoresAsync(k: KvTensor, obs: ObservationWindow, chunkSize: number): Promise<Float32Array> {
+export async function importanceScoresAsync(k: KvTensor, obs: ObservationWindow, chunkSize: number): Promise<Float32Array> {
+  expectObject(obs, 'importanceScoresAsync observation window');
   return native.hotTierImportanceAsync({ k, q: obs.q, qHeads: obs.qHeads, positions: obs.positions, chunkSize }) as Promise<Float32Array>;
 }
 
@@ -50,6 +53,9 @@ export function rankChunks(
   sinkEnd: number,
   tailStart: number,
 ): { offsets: Int32Array; chunkIds: Int32Array } {
+  expectArray(scores, Float32Array, 'rankChunks scores');
+  expectInt(kvHeads, 'rankChunks kvHeads', 1, 4096);
+  expectInt(chunkSize, 'rankChunks chunkSize', 1, 65536);
   if (scores.length % kvHeads !== 0) fail('E_SHAPE', 'rankChunks scores', `a multiple of kvHeads (${kvHeads}) entries`, scores.length);
   if (!Number.isInteger(sinkEnd) || !Number.isInteger(tailStart) || sinkEnd < 0 || tailStart < sinkEnd)
     fail('E_RANGE', 'rankChunks sinkEnd/tailStart', 'integers with 0 <= sinkEnd <= tailStart', `${sinkEnd}/${tailStart}`);
@@ -74,6 +80,8 @@ export function warmUp(
   tier: HotTier,
   args: { sequence?: number; layer: number; k: KvTensor; v: KvTensor; sinkEnd: number; tailStart: number } & ObservationWindow,
 ): Int32Array {
+  if (!(tier instanceof HotTier)) fail('E_TYPE', 'warmUp tier', 'a HotTier', tier);
+  expectObject(args, 'warmUp args');
   const { chunkSize, kvHeads } = tier.options;
   const scores = importanceScores(args.k, args, chunkSize);
   const ranked = rankChunks(scores, kvHeads, chunkSize, args.sinkEnd, args.tailStart);
@@ -85,6 +93,8 @@ export async function warmUpAsync(
   tier: HotTier,
   args: { sequence?: number; layer: number; k: KvTensor; v: KvTensor; sinkEnd: number; tailStart: number } & ObservationWindow,
 ): Promise<Int32Array> {
+  if (!(tier instanceof HotTier)) fail('E_TYPE', 'warmUpAsync tier', 'a HotTier', tier);
+  expectObject(args, 'warmUpAsync args');
   const { chunkSize, kvHeads } = tier.options;
   const scores = await importanceScoresAsync(args.k, args, chunkSize);
   const ranked = rankChunks(scores, kvHeads, chunkSize, args.sinkEnd, args.tailStart);

@@ -11,7 +11,7 @@
  *    best benefit-to-cost ratio that still fits (the paper's offline heuristic).
  *  - auto: exact when the unquantised table fits, greedy otherwise.
  */
-import { KvdriveError } from '../errors.js';
+import { KvdriveError, fail } from '../errors.js';
 import { z } from 'zod';
 import type { WindowProfile } from './profile-types.js';
 
@@ -289,6 +289,7 @@ export function parseWindowAllocation(value: unknown, shape: { layers: number; k
 
 /** Parses a byte count: an integer, optionally with K/M/G (×1000) or KiB/MiB/GiB (×1024) suffix. */
 export function parseBytes(text: string, what = 'budget'): number {
+  if (typeof text !== 'string') fail('E_CONFIG', String(what), 'a byte count like 65536, 64KiB or 1.5MB (a string)', text);
   const m = /^\s*(\d+(?:\.\d+)?)\s*(|k|kb|m|mb|g|gb|kib|mib|gib)\s*$/i.exec(text);
   if (!m) throw new KvdriveError('E_CONFIG', `${what}: expected a byte count like 65536, 64KiB or 1.5MB, got ${JSON.stringify(text)}`);
   const mult: Record<string, number> = { '': 1, k: 1e3, kb: 1e3, m: 1e6, mb: 1e6, g: 1e9, gb: 1e9, kib: 1024, mib: 1 << 20, gib: 1 << 30 };

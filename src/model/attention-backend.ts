@@ -29,6 +29,21 @@ export interface AttentionShape {
   seqLen: number;
 }
 
+/** Limits of an {@link AttentionShape} (those of a llama2.c checkpoint header, model/checkpoint.ts). */
+const SHAPE_LIMITS = { nLayers: 1 << 12, nHeads: 1 << 16, nKvHeads: 1 << 16, headSize: 1 << 16, seqLen: 1 << 22 } as const;
+
+/** Checks a backend's shape: positive integers within SHAPE_LIMITS, nHeads a multiple of nKvHeads. */
+export function checkAttentionShape(shape: AttentionShape): void {
+  if (shape === null || typeof shape !== 'object') fail('E_CONFIG', 'attention shape', 'an object { nLayers, nHeads, nKvHeads, headSize, seqLen }', shape);
+  for (const [k, max] of Object.entries(SHAPE_LIMITS)) {
+    const v = (shape as unknown as Record<string, unknown>)[k];
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > max) fail('E_CONFIG', `attention shape ${k}`, `an integer in [1, ${max}]`, v);
+  }
+  if (shape.nHeads * shape.headSize > 1 << 24) fail('E_CONFIG', 'attention shape nHeads*headSize', `at most ${1 << 24}`, shape.nHeads * shape.headSize);
+  if (shape.nHeads % shape.nKvHeads !== 0) fail('E_CONFIG', 'attention shape', 'nHeads divisible by nKvHeads', `${shape.nHeads}/${shape.nKvHeads}`);
+}
+
+import { fail } from '../errors.js';
 import type { PolicyOptions } from '../index/options.js';
 import type { PolicyName } from '../index/selection.js';
 

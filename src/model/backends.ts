@@ -29,6 +29,8 @@ const factories = new Map<string, BackendFactory>([
 
 /** Registers a backend under a name (used by `kvdrive generate --backend`). */
 export function registerBackend(name: string, factory: BackendFactory): void {
+  if (typeof name !== 'string' || name.length === 0) fail('E_CONFIG', 'attention backend name', 'a non-empty string', name);
+  if (typeof factory !== 'function') fail('E_CONFIG', `attention backend "${name}" factory`, 'a function (shape, options) => AttentionBackend', factory);
   if (factories.has(name)) throw new KvdriveError('E_CONFIG', `attention backend "${name}" is already registered`);
   factories.set(name, factory);
 }

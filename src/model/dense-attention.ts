@@ -4,7 +4,7 @@
  * positions [0, pos] of its kv head, then the weighted sum of the values.
  */
 import { fail } from '../errors.js';
-import type { AttentionBackend, AttentionShape } from './attention-backend.js';
+import { checkAttentionShape, type AttentionBackend, type AttentionShape } from './attention-backend.js';
 
 export class DenseTsAttention implements AttentionBackend {
   /** Scratch for one head's scores over positions [0, pos]. */
@@ -15,10 +15,8 @@ export class DenseTsAttention implements AttentionBackend {
   private readonly kvDim: number;
 
   constructor(readonly shape: AttentionShape) {
-    const { nHeads, nKvHeads, headSize, seqLen, nLayers } = shape;
-    for (const [k, v] of Object.entries({ nLayers, nHeads, nKvHeads, headSize, seqLen }))
-      if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `attention shape ${k}`, 'an integer ≥ 1', v);
-    if (nHeads % nKvHeads !== 0) fail('E_CONFIG', 'attention shape', 'nHeads divisible by nKvHeads', `${nHeads}/${nKvHeads}`);
+    checkAttentionShape(shape);
+    const { nHeads, nKvHeads, headSize, seqLen } = shape;
     this.scores = new Float32Array(seqLen);
     this.out = new Float32Array(nHeads * headSize);
     this.group = nHeads / nKvHeads;

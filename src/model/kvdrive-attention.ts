@@ -21,7 +21,7 @@ import { createPolicy, type SelectionPolicy } from '../index/policy.js';
 import type { PolicyOptions } from '../index/options.js';
 import type { PolicyName, Selection } from '../index/selection.js';
 import type { KvTensor } from '../types.js';
-import type { AttentionBackend, AttentionShape } from './attention-backend.js';
+import { checkAttentionShape, type AttentionBackend, type AttentionShape } from './attention-backend.js';
 
 /** Options of {@link KvdriveAttention}. */
 export interface KvdriveAttentionOptions {
@@ -126,10 +126,8 @@ export class KvdriveAttention implements AttentionBackend {
     readonly shape: AttentionShape,
     options: KvdriveAttentionOptions,
   ) {
+    checkAttentionShape(shape);
     const { nHeads, nKvHeads, headSize, seqLen, nLayers } = shape;
-    for (const [k, v] of Object.entries({ nLayers, nHeads, nKvHeads, headSize, seqLen }))
-      if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `attention shape ${k}`, 'an integer ≥ 1', v);
-    if (nHeads % nKvHeads !== 0) fail('E_CONFIG', 'attention shape', 'nHeads divisible by nKvHeads', `${nHeads}/${nKvHeads}`);
     const o = parseOptions(options);
     this.policy = o.policy ?? 'kvdrive';
     this.budget = o.budget;

@@ -88,7 +88,9 @@ export function parseOptions<T>(schema: z.ZodType<T>, value: unknown, what: stri
   const issue = r.error.issues[0]!;
   const path = issue.path.length ? `${what}.${issue.path.join('.')}` : what;
   const given = issue.path.reduce<unknown>((o, k) => (o && typeof o === 'object' ? (o as Record<PropertyKey, unknown>)[k as PropertyKey] : undefined), value);
-  fail('E_CONFIG', path, issue.message.replace(/^Invalid input: /, ''), given);
+  // zod says "Invalid input: expected object, received number"; fail() adds "expected" and "got".
+  const expected = issue.message.replace(/^Invalid input: /, '').replace(/^expected /, '').replace(/, received [^,]*$/, '');
+  fail('E_CONFIG', path, expected, given);
 }
 
 /** Whether this build has io_uring and whether the kernel accepts a ring right now. */
@@ -131,6 +133,7 @@ export class IoEngine {
   /** Reads every request into `dest`; resolves when all arrived. */
   async read(reads: readonly IoRead[], dest: Uint8Array, cancelFlag?: number): Promise<IoBatchStats> {
     this.check();
+    if (!Array.isArray(reads)) fail('E_TYPE', 'IoEngine.read reads', 'an array of { file, offset, length, destOffset }', reads);
     const n = reads.length;
     const files = new Int32Array(n);
     const offsets = new Float64Array(n);
@@ -138,6 +141,7 @@ export class IoEngine {
     const destOffsets = new Float64Array(n);
     for (let i = 0; i < n; i++) {
       const r = reads[i]!;
+      if (r === null || typeof r !== 'object') fail('E_TYPE', `IoEngine.read reads[${i}]`, 'an object { file, offset, length, destOffset }', r);
       files[i] = r.file;
       offsets[i] = r.offset;
       lengths[i] = r.length;

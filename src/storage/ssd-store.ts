@@ -44,6 +44,7 @@ export const storeShapeSchema = z
 
 /** Bytes of one page-first chunk: 2 (K and V) x chunkSize rows x headDim x dtype size. */
 export function chunkBytesOf(shape: StoreShape): number {
+  shape = parseOptions(storeShapeSchema, shape, 'store shape');
   return 2 * shape.chunkSize * shape.headDim * (shape.dtype === 'f32' ? 4 : 2);
 }
 

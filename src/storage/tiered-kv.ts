@@ -17,7 +17,8 @@ import type { Selection } from '../index/selection.js';
 import { native } from '../native.js';
 import type { DramStore } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
-import type { SsdStore, StoreShape } from './ssd-store.js';
+import { chunkBytesOf, storeShapeSchema, type SsdStore, type StoreShape } from './ssd-store.js';
+import { expectArray, expectInt, expectObject } from '../util/check.js';
 
 /** Options of a {@link TieredKv}. */
 export interface TieredKvOptions {
@@ -119,6 +120,10 @@ interface Prefetch {
 
 /** K and V rows of entry `i` of a fetch buffer, as typed views (f32: Float32Array, else Uint16Array). */
 export function chunkRows(buf: Uint8Array, i: number, shape: StoreShape): { k: Float32Array | Uint16Array; v: Float32Array | Uint16Array } {
+  expectArray(buf, Uint8Array, 'chunkRows buf');
+  shape = parseOptions(storeShapeSchema, shape, 'chunkRows shape');
+  const cb = chunkBytesOf(shape);
+  expectInt(i, 'chunkRows entry', 0, Math.floor(buf.length / cb) - 1);
   const n = shape.chunkSize * shape.headDim;
   const es = shape.dtype === 'f32' ? 4 : 2;
   const base = buf.byteOffset + i * 2 * n * es;
@@ -200,6 +205,7 @@ export class TieredKv {
 
   /** Builds a fetch request from a Selection of one layer (chunk sizes must match the store). */
   static requestFromSelection(sel: Selection, layer: number, scores?: Float32Array): FetchRequest {
+    expectObject(sel, 'requestFromSelection selection');
     return { layer, offsets: sel.offsets, chunkIds: sel.chunkIds, scores, chunkSize: sel.chunkSize };
   }
 
@@ -212,17 +218,9 @@ export class TieredKv {
     const cs = req.chunkSize;
     if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'fetch request chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
     if (!Number.isInteger(req.layer) || req.layer < 0 || req.layer >= s.layers) fail('E_RANGE', 'fetch request layer', `an integer in [0, ${s.layers})`, req.layer);
-    if (!(req.offsets instanceof Int32Array) || req.offsets.length !== s.kvHeads + 1)
-      fail('E_SHAPE', 'fetch request offsets', `an Int32Array of kvHeads + 1 = ${s.kvHeads + 1} entries`, req.offsets);
-    if (!(req.chunkIds instanceof Int32Array)) fail('E_TYPE', 'fetch request chunkIds', 'an Int32Array', req.chunkIds);
-    const off = req.offsets;
-    if (off[0] !== 0 || off[s.kvHeads] !== req.chunkIds.length) fail('E_SHAPE', 'fetch request offsets', `0 .. chunkIds.length ${req.chunkIds.length}`, `${off[0]} .. ${off[s.kvHeads]}`);
-    for (let h = 0; h < s.kvHeads; h++) if (off[h + 1]! < off[h]!) fail('E_SHAPE', 'fetch request offsets', 'non-decreasing offsets', Array.from(off).join(','));
+    // The kernels' chunk-list validator (native/args.h): offsets, ids in [0, sealed chunks of the chain).
+    native.checkChunkLists({ offsets: req.offsets, chunkIds: req.chunkIds, kvHeads: s.kvHeads, maxChunks: this.totalChunks, what: 'fetch request', ascending: false });
     const ids = req.chunkIds;
-    for (let i = 0; i < ids.length; i++) {
-      const g = ids[i]!;
-      if (!(g >= 0 && g < this.totalChunks)) fail('E_RANGE', `fetch request chunkIds[${i}]`, `a chunk id in [0, ${this.totalChunks}) (sealed chunks of the segment chain)`, g);
-    }
     if (req.scores !== undefined) {
       if (!(req.scores instanceof Float32Array) || req.scores.length !== ids.length)
         fail('E_SHAPE', 'fetch request scores', `a Float32Array of ${ids.length} entries`, req.scores);

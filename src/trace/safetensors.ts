@@ -281,6 +281,7 @@ export class SafetensorsFile {
    */
   static async open(path: string): Promise<SafetensorsFile> {
     assertLittleEndianHost();
+    if (typeof path !== 'string' || path.length === 0) fail('E_CONFIG', 'safetensors path', 'a non-empty string', path);
     let fh: FileHandle;
     try {
       fh = await open(path, 'r');
@@ -375,15 +376,17 @@ export function openSafetensors(path: string): Promise<SafetensorsFile> {
 }
 
 function validateSpecs(specs: readonly TensorSpec[]): void {
+  if (!Array.isArray(specs)) fail('E_CONFIG', 'tensor specs', 'an array of { name, dtype, shape }', specs);
   const seen = new Set<string>();
   for (const s of specs) {
+    if ((s as unknown) === null || typeof (s as unknown) !== 'object') fail('E_CONFIG', 'tensor spec', 'an object { name, dtype, shape }', s);
     if (typeof s.name !== 'string' || s.name.length === 0 || s.name === '__metadata__') {
       fail('E_CONFIG', 'tensor name', 'a non-empty string other than "__metadata__"', s.name);
     }
     if (seen.has(s.name)) fail('E_CONFIG', 'tensor name', 'unique names', s.name);
     seen.add(s.name);
     if (!isDataDtype(s.dtype)) fail('E_DTYPE', `tensor "${s.name}" dtype`, `one of ${DATA_DTYPES.join(', ')}`, s.dtype);
-    if (!Array.isArray(s.shape) || !s.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+    if (!Array.isArray(s.shape) || !s.shape.every((d: number) => Number.isSafeInteger(d) && d >= 0)) {
       fail('E_SHAPE', `tensor "${s.name}" shape`, 'an array of non-negative integers', s.shape);
     }
   }
@@ -416,6 +419,7 @@ export class SafetensorsWriter {
    */
   static async create(path: string, specs: readonly TensorSpec[], metadata?: Record<string, string>): Promise<SafetensorsWriter> {
     assertLittleEndianHost();
+    if (typeof path !== 'string' || path.length === 0) fail('E_CONFIG', 'safetensors path', 'a non-empty string', path);
     validateSpecs(specs);
     const header: Record<string, unknown> = {};
     if (metadata !== undefined) {

@@ -14,6 +14,7 @@ import { KvdriveError, fail } from '../errors.js';
 import type { Dtype, KvTensor } from '../types.js';
 import { bf16ArrayToF32, f16ArrayToF32, fromF32 } from '../util/f16.js';
 import { SafetensorsFile, SafetensorsWriter, type DataDtype, type Tensor, type TensorSpec } from './safetensors.js';
+import { expectObject } from '../util/check.js';
 
 const positiveInt = z.number().int().positive();
 
@@ -359,6 +360,12 @@ export function memoryTrace(
  * Copies both (the result owns its memory).
  */
 export function layerKvWithNew(layer: TraceLayer): { k: KvTensor; v: KvTensor } {
+  expectObject(layer, 'layerKvWithNew layer');
+  for (const key of ['k', 'v', 'kNew', 'vNew'] as const) {
+    const t: unknown = layer[key];
+    expectObject(t, `layerKvWithNew layer.${key}`);
+    if (!ArrayBuffer.isView(t.data)) fail('E_TYPE', `layerKvWithNew layer.${key}.data`, 'a Float32Array or Uint16Array', t.data);
+  }
   const join = (a: KvTensor, b: KvTensor, what: string): KvTensor => {
     if (a.dtype !== b.dtype || a.heads !== b.heads || a.dim !== b.dim || (a.layout ?? 'thd') !== 'thd' || (b.layout ?? 'thd') !== 'thd') {
       fail('E_SHAPE', `layerKvWithNew ${what}`, `prompt and new tensors of one dtype, heads, dim and 'thd' layout`, `${a.dtype}/${a.heads}/${a.dim} and ${b.dtype}/${b.heads}/${b.dim}`);

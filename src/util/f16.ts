@@ -11,6 +11,7 @@
  */
 import { fail } from '../errors.js';
 import type { Dtype } from '../types.js';
+import { expectArray } from './check.js';
 
 // One scratch word for the scalar functions (JS numbers are f64; fround + the view give f32 bits).
 const scratchF32 = new Float32Array(1);
@@ -102,37 +103,45 @@ export function bf16ToF32(h: number): number {
   return scratchF32[0]!;
 }
 
-function checkOut(name: string, out: ArrayLike<number>, n: number): void {
+/** The output array: `out` checked (type and length) or a new one of n elements. */
+function checkOut<T extends Uint16Array | Float32Array>(name: string, out: T | undefined, n: number, ctor: { new (n: number): T; name: string }): T {
+  if (out === undefined) return new ctor(n);
+  expectArray(out, ctor, `${name}: out`);
   if (out.length !== n) fail('E_SHAPE', `${name}: output length`, `${n} (the input length)`, out.length);
+  return out;
 }
 
 /** Converts f32 values to f16 bits (into `out` when given, same length). */
-export function f32ArrayToF16(src: Float32Array, out: Uint16Array = new Uint16Array(src.length)): Uint16Array {
-  checkOut('f32ArrayToF16', out, src.length);
+export function f32ArrayToF16(src: Float32Array, out?: Uint16Array): Uint16Array {
+  expectArray(src, Float32Array, 'f32ArrayToF16: src');
+  out = checkOut('f32ArrayToF16', out, src.length, Uint16Array);
   const bits = new Uint32Array(src.buffer, src.byteOffset, src.length);
   for (let i = 0; i < bits.length; i++) out[i] = f32BitsToF16Bits(bits[i]!);
   return out;
 }
 
 /** Converts f32 values to bf16 bits (into `out` when given, same length). */
-export function f32ArrayToBf16(src: Float32Array, out: Uint16Array = new Uint16Array(src.length)): Uint16Array {
-  checkOut('f32ArrayToBf16', out, src.length);
+export function f32ArrayToBf16(src: Float32Array, out?: Uint16Array): Uint16Array {
+  expectArray(src, Float32Array, 'f32ArrayToBf16: src');
+  out = checkOut('f32ArrayToBf16', out, src.length, Uint16Array);
   const bits = new Uint32Array(src.buffer, src.byteOffset, src.length);
   for (let i = 0; i < bits.length; i++) out[i] = f32BitsToBf16Bits(bits[i]!);
   return out;
 }
 
 /** Converts f16 bits to f32 values (into `out` when given, same length). */
-export function f16ArrayToF32(src: Uint16Array, out: Float32Array = new Float32Array(src.length)): Float32Array {
-  checkOut('f16ArrayToF32', out, src.length);
+export function f16ArrayToF32(src: Uint16Array, out?: Float32Array): Float32Array {
+  expectArray(src, Uint16Array, 'f16ArrayToF32: src');
+  out = checkOut('f16ArrayToF32', out, src.length, Float32Array);
   const t = f16Table32();
   for (let i = 0; i < src.length; i++) out[i] = t[src[i]!]!;
   return out;
 }
 
 /** Converts bf16 bits to f32 values (into `out` when given, same length). */
-export function bf16ArrayToF32(src: Uint16Array, out: Float32Array = new Float32Array(src.length)): Float32Array {
-  checkOut('bf16ArrayToF32', out, src.length);
+export function bf16ArrayToF32(src: Uint16Array, out?: Float32Array): Float32Array {
+  expectArray(src, Uint16Array, 'bf16ArrayToF32: src');
+  out = checkOut('bf16ArrayToF32', out, src.length, Float32Array);
   const bits = new Uint32Array(out.buffer, out.byteOffset, out.length);
   for (let i = 0; i < src.length; i++) bits[i] = src[i]! << 16;
   return out;
