@@ -1,0 +1,146 @@
+// Forward-pass operations of LlamaModel (see llama_model.h).
+#include "model/llama_model.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "errors.h"
+#include "model/parallel.h"
+#include "simd.h"
+
+namespace kvd {
+namespace model {
+
+LlamaModel::LlamaModel(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Throw(errno == ENOENT ? "E_NOT_FOUND" : "E_IO", "GGUF model " + path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+    ::close(fd);
+    Throw("E_IO", "GGUF model " + path + ": cannot stat or empty");
+  }
+  bytes_ = size_t(st.st_size);
+  map_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    Throw("E_IO", "GGUF model " + path + ": mmap failed (" + std::strerror(errno) + ")");
+  }
+}
+
+LlamaModel::~LlamaModel() {
+  if (map_) ::munmap(map_, bytes_);
+}
+
+void MatMul(const Weight& w, const float* x, int64_t T, float* y, int threads) {
+  const QuantKernels& K = Quant();
+  const auto dotF32 = Simd().dot_f32;
+  // Enough rows per part that a part's start-up cost stays small against its reads.
+  const int parts = w.rows * w.cols >= (int64_t(1) << 15) ? threads : 1;
+  ParallelFor(w.rows, parts, [&](int64_t r0, int64_t r1) {
+    if (T == 1) {
+      for (int64_t r = r0; r < r1; ++r) y[r] = K.dot(w.type, w.data + size_t(r) * w.rowBytes, x, size_t(w.cols));
+      return;
+    }
+    // Prefill: decode each weight row once and use it for every token of the chunk.
+    std::vector<float> buf(static_cast<size_t>(w.cols));
+    for (int64_t r = r0; r < r1; ++r) {
+      K.dequant(w.type, w.data + size_t(r) * w.rowBytes, buf.data(), size_t(w.cols));
+      for (int64_t t = 0; t < T; ++t) y[t * w.rows + r] = dotF32(buf.data(), x + t * w.cols, size_t(w.cols));
+    }
+  });
+}
+
+void RmsNorm(const float* x, const std::vector<float>& g, float eps, int64_t T, float* out) {
+  const size_t n = g.size();
+  for (int64_t t = 0; t < T; ++t, x += n, out += n) {
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(ss / double(n) + double(eps)));
+    for (size_t i = 0; i < n; ++i) out[i] = x[i] * scale * g[i];
+  }
+}
+
+namespace {
+
+void AddBias(float* y, const std::vector<float>& b, int64_t T) {
+  if (b.empty()) return;
+  for (int64_t t = 0; t < T; ++t)
+    for (size_t i = 0; i < b.size(); ++i) y[t * int64_t(b.size()) + int64_t(i)] += b[i];
+}
+
+// Rotates the first ropeDim dims of each of `heads` heads of T rows (row t at position pos0 + t).
+void Rope(const ModelDims& d, const std::vector<float>& invFreq, float* v, int heads, int64_t pos0, int64_t T) {
+  const int half = d.ropeDim / 2;
+  std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  for (int64_t t = 0; t < T; ++t) {
+    const double pos = double(pos0 + t);
+    for (int i = 0; i < half; ++i) {
+      const double a = pos * double(invFreq[size_t(i)]);
+      cs[size_t(i)] = float(std::cos(a));
+      sn[size_t(i)] = float(std::sin(a));
+    }
+    for (int h = 0; h < heads; ++h) {
+      float* p = v + (t * heads + h) * d.headSize;
+      for (int i = 0; i < half; ++i) {
+        const int a = d.ropeNeox ? i : 2 * i;
+        const int b = d.ropeNeox ? i + half : 2 * i + 1;
+        const float x0 = p[a], x1 = p[b];
+        p[a] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+        p[b] = x0 * sn[size_t(i)] + x1 * cs[size_t(i)];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void LlamaModel::Embed(const int32_t* tokens, int64_t T, float* x) const {
+  for (int64_t t = 0; t < T; ++t)
+    Quant().dequant(tokEmbd.type, tokEmbd.data + size_t(tokens[t]) * tokEmbd.rowBytes, x + t * d.dim, size_t(d.dim));
+}
+
+void LlamaModel::AttnPre(int layer, int64_t pos0, int64_t T, const float* x, float* q, float* k, float* v) const {
+  const LayerWeights& L = layers[size_t(layer)];
+  std::vector<float> xb(size_t(T * d.dim));
+  RmsNorm(x, L.attnNorm, d.eps, T, xb.data());
+  MatMul(L.q, xb.data(), T, q, threads);
+  MatMul(L.k, xb.data(), T, k, threads);
+  MatMul(L.v, xb.data(), T, v, threads);
+  AddBias(q, L.qBias, T);
+  AddBias(k, L.kBias, T);
+  AddBias(v, L.vBias, T);
+  Rope(d, invFreq, q, d.heads, pos0, T);
+  Rope(d, invFreq, k, d.kvHeads, pos0, T);
+}
+
+void LlamaModel::AttnPost(int layer, int64_t T, float* x, const float* att) const {
+  const LayerWeights& L = layers[size_t(layer)];
+  const size_t n = size_t(T * d.dim), nh = size_t(T * d.hidden);
+  std::vector<float> tmp(n);
+  MatMul(L.o, att, T, tmp.data(), threads);
+  for (size_t i = 0; i < n; ++i) x[i] += tmp[i];
+  // SwiGLU FFN: x += W_down (silu(W_gate xb) ⊙ W_up xb).
+  RmsNorm(x, L.ffnNorm, d.eps, T, tmp.data());
+  std::vector<float> g(nh), u(nh);
+  MatMul(L.gate, tmp.data(), T, g.data(), threads);
+  MatMul(L.up, tmp.data(), T, u.data(), threads);
+  for (size_t i = 0; i < nh; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  MatMul(L.down, g.data(), T, tmp.data(), threads);
+  for (size_t i = 0; i < n; ++i) x[i] += tmp[i];
+}
+
+void LlamaModel::Logits(const float* x, float* out) const {
+  std::vector<float> xb(static_cast<size_t>(d.dim));
+  RmsNorm(x, outputNorm, d.eps, 1, xb.data());
+  MatMul(output, xb.data(), 1, out, threads);
+}
+
+}  // namespace model
+}  // namespace kvd

@@ -1,0 +1,171 @@
+// AVX2 + FMA + F16C GGML block kernels. Built with per-function target attributes (the addon targets
+// plain x86-64); QuantAvx2() hands the table out only when the CPU has AVX2, FMA and F16C, so none of
+// these functions may be called any other way.
+//
+// Decode-time products are memory-bound: each row is read once, widened to f32 in registers and
+// multiplied into the f32 activations with FMAs (8-lane accumulators per block, one multiply by the
+// block scale). K-quant blocks (256 elements, 6-bit scales) are decoded by the scalar code into a
+// small buffer first; their products then run on the same vector dot.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "model/quant.h"
+#include "simd.h"
+
+#define KVD_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace kvd {
+namespace model {
+namespace {
+
+KVD_AVX2 inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 sh = _mm_movehdup_ps(s);
+  s = _mm_add_ps(s, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+KVD_AVX2 inline float H(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 8 int8 at p → 8 f32.
+KVD_AVX2 inline __m256 I8x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Q4_0 block → 32 int8 values (q - 8): bytes 0..15 are the low nibbles, 16..31 the high nibbles.
+KVD_AVX2 inline void Q40Bytes(const uint8_t* qs, int8_t* out) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_sub_epi8(_mm_and_si128(b, m), eight));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), eight));
+}
+
+// sum_j q[j] * x[j] over 32 int8 quants.
+KVD_AVX2 inline __m256 Block32(const int8_t* q, const float* x) {
+  __m256 a = _mm256_mul_ps(I8x8(q), _mm256_loadu_ps(x));
+  a = _mm256_fmadd_ps(I8x8(q + 8), _mm256_loadu_ps(x + 8), a);
+  a = _mm256_fmadd_ps(I8x8(q + 16), _mm256_loadu_ps(x + 16), a);
+  return _mm256_fmadd_ps(I8x8(q + 24), _mm256_loadu_ps(x + 24), a);
+}
+
+KVD_AVX2 inline __m256 Load16(QType t, const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (t == QType::F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KVD_AVX2 float DotF32(const float* a, const float* x, size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+  float s = HSum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * x[i];
+  return s;
+}
+
+KVD_AVX2 float Dot(QType t, const uint8_t* row, const float* x, size_t n) {
+  switch (t) {
+    case QType::F32: return DotF32(reinterpret_cast<const float*>(row), x, n);
+    case QType::F16:
+    case QType::BF16: {
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      size_t i = 0;
+      for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(Load16(t, row + 2 * i), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(Load16(t, row + 2 * i + 16), _mm256_loadu_ps(x + i + 8), s1);
+      }
+      float s = HSum(_mm256_add_ps(s0, s1));
+      if (i < n) {
+        float buf[16];
+        QuantScalar().dequant(t, row + 2 * i, buf, n - i);
+        for (size_t j = 0; j < n - i; ++j) s += buf[j] * x[i + j];
+      }
+      return s;
+    }
+    case QType::Q8_0: {
+      __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+      size_t b = 0;
+      for (; b + 2 <= n / 32; b += 2, row += 68, x += 64) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(H(row)), Block32(reinterpret_cast<const int8_t*>(row + 2), x), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(H(row + 34)), Block32(reinterpret_cast<const int8_t*>(row + 36), x + 32), acc1);
+      }
+      if (b < n / 32) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(H(row)), Block32(reinterpret_cast<const int8_t*>(row + 2), x), acc0);
+      return HSum(_mm256_add_ps(acc0, acc1));
+    }
+    case QType::Q4_0: {
+      __m256 acc = _mm256_setzero_ps();
+      alignas(32) int8_t q[32];
+      for (size_t b = 0; b < n / 32; ++b, row += 18, x += 32) {
+        Q40Bytes(row + 2, q);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(H(row)), Block32(q, x), acc);
+      }
+      return HSum(acc);
+    }
+    case QType::Q4_K:
+    case QType::Q6_K: {
+      const size_t bb = size_t(QInfo(int(t))->bytes);
+      alignas(32) float buf[256];
+      float s = 0.f;
+      for (size_t b = 0; b < n / 256; ++b, row += bb, x += 256) {
+        QuantScalar().dequant(t, row, buf, 256);
+        s += DotF32(buf, x, 256);
+      }
+      return s;
+    }
+  }
+  return 0.f;
+}
+
+KVD_AVX2 void Dequant(QType t, const uint8_t* row, float* y, size_t n) {
+  switch (t) {
+    case QType::F16:
+    case QType::BF16: {
+      size_t i = 0;
+      for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i));
+        _mm256_storeu_ps(y + i, t == QType::F16 ? _mm256_cvtph_ps(h)
+                                                : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+      }
+      if (i < n) QuantScalar().dequant(t, row + 2 * i, y + i, n - i);
+      return;
+    }
+    case QType::Q8_0:
+      for (size_t b = 0; b < n / 32; ++b, row += 34, y += 32) {
+        const __m256 d = _mm256_set1_ps(H(row));
+        const int8_t* q = reinterpret_cast<const int8_t*>(row + 2);
+        for (int j = 0; j < 32; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(d, I8x8(q + j)));
+      }
+      return;
+    case QType::Q4_0: {
+      alignas(32) int8_t q[32];
+      for (size_t b = 0; b < n / 32; ++b, row += 18, y += 32) {
+        const __m256 d = _mm256_set1_ps(H(row));
+        Q40Bytes(row + 2, q);
+        for (int j = 0; j < 32; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(d, I8x8(q + j)));
+      }
+      return;
+    }
+    default:
+      QuantScalar().dequant(t, row, y, n);
+  }
+}
+
+const QuantKernels kAvx2 = {"avx2", Dequant, Dot};
+
+}  // namespace
+
+const QuantKernels* QuantAvx2() { return SimdFor(SimdLevel::Avx2) ? &kAvx2 : nullptr; }
+
+}  // namespace model
+}  // namespace kvd
