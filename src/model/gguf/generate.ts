@@ -18,7 +18,10 @@ export interface GgufGenerateOptions {
   model: GgufModel;
   /** Text to continue; empty or omitted starts from BOS alone. */
   prompt?: string;
-  /** Positions to run, prompt included (like llama2.c's -n). Default min(256, context length). */
+  /**
+   * Positions to run, prompt included (like llama2.c's -n); at most the context length. Default: the
+   * prompt plus 256, within the context length.
+   */
   steps?: number;
   /** 0 = greedy; > 0 samples from softmax(logits / temperature). Default 1. */
   temperature?: number;
@@ -78,9 +81,9 @@ export function generateGguf(options: GgufGenerateOptions): GgufGenerateResult {
   const o = r.data;
   const { model } = o;
   const tk = model.tokenizer;
-  const steps = o.steps ?? Math.min(256, model.config.contextLength);
-  if (steps > model.config.contextLength) fail('E_RANGE', 'generateGguf steps', `an integer in [1, ${model.config.contextLength}] (context length)`, steps);
   const prompt = tk.encode(o.prompt ?? '', { bos: true });
+  const steps = o.steps ?? Math.min(prompt.length + 256, model.config.contextLength);
+  if (steps > model.config.contextLength) fail('E_RANGE', 'generateGguf steps', `an integer in [1, ${model.config.contextLength}] (context length)`, steps);
   if (prompt.length > steps) fail('E_RANGE', 'generateGguf prompt', `at most ${steps} tokens including BOS (steps)`, `${prompt.length} tokens`);
   const ownBackend = o.backend === undefined;
   const backend: AttentionBackend = o.backend ?? new DenseTsAttention(model.attentionShape(steps));
