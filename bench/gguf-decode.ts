@@ -13,7 +13,9 @@
  * native attendDense kernel (f32 cache); llama.cpp's is its CPU path with an f16 cache and flash
  * attention off. Sparse is the kvdrive backend at budget = share × depth (1.56% by default); its
  * first step (which builds the index over the filled context) is reported apart. Per-step times are
- * medians of `steps` decode positions.
+ * medians of `steps` decode positions, as wall time and as process CPU time (user + system, all
+ * threads): on a machine shared with other work the wall time mostly measures the wait for a core,
+ * so the CPU-time ratio is the figure to compare (with --threads 1 both engines run one thread).
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -63,8 +65,19 @@ const median = (a: number[]): number => [...a].sort((x, y) => x - y)[Math.floor(
 
 interface LlamaResult {
   decodeMs?: number[];
+  decodeCpuMs?: number[];
   prefillMs?: number;
+  prefillCpuMs?: number;
   prefillTokens?: number;
+}
+
+/** Wall and process CPU milliseconds of fn. */
+function timed(fn: () => void): { ms: number; cpu: number } {
+  const t0 = performance.now();
+  const c0 = process.cpuUsage();
+  fn();
+  const c = process.cpuUsage(c0);
+  return { ms: performance.now() - t0, cpu: (c.user + c.system) / 1000 };
 }
 function llamaCpp(depth: number, prefillTokens: number): LlamaResult | undefined {
   if (!haveLlama) return undefined;
@@ -88,16 +101,17 @@ if (!haveLlama) console.log('NOTICE: node-llama-cpp is not installed in bench/ll
   const tf = new GgufTransformer(model, sw, prefill + 1);
   sw.current = new NativeDense(model.attentionShape(prefill + 1));
   const toks = Array.from({ length: prefill }, (_, i) => 5 + ((i * 7919) % Math.min(1000, c.vocabSize - 10)));
-  const t0 = performance.now();
-  for (let p = 0; p < prefill; p += 64) tf.forward(toks.slice(p, p + 64), p);
-  const kvMs = performance.now() - t0;
+  const kv = timed(() => {
+    for (let p = 0; p < prefill; p += 64) tf.forward(toks.slice(p, p + 64), p);
+  });
   const ll = llamaCpp(0, prefill);
-  const llTps = ll?.prefillMs ? (prefill / ll.prefillMs) * 1000 : undefined;
-  console.log(`\nprefill ${prefill} tokens: kvdrive ${((prefill / kvMs) * 1000).toFixed(1)} tok/s` +
-    (llTps ? `, llama.cpp ${llTps.toFixed(1)} tok/s, kvdrive / llama.cpp ${((prefill / kvMs) * 1000 / llTps).toFixed(2)}` : ''));
+  const tps = (ms: number): string => ((prefill / ms) * 1000).toFixed(1);
+  console.log(`\nprefill ${prefill} tokens, tok/s by wall (CPU) time: kvdrive ${tps(kv.ms)} (${tps(kv.cpu)})` +
+    (ll?.prefillMs && ll.prefillCpuMs ? `, llama.cpp ${tps(ll.prefillMs)} (${tps(ll.prefillCpuMs)}); kvdrive / llama.cpp ${(ll.prefillMs / kv.ms).toFixed(2)} (${(ll.prefillCpuMs / kv.cpu).toFixed(2)})` : ''));
 }
 
-console.log('\n| depth | kvdrive dense ms/token | kvdrive sparse ms/token (budget) | sparse first step ms | llama.cpp ms/token | dense / llama.cpp tok/s | sparse / llama.cpp tok/s |');
+console.log('\nms per decoded token, wall (CPU); ratio = tok/s of kvdrive / tok/s of llama.cpp, wall (CPU)\n');
+console.log('| depth | kvdrive dense | kvdrive sparse (budget) | sparse first step (index build) | llama.cpp | dense / llama.cpp | sparse / llama.cpp |');
 console.log('|---|---|---|---|---|---|---|');
 for (const depth of depths) {
   const seqLen = depth + steps + 2;
@@ -108,29 +122,22 @@ for (const depth of depths) {
     tf.vCache[l]!.set(uniform(depth * kvDim, 2 * l + 2));
   }
   const shape = model.attentionShape(seqLen);
-  const run = (start: number): number[] => {
-    const ms: number[] = [];
-    for (let s = 0; s < steps; s++) {
-      const t0 = performance.now();
-      tf.forward([5 + s], start + s);
-      ms.push(performance.now() - t0);
-    }
-    return ms;
+  const run = (start: number): { ms: number; cpu: number } => {
+    const r = Array.from({ length: steps }, (_, s) => timed(() => tf.forward([5 + s], start + s)));
+    return { ms: median(r.map((x) => x.ms)), cpu: median(r.map((x) => x.cpu)) };
   };
   sw.current = new NativeDense(shape);
-  const dense = median(run(depth));
+  const dense = run(depth);
   const budget = Math.max(1, Math.round(share * depth));
   const sparse = createBackend('kvdrive', shape, { budget });
   sw.current = sparse;
-  // The first sparse step builds the index over the filled context.
-  const t0 = performance.now();
-  tf.forward([4], depth);
-  const first = performance.now() - t0;
-  const sparseMs = median(run(depth + 1));
+  const first = timed(() => tf.forward([4], depth));
+  const sp = run(depth + 1);
   sparse.close?.();
   const ll = llamaCpp(depth, 0);
-  const llMs = ll?.decodeMs ? median(ll.decodeMs) : undefined;
-  const ratio = (ms: number): string => (llMs ? (llMs / ms).toFixed(2) : '–');
-  console.log(`| ${depth} | ${dense.toFixed(1)} | ${sparseMs.toFixed(1)} (${budget}) | ${first.toFixed(0)} | ${llMs?.toFixed(1) ?? '–'} | ${ratio(dense)} | ${ratio(sparseMs)} |`);
+  const llt = ll?.decodeMs && ll.decodeCpuMs ? { ms: median(ll.decodeMs), cpu: median(ll.decodeCpuMs) } : undefined;
+  const cell = (t: { ms: number; cpu: number }): string => `${t.ms.toFixed(0)} (${t.cpu.toFixed(0)})`;
+  const ratio = (t: { ms: number; cpu: number }): string => (llt ? `${(llt.ms / t.ms).toFixed(2)} (${(llt.cpu / t.cpu).toFixed(2)})` : '–');
+  console.log(`| ${depth} | ${cell(dense)} | ${cell(sp)} (${budget}) | ${cell(first)} | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} |`);
 }
 model.close();

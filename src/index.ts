@@ -44,6 +44,22 @@ export type { KvdriveAttentionOptions, KvdriveAttentionStats } from './model/kvd
 export { Transformer } from './model/forward.js';
 export { generate } from './model/generate.js';
 export type { GenerateOptions, GenerateResult } from './model/generate.js';
+// GGUF models: reader/writer, native forward pass, tokenizers, conversion, random-weight files.
+export { readGguf } from './model/gguf/reader.js';
+export type { GgufFile, GgufTensorInfo } from './model/gguf/reader.js';
+export { writeGguf } from './model/gguf/writer.js';
+export type { GgufWriteSpec, GgufTensorSpec } from './model/gguf/writer.js';
+export type { GgufValue, GgmlTypeName } from './model/gguf/ggml-types.js';
+export { loadGgufModel, GgufModel, GgufTransformer } from './model/gguf/model.js';
+export type { LoadGgufOptions } from './model/gguf/model.js';
+export type { LlamaConfig } from './model/gguf/llama-config.js';
+export type { GgufTokenizer } from './model/gguf/tokenizer.js';
+export { generateGguf } from './model/gguf/generate.js';
+export type { GgufGenerateOptions, GgufGenerateResult } from './model/gguf/generate.js';
+export { convertLlama2c } from './model/gguf/convert.js';
+export type { ConvertOptions, ConvertResult } from './model/gguf/convert.js';
+export { writeRandomModel, MODEL_SHAPES } from './model/gguf/random-model.js';
+export type { RandomModelOptions, ModelShape as GgufModelShape, RandomWeightType } from './model/gguf/random-model.js';
 export { HotTier, EvictionPolicies, resolveWindows } from './cache/hot-tier.js';
 export type { HotTierOptions, EvictionPolicy, TierCounters, HotTierStepStats, HotTierStats, HotTierInfo, LayerArgs, AttendArgs, SlotAttentionResult } from './cache/hot-tier.js';
 export { importanceScores, importanceScoresAsync, rankChunks, warmUp, warmUpAsync } from './cache/warmup.js';

@@ -7,18 +7,48 @@ import { readFileSync } from 'node:fs';
 import { dequantize } from '../src/model/gguf/quant.js';
 import { llamaConfig, ropeFrequencies } from '../src/model/gguf/llama-config.js';
 import { readGguf } from '../src/model/gguf/reader.js';
+import { f16ToF32, f32ToF16 } from '../src/util/f16.js';
 
-export function referenceLogits(path: string, tokens: number[]): Float32Array[] {
+/** x rounded through Q8_0 blocks the way native QuantizeQ8 does (f16 scale, round half to even). */
+function q8RoundTrip(x: Float32Array): Float32Array {
+  const out = new Float32Array(x.length);
+  for (let b = 0; b < x.length; b += 32) {
+    let amax = 0;
+    for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(x[b + j]!));
+    const d = f16ToF32(f32ToF16(Math.fround(amax / 127)));
+    const id = d > 0 ? Math.fround(1 / d) : 0;
+    for (let j = 0; j < 32; j++) {
+      const v = Math.fround(x[b + j]! * id);
+      let q = Math.round(v);
+      if (Math.abs(v % 1) === 0.5) q = 2 * Math.round(v / 2);
+      out[b + j] = Math.max(-127, Math.min(127, q)) * d;
+    }
+  }
+  return out;
+}
+
+/**
+ * Logits after each of `tokens`, run one position at a time. `q8Activations` says which products
+ * with Q8_0 / Q4_0 weights see activations rounded through Q8_0 blocks: 'all' as the native decode
+ * path (one position per call), 'output' as its chunked prefill (f32 activations in the layers; the
+ * output head always runs on one position), 'none' for plain f32.
+ */
+export function referenceLogits(path: string, tokens: number[], q8Activations: 'none' | 'all' | 'output' = 'none'): Float32Array[] {
   const file = readGguf(path);
   const c = llamaConfig(file);
   const bytes = readFileSync(path);
   const t = (name: string): Float32Array => {
     const i = file.tensorByName.get(name)!;
-    return dequantize(bytes.subarray(i.offset, i.offset + i.bytes), i.type, i.elements);
+    const v = dequantize(bytes.subarray(i.offset, i.offset + i.bytes), i.type, i.elements);
+    types.set(v, i.type);
+    return v;
   };
   const has = (name: string): boolean => file.tensorByName.has(name);
   const inv = ropeFrequencies(file, c);
-  const matvec = (w: Float32Array, x: Float32Array, cols: number): Float32Array => {
+  const types = new Map<Float32Array, string>();
+  const matvec = (w: Float32Array, x0: Float32Array, cols: number, output = false): Float32Array => {
+    const q8 = q8Activations === 'all' || (q8Activations === 'output' && output);
+    const x = q8 && ['Q8_0', 'Q4_0'].includes(types.get(w) ?? '') ? q8RoundTrip(x0) : x0;
     const rows = w.length / cols;
     const y = new Float32Array(rows);
     for (let r = 0; r < rows; r++) {
@@ -93,7 +123,7 @@ export function referenceLogits(path: string, tokens: number[]): Float32Array[] 
       const down = matvec(t(`${p}ffn_down.weight`), hsw, c.hiddenDim);
       x = x.map((xv, i) => xv + down[i]!);
     }
-    result.push(matvec(out, rms(x, t('output_norm.weight')), c.dim));
+    result.push(matvec(out, rms(x, t('output_norm.weight')), c.dim, true));
   });
   return result;
 }

@@ -7,7 +7,8 @@
 // version 3: tokens, cell metadata, then per layer the K rows and the transposed V of f16) with
 // random f16 keys and values is written and loaded, so decode attends `depth` positions without a
 // prefill of that length (which takes too long on two cores). Attention cost depends on the number
-// of positions, not on their values. Prints one JSON line.
+// of positions, not on their values. Prints one JSON line: wall and process CPU milliseconds per
+// decode step (CPU time is the fairer figure on a machine shared with other work).
 import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -69,9 +70,12 @@ const result = { engine: 'llama.cpp', depth, steps, threads };
 if (prefillTokens > 0) {
   const seq = ctx.getSequence();
   const t0 = performance.now();
+  const c0 = process.cpuUsage();
   await seq.evaluateWithoutGeneratingNewTokens(Array.from({ length: prefillTokens }, (_, i) => 5 + ((i * 7919) % Math.min(1000, c.vocabSize - 10))));
   result.prefillTokens = prefillTokens;
   result.prefillMs = performance.now() - t0;
+  const c1 = process.cpuUsage(c0);
+  result.prefillCpuMs = (c1.user + c1.system) / 1000;
   seq.dispose();
 }
 if (depth > 0) {
@@ -82,13 +86,18 @@ if (depth > 0) {
   unlinkSync(file);
   let input = [[5, { generateNext: { token: true, options: { temperature: 0 } } }]];
   const ms = [];
+  const cpu = [];
   for (let s = 0; s < steps; s++) {
     const t0 = performance.now();
+    const c0 = process.cpuUsage();
     const r = await seq.controlledEvaluate(input);
+    const c1 = process.cpuUsage(c0);
     ms.push(performance.now() - t0);
+    cpu.push((c1.user + c1.system) / 1000);
     input = [[r[0].next.token, { generateNext: { token: true, options: { temperature: 0 } } }]];
   }
   result.decodeMs = ms;
+  result.decodeCpuMs = cpu;
   result.contextTokens = seq.contextTokens.length;
 }
 await ctx.dispose();

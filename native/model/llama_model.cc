@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,19 +43,35 @@ LlamaModel::~LlamaModel() {
 
 void MatMul(const Weight& w, const float* x, int64_t T, float* y, int threads) {
   const QuantKernels& K = Quant();
-  const auto dotF32 = Simd().dot_f32;
   // Enough rows per part that a part's start-up cost stays small against its reads.
   const int parts = w.rows * w.cols >= (int64_t(1) << 15) ? threads : 1;
+  // Decode products of Q8_0 / Q4_0 rows use the activations quantized once to Q8_0 (integer dots).
+  std::vector<int8_t> xq;
+  std::vector<float> xd;
+  const bool q8 = T == 1 && UsesQ8Activations(w.type);
+  if (q8) {
+    xq.resize(size_t(w.cols));
+    xd.resize(size_t(w.cols) / 32);
+    QuantizeQ8(x, size_t(w.cols), xq.data(), xd.data());
+  }
   ParallelFor(w.rows, parts, [&](int64_t r0, int64_t r1) {
+    if (q8) {
+      for (int64_t r = r0; r < r1; ++r) y[r] = K.dotQ8(w.type, w.data + size_t(r) * w.rowBytes, xq.data(), xd.data(), size_t(w.cols));
+      return;
+    }
     if (T == 1) {
       for (int64_t r = r0; r < r1; ++r) y[r] = K.dot(w.type, w.data + size_t(r) * w.rowBytes, x, size_t(w.cols));
       return;
     }
-    // Prefill: decode each weight row once and use it for every token of the chunk.
-    std::vector<float> buf(static_cast<size_t>(w.cols));
-    for (int64_t r = r0; r < r1; ++r) {
-      K.dequant(w.type, w.data + size_t(r) * w.rowBytes, buf.data(), size_t(w.cols));
-      for (int64_t t = 0; t < T; ++t) y[t * w.rows + r] = dotF32(buf.data(), x + t * w.cols, size_t(w.cols));
+    // Prefill: decode 4 weight rows at a time and multiply them with 4 tokens at a time (the tile
+    // reuses every loaded vector 4 times), so each weight row is read once per chunk.
+    const size_t n = size_t(w.cols);
+    std::vector<float> buf(4 * n);
+    for (int64_t r = r0; r < r1; r += 4) {
+      const int nw = int(std::min<int64_t>(4, r1 - r));
+      for (int i = 0; i < nw; ++i) K.dequant(w.type, w.data + size_t(r + i) * w.rowBytes, buf.data() + size_t(i) * n, n);
+      for (int64_t t = 0; t < T; t += 4)
+        K.tile(buf.data(), nw, x + t * w.cols, int(std::min<int64_t>(4, T - t)), n, y + t * w.rows + r, size_t(w.rows));
     }
   });
 }

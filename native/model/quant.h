@@ -36,7 +36,20 @@ struct QuantKernels {
   void (*dequant)(QType t, const uint8_t* row, float* dst, size_t n);
   // sum_i row[i] * x[i] over a row of n elements (x f32).
   float (*dot)(QType t, const uint8_t* row, const float* x, size_t n);
+  // Prefill tile: out[j * outStride + i] = sum_c w[i * n + c] * x[j * n + c] for i < nw ≤ 4 decoded
+  // weight rows and j < nx ≤ 4 tokens; a full 4 × 4 tile reuses each loaded vector four times.
+  void (*tile)(const float* w, int nw, const float* x, int nx, size_t n, float* out, size_t outStride);
+  // Decode product of a Q8_0 or Q4_0 row with activations quantized by QuantizeQ8 (llama.cpp's
+  // scheme): per 32-element block an exact integer dot of the quants, scaled by both block scales.
+  float (*dotQ8)(QType t, const uint8_t* row, const int8_t* xq, const float* xd, size_t n);
 };
+
+// Types whose decode products run on Q8_0-quantized activations.
+inline bool UsesQ8Activations(QType t) { return t == QType::Q8_0 || t == QType::Q4_0; }
+
+// x (n a multiple of 32) → per block of 32: d = max|x| / 127 (rounded through f16, as a Q8_0 block
+// stores it) and q = round(x / d) in [-127, 127]. Same code at every SIMD level.
+void QuantizeQ8(const float* x, size_t n, int8_t* q, float* d);
 
 const QuantKernels& QuantScalar();
 // nullptr when the CPU lacks AVX2/FMA/F16C.

@@ -161,7 +161,53 @@ KVD_AVX2 void Dequant(QType t, const uint8_t* row, float* y, size_t n) {
   }
 }
 
-const QuantKernels kAvx2 = {"avx2", Dequant, Dot};
+KVD_AVX2 void Tile(const float* w, int nw, const float* x, int nx, size_t n, float* out, size_t outStride) {
+  if (nw != 4 || nx != 4 || n % 8 != 0) {
+    for (int j = 0; j < nx; ++j)
+      for (int i = 0; i < nw; ++i) out[size_t(j) * outStride + size_t(i)] = DotF32(w + size_t(i) * n, x + size_t(j) * n, n);
+    return;
+  }
+  __m256 acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (size_t c = 0; c < n; c += 8) {
+    __m256 wv[4], xv[4];
+    for (int i = 0; i < 4; ++i) wv[i] = _mm256_loadu_ps(w + size_t(i) * n + c);
+    for (int j = 0; j < 4; ++j) xv[j] = _mm256_loadu_ps(x + size_t(j) * n + c);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(wv[i], xv[j], acc[i][j]);
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 4; ++i) out[size_t(j) * outStride + size_t(i)] = HSum(acc[i][j]);
+}
+
+// 8 partial sums (int32) of q[i] * x[i] over 32 int8 pairs: |q| times x carrying q's sign, so the
+// unsigned × signed maddubs applies (|q| ≤ 128, |x| ≤ 127: the i16 pair sums cannot saturate).
+KVD_AVX2 inline __m256 DotI8x32(__m256i q, __m256i x) {
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+KVD_AVX2 float DotQ8(QType t, const uint8_t* row, const int8_t* xq, const float* xd, size_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
+  for (size_t b = 0; b < n / 32; ++b, xq += 32) {
+    __m256i q;
+    if (t == QType::Q8_0) {
+      q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+    } else {
+      const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+      const __m256i both = _mm256_set_m128i(_mm_srli_epi16(p, 4), p);  // low nibbles, then high
+      q = _mm256_sub_epi8(_mm256_and_si256(both, m4), eight);
+    }
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(H(row) * xd[b]), DotI8x32(q, x), acc);
+    row += t == QType::Q8_0 ? 34 : 18;
+  }
+  return HSum(acc);
+}
+
+const QuantKernels kAvx2 = {"avx2", Dequant, Dot, Tile, DotQ8};
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 // Scalar GGML block kernels: the reference the AVX2 table is tested against (through the model
 // forward tests, every weight type at every SIMD level) and what a CPU without AVX2 runs.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "dtype.h"
@@ -118,9 +120,46 @@ float Dot(QType t, const uint8_t* row, const float* x, size_t n) {
   return s;
 }
 
-const QuantKernels kScalar = {"scalar", Dequant, Dot};
+void Tile(const float* w, int nw, const float* x, int nx, size_t n, float* out, size_t outStride) {
+  for (int j = 0; j < nx; ++j)
+    for (int i = 0; i < nw; ++i) {
+      float s = 0.f;
+      for (size_t c = 0; c < n; ++c) s += w[size_t(i) * n + c] * x[size_t(j) * n + c];
+      out[size_t(j) * outStride + size_t(i)] = s;
+    }
+}
+
+float DotQ8(QType t, const uint8_t* row, const int8_t* xq, const float* xd, size_t n) {
+  float s = 0.f;
+  for (size_t b = 0; b < n / 32; ++b, xq += 32) {
+    int32_t isum = 0;
+    if (t == QType::Q8_0) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(row + 2);
+      for (int j = 0; j < 32; ++j) isum += int32_t(q[j]) * xq[j];
+    } else {
+      for (int j = 0; j < 16; ++j)
+        isum += (int32_t(row[2 + j] & 0xF) - 8) * xq[j] + (int32_t(row[2 + j] >> 4) - 8) * xq[j + 16];
+    }
+    s += H(row) * xd[b] * float(isum);
+    row += t == QType::Q8_0 ? 34 : 18;
+  }
+  return s;
+}
+
+const QuantKernels kScalar = {"scalar", Dequant, Dot, Tile, DotQ8};
 
 }  // namespace
+
+void QuantizeQ8(const float* x, size_t n, int8_t* q, float* d) {
+  for (size_t b = 0; b < n / 32; ++b, x += 32, q += 32) {
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float db = F16ToF32(F32ToF16(amax / 127.f));
+    const float id = db > 0.f ? 1.f / db : 0.f;
+    for (int j = 0; j < 32; ++j) q[j] = int8_t(std::max(-127.f, std::min(127.f, std::nearbyint(x[j] * id))));
+    d[b] = db;
+  }
+}
 
 const QTypeInfo* QInfo(int code) {
   static const QTypeInfo f32{1, 4, "F32"}, f16{1, 2, "F16"}, bf16{1, 2, "BF16"}, q80{32, 34, "Q8_0"},
