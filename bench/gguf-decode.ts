@@ -12,10 +12,12 @@
  * on two cores takes far longer than the decode being measured. kvdrive's dense attention is the
  * native attendDense kernel (f32 cache); llama.cpp's is its CPU path with an f16 cache and flash
  * attention off. Sparse is the kvdrive backend at budget = share × depth (1.56% by default); its
- * first step (which builds the index over the filled context) is reported apart. Per-step times are
- * medians of `steps` decode positions, as wall time and as process CPU time (user + system, all
- * threads): on a machine shared with other work the wall time mostly measures the wait for a core,
- * so the CPU-time ratio is the figure to compare (with --threads 1 both engines run one thread).
+ * first step (which builds the index over the filled context) is reported apart, and each engine's
+ * first decode step is a warm-up left out. Per-step figures are process CPU time (user + system,
+ * all threads), median and minimum over `steps` positions: on a machine shared with other work the
+ * wall time mostly measures the wait for a core and the median absorbs others' cache and memory
+ * traffic, so the minimum is the steadiest estimate of each engine's own cost (with --threads 1 both
+ * run one thread). Ratios are tok/s of kvdrive over tok/s of llama.cpp.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -35,7 +37,7 @@ function arg(name: string, fallback: string): string {
 const modelPath = arg('model', '');
 if (!modelPath) throw new Error('usage: node dist/bench/gguf-decode.js --model file.gguf [--depths 4096,16384,32768] [--steps 6] [--threads 1] [--prefill 128]');
 const depths = arg('depths', '4096,16384,32768').split(',').map(Number);
-const steps = Number(arg('steps', '6'));
+const steps = Number(arg('steps', '8'));
 const threads = Number(arg('threads', '1'));
 const prefill = Number(arg('prefill', '128'));
 const share = Number(arg('budget-share', '0.0156'));
@@ -62,6 +64,12 @@ class Switch implements AttentionBackend {
 }
 
 const median = (a: number[]): number => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)]!;
+interface StepStats {
+  wall: number;
+  cpu: number;
+  cpuMin: number;
+}
+const stats = (wall: number[], cpu: number[]): StepStats => ({ wall: median(wall), cpu: median(cpu), cpuMin: Math.min(...cpu) });
 
 interface LlamaResult {
   decodeMs?: number[];
@@ -81,7 +89,7 @@ function timed(fn: () => void): { ms: number; cpu: number } {
 }
 function llamaCpp(depth: number, prefillTokens: number): LlamaResult | undefined {
   if (!haveLlama) return undefined;
-  const out = execFileSync(process.execPath, [join(llamaDir, 'decode.mjs'), modelPath, String(depth), String(steps), String(threads), String(prefillTokens)], {
+  const out = execFileSync(process.execPath, [join(llamaDir, 'decode.mjs'), modelPath, String(depth), String(steps + 1), String(threads), String(prefillTokens)], {
     cwd: llamaDir,
     encoding: 'utf8',
     maxBuffer: 1 << 20,
@@ -110,11 +118,11 @@ if (!haveLlama) console.log('NOTICE: node-llama-cpp is not installed in bench/ll
     (ll?.prefillMs && ll.prefillCpuMs ? `, llama.cpp ${tps(ll.prefillMs)} (${tps(ll.prefillCpuMs)}); kvdrive / llama.cpp ${(ll.prefillMs / kv.ms).toFixed(2)} (${(ll.prefillCpuMs / kv.cpu).toFixed(2)})` : ''));
 }
 
-console.log('\nms per decoded token, wall (CPU); ratio = tok/s of kvdrive / tok/s of llama.cpp, wall (CPU)\n');
-console.log('| depth | kvdrive dense | kvdrive sparse (budget) | sparse first step (index build) | llama.cpp | dense / llama.cpp | sparse / llama.cpp |');
+console.log('\nCPU ms per decoded token, median / min (wall median); ratio = kvdrive tok/s ÷ llama.cpp tok/s by median / by min CPU\n');
+console.log('| depth | kvdrive dense | kvdrive sparse (budget) | llama.cpp | dense ÷ llama.cpp | sparse ÷ llama.cpp | sparse index build, CPU ms |');
 console.log('|---|---|---|---|---|---|---|');
 for (const depth of depths) {
-  const seqLen = depth + steps + 2;
+  const seqLen = depth + 2 * steps + 4;
   const sw = new Switch();
   const tf = new GgufTransformer(model, sw, seqLen);
   for (let l = 0; l < c.nLayers; l++) {
@@ -122,22 +130,25 @@ for (const depth of depths) {
     tf.vCache[l]!.set(uniform(depth * kvDim, 2 * l + 2));
   }
   const shape = model.attentionShape(seqLen);
-  const run = (start: number): { ms: number; cpu: number } => {
-    const r = Array.from({ length: steps }, (_, s) => timed(() => tf.forward([5 + s], start + s)));
-    return { ms: median(r.map((x) => x.ms)), cpu: median(r.map((x) => x.cpu)) };
+  // One warm-up position, then `steps` measured ones.
+  const run = (start: number): StepStats => {
+    tf.forward([4], start);
+    const r = Array.from({ length: steps }, (_, s) => timed(() => tf.forward([5 + s], start + 1 + s)));
+    return stats(r.map((x) => x.ms), r.map((x) => x.cpu));
   };
   sw.current = new NativeDense(shape);
   const dense = run(depth);
   const budget = Math.max(1, Math.round(share * depth));
   const sparse = createBackend('kvdrive', shape, { budget });
   sw.current = sparse;
+  // The sparse backend's first step builds its index over the filled context.
   const first = timed(() => tf.forward([4], depth));
   const sp = run(depth + 1);
   sparse.close?.();
   const ll = llamaCpp(depth, 0);
-  const llt = ll?.decodeMs && ll.decodeCpuMs ? { ms: median(ll.decodeMs), cpu: median(ll.decodeCpuMs) } : undefined;
-  const cell = (t: { ms: number; cpu: number }): string => `${t.ms.toFixed(0)} (${t.cpu.toFixed(0)})`;
-  const ratio = (t: { ms: number; cpu: number }): string => (llt ? `${(llt.ms / t.ms).toFixed(2)} (${(llt.cpu / t.cpu).toFixed(2)})` : '–');
-  console.log(`| ${depth} | ${cell(dense)} | ${cell(sp)} (${budget}) | ${cell(first)} | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} |`);
+  const llt = ll?.decodeMs && ll.decodeCpuMs ? stats(ll.decodeMs.slice(1), ll.decodeCpuMs.slice(1)) : undefined;
+  const cell = (t: StepStats): string => `${t.cpu.toFixed(0)} / ${t.cpuMin.toFixed(0)} (${t.wall.toFixed(0)})`;
+  const ratio = (t: StepStats): string => (llt ? `${(llt.cpu / t.cpu).toFixed(2)} / ${(llt.cpuMin / t.cpuMin).toFixed(2)}` : '–');
+  console.log(`| ${depth} | ${cell(dense)} | ${cell(sp)} (${budget}) | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} | ${first.cpu.toFixed(0)} |`);
 }
 model.close();

@@ -6,22 +6,13 @@ import { DenseTsAttention } from '../src/model/dense-attention.js';
 import { loadGgufModel, GgufTransformer } from '../src/model/gguf/model.js';
 import { MODEL_SHAPES, RANDOM_WEIGHT_TYPES, writeRandomModel, type ModelShape } from '../src/model/gguf/random-model.js';
 import { referenceLogits } from './gguf-reference.js';
+import { relErr } from './attention-reference.js';
 import { tmpDir } from './model-helpers.js';
 
 const dir = tmpDir();
 /** Tiny shapes; 256-wide rows so the K-quants (256-element blocks) fit. */
 const tinyLlama: ModelShape = { ...MODEL_SHAPES['llama-3.2-1b']!, dim: 256, hiddenDim: 512, layers: 2, heads: 4, kvHeads: 2, headSize: 64, vocab: 300, context: 64 };
 const tinyQwen: ModelShape = { ...MODEL_SHAPES['qwen2.5-0.5b']!, dim: 256, hiddenDim: 256, layers: 2, heads: 4, kvHeads: 1, headSize: 64, vocab: 320, context: 64 };
-
-function relErr(a: Float32Array, b: Float32Array): number {
-  let num = 0;
-  let den = 0;
-  for (let i = 0; i < a.length; i++) {
-    num += (a[i]! - b[i]!) ** 2;
-    den += b[i]! ** 2;
-  }
-  return Math.sqrt(num / den);
-}
 
 function nativeLogits(path: string, tokens: number[], chunk: number): Float32Array[] {
   const m = loadGgufModel(path, { threads: 2 });

@@ -5,7 +5,8 @@
 // Decode-time products are memory-bound: each row is read once, widened to f32 in registers and
 // multiplied into the f32 activations with FMAs (8-lane accumulators per block, one multiply by the
 // block scale). K-quant blocks (256 elements, 6-bit scales) are decoded by the scalar code into a
-// small buffer first; their products then run on the same vector dot.
+// small buffer first (vectorised nibble / bit-plane unpacking); their products then run on the
+// same vector dot.
 #include <immintrin.h>
 
 #include <cstring>
@@ -53,6 +54,64 @@ KVD_AVX2 inline __m256 Block32(const int8_t* q, const float* x) {
   a = _mm256_fmadd_ps(I8x8(q + 8), _mm256_loadu_ps(x + 8), a);
   a = _mm256_fmadd_ps(I8x8(q + 16), _mm256_loadu_ps(x + 16), a);
   return _mm256_fmadd_ps(I8x8(q + 24), _mm256_loadu_ps(x + 24), a);
+}
+
+// 32 int8 values (signed, or unsigned nibbles when `isUnsigned`) → y[0..32) = scale_k * v - bias_k,
+// where elements 0..15 take (s0, b0) and 16..31 take (s1, b1).
+KVD_AVX2 inline void Store32(__m256i v, bool isUnsigned, float s0, float b0, float s1, float b1, float* y) {
+  const __m128i halves[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+  for (int h = 0; h < 2; ++h) {
+    const __m256 sc = _mm256_set1_ps(h == 0 ? s0 : s1), bi = _mm256_set1_ps(h == 0 ? b0 : b1);
+    for (int k = 0; k < 2; ++k) {
+      const __m128i b8 = k == 0 ? halves[h] : _mm_srli_si128(halves[h], 8);
+      const __m256i w = isUnsigned ? _mm256_cvtepu8_epi32(b8) : _mm256_cvtepi8_epi32(b8);
+      _mm256_storeu_ps(y + 16 * h + 8 * k, _mm256_fmsub_ps(sc, _mm256_cvtepi32_ps(w), bi));
+    }
+  }
+}
+
+// Q4_K block (see quant_scalar.cc DequantQ4K): per 64 elements, low nibbles then high nibbles of 32
+// bytes, each half with its own 6-bit scale and min.
+KVD_AVX2 void DequantQ4K(const uint8_t* b, float* y) {
+  const float d = H(b), dmin = H(b + 2);
+  const uint8_t* sc = b + 4;
+  const uint8_t* q = b + 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32, y += 64) {
+    int s[2], m[2];
+    for (int u = 0; u < 2; ++u) {
+      const int k = is + u;
+      s[u] = k < 4 ? sc[k] & 63 : (sc[k + 4] & 0xF) | ((sc[k - 4] >> 6) << 4);
+      m[u] = k < 4 ? sc[k + 4] & 63 : (sc[k + 4] >> 4) | ((sc[k] >> 6) << 4);
+    }
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const float d0 = d * s[0], o0 = dmin * m[0], d1 = d * s[1], o1 = dmin * m[1];
+    Store32(_mm256_and_si256(v, m4), true, d0, o0, d0, o0, y);
+    Store32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), true, d1, o1, d1, o1, y + 32);
+  }
+}
+
+// Q6_K block (see quant_scalar.cc DequantQ6K): per 128 elements, four 32-element runs combining
+// 4 low bits from ql and 2 high bits from qh, minus 32, each 16 elements with an int8 scale.
+KVD_AVX2 void DequantQ6K(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = H(b + 208);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32);
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, y += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+    const __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+        _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m30)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)),
+    };
+    for (int r = 0; r < 4; ++r)
+      Store32(_mm256_sub_epi8(q[r], off), false, d * sc[2 * r], 0.f, d * sc[2 * r + 1], 0.f, y + 32 * r);
+  }
 }
 
 KVD_AVX2 inline __m256 Load16(QType t, const uint8_t* p) {
@@ -118,7 +177,8 @@ KVD_AVX2 float Dot(QType t, const uint8_t* row, const float* x, size_t n) {
       alignas(32) float buf[256];
       float s = 0.f;
       for (size_t b = 0; b < n / 256; ++b, row += bb, x += 256) {
-        QuantScalar().dequant(t, row, buf, 256);
+        if (t == QType::Q4_K) DequantQ4K(row, buf);
+        else DequantQ6K(row, buf);
         s += DotF32(buf, x, 256);
       }
       return s;
@@ -156,6 +216,12 @@ KVD_AVX2 void Dequant(QType t, const uint8_t* row, float* y, size_t n) {
       }
       return;
     }
+    case QType::Q4_K:
+      for (size_t b = 0; b < n / 256; ++b, row += 144, y += 256) DequantQ4K(row, y);
+      return;
+    case QType::Q6_K:
+      for (size_t b = 0; b < n / 256; ++b, row += 210, y += 256) DequantQ6K(row, y);
+      return;
     default:
       QuantScalar().dequant(t, row, y, n);
   }

@@ -9,26 +9,22 @@ import { z } from 'zod';
 import { fail } from '../../errors.js';
 import type { AttentionBackend } from '../attention-backend.js';
 import { DenseTsAttention } from '../dense-attention.js';
+import type { GenerateOptions } from '../generate.js';
 import { Sampler } from '../sampler.js';
 import { GgufModel, GgufTransformer } from './model.js';
 
-/** Options of {@link generateGguf}. */
-export interface GgufGenerateOptions {
+/**
+ * Options of {@link generateGguf}: `prompt`, `temperature` (default 1), `topP` (default 0.9) and
+ * `seed` (default 0) as in the llama2.c host's {@link GenerateOptions}.
+ */
+export interface GgufGenerateOptions extends Pick<GenerateOptions, 'prompt' | 'temperature' | 'topP' | 'seed'> {
   /** The model, from loadGgufModel(). */
   model: GgufModel;
-  /** Text to continue; empty or omitted starts from BOS alone. */
-  prompt?: string;
   /**
    * Positions to run, prompt included (like llama2.c's -n); at most the context length. Default: the
    * prompt plus 256, within the context length.
    */
   steps?: number;
-  /** 0 = greedy; > 0 samples from softmax(logits / temperature). Default 1. */
-  temperature?: number;
-  /** Nucleus sampling mass in [0, 1]; 0 or 1 disables it. Default 0.9. */
-  topP?: number;
-  /** Sampling RNG seed. Default 0. */
-  seed?: number;
   /** Attention backend; default a new dense TS backend (closed at the end; one passed in is left open). */
   backend?: AttentionBackend;
   /** Prompt positions per native prefill call (≥ 1). Default 64. */
