@@ -1,6 +1,6 @@
 // GGML weight blocks: per-type row kernels behind one run-time dispatch table (scalar reference,
-// AVX2+FMA+F16C), chosen from the process SIMD level (native/cpu.cc; the AVX-512 level uses the AVX2
-// table). Block layouts are those of GGUF files (src/model/gguf/ggml-types.ts):
+// AVX2+FMA+F16C, and at the AVX-512 level the AVX2 kernels with a 16-lane prefill tile), chosen
+// from the process SIMD level (native/cpu.cc). Block layouts are those of GGUF files (src/model/gguf/ggml-types.ts):
 //   Q8_0  32 elems / 34 bytes: f16 d, int8 q[32]                       x = d*q
 //   Q4_0  32 elems / 18 bytes: f16 d, u8 qs[16] (lo nibble j, hi j+16)  x = d*(q-8)
 //   Q4_K 256 elems /144 bytes: f16 d, f16 dmin, u8 scales[12], u8 qs[128]
@@ -54,6 +54,8 @@ void QuantizeQ8(const float* x, size_t n, int8_t* q, float* d);
 const QuantKernels& QuantScalar();
 // nullptr when the CPU lacks AVX2/FMA/F16C.
 const QuantKernels* QuantAvx2();
+// The AVX2 table with a 16-lane prefill tile; nullptr without the AVX-512 level.
+const QuantKernels* QuantAvx512();
 // The table for the active SIMD level.
 const QuantKernels& Quant();
 

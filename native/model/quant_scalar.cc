@@ -179,6 +179,9 @@ const QTypeInfo* QInfo(int code) {
 const QuantKernels& QuantScalar() { return kScalar; }
 
 const QuantKernels& Quant() {
+  if (Simd().level == SimdLevel::Avx512) {
+    if (const QuantKernels* k = QuantAvx512()) return *k;
+  }
   if (Simd().level != SimdLevel::Scalar) {
     if (const QuantKernels* k = QuantAvx2()) return *k;
   }
