@@ -1,13 +1,14 @@
 /** The native GGUF forward pass against an independent TS reference, for every weight type, both architectures and SIMD levels. */
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { cpuFeatures, setSimdLevel } from '../src/native.js';
+import { cpuFeatures, native, setSimdLevel } from '../src/native.js';
 import { DenseTsAttention } from '../src/model/dense-attention.js';
 import { loadGgufModel, GgufTransformer } from '../src/model/gguf/model.js';
 import { MODEL_SHAPES, RANDOM_WEIGHT_TYPES, writeRandomModel, type ModelShape } from '../src/model/gguf/random-model.js';
 import { referenceLogits } from './gguf-reference.js';
 import { relErr } from './attention-reference.js';
 import { tmpDir } from './model-helpers.js';
+import { expectKvdError } from './helpers.js';
 
 const dir = tmpDir();
 /** Tiny shapes; 256-wide rows so the K-quants (256-element blocks) fit. */
@@ -51,4 +52,25 @@ describe('GGUF forward pass', () => {
       });
     }
   }
+});
+
+describe('GGUF model arguments are checked', () => {
+  it('token ids, positions, activation lengths, layers and use after close are typed errors', async () => {
+    const path = join(dir, 'args.gguf');
+    writeRandomModel({ shape: tinyLlama, type: 'Q8_0', out: path });
+    const m = loadGgufModel(path);
+    const tf = new GgufTransformer(m, new DenseTsAttention(m.attentionShape(8)), 8);
+    await expectKvdError(() => tf.forward([tinyLlama.vocab], 0), 'E_RANGE', /token id in \[0, 300\), got 300/);
+    await expectKvdError(() => tf.forward([1, 2], 7), 'E_RANGE', /within \[0, 8\]/);
+    await expectKvdError(() => new GgufTransformer(m, new DenseTsAttention(m.attentionShape(8)), 65), 'E_RANGE', /context_length/);
+    const x = new Float32Array(256);
+    const q = new Float32Array(256);
+    const kv = new Float32Array(128);
+    await expectKvdError(() => native.ggufModelAttnPre(m.native, 0, 0, new Float32Array(100), q, kv, kv), 'E_SHAPE', /multiple of 256/);
+    await expectKvdError(() => native.ggufModelAttnPre(m.native, 0, 0, x, q, new Float32Array(64), kv), 'E_SHAPE', /kvHeads/);
+    await expectKvdError(() => native.ggufModelAttnPre(m.native, 2, 0, x, q, kv, kv), 'E_RANGE', /layer: expected an integer in \[0, 1\]/);
+    await expectKvdError(() => native.ggufModelLogits(m.native, x, new Float32Array(10)), 'E_SHAPE', /vocab/);
+    m.close();
+    await expectKvdError(() => tf.forward([1], 0), 'E_CLOSED');
+  });
 });

@@ -1,7 +1,6 @@
-// N-API bindings of the GGUF model forward pass (llama_model.h) and of the GGML block kernels
-// (quant.h, exposed for tests). Models are reached by handle (handles.h). Every argument is checked:
-// tensor descriptors against the mapped file's size and the model's dimensions, activations against
-// the lengths the dimensions imply.
+// N-API bindings of the GGUF model forward pass (llama_model.h). Models are reached by handle
+// (handles.h). Every argument is checked: tensor descriptors against the mapped file's size and the
+// model's dimensions, activations against the lengths the dimensions imply.
 #include <napi.h>
 
 #include <memory>
@@ -219,27 +218,6 @@ Napi::Value Logits(const Napi::CallbackInfo& info) {
   });
 }
 
-// Test access to the block kernels of the active level: (typeCode, bytes Uint8Array, x Float32Array)
-// → { values: Float32Array (dequantized row), dot: number }.
-Napi::Value QuantRow(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    const int64_t code = Arg(info, 0, "quantRow type", 0, 1 << 20);
-    const QTypeInfo* qi = QInfo(int(code));
-    if (!qi) Throw("E_DTYPE", "quantRow type: expected a supported GGML type code, got " + std::to_string(code));
-    auto bytes = GetArray<uint8_t>(info[1], napi_uint8_array, "quantRow bytes");
-    auto x = GetF32(info[2], "quantRow x");
-    if (x.length == 0 || x.length % size_t(qi->elems) != 0)
-      Throw("E_SHAPE", "quantRow x: expected a positive multiple of " + std::to_string(qi->elems) + " elements, got " + std::to_string(x.length));
-    ExpectLength(bytes.length, QRowBytes(QType(code), x.length), std::string("quantRow bytes (") + qi->name + " row)");
-    Napi::Float32Array values = Napi::Float32Array::New(info.Env(), x.length);
-    Quant().dequant(QType(code), bytes.data, values.Data(), x.length);
-    Napi::Object r = Napi::Object::New(info.Env());
-    r.Set("values", values);
-    r.Set("dot", Napi::Number::New(info.Env(), Quant().dot(QType(code), bytes.data, x.data, x.length)));
-    return r;
-  });
-}
-
 void Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ggufModelOpen", Napi::Function::New(env, Open));
   exports.Set("ggufModelClose", Napi::Function::New(env, Close));
@@ -247,7 +225,6 @@ void Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ggufModelAttnPre", Napi::Function::New(env, AttnPre));
   exports.Set("ggufModelAttnPost", Napi::Function::New(env, AttnPost));
   exports.Set("ggufModelLogits", Napi::Function::New(env, Logits));
-  exports.Set("quantRow", Napi::Function::New(env, QuantRow));
 }
 
 }  // namespace
