@@ -41,22 +41,38 @@ LlamaModel::~LlamaModel() {
   if (map_) ::munmap(map_, bytes_);
 }
 
+// Per-thread scratch that keeps its capacity between calls: prefill activations are megabytes, and a
+// fresh allocation per call would be mapped, zeroed and page-faulted again every time. Slot 5 is
+// the one matrix-product workers use (each on its own thread); the others are the caller's.
+float* Scratch(int slot, size_t n) {
+  thread_local std::vector<float> bufs[6];
+  std::vector<float>& b = bufs[slot];
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
 void MatMul(const Weight& w, const float* x, int64_t T, float* y, int threads) {
   const QuantKernels& K = Quant();
   // Enough rows per part that a part's start-up cost stays small against its reads.
   const int parts = w.rows * w.cols >= (int64_t(1) << 15) ? threads : 1;
   // Decode products of Q8_0 / Q4_0 rows use the activations quantized once to Q8_0 (integer dots).
-  std::vector<int8_t> xq;
-  std::vector<float> xd;
+  // The calling thread's buffers, passed to the workers as plain pointers (a thread_local named
+  // inside the lambda would be each worker's own).
+  thread_local std::vector<int8_t> xqBuf;
+  thread_local std::vector<float> xdBuf;
   const bool q8 = T == 1 && UsesQ8Activations(w.type);
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
   if (q8) {
-    xq.resize(size_t(w.cols));
-    xd.resize(size_t(w.cols) / 32);
-    QuantizeQ8(x, size_t(w.cols), xq.data(), xd.data());
+    if (xqBuf.size() < size_t(w.cols)) xqBuf.resize(size_t(w.cols));
+    if (xdBuf.size() < size_t(w.cols) / 32) xdBuf.resize(size_t(w.cols) / 32);
+    QuantizeQ8(x, size_t(w.cols), xqBuf.data(), xdBuf.data());
+    xq = xqBuf.data();
+    xd = xdBuf.data();
   }
   ParallelFor(w.rows, parts, [&](int64_t r0, int64_t r1) {
     if (q8) {
-      for (int64_t r = r0; r < r1; ++r) y[r] = K.dotQ8(w.type, w.data + size_t(r) * w.rowBytes, xq.data(), xd.data(), size_t(w.cols));
+      for (int64_t r = r0; r < r1; ++r) y[r] = K.dotQ8(w.type, w.data + size_t(r) * w.rowBytes, xq, xd, size_t(w.cols));
       return;
     }
     if (T == 1) {
@@ -66,12 +82,12 @@ void MatMul(const Weight& w, const float* x, int64_t T, float* y, int threads) {
     // Prefill: decode 4 weight rows at a time and multiply them with 4 tokens at a time (the tile
     // reuses every loaded vector 4 times), so each weight row is read once per chunk.
     const size_t n = size_t(w.cols);
-    std::vector<float> buf(4 * n);
+    float* buf = Scratch(5, 4 * n);
     for (int64_t r = r0; r < r1; r += 4) {
       const int nw = int(std::min<int64_t>(4, r1 - r));
-      for (int i = 0; i < nw; ++i) K.dequant(w.type, w.data + size_t(r + i) * w.rowBytes, buf.data() + size_t(i) * n, n);
+      for (int i = 0; i < nw; ++i) K.dequant(w.type, w.data + size_t(r + i) * w.rowBytes, buf + size_t(i) * n, n);
       for (int64_t t = 0; t < T; t += 4)
-        K.tile(buf.data(), nw, x + t * w.cols, int(std::min<int64_t>(4, T - t)), n, y + t * w.rows + r, size_t(w.rows));
+        K.tile(buf, nw, x + t * w.cols, int(std::min<int64_t>(4, T - t)), n, y + t * w.rows + r, size_t(w.rows));
     }
   });
 }
@@ -127,11 +143,11 @@ void LlamaModel::Embed(const int32_t* tokens, int64_t T, float* x) const {
 
 void LlamaModel::AttnPre(int layer, int64_t pos0, int64_t T, const float* x, float* q, float* k, float* v) const {
   const LayerWeights& L = layers[size_t(layer)];
-  std::vector<float> xb(size_t(T * d.dim));
-  RmsNorm(x, L.attnNorm, d.eps, T, xb.data());
-  MatMul(L.q, xb.data(), T, q, threads);
-  MatMul(L.k, xb.data(), T, k, threads);
-  MatMul(L.v, xb.data(), T, v, threads);
+  float* xb = Scratch(0, size_t(T * d.dim));
+  RmsNorm(x, L.attnNorm, d.eps, T, xb);
+  MatMul(L.q, xb, T, q, threads);
+  MatMul(L.k, xb, T, k, threads);
+  MatMul(L.v, xb, T, v, threads);
   AddBias(q, L.qBias, T);
   AddBias(k, L.kBias, T);
   AddBias(v, L.vBias, T);
@@ -142,23 +158,24 @@ void LlamaModel::AttnPre(int layer, int64_t pos0, int64_t T, const float* x, flo
 void LlamaModel::AttnPost(int layer, int64_t T, float* x, const float* att) const {
   const LayerWeights& L = layers[size_t(layer)];
   const size_t n = size_t(T * d.dim), nh = size_t(T * d.hidden);
-  std::vector<float> tmp(n);
-  MatMul(L.o, att, T, tmp.data(), threads);
+  float* tmp = Scratch(1, n);
+  MatMul(L.o, att, T, tmp, threads);
   for (size_t i = 0; i < n; ++i) x[i] += tmp[i];
   // SwiGLU FFN: x += W_down (silu(W_gate xb) ⊙ W_up xb).
-  RmsNorm(x, L.ffnNorm, d.eps, T, tmp.data());
-  std::vector<float> g(nh), u(nh);
-  MatMul(L.gate, tmp.data(), T, g.data(), threads);
-  MatMul(L.up, tmp.data(), T, u.data(), threads);
+  RmsNorm(x, L.ffnNorm, d.eps, T, tmp);
+  float* g = Scratch(2, nh);
+  float* u = Scratch(3, nh);
+  MatMul(L.gate, tmp, T, g, threads);
+  MatMul(L.up, tmp, T, u, threads);
   for (size_t i = 0; i < nh; ++i) g[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-  MatMul(L.down, g.data(), T, tmp.data(), threads);
+  MatMul(L.down, g, T, tmp, threads);
   for (size_t i = 0; i < n; ++i) x[i] += tmp[i];
 }
 
 void LlamaModel::Logits(const float* x, float* out) const {
-  std::vector<float> xb(static_cast<size_t>(d.dim));
-  RmsNorm(x, outputNorm, d.eps, 1, xb.data());
-  MatMul(output, xb.data(), 1, out, threads);
+  float* xb = Scratch(4, size_t(d.dim));
+  RmsNorm(x, outputNorm, d.eps, 1, xb);
+  MatMul(output, xb, 1, out, threads);
 }
 
 }  // namespace model
