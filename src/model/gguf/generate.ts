@@ -9,7 +9,7 @@ import { z } from 'zod';
 import { fail } from '../../errors.js';
 import type { AttentionBackend } from '../attention-backend.js';
 import { DenseTsAttention } from '../dense-attention.js';
-import type { GenerateOptions } from '../generate.js';
+import type { GenerateOptions, GenerateResult } from '../generate.js';
 import { Sampler } from '../sampler.js';
 import { GgufModel, GgufTransformer } from './model.js';
 
@@ -35,14 +35,11 @@ export interface GgufGenerateOptions extends Pick<GenerateOptions, 'prompt' | 't
   onPrefill?: (done: number, total: number) => void;
 }
 
-/** What {@link generateGguf} returns. */
-export interface GgufGenerateResult {
-  text: string;
-  /** All ids (BOS first when added; the last sampled one was not run). */
-  tokens: number[];
-  promptTokens: number;
-  positions: number;
-  stoppedBy: 'steps' | 'bos' | 'eos';
+/**
+ * What {@link generateGguf} returns: `text`, `tokens`, `promptTokens`, `positions` and `stoppedBy`
+ * as in the llama2.c host's {@link GenerateResult}, with prefill and decode timed apart.
+ */
+export interface GgufGenerateResult extends Pick<GenerateResult, 'text' | 'tokens' | 'promptTokens' | 'positions' | 'stoppedBy'> {
   timings: {
     /** Prefill of the prompt (all its positions), ms. */
     prefillMs: number;
@@ -109,7 +106,7 @@ export function generateGguf(options: GgufGenerateOptions): GgufGenerateResult {
     const prefillMs = performance.now() - t0;
 
     const tokens = [...prompt];
-    let stoppedBy: GgufGenerateResult['stoppedBy'] = 'steps';
+    let stoppedBy: GenerateResult['stoppedBy'] = 'steps';
     const t1 = performance.now();
     let decodeTokens = 0;
     for (;;) {
