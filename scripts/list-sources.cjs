@@ -1,6 +1,14 @@
-// Lists native/*.cc for binding.gyp so a new kernel file needs no edit to the build script.
+// Lists native/**/*.cc for binding.gyp so a new kernel file needs no edit to the build script.
+// Subfolders (native/model/, ...) are included; their files include headers as "model/x.h" etc.
+// since the include path is "native".
 'use strict';
 const fs = require('fs');
 const path = require('path');
-const dir = path.join(__dirname, '..', 'native');
-process.stdout.write(fs.readdirSync(dir).filter((f) => f.endsWith('.cc')).sort().map((f) => 'native/' + f).join(' '));
+const root = path.join(__dirname, '..', 'native');
+function walk(dir, rel) {
+  return fs
+    .readdirSync(dir, { withFileTypes: true })
+    .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+    .flatMap((e) => (e.isDirectory() ? walk(path.join(dir, e.name), rel + e.name + '/') : e.name.endsWith('.cc') ? [rel + e.name] : []));
+}
+process.stdout.write(walk(root, 'native/').join(' '));

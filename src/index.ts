@@ -34,3 +34,9 @@ export { openTrace, writeTrace } from './trace/trace.js';
 export type { TraceMeta } from './trace/trace.js';
 export { generateSyntheticTrace } from './trace/synthetic.js';
 export type { SyntheticTraceOptions } from './trace/synthetic.js';
+// GGUF models: native forward pass with attention through the same backends (src/model/gguf/).
+export { loadGgufModel } from './model/gguf/model.js';
+export type { LoadGgufOptions } from './model/gguf/model.js';
+export { generateGguf } from './model/gguf/generate.js';
+export type { GgufGenerateOptions, GgufGenerateResult } from './model/gguf/generate.js';
+export { convertLlama2c } from './model/gguf/convert.js';

@@ -6,6 +6,8 @@ import { register as registerEval } from './eval.js';
 import { register as registerSynth } from './synth.js';
 import { register as registerProfile } from './profile.js';
 import { register as registerSolveWindows } from './solve-windows.js';
+import { register as registerConvert } from './convert.js';
+import { register as registerRandomGguf } from './random-gguf.js';
 
 export type RegisterCommand = (program: Command) => void;
 
@@ -16,4 +18,6 @@ export const commands: RegisterCommand[] = [
   registerSynth,
   registerProfile,
   registerSolveWindows,
+  registerConvert,
+  registerRandomGguf,
 ];

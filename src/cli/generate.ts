@@ -17,10 +17,11 @@ import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
 import { generate } from '../model/generate.js';
 import { loadTokenizer } from '../model/tokenizer.js';
+import { addGgufOptions, isGgufModel, runGgufGenerate } from './generate-gguf.js';
 
 interface GenerateCliOptions {
   model: string;
-  tokenizer: string;
+  tokenizer?: string;
   steps?: number;
   budget?: number;
   prompt?: string;
@@ -39,11 +40,11 @@ interface GenerateCliOptions {
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
 
 export function register(program: Command): void {
-  program
+  addGgufOptions(program
     .command('generate')
-    .description('generate text with a llama2.c checkpoint (the reference host), printing tokens/s at the end')
-    .requiredOption('--model <file>', 'llama2.c checkpoint (.bin)')
-    .requiredOption('--tokenizer <file>', 'llama2.c tokenizer (.bin) for that checkpoint')
+    .description('generate text with a llama2.c checkpoint (the reference host) or a GGUF model, printing tokens/s at the end')
+    .requiredOption('--model <file>', 'llama2.c checkpoint (.bin) or GGUF model (.gguf)')
+    .option('--tokenizer <file>', 'llama2.c tokenizer (.bin) for that checkpoint (required for .bin models)'))
     .option('--steps <n>', 'positions to run, prompt included (default: min(256, seq_len))', integerOption('--steps', 1))
     .option('--prompt <text>', 'text to continue (default: start from BOS)')
     .option('--temperature <x>', '0 = greedy, else sampling temperature', numberOption('--temperature', 0), 1)
@@ -62,6 +63,8 @@ export function register(program: Command): void {
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integerOption('--trace-prompt', 1))
     .action(async (opts: GenerateCliOptions) => {
+      if (isGgufModel(opts.model)) return runGgufGenerate(opts);
+      if (opts.tokenizer === undefined) fail('E_CONFIG', 'option --tokenizer', 'a llama2.c tokenizer file for a .bin model', undefined);
       const model = loadCheckpoint(opts.model);
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)

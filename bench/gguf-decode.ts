@@ -1,0 +1,154 @@
+/**
+ * Whole-model decode on a GGUF file: kvdrive (native forward pass, attention dense or sparse
+ * through the AttentionBackend) against llama.cpp (node-llama-cpp, bench/llama-cpp/, run as a child
+ * process) at several context depths, same threads, in one run; prefill tokens/s beside it.
+ *
+ *   node dist/src/cli/main.js random-gguf --shape llama-3.2-1b --type Q8_0 --out /tmp/l1b.gguf
+ *   node dist/bench/gguf-decode.js --model /tmp/l1b.gguf [--depths 4096,16384,32768] [--steps 6]
+ *        [--threads 1] [--prefill 128] [--budget-share 0.0156]
+ *
+ * The KV cache at each depth is filled directly in both engines (random keys and values; attention
+ * cost depends on the number of positions, not on their values), because prefilling 32K positions
+ * on two cores takes far longer than the decode being measured. kvdrive's dense attention is the
+ * native attendDense kernel (f32 cache); llama.cpp's is its CPU path with an f16 cache and flash
+ * attention off. Sparse is the kvdrive backend at budget = share × depth (1.56% by default); its
+ * first step (which builds the index over the filled context) is reported apart, and each engine's
+ * first decode step is a warm-up left out. Per-step figures are process CPU time (user + system,
+ * all threads), median and minimum over `steps` positions: on a machine shared with other work the
+ * wall time mostly measures the wait for a core and the median absorbs others' cache and memory
+ * traffic, so the minimum is the steadiest estimate of each engine's own cost (with --threads 1 both
+ * run one thread). Ratios are tok/s of kvdrive over tok/s of llama.cpp.
+ */
+import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { attendDense } from '../src/attention/kernels.js';
+import type { AttentionBackend, AttentionShape } from '../src/model/attention-backend.js';
+import { createBackend } from '../src/model/backends.js';
+import { GgufTransformer, loadGgufModel } from '../src/model/gguf/model.js';
+import { uniform } from './bench-util.js';
+
+function arg(name: string, fallback: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1]! : fallback;
+}
+
+const modelPath = arg('model', '');
+if (!modelPath) throw new Error('usage: node dist/bench/gguf-decode.js --model file.gguf [--depths 4096,16384,32768] [--steps 6] [--threads 1] [--prefill 128]');
+const depths = arg('depths', '4096,16384,32768').split(',').map(Number);
+const steps = Number(arg('steps', '8'));
+const threads = Number(arg('threads', '1'));
+const prefill = Number(arg('prefill', '128'));
+const share = Number(arg('budget-share', '0.0156'));
+const here = dirname(fileURLToPath(import.meta.url));
+const llamaDir = join(here, '..', '..', 'bench', 'llama-cpp');
+const haveLlama = existsSync(join(llamaDir, 'node_modules', 'node-llama-cpp'));
+
+/** Dense attention with the native kernel over the host's f32 cache (positions [0, pos]). */
+class NativeDense implements AttentionBackend {
+  constructor(private readonly shape: AttentionShape) {}
+  attend(_layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Float32Array {
+    const { nHeads, nKvHeads, headSize, seqLen } = this.shape;
+    const view = (data: Float32Array) => ({ data, dtype: 'f32' as const, tokens: seqLen, heads: nKvHeads, dim: headSize });
+    return attendDense({ q, qHeads: nHeads, k: view(kCache), v: view(vCache), tokens: pos + 1, threads }).out;
+  }
+}
+
+/** Forwards to whichever backend the bench is measuring (the transformer keeps one cache). */
+class Switch implements AttentionBackend {
+  current!: AttentionBackend;
+  attend(layer: number, pos: number, q: Float32Array, k: Float32Array, v: Float32Array): Float32Array {
+    return this.current.attend(layer, pos, q, k, v);
+  }
+}
+
+const median = (a: number[]): number => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)]!;
+interface StepStats {
+  wall: number;
+  cpu: number;
+  cpuMin: number;
+}
+const stats = (wall: number[], cpu: number[]): StepStats => ({ wall: median(wall), cpu: median(cpu), cpuMin: Math.min(...cpu) });
+
+interface LlamaResult {
+  decodeMs?: number[];
+  decodeCpuMs?: number[];
+  prefillMs?: number;
+  prefillCpuMs?: number;
+  prefillTokens?: number;
+}
+
+/** Wall and process CPU milliseconds of fn. */
+function timed(fn: () => void): { ms: number; cpu: number } {
+  const t0 = performance.now();
+  const c0 = process.cpuUsage();
+  fn();
+  const c = process.cpuUsage(c0);
+  return { ms: performance.now() - t0, cpu: (c.user + c.system) / 1000 };
+}
+function llamaCpp(depth: number, prefillTokens: number): LlamaResult | undefined {
+  if (!haveLlama) return undefined;
+  const out = execFileSync(process.execPath, [join(llamaDir, 'decode.mjs'), modelPath, String(depth), String(steps + 1), String(threads), String(prefillTokens)], {
+    cwd: llamaDir,
+    encoding: 'utf8',
+    maxBuffer: 1 << 20,
+  });
+  return JSON.parse(out.trim().split('\n').pop()!) as LlamaResult;
+}
+
+const model = loadGgufModel(modelPath, { threads });
+const c = model.config;
+const kvDim = c.nKvHeads * c.headSize;
+console.log(`model ${modelPath}: ${c.arch}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads × ${c.headSize}, ${c.weightType}; threads ${threads}; ${steps} decode steps per cell`);
+if (!haveLlama) console.log('NOTICE: node-llama-cpp is not installed in bench/llama-cpp (npm install --omit=optional there); llama.cpp columns are empty');
+
+// Prefill: kvdrive in chunks of 64 with native dense attention, llama.cpp with its batch of 512.
+{
+  const sw = new Switch();
+  const tf = new GgufTransformer(model, sw, prefill + 1);
+  sw.current = new NativeDense(model.attentionShape(prefill + 1));
+  const toks = Array.from({ length: prefill }, (_, i) => 5 + ((i * 7919) % Math.min(1000, c.vocabSize - 10)));
+  const kv = timed(() => {
+    for (let p = 0; p < prefill; p += 64) tf.forward(toks.slice(p, p + 64), p);
+  });
+  const ll = llamaCpp(0, prefill);
+  const tps = (ms: number): string => ((prefill / ms) * 1000).toFixed(1);
+  console.log(`\nprefill ${prefill} tokens, tok/s by wall (CPU) time: kvdrive ${tps(kv.ms)} (${tps(kv.cpu)})` +
+    (ll?.prefillMs && ll.prefillCpuMs ? `, llama.cpp ${tps(ll.prefillMs)} (${tps(ll.prefillCpuMs)}); kvdrive / llama.cpp ${(ll.prefillMs / kv.ms).toFixed(2)} (${(ll.prefillCpuMs / kv.cpu).toFixed(2)})` : ''));
+}
+
+console.log('\nCPU ms per decoded token, median / min (wall median); ratio = kvdrive tok/s ÷ llama.cpp tok/s by median / by min CPU\n');
+console.log('| depth | kvdrive dense | kvdrive sparse (budget) | llama.cpp | dense ÷ llama.cpp | sparse ÷ llama.cpp | sparse index build, CPU ms |');
+console.log('|---|---|---|---|---|---|---|');
+for (const depth of depths) {
+  const seqLen = depth + 2 * steps + 4;
+  const sw = new Switch();
+  const tf = new GgufTransformer(model, sw, seqLen);
+  for (let l = 0; l < c.nLayers; l++) {
+    tf.kCache[l]!.set(uniform(depth * kvDim, 2 * l + 1));
+    tf.vCache[l]!.set(uniform(depth * kvDim, 2 * l + 2));
+  }
+  const shape = model.attentionShape(seqLen);
+  // One warm-up position, then `steps` measured ones.
+  const run = (start: number): StepStats => {
+    tf.forward([4], start);
+    const r = Array.from({ length: steps }, (_, s) => timed(() => tf.forward([5 + s], start + 1 + s)));
+    return stats(r.map((x) => x.ms), r.map((x) => x.cpu));
+  };
+  sw.current = new NativeDense(shape);
+  const dense = run(depth);
+  const budget = Math.max(1, Math.round(share * depth));
+  const sparse = createBackend('kvdrive', shape, { budget });
+  sw.current = sparse;
+  // The sparse backend's first step builds its index over the filled context.
+  const first = timed(() => tf.forward([4], depth));
+  const sp = run(depth + 1);
+  sparse.close?.();
+  const ll = llamaCpp(depth, 0);
+  const llt = ll?.decodeMs && ll.decodeCpuMs ? stats(ll.decodeMs.slice(1), ll.decodeCpuMs.slice(1)) : undefined;
+  const cell = (t: StepStats): string => `${t.cpu.toFixed(0)} / ${t.cpuMin.toFixed(0)} (${t.wall.toFixed(0)})`;
+  const ratio = (t: StepStats): string => (llt ? `${(llt.cpu / t.cpu).toFixed(2)} / ${(llt.cpuMin / t.cpuMin).toFixed(2)}` : '–');
+  console.log(`| ${depth} | ${cell(dense)} | ${cell(sp)} (${budget}) | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} | ${first.cpu.toFixed(0)} |`);
+}
+model.close();
