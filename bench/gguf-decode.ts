@@ -59,7 +59,9 @@ class NativeDense implements AttentionBackend {
 class Switch implements AttentionBackend {
   current!: AttentionBackend;
   attend(layer: number, pos: number, q: Float32Array, k: Float32Array, v: Float32Array): Float32Array {
-    return this.current.attend(layer, pos, q, k, v);
+    const out = this.current.attend(layer, pos, q, k, v);
+    if (out instanceof Promise) throw new Error('gguf-decode bench: expected a synchronous backend (dense or the sparse policy backend)');
+    return out;
   }
 }
 

@@ -31,7 +31,7 @@ describe.skipIf(!fx)('stories260K as GGUF', () => {
         expect(ref.tokens.length).toBeGreaterThan(40);
         expect(model.tokenizer.encode(prompt)).toEqual(tok.encode(prompt));
         for (const prefillChunk of [1, 64]) {
-          const g = generateGguf({ model, prompt, steps: 160, temperature: 0, prefillChunk });
+          const g = await generateGguf({ model, prompt, steps: 160, temperature: 0, prefillChunk });
           expect(g.tokens).toEqual(ref.tokens);
           expect(g.text).toBe(ref.text);
           expect(g.stoppedBy).toBe(ref.stoppedBy);

@@ -68,7 +68,7 @@ describe.skipIf(!present)('kvdrive against llama.cpp (node-llama-cpp)', () => {
     const ll = await open(path);
     try {
       for (const s of variedStrings()) expect(ll.model.tokenize(s), JSON.stringify(s)).toEqual(ours.tokenizer.encode(s, { bos: false }));
-      const g = generateGguf({ model: ours, prompt: 'One day, a cat', steps: 120, temperature: 0 });
+      const g = await generateGguf({ model: ours, prompt: 'One day, a cat', steps: 120, temperature: 0 });
       const prompt = g.tokens.slice(0, g.promptTokens);
       let input: unknown[] = prompt.map((t, i) => (i === prompt.length - 1 ? [t, { generateNext: { token: true, options: { temperature: 0 } } }] : t));
       const theirs = [...prompt];

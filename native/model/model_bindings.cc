@@ -88,7 +88,7 @@ Napi::Value Open(const Napi::CallbackInfo& info) {
     Napi::Value eps = s.Get("eps");
     if (!eps.IsNumber() || !(eps.As<Napi::Number>().DoubleValue() > 0)) Throw("E_RANGE", "ggufModelOpen.eps: expected a number > 0");
     d.eps = eps.As<Napi::Number>().FloatValue();
-    m->threads = int(GetIntOr(s, "threads", w, 1, 1024, ModelPool::Get().MaxThreads()));
+    m->threads = int(GetIntOr(s, "threads", w, 1, 1024, MaxThreads()));
     auto inv = GetF32(s.Get("invFreq"), "ggufModelOpen.invFreq");
     ExpectLength(inv.length, size_t(d.ropeDim / 2), "ggufModelOpen.invFreq (ropeDim/2)");
     m->invFreq.assign(inv.data, inv.data + inv.length);

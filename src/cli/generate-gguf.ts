@@ -73,7 +73,7 @@ export async function runGgufGenerate(opts: GgufCliOptions): Promise<void> {
   let prefilled = 0;
   let pieces = 0;
   try {
-    const r = generateGguf({
+    const r = await generateGguf({
       model,
       prompt,
       steps,
@@ -100,7 +100,7 @@ export async function runGgufGenerate(opts: GgufCliOptions): Promise<void> {
     );
     if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
   } finally {
-    backend.close?.();
+    await backend.close?.();
     model.close();
   }
 }

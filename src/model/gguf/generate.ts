@@ -65,7 +65,7 @@ const schema = z.strictObject({
 });
 
 /** Generates text with a GGUF model; see {@link GgufGenerateOptions}. */
-export function generateGguf(options: GgufGenerateOptions): GgufGenerateResult {
+export async function generateGguf(options: GgufGenerateOptions): Promise<GgufGenerateResult> {
   const r = schema.safeParse(options);
   if (!r.success) {
     const issue = r.error.issues[0]!;
@@ -99,7 +99,7 @@ export function generateGguf(options: GgufGenerateOptions): GgufGenerateResult {
     let pos = 0;
     while (pos < prompt.length) {
       const n = Math.min(chunk, prompt.length - pos);
-      logits = tf.forward(prompt.slice(pos, pos + n), pos);
+      logits = await tf.forwardAsync(prompt.slice(pos, pos + n), pos);
       pos += n;
       o.onPrefill?.(pos, prompt.length);
     }
@@ -118,7 +118,7 @@ export function generateGguf(options: GgufGenerateOptions): GgufGenerateResult {
       emit(tokens[tokens.length - 1]!, next);
       tokens.push(next);
       if (pos >= steps) break;
-      logits = tf.forward([next], pos);
+      logits = await tf.forwardAsync([next], pos);
       pos++;
       decodeTokens++;
     }

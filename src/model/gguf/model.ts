@@ -122,9 +122,36 @@ export class GgufTransformer {
   /**
    * Runs `tokens` at positions pos0 .. pos0 + T - 1 (positions must follow each other from 0 for one
    * sequence) and returns the logits after the last one. The returned array is reused until the
-   * next call.
+   * next call. For a synchronous backend only; a backend that answers with a Promise (the runtime
+   * backend) needs {@link forwardAsync}.
    */
   forward(tokens: ArrayLike<number>, pos0: number): Float32Array {
+    const run = this.steps(tokens, pos0);
+    for (let r = run.next(); ; ) {
+      if (r.done) return r.value;
+      const out = this.backend.attend(r.value.layer, r.value.pos, r.value.q, this.kCache[r.value.layer]!, this.vCache[r.value.layer]!);
+      if (out instanceof Promise) {
+        out.catch(() => undefined); // not awaited here: keep it from surfacing as an unhandled rejection
+        fail('E_CONFIG', 'GgufTransformer.forward backend', 'a synchronous AttentionBackend (use forwardAsync for this one)', 'a promise from attend()');
+      }
+      r = run.next(out);
+    }
+  }
+
+  /** {@link forward} for any backend, synchronous or not (generateGguf uses it). */
+  async forwardAsync(tokens: ArrayLike<number>, pos0: number): Promise<Float32Array> {
+    const run = this.steps(tokens, pos0);
+    for (let r = run.next(); ; ) {
+      if (r.done) return r.value;
+      r = run.next(await this.backend.attend(r.value.layer, r.value.pos, r.value.q, this.kCache[r.value.layer]!, this.vCache[r.value.layer]!));
+    }
+  }
+
+  /**
+   * The forward pass as a generator: it yields each attention request (layer, position, query) and
+   * is resumed with the backend's output, so the sync and async drivers above share one pass.
+   */
+  private *steps(tokens: ArrayLike<number>, pos0: number): Generator<{ layer: number; pos: number; q: Float32Array }, Float32Array, Float32Array> {
     const c = this.model.config;
     const T = tokens.length;
     if (T < 1) fail('E_SHAPE', 'GGUF forward tokens', 'at least one token', T);
@@ -141,16 +168,18 @@ export class GgufTransformer {
       const k = this.kCache[l]!.subarray(pos0 * kvDim, (pos0 + T) * kvDim);
       const v = this.vCache[l]!.subarray(pos0 * kvDim, (pos0 + T) * kvDim);
       native.ggufModelAttnPre(h, l, pos0, x, q, k, v);
-      for (let t = 0; t < T; t++) att.set(this.attend(l, pos0 + t, q.subarray(t * qDim, (t + 1) * qDim)), t * qDim);
+      for (let t = 0; t < T; t++) {
+        const out: Float32Array = yield { layer: l, pos: pos0 + t, q: q.subarray(t * qDim, (t + 1) * qDim) };
+        att.set(this.checkOutput(out, l, pos0 + t), t * qDim);
+      }
       native.ggufModelAttnPost(h, l, x, att);
     }
     native.ggufModelLogits(h, x.subarray((T - 1) * c.dim), this.logits);
     return this.logits;
   }
 
-  /** The one call into attention: layer `layer`, position `pos` over the cache [0, pos]. */
-  private attend(layer: number, pos: number, q: Float32Array): Float32Array {
-    const out = this.backend.attend(layer, pos, q, this.kCache[layer]!, this.vCache[layer]!);
+  /** Checks what the backend returned for (layer, pos). */
+  private checkOutput(out: unknown, layer: number, pos: number): Float32Array {
     const n = this.model.config.nHeads * this.model.config.headSize;
     if (!(out instanceof Float32Array) || out.length !== n)
       fail('E_SHAPE', `attention backend output (layer ${layer}, pos ${pos})`, `Float32Array(${n})`, out);
