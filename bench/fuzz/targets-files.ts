@@ -8,6 +8,10 @@ import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'nod
 import { join } from 'node:path';
 import { loadCheckpoint, parseCheckpointHeader } from '../../src/model/checkpoint.js';
 import { loadTokenizer } from '../../src/model/tokenizer.js';
+import { GgufTransformer, loadGgufModel } from '../../src/model/gguf/model.js';
+import { createBackend } from '../../src/model/backends.js';
+import { readGguf } from '../../src/model/gguf/reader.js';
+import { MODEL_SHAPES, writeRandomModel, type RandomWeightType } from '../../src/model/gguf/random-model.js';
 import { native } from '../../src/native.js';
 import { SsdStore } from '../../src/storage/ssd-store.js';
 import { openSafetensors, writeSafetensors } from '../../src/trace/safetensors.js';
@@ -411,4 +415,49 @@ export const ssdTarget = defineTarget<SsdInput>({
   },
 });
 
-export const fileTargets: FuzzTarget[] = [safetensorsTarget, traceTarget, checkpointTarget, tokenizerTarget, ssdTarget];
+interface GgufInput {
+  type: RandomWeightType;
+  bytes: ByteOp[];
+  /** Run one forward step on a model that loaded (the native side then reads the mapped weights). */
+  forward: boolean;
+}
+
+/** A tiny llama-architecture GGUF per weight type, written once per child (header + tensors). */
+const ggufBase = new Map<string, Uint8Array>();
+function ggufBytes(type: RandomWeightType, dir: string): Uint8Array {
+  let b = ggufBase.get(type);
+  if (!b) {
+    const path = join(dir, `base-${type}.gguf`);
+    const shape = { ...MODEL_SHAPES['llama-3.2-1b']!, dim: 64, hiddenDim: 64, layers: 1, heads: 2, kvHeads: 1, headSize: 32, vocab: 300, context: 64 };
+    writeRandomModel({ shape, type, out: path, seed: 5 });
+    b = new Uint8Array(readFileSync(path));
+    ggufBase.set(type, b);
+  }
+  return b;
+}
+
+export const ggufTarget = defineTarget<GgufInput>({
+  name: 'gguf',
+  input(g) {
+    // Headers (magic, version, counts, metadata, tensor table) are the first few KiB of the file.
+    return { type: g.pick(['F32', 'Q8_0', 'Q4_K'] as const), bytes: byteOps(g, 64 * 1024, 4096), forward: g.bool(0.3) };
+  },
+  run(x, ctx) {
+    const b = applyOps(ggufBytes(x.type, ctx.dir), x.bytes);
+    const path = join(ctx.dir, 'in.gguf');
+    writeFileSync(path, b);
+    readGguf(path);
+    const model = loadGgufModel(path, { threads: 1 });
+    try {
+      if (x.forward) {
+        const ids = model.tokenizer.encode('a b', { bos: true });
+        const tf = new GgufTransformer(model, createBackend('dense', model.attentionShape(4), {}), 4);
+        tf.forward(ids.slice(0, 4), 0);
+      }
+    } finally {
+      model.close();
+    }
+  },
+});
+
+export const fileTargets: FuzzTarget[] = [safetensorsTarget, traceTarget, checkpointTarget, tokenizerTarget, ssdTarget, ggufTarget];

@@ -14,8 +14,10 @@ import { failFormat } from '../format-error.js';
 import { loadCheckpoint } from '../checkpoint.js';
 import { loadTokenizer } from '../tokenizer.js';
 import { GGML_BLOCKS, type GgufValue } from './ggml-types.js';
-import { quantize, type QuantizeType } from './quant.js';
+import { QUANTIZE_TYPES, quantize, type QuantizeType } from './quant.js';
 import { writeGguf, type GgufTensorSpec } from './writer.js';
+import { z } from 'zod';
+import { fail } from '../../errors.js';
 
 /** Options of {@link convertLlama2c}. */
 export interface ConvertOptions {
@@ -40,7 +42,18 @@ export interface ConvertResult {
 const FILE_TYPE: Record<QuantizeType, number> = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 7, BF16: 32 };
 
 /** Converts a llama2.c checkpoint and tokenizer into one GGUF file. */
+const convertSchema = z
+  .object({
+    model: z.string().min(1),
+    tokenizer: z.string().min(1),
+    out: z.string().min(1),
+    type: z.enum(QUANTIZE_TYPES).optional(),
+  })
+  .strict();
+
 export function convertLlama2c(options: ConvertOptions): ConvertResult {
+  if (!convertSchema.safeParse(options).success)
+    fail('E_CONFIG', 'convertLlama2c options', `{ model: path, tokenizer: path, out: path, type?: one of ${QUANTIZE_TYPES.join(', ')} }`, options);
   const type = options.type ?? 'F32';
   const ck = loadCheckpoint(options.model);
   const tok = loadTokenizer(options.tokenizer, { vocabSize: ck.config.vocabSize });
