@@ -1,9 +1,9 @@
 /**
  * `kvdrive generate`: run the reference host (a llama2.c checkpoint) and print the text as it is
  * generated, then the speed. Attention goes through a named backend (`--backend`); without one it
- * is the kvdrive sparse backend when `--budget` is given and dense otherwise. With the kvdrive
- * backend the mean selection and attention time per layer-step and the share of the context
- * attended are printed at the end.
+ * is the sparse backend — the runtime (src/model/runtime-attention.ts) — when `--budget` or a
+ * runtime option is given, and dense otherwise. With the runtime the selection / fetch / compute
+ * time and the tier traffic are printed at the end.
  */
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
@@ -11,7 +11,6 @@ import { choiceOption, integerOption, numberOption } from './options.js';
 import { parseBytes } from '../cache/window-solver.js';
 import type { PolicyName } from '../index/selection.js';
 import { backendNames, createBackend } from '../model/backends.js';
-import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
 import { RuntimeAttention } from '../model/runtime-attention.js';
 import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
@@ -68,8 +67,8 @@ export function register(program: Command): void {
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
       const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined;
       const backendName = opts.backend ?? (wantsRuntime ? 'runtime' : opts.budget !== undefined ? 'kvdrive' : 'dense');
-      if (wantsRuntime && backendName !== 'runtime')
-        fail('E_CONFIG', 'options --storage / --dram-budget / --mode', 'the runtime backend', `--backend ${backendName}`);
+      if (wantsRuntime && backendName === 'dense')
+        fail('E_CONFIG', 'options --storage / --dram-budget / --mode', 'the runtime backend (kvdrive or runtime)', `--backend ${backendName}`);
       if (opts.policy !== undefined && backendName === 'dense')
         fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
       if (opts.budget !== undefined && backendName === 'dense')
@@ -99,13 +98,13 @@ export function register(program: Command): void {
         process.stderr.write(
           `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${backendName}, stopped by ${r.stoppedBy})\n`,
         );
-        if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
         if (backend instanceof RuntimeAttention) {
           const s = await backend.stats();
           const m = s?.memory;
           if (s && m)
             process.stderr.write(
-              `runtime (${s.mode}): selection ${s.selectionMs.toFixed(1)} ms, fetch ${s.fetchMs.toFixed(1)} ms, compute ${s.computeMs.toFixed(1)} ms; chunks from hot ${m.traffic.hotChunks}, DRAM ${m.traffic.dramChunks}, SSD ${m.traffic.ssdChunks}, tail ${m.traffic.tailChunks}; sealed ${m.sealedTokens} of ${m.tokens} tokens (all layers)\n`,
+              `runtime (${s.mode}, policy ${opts.policy ?? 'kvdrive'}, budget ${opts.budget}): over ${s.attendCalls} layer-steps selection ${s.selectionMs.toFixed(1)} ms, fetch ${s.fetchMs.toFixed(1)} ms, compute ${s.computeMs.toFixed(1)} ms; ` +
+                `${m.traffic.chunks} chunks selected, from hot ${m.traffic.hotChunks}, DRAM ${m.traffic.dramChunks}, SSD ${m.traffic.ssdChunks}, tail ${m.traffic.tailChunks}; sealed ${m.sealedTokens} of ${m.tokens} tokens (all layers)\n`,
             );
         }
         if (r.trace && opts.traceOut)
