@@ -4,13 +4,12 @@
 // fails only the steps that read it (E_CORRUPT every time they are retried, consuming no position)
 // while another sequence keeps decoding, and after repair the failed sequence continues exactly
 // as a clean run.
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { readdirSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
+import { corruptSegments, removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
 const row = shape.kvHeads * shape.headDim;
@@ -19,15 +18,8 @@ const STEPS = 8;
 const MiB = 2 ** 20;
 /** A DRAM budget whose DRAM tier holds a fraction of two sequences' sealed chunks: most reads go to SSD. */
 const SMALL = 500_000;
-const dirs: string[] = [];
-const tmp = () => {
-  const d = mkdtempSync(join(tmpdir(), 'kvd-rt-tiers-'));
-  dirs.push(d);
-  return d;
-};
-afterAll(() => {
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
+const tmp = () => tempDir('rt-tiers');
+afterAll(removeTempDirs);
 
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
 const kvt = (data: Float32Array, tokens: number): KvTensor => ({ data, dtype: 'f32', tokens, heads: shape.kvHeads, dim: shape.headDim });
@@ -95,6 +87,7 @@ describe('Runtime decode from the tiers', () => {
     for (let t = 0; t < 3; t++) for (let l = 0; l < shape.layers; l++) await run(l, t, [0, 1]);
     await run(0, 3, [0, 1]);
     const restore = corruptSegments(dir, 's1_');
+    expect(readdirSync(dir).some((f) => f.startsWith('s1_'))).toBe(true);
     // More failed attempts than the steps left: a failed step consumes no position.
     for (let i = 0; i <= STEPS; i++) await expectKvdError(() => run(1, 3, [1]), 'E_CORRUPT');
     await run(1, 3, [0]);
@@ -106,20 +99,3 @@ describe('Runtime decode from the tiers', () => {
     await rt.close();
   });
 });
-
-/** Flips bytes in every segment file of `dir` named `prefix`...; returns a function restoring them. */
-function corruptSegments(dir: string, prefix: string): () => void {
-  const saved: Array<[string, Buffer]> = [];
-  for (const f of readdirSync(dir)) {
-    if (!f.startsWith(prefix)) continue;
-    const p = join(dir, f);
-    const b = readFileSync(p);
-    saved.push([p, Buffer.from(b)]);
-    for (let i = 0; i < b.length; i += 512) b[i] = b[i]! ^ 0xff;
-    writeFileSync(p, b);
-  }
-  expect(saved.length).toBeGreaterThan(0);
-  return () => {
-    for (const [p, b] of saved) writeFileSync(p, b);
-  };
-}
