@@ -62,6 +62,22 @@ describe('kvdrive generate', () => {
     expect(Number(m?.[2])).toBeLessThanOrEqual(600 * 4 * 4);
   });
 
+  it('--storage / --dram-budget / --seal-tokens / --mode: decoded tokens are sealed and read back from SSD; the dense greedy story, both modes', async (ctx) => {
+    const f = files();
+    if (!f) return ctx.skip();
+    const steps = ['--steps', '200', '--temperature', '0'];
+    const dense = await run([...f, ...steps]);
+    // DRAM budgets leaving the DRAM tier about 50 KB beside the fixed parts (tails, index reserve, fetch
+    // buffers: 465 / 871 KB), a fraction of the ~160 KB sealed.
+    for (const [mode, dram] of [['sequential', '520000'], ['pipelined', '930000']]) {
+      const { out, err } = await run([...f, ...steps, '--budget', '256', '--storage', tmpDir(), '--dram-budget', dram, '--seal-tokens', '32', '--mode', mode!]);
+      expect(out, mode).toBe(dense.out);
+      const m = /SSD (\d+), tail \d+; sealed (\d+) of/.exec(err);
+      expect(Number(m?.[1]), mode).toBeGreaterThan(0);
+      expect(Number(m?.[2]), mode).toBeGreaterThan(0);
+    }
+  });
+
   it('writes a trace with --trace-out / --trace-prompt', async (ctx) => {
     const f = files();
     if (!f) return ctx.skip();

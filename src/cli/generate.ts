@@ -32,6 +32,7 @@ interface GenerateCliOptions {
   policy?: PolicyName;
   storage?: string;
   dramBudget?: number;
+  sealTokens?: number;
   mode?: 'sequential' | 'pipelined';
 }
 
@@ -57,6 +58,7 @@ export function register(program: Command): void {
     .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, choiceOption('--policy', POLICIES, 'E_POLICY'))
     .option('--storage <dir>', 'run attention through the runtime (backend "runtime") with an SSD store in this directory')
     .option('--dram-budget <bytes>', 'runtime backend: DRAM budget of the memory model (e.g. 64MiB; default 256MiB)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--seal-tokens <n>', 'runtime backend: tokens per segment sealed into the tiers while decoding (a multiple of the chunk size; default 1024)', integerOption('--seal-tokens', 1))
     .option('--mode <mode>', 'runtime backend: sequential or pipelined', choiceOption('--mode', ['sequential', 'pipelined'] as const, 'E_CONFIG'))
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integerOption('--trace-prompt', 1))
@@ -65,10 +67,10 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
-      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined;
+      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined || opts.sealTokens !== undefined;
       const backendName = opts.backend ?? (wantsRuntime ? 'runtime' : opts.budget !== undefined ? 'kvdrive' : 'dense');
       if (wantsRuntime && backendName === 'dense')
-        fail('E_CONFIG', 'options --storage / --dram-budget / --mode', 'the runtime backend (kvdrive or runtime)', `--backend ${backendName}`);
+        fail('E_CONFIG', 'options --storage / --dram-budget / --seal-tokens / --mode', 'the runtime backend (kvdrive or runtime)', `--backend ${backendName}`);
       if (opts.policy !== undefined && backendName === 'dense')
         fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
       if (opts.budget !== undefined && backendName === 'dense')
@@ -79,6 +81,7 @@ export function register(program: Command): void {
         mode: opts.mode,
         storage: opts.storage,
         dramBudget: opts.dramBudget,
+        sealTokens: opts.sealTokens,
       });
       try {
         const r = await generate({

@@ -49,6 +49,8 @@ export interface BackendOptions {
   storage?: string;
   /** runtime backend: the memory model's DRAM budget in bytes (see RuntimeOptions.dramBudget; default 256 MiB). */
   dramBudget?: number;
+  /** runtime backend: tokens per segment sealed while decoding (see RuntimeOptions.sealTokens; default 1024). */
+  sealTokens?: number;
 }
 
 /** Creates a backend for a model shape. */

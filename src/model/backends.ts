@@ -12,7 +12,7 @@ import { RuntimeAttention, type RuntimeAttentionOptions } from './runtime-attent
 /** Builds the runtime backend (memory model: tiers, modes); its options are validated by RuntimeAttention (E_BUDGET without a budget). */
 function runtimeFactory(shape: AttentionShape, o: BackendOptions): AttentionBackend {
   // Only the options given: RuntimeAttention rejects unknown keys and validates the rest.
-  const given = Object.entries({ budget: o.budget, policy: o.policy, policyOptions: o.policyOptions, mode: o.mode, storage: o.storage, dramBudget: o.dramBudget });
+  const given = Object.entries({ budget: o.budget, policy: o.policy, policyOptions: o.policyOptions, mode: o.mode, storage: o.storage, dramBudget: o.dramBudget, sealTokens: o.sealTokens });
   return new RuntimeAttention(shape, Object.fromEntries(given.filter(([, v]) => v !== undefined)) as unknown as RuntimeAttentionOptions);
 }
 
