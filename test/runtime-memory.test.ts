@@ -3,7 +3,7 @@
 // bit-identical to the legacy all-in-DRAM runtime, whichever tier serves a chunk, in both modes; a
 // budget covering the context equals dense attention; KV stays in the host dtype; budgets that
 // cannot hold what they must fail with E_BUDGET; a failed step retried equals a clean run.
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -13,6 +13,7 @@ import { fromF32 } from '../src/util/f16.js';
 import { checkMemory, formatMemoryCheck, processMemory } from '../src/runtime/process-memory.js';
 import type { Dtype, KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
+import { corruptSegments } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
 const row = shape.kvHeads * shape.headDim;
@@ -192,52 +193,6 @@ describe('Runtime memory model', () => {
     }
     expect(outs[1]).toBe(outs[0]);
   });
-});
-
-/** Flips bytes in every segment file of `dir` named `prefix`...; returns a function restoring them. */
-function corruptExtents(dir: string, prefix: string): () => void {
-  const saved: Array<[string, Buffer]> = [];
-  for (const f of readdirSync(dir)) {
-    if (!f.startsWith(prefix)) continue;
-    const p = join(dir, f);
-    const b = readFileSync(p);
-    saved.push([p, Buffer.from(b)]);
-    for (let i = 0; i < b.length; i += 512) b[i] = b[i]! ^ 0xff;
-    writeFileSync(p, b);
-  }
-  return () => {
-    for (const [p, b] of saved) writeFileSync(p, b);
-  };
-}
-
-describe('A failed step', () => {
-  // Only the second sequence's segments are corrupted: its entry fails after the first one's
-  // succeeded, and neither may count as done (the retry repeats the whole batch).
-  for (const [name, opts, second] of [
-    ['legacy SSD-backed runtime', { ...base, ssd: { dir: '' } }, 'p1-'],
-    ['memory model with SSD', { ...base, dramBudget: SMALL, sealTokens: SEAL, ssd: { dir: '' } }, 's1_'],
-  ] as Array<[string, RuntimeOptions, string]>)
-    it(`${name}: does not advance the token count; retried, it gives the clean run's outputs`, async () => {
-      const clean = await openRuntime({ ...opts, ssd: { dir: tmp() } });
-      const want = await decode(clean, 21, 2, 6);
-      await clean.close();
-      const dir = tmp();
-      const rt = await openRuntime({ ...opts, ssd: { dir } });
-      const seqs = await prefillAll(rt, 21, 2);
-      const got: Float32Array[] = [];
-      for (let t = 0; t < 6; t++)
-        for (let l = 0; l < shape.layers; l++) {
-          const batch = batchOf(seqs, 21, l, t);
-          if (t === 3 && l === 1) {
-            const restore = corruptExtents(dir, second);
-            await expectKvdError(() => rt.attend(l, batch), 'E_CORRUPT');
-            restore();
-          }
-          got.push(...(await rt.attend(l, batch)));
-        }
-      expect(got.map(bits)).toEqual(want.map(bits));
-      await rt.close();
-    });
 });
 
 describe('Budgets measured, not asserted', () => {

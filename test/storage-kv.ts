@@ -1,5 +1,5 @@
 /** Test data for the storage tests: random segment KV and the expected page-first chunk bytes. */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ClusterLayout, SegmentData, StoreShape } from '../src/storage/ssd-store.js';
@@ -69,4 +69,20 @@ export function expectedChunk(shape: StoreShape, data: SegmentData, layer: numbe
     }
   }
   return out;
+}
+
+/** Flips bytes in every segment file of `dir` whose name starts with `prefix`; returns a function restoring them. */
+export function corruptSegments(dir: string, prefix: string): () => void {
+  const saved: Array<[string, Buffer]> = [];
+  for (const f of readdirSync(dir)) {
+    if (!f.startsWith(prefix)) continue;
+    const p = join(dir, f);
+    const b = readFileSync(p);
+    saved.push([p, Buffer.from(b)]);
+    for (let i = 0; i < b.length; i += 512) b[i] = b[i]! ^ 0xff;
+    writeFileSync(p, b);
+  }
+  return () => {
+    for (const [p, b] of saved) writeFileSync(p, b);
+  };
 }

@@ -13,7 +13,7 @@ import * as api from '../../src/index.js';
 import { native } from '../../src/native.js';
 // Parts that are not in the public index but are exported by their modules, fuzzed all the same.
 import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../../src/attention/kernels.js';
-import { attendFetched, attendFetchedAsync } from '../../src/storage/tiered-attention.js';
+import { attendFetched, attendFetchedAsync } from '../../src/storage/fetched-attention.js';
 import { HotTier } from '../../src/cache/hot-tier.js';
 import { f32ArrayToF16 } from '../../src/util/f16.js';
 import { defineTarget, type FuzzTarget, type Gen } from './harness.js';

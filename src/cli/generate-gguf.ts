@@ -11,7 +11,7 @@ import { integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
 import type { PolicyName } from '../index/selection.js';
 import { createBackend } from '../model/backends.js';
-import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
+import { runtimeStatsLine } from './runtime-stats.js';
 import { generateGguf } from '../model/gguf/generate.js';
 import { loadGgufModel } from '../model/gguf/model.js';
 
@@ -98,7 +98,7 @@ export async function runGgufGenerate(opts: GgufCliOptions): Promise<void> {
       `prefill: ${r.promptTokens} tokens in ${t.prefillMs.toFixed(1)} ms (${t.prefillTokensPerSecond.toFixed(1)} tok/s); ` +
         `decode: ${t.decodeTokens} tokens in ${t.decodeMs.toFixed(1)} ms (${t.decodeTokensPerSecond.toFixed(2)} tok/s); backend ${backendName}, stopped by ${r.stoppedBy}\n`,
     );
-    if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
+    process.stderr.write(await runtimeStatsLine(backend, opts.policy ?? 'kvdrive', opts.budget));
   } finally {
     await backend.close?.();
     model.close();

@@ -1,18 +1,17 @@
 /**
  * `kvdrive generate`: run the reference host (a llama2.c checkpoint) and print the text as it is
  * generated, then the speed. Attention goes through a named backend (`--backend`); without one it
- * is the kvdrive sparse backend when `--budget` is given and dense otherwise. With the kvdrive
- * backend the mean selection and attention time per layer-step and the share of the context
- * attended are printed at the end.
+ * is the sparse backend — the runtime (src/model/runtime-attention.ts) — when `--budget` or a
+ * runtime option is given, and dense otherwise. With the runtime the selection / fetch / compute
+ * time and the tier traffic are printed at the end.
  */
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
 import { choiceOption, integerOption, numberOption } from './options.js';
+import { runtimeStatsLine } from './runtime-stats.js';
 import { parseBytes } from '../cache/window-solver.js';
 import type { PolicyName } from '../index/selection.js';
 import { backendNames, createBackend } from '../model/backends.js';
-import { formatKvdriveStats, KvdriveAttention } from '../model/kvdrive-attention.js';
-import { RuntimeAttention } from '../model/runtime-attention.js';
 import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
 import { generate } from '../model/generate.js';
@@ -34,6 +33,7 @@ interface GenerateCliOptions {
   policy?: PolicyName;
   storage?: string;
   dramBudget?: number;
+  sealTokens?: number;
   mode?: 'sequential' | 'pipelined';
 }
 
@@ -59,6 +59,7 @@ export function register(program: Command): void {
     .option('--policy <name>', `selection policy of the kvdrive backend (${POLICIES.join(', ')}; default kvdrive)`, choiceOption('--policy', POLICIES, 'E_POLICY'))
     .option('--storage <dir>', 'run attention through the runtime (backend "runtime") with an SSD store in this directory')
     .option('--dram-budget <bytes>', 'runtime backend: DRAM budget of the memory model (e.g. 64MiB; default 256MiB)', (v: string) => parseBytes(v, '--dram-budget'))
+    .option('--seal-tokens <n>', 'runtime backend: tokens per segment sealed into the tiers while decoding (a multiple of the chunk size; default 1024)', integerOption('--seal-tokens', 1))
     .option('--mode <mode>', 'runtime backend: sequential or pipelined', choiceOption('--mode', ['sequential', 'pipelined'] as const, 'E_CONFIG'))
     .option('--trace-out <file>', 'record a kvdrive trace (safetensors) of this generation')
     .option('--trace-prompt <n>', 'with --trace-out: leading positions that form the trace prompt (default: half)', integerOption('--trace-prompt', 1))
@@ -69,10 +70,10 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
-      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined;
+      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined || opts.sealTokens !== undefined;
       const backendName = opts.backend ?? (wantsRuntime ? 'runtime' : opts.budget !== undefined ? 'kvdrive' : 'dense');
-      if (wantsRuntime && backendName !== 'runtime')
-        fail('E_CONFIG', 'options --storage / --dram-budget / --mode', 'the runtime backend', `--backend ${backendName}`);
+      if (wantsRuntime && backendName === 'dense')
+        fail('E_CONFIG', 'options --storage / --dram-budget / --seal-tokens / --mode', 'the runtime backend (kvdrive or runtime)', `--backend ${backendName}`);
       if (opts.policy !== undefined && backendName === 'dense')
         fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
       if (opts.budget !== undefined && backendName === 'dense')
@@ -83,6 +84,7 @@ export function register(program: Command): void {
         mode: opts.mode,
         storage: opts.storage,
         dramBudget: opts.dramBudget,
+        sealTokens: opts.sealTokens,
       });
       try {
         const r = await generate({
@@ -102,15 +104,7 @@ export function register(program: Command): void {
         process.stderr.write(
           `achieved tok/s: ${r.timings.tokensPerSecond.toFixed(1)} (${r.positions} positions in ${r.timings.totalMs.toFixed(1)} ms, backend ${backendName}, stopped by ${r.stoppedBy})\n`,
         );
-        if (backend instanceof KvdriveAttention) process.stderr.write(`${formatKvdriveStats(backend.stats())}\n`);
-        if (backend instanceof RuntimeAttention) {
-          const s = await backend.stats();
-          const m = s?.memory;
-          if (s && m)
-            process.stderr.write(
-              `runtime (${s.mode}): selection ${s.selectionMs.toFixed(1)} ms, fetch ${s.fetchMs.toFixed(1)} ms, compute ${s.computeMs.toFixed(1)} ms; chunks from hot ${m.traffic.hotChunks}, DRAM ${m.traffic.dramChunks}, SSD ${m.traffic.ssdChunks}, tail ${m.traffic.tailChunks}; sealed ${m.sealedTokens} of ${m.tokens} tokens (all layers)\n`,
-            );
-        }
+        process.stderr.write(await runtimeStatsLine(backend, opts.policy ?? 'kvdrive', opts.budget));
         if (r.trace && opts.traceOut)
           process.stderr.write(`trace: ${opts.traceOut} (${r.trace.layers} layers, ${r.trace.promptTokens} prompt tokens, ${r.trace.decodeSteps} decode steps)\n`);
       } finally {

@@ -1,7 +1,7 @@
 /**
  * The seam between the reference host (forward.ts) and attention. The host owns the projections,
  * RoPE and the KV cache; a backend computes attention for one layer at one position. The dense TS
- * reference ({@link DenseTsAttention}) and the kvdrive sparse backend implement the same interface.
+ * reference ({@link DenseTsAttention}) and the runtime backend (src/model/runtime-attention.ts) implement the same interface.
  */
 /**
  * Attention for one layer at one position. The host writes k/v of `pos` into its cache first.
@@ -51,12 +51,12 @@ import type { PolicyName } from '../index/selection.js';
 export interface BackendOptions {
   /**
    * Tokens attended per (layer, kv head) per step beside the always-kept sinks and local window
-   * (DESIGN.md §2). Applies to the kvdrive sparse backend; the dense backend attends every position.
+   * (DESIGN.md §2). Applies to the sparse (runtime) backend; the dense backend attends every position.
    */
   budget?: number;
-  /** kvdrive backend: selection policy (default 'kvdrive'). */
+  /** Sparse backend: selection policy (default 'kvdrive'). */
   policy?: PolicyName;
-  /** kvdrive backend: options of the selection policy (see PolicyOptions). */
+  /** Sparse backend: options of the selection policy (see PolicyOptions). */
   policyOptions?: PolicyOptions;
   /** runtime backend: 'sequential' (default) or 'pipelined' (see RuntimeOptions.mode). */
   mode?: 'sequential' | 'pipelined';
@@ -64,6 +64,8 @@ export interface BackendOptions {
   storage?: string;
   /** runtime backend: the memory model's DRAM budget in bytes (see RuntimeOptions.dramBudget; default 256 MiB). */
   dramBudget?: number;
+  /** runtime backend: tokens per segment sealed while decoding (see RuntimeOptions.sealTokens; default 1024). */
+  sealTokens?: number;
 }
 
 /** Creates a backend for a model shape. */

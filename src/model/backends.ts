@@ -1,29 +1,24 @@
 /**
  * Registry of attention backends by name, for `kvdrive generate --backend` and other callers that
- * pick a backend from configuration: "dense" (the TS reference), "kvdrive" (the sparse backend over
- * the host's cache, src/model/kvdrive-attention.ts) and "runtime" (the runtime with its memory model
- * and tiers, src/model/runtime-attention.ts); both sparse ones need a budget.
+ * pick a backend from configuration: "dense" (the TS reference) and the sparse one, registered as
+ * "kvdrive" and as "runtime": both are the runtime with its memory model and tiers
+ * (src/model/runtime-attention.ts), the one decode path; they need a budget.
  */
 import { KvdriveError, fail } from '../errors.js';
 import type { AttentionBackend, AttentionShape, BackendFactory, BackendOptions } from './attention-backend.js';
 import { DenseTsAttention } from './dense-attention.js';
-import { KvdriveAttention } from './kvdrive-attention.js';
-import { RuntimeAttention } from './runtime-attention.js';
+import { RuntimeAttention, type RuntimeAttentionOptions } from './runtime-attention.js';
 
-/** Builds the kvdrive sparse backend; its options are validated by KvdriveAttention (E_BUDGET without a budget). */
-function kvdriveFactory(shape: AttentionShape, options: BackendOptions): AttentionBackend {
-  // budget may be missing here: the constructor's validation turns that into E_BUDGET.
-  return new KvdriveAttention(shape, { budget: options.budget as number, policy: options.policy, policyOptions: options.policyOptions });
-}
-
-/** Builds the runtime backend (memory model: tiers, modes); E_BUDGET without a budget. */
+/** Builds the runtime backend (memory model: tiers, modes); its options are validated by RuntimeAttention (E_BUDGET without a budget). */
 function runtimeFactory(shape: AttentionShape, o: BackendOptions): AttentionBackend {
-  return new RuntimeAttention(shape, { budget: o.budget as number, policy: o.policy, policyOptions: o.policyOptions, mode: o.mode, storage: o.storage, dramBudget: o.dramBudget });
+  // Only the options given: RuntimeAttention rejects unknown keys and validates the rest.
+  const given = Object.entries({ budget: o.budget, policy: o.policy, policyOptions: o.policyOptions, mode: o.mode, storage: o.storage, dramBudget: o.dramBudget, sealTokens: o.sealTokens });
+  return new RuntimeAttention(shape, Object.fromEntries(given.filter(([, v]) => v !== undefined)) as unknown as RuntimeAttentionOptions);
 }
 
 const factories = new Map<string, BackendFactory>([
   ['dense', (shape) => new DenseTsAttention(shape)],
-  ['kvdrive', kvdriveFactory],
+  ['kvdrive', runtimeFactory],
   ['runtime', runtimeFactory],
 ]);
 

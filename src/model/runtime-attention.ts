@@ -1,5 +1,6 @@
 /**
  * The reference host's attention through the runtime (src/pipeline/runtime.ts, memory model): the
+ * one decode path of the host — backends "kvdrive" and "runtime" both build this class. The
  * backend owns the KV. Per layer and position it hands the runtime the query and the new token's
  * k / v (row `pos` of the host's cache; earlier rows are never read again), and the runtime keeps
  * sinks and the open tail in DRAM, seals older tokens into the DRAM tier (and the SSD store with
@@ -7,7 +8,8 @@
  * `Transformer.forwardAsync` (generate() does). With a budget covering the context the greedy tokens
  * equal dense attention's in every mode and tier configuration.
  */
-import { fail, KvdriveError } from '../errors.js';
+import { z } from 'zod';
+import { describe, fail, KvdriveError } from '../errors.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
 import type { PolicyOptions } from '../index/options.js';
 import type { PolicyName } from '../index/selection.js';
@@ -15,10 +17,21 @@ import type { AttentionBackend, AttentionShape } from './attention-backend.js';
 
 /** Options of {@link RuntimeAttention}. */
 export interface RuntimeAttentionOptions {
-  /** Tokens attended per (layer, kv head) per step beside sinks and the local window (integer >= 1). */
+  /**
+   * Tokens attended per (layer, kv head) per step beside the always-kept sinks and local window
+   * (DESIGN.md §2): an integer >= 1. A budget at least the context length attends every token,
+   * i.e. reproduces dense attention.
+   */
   budget: number;
+  /** Selection policy: 'kvdrive' (hierarchical centroids, default), 'quest' (page bounds) or 'shadowkv' (chunk means). */
   policy?: PolicyName;
-  policyOptions?: Omit<PolicyOptions, 'qHeads' | 'kvHeads' | 'headDim'>;
+  /**
+   * Options of the policy (chunkSize, sinks, local, ...; see {@link PolicyOptions}), validated when
+   * the runtime opens (first attend; E_CONFIG naming the option). qHeads, kvHeads and headDim come
+   * from the model shape; if given they must match it.
+   */
+  policyOptions?: PolicyOptions;
+  /** 'sequential' (default) or 'pipelined' (see RuntimeOptions.mode). */
   mode?: 'sequential' | 'pipelined';
   /** SSD store directory (sealed segments go there; the DRAM tier caches them). */
   storage?: string;
@@ -30,6 +43,42 @@ export interface RuntimeAttentionOptions {
 
 const DEFAULT_DRAM_BUDGET = 256 * 2 ** 20;
 
+const optionsSchema = z.strictObject({
+  budget: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+  policy: z.enum(['kvdrive', 'quest', 'shadowkv']).optional(),
+  policyOptions: z.record(z.string(), z.unknown()).optional(),
+  mode: z.enum(['sequential', 'pipelined']).optional(),
+  storage: z.string().min(1).optional(),
+  dramBudget: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER).optional(),
+  sealTokens: z.number().int().min(1).optional(),
+});
+
+const EXPECTED: Record<string, string> = {
+  budget: 'an integer >= 1 (tokens per kv head)',
+  policy: "one of 'kvdrive', 'quest', 'shadowkv'",
+  policyOptions: 'an options object (see PolicyOptions)',
+  mode: "'sequential' or 'pipelined'",
+  storage: 'a directory path',
+  dramBudget: 'a positive integer number of bytes',
+  sealTokens: 'an integer >= 1 (a multiple of the chunk size)',
+};
+
+/** Validates {@link RuntimeAttentionOptions}: E_BUDGET for the budget, E_POLICY for the policy, else E_CONFIG. */
+function parseOptions(options: unknown): RuntimeAttentionOptions {
+  const what = 'attention backend options';
+  if (options === null || typeof options !== 'object' || Array.isArray(options))
+    fail('E_CONFIG', what, `an options object { ${Object.keys(EXPECTED).join(', ')} }`, options);
+  const r = optionsSchema.safeParse(options);
+  if (r.success) return r.data as RuntimeAttentionOptions;
+  const issue = r.error.issues[0]!;
+  if (issue.code === 'unrecognized_keys')
+    throw new KvdriveError('E_CONFIG', `${what}: expected only ${Object.keys(EXPECTED).join(', ')}, got unknown ${issue.keys.map((k) => `'${k}'`).join(', ')}`);
+  const key = String(issue.path[0]);
+  const given = (options as Record<string, unknown>)[key];
+  const code = key === 'budget' ? 'E_BUDGET' : key === 'policy' ? 'E_POLICY' : 'E_CONFIG';
+  throw new KvdriveError(code, `${what}.${key}: expected ${EXPECTED[key] ?? 'a valid value'}, got ${describe(given)}`);
+}
+
 export class RuntimeAttention implements AttentionBackend {
   readonly shape: AttentionShape;
   private readonly options: RuntimeAttentionOptions;
@@ -38,11 +87,23 @@ export class RuntimeAttention implements AttentionBackend {
   /** Set by reset(): the next attend starts a new sequence. */
   private fresh = true;
   private closed = false;
+  /** Per layer: the position the next attend must carry (the runtime appends one token per step). */
+  private readonly next: Int32Array;
 
   constructor(shape: AttentionShape, options: RuntimeAttentionOptions) {
-    if (!Number.isInteger(options?.budget) || options.budget < 1) fail('E_BUDGET', 'runtime backend budget', 'an integer >= 1', options?.budget);
+    const { nHeads, nKvHeads, headSize, seqLen, nLayers } = shape;
+    for (const [k, v] of Object.entries({ nLayers, nHeads, nKvHeads, headSize, seqLen }))
+      if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `attention shape ${k}`, 'an integer >= 1', v);
+    if (nHeads % nKvHeads !== 0) fail('E_CONFIG', 'attention shape', 'nHeads divisible by nKvHeads', `${nHeads}/${nKvHeads}`);
+    const o = parseOptions(options);
+    const given = (o.policyOptions ?? {}) as Record<string, unknown>;
+    const model = { qHeads: nHeads, kvHeads: nKvHeads, headDim: headSize };
+    for (const [k, v] of Object.entries(model))
+      if (given[k] !== undefined && given[k] !== v) fail('E_CONFIG', `attention backend policyOptions.${k}`, `${v} (the model's) or nothing`, given[k]);
+    const policyOptions = Object.fromEntries(Object.entries(given).filter(([k]) => !(k in model)));
     this.shape = shape;
-    this.options = options;
+    this.options = { ...o, policyOptions: policyOptions as PolicyOptions };
+    this.next = new Int32Array(nLayers);
   }
 
   private open(): Promise<Runtime> {
@@ -52,7 +113,7 @@ export class RuntimeAttention implements AttentionBackend {
       shape: { layers: nLayers, qHeads: nHeads, kvHeads: nKvHeads, headDim: headSize },
       budget: o.budget,
       policy: o.policy,
-      policyOptions: o.policyOptions,
+      policyOptions: o.policyOptions as Omit<PolicyOptions, 'qHeads' | 'kvHeads' | 'headDim'>,
       mode: o.mode,
       maxSequences: 1,
       maxTokens: seqLen,
@@ -63,24 +124,42 @@ export class RuntimeAttention implements AttentionBackend {
     return this.runtime;
   }
 
+  /**
+   * Positions arrive one at a time and in order per layer (pos = tokens seen by that layer); pos 0
+   * at layer 0 starts a new sequence, as reset() does. Anything else is E_RANGE.
+   */
   async attend(layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Promise<Float32Array> {
-    if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime backend: expected an open backend, got a closed one');
+    if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime backend: expected an open backend, got attend() after close()');
+    const { nHeads, nKvHeads, headSize, seqLen, nLayers } = this.shape;
+    const kvDim = nKvHeads * headSize;
+    if (!Number.isInteger(layer) || layer < 0 || layer >= nLayers) fail('E_RANGE', 'attention layer', `an integer in [0, ${nLayers})`, layer);
+    if (!Number.isInteger(pos) || pos < 0 || pos >= seqLen) fail('E_RANGE', 'attention pos', `an integer in [0, ${seqLen})`, pos);
+    if (!(q instanceof Float32Array)) fail('E_TYPE', 'attention q', 'a Float32Array', q);
+    if (!(kCache instanceof Float32Array)) fail('E_TYPE', 'attention kCache', 'a Float32Array', kCache);
+    if (!(vCache instanceof Float32Array)) fail('E_TYPE', 'attention vCache', 'a Float32Array', vCache);
+    if (q.length !== nHeads * headSize) fail('E_SHAPE', 'attention q', `length ${nHeads * headSize} (nHeads*headSize)`, q.length);
+    if (kCache.length !== seqLen * kvDim) fail('E_SHAPE', 'attention kCache', `length ${seqLen * kvDim}`, kCache.length);
+    if (vCache.length !== seqLen * kvDim) fail('E_SHAPE', 'attention vCache', `length ${seqLen * kvDim}`, vCache.length);
+    if (pos === 0 && layer === 0 && this.next[0]! > 0) this.reset();
+    const expected = this.next[layer]!;
+    if (pos !== expected) fail('E_RANGE', `attention layer ${layer} pos`, `${expected} (positions in order, one at a time; 0 at layer 0 starts a new sequence)`, pos);
     const rt = await this.open();
     if (this.fresh) {
       if (this.seq >= 0) await rt.closeSequence(this.seq);
       this.seq = rt.createSequence();
-      const { nLayers, nKvHeads, headSize } = this.shape;
       const empty = { data: new Float32Array(0), dtype: 'f32' as const, tokens: 0, heads: nKvHeads, dim: headSize };
       for (let l = 0; l < nLayers; l++) await rt.prefill(this.seq, l, empty, empty);
       this.fresh = false;
     }
-    const row = this.shape.nKvHeads * this.shape.headSize;
-    const [out] = await rt.attend(layer, [{ seq: this.seq, q, kNew: kCache.subarray(pos * row, (pos + 1) * row), vNew: vCache.subarray(pos * row, (pos + 1) * row) }]);
+    const [out] = await rt.attend(layer, [{ seq: this.seq, q, kNew: kCache.subarray(pos * kvDim, (pos + 1) * kvDim), vNew: vCache.subarray(pos * kvDim, (pos + 1) * kvDim) }]);
+    this.next[layer] = pos + 1;
     return out!;
   }
 
+  /** Starts a new sequence at the next attend (the runtime's stats keep counting). */
   reset(): void {
     this.fresh = true;
+    this.next.fill(0);
   }
 
   /** The runtime's stats (tiers, memory, time), or undefined before the first attend. */
@@ -91,6 +170,8 @@ export class RuntimeAttention implements AttentionBackend {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    if (this.runtime) await (await this.runtime).close();
+    // A runtime that failed to open (its error went to attend()) has nothing to release.
+    const rt = this.runtime ? await this.runtime.catch(() => undefined) : undefined;
+    await rt?.close();
   }
 }

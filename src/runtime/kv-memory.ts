@@ -29,7 +29,7 @@ import type { PolicyName } from '../index/selection.js';
 import { DramStore, type DramStats } from '../storage/dram-store.js';
 import { chunkBytesOf, type ClusterLayout, type SsdStore, type StoreShape } from '../storage/ssd-store.js';
 import { TieredKv } from '../storage/tiered-kv.js';
-import { clusterLayout } from '../storage/tiered-attention.js';
+import { clusterLayout } from '../storage/cluster-layout.js';
 import type { Dtype, KvTensor, ModelShape } from '../types.js';
 
 /** What the memory model is built from (resolved runtime options). */

@@ -19,7 +19,7 @@ import { KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
-import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/tiered-attention.js';
+import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/fetched-attention.js';
 import type { KvMemory } from './kv-memory.js';
 
 /** Traffic and time of one step of one entry. */
