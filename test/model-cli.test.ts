@@ -69,7 +69,7 @@ describe('kvdrive generate', () => {
     const dense = await run([...f, ...steps]);
     // DRAM budgets leaving the DRAM tier about 50 KB beside the fixed parts (tails, index reserve, fetch
     // buffers: 465 / 871 KB), a fraction of the ~160 KB sealed.
-    for (const [mode, dram] of [['sequential', '520000'], ['pipelined', '930000']]) {
+    for (const [mode, dram] of [['sequential', '620000'], ['pipelined', '1000000']]) {
       const { out, err } = await run([...f, ...steps, '--budget', '256', '--storage', tmpDir(), '--dram-budget', dram, '--seal-tokens', '32', '--mode', mode!]);
       expect(out, mode).toBe(dense.out);
       const m = /SSD (\d+), tail \d+; sealed (\d+) of/.exec(err);

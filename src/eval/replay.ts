@@ -10,7 +10,7 @@
 import type { KvTensor } from '../types.js';
 import type { PolicyName, Selection } from '../index/selection.js';
 import { createPolicy } from '../index/policy.js';
-import type { PolicyOptions } from '../index/options.js';
+import { offloadedPolicyOptions, type PolicyOptions } from '../index/options.js';
 import { fail } from '../errors.js';
 import { layerKvWithNew, type TraceMeta, type TraceReader } from '../trace/trace.js';
 import { NEEDLES_TENSOR } from '../trace/synthetic.js';
@@ -115,7 +115,8 @@ export async function replayLayer(
 
   const runs = [];
   for (const name of opts.policies) {
-    const policy = createPolicy(name, { threads: opts.denseThreads ?? 1, ...opts.policyOptions, qHeads, kvHeads, headDim: dim });
+    const given = { threads: opts.denseThreads ?? 1, ...opts.policyOptions, qHeads, kvHeads, headDim: dim };
+    const policy = createPolicy(name, opts.offloaded ? offloadedPolicyOptions(name, given) : given);
     const t0 = performance.now();
     await policy.build(prefixView(k, T), T);
     const result: LayerResult = {

@@ -12,7 +12,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
 import { KvdriveError, describe, fail } from '../errors.js';
-import { resolvePolicyOptions, type PolicyOptions, type ResolvedPolicyOptions } from '../index/options.js';
+import { offloadedPolicyOptions, resolvePolicyOptions, type PolicyOptions, type ResolvedPolicyOptions } from '../index/options.js';
 import { warmUpAsync } from '../cache/warmup.js';
 import type { PolicyName } from '../index/selection.js';
 import type { KvTensor, ModelShape } from '../types.js';
@@ -320,10 +320,9 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     const dtype = o.dtype ?? 'f32';
     const cs = resolved.chunkSize;
     const sealTokens = o.sealTokens ?? Math.ceil(1024 / cs) * cs;
-    // The memory model selects without the full keys (they are sealed away), so kvdrive keeps its
-    // key sketch unless told otherwise: the exact re-rank then runs on it (DESIGN.md §3).
-    const memPolicyOptions: PolicyOptions =
-      policy === 'kvdrive' && policyOptions.keySketch === undefined ? { ...policyOptions, keySketch: true } : policyOptions;
+    // The memory model selects without the full keys (they are sealed away): kvdrive re-ranks on its
+    // key sketch and selects whole chunks (offloadedPolicyOptions, shared with eval --offloaded).
+    const memPolicyOptions = offloadedPolicyOptions(policy, policyOptions);
     const memPolicyInput = { ...memPolicyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim };
     const memory = await MemoryRuntime.open({
       shape,
