@@ -12,34 +12,13 @@ import { z } from 'zod';
 import { describe, fail, KvdriveError } from '../errors.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
 import type { PolicyOptions } from '../index/options.js';
-import type { PolicyName } from '../index/selection.js';
-import type { AttentionBackend, AttentionShape } from './attention-backend.js';
+import type { AttentionBackend, AttentionShape, BackendOptions } from './attention-backend.js';
 
-/** Options of {@link RuntimeAttention}. */
-export interface RuntimeAttentionOptions {
-  /**
-   * Tokens attended per (layer, kv head) per step beside the always-kept sinks and local window
-   * (DESIGN.md §2): an integer >= 1. A budget at least the context length attends every token,
-   * i.e. reproduces dense attention.
-   */
-  budget: number;
-  /** Selection policy: 'kvdrive' (hierarchical centroids, default), 'quest' (page bounds) or 'shadowkv' (chunk means). */
-  policy?: PolicyName;
-  /**
-   * Options of the policy (chunkSize, sinks, local, ...; see {@link PolicyOptions}), validated when
-   * the runtime opens (first attend; E_CONFIG naming the option). qHeads, kvHeads and headDim come
-   * from the model shape; if given they must match it.
-   */
-  policyOptions?: PolicyOptions;
-  /** 'sequential' (default) or 'pipelined' (see RuntimeOptions.mode). */
-  mode?: 'sequential' | 'pipelined';
-  /** SSD store directory (sealed segments go there; the DRAM tier caches them). */
-  storage?: string;
-  /** DRAM budget of the memory model, bytes (default 256 MiB). */
-  dramBudget?: number;
-  /** Tokens per segment sealed while decoding (see RuntimeOptions.sealTokens). */
-  sealTokens?: number;
-}
+/**
+ * Options of {@link RuntimeAttention}: the backend options (documented on {@link BackendOptions}),
+ * with the budget required. A budget at least the context length reproduces dense attention.
+ */
+export type RuntimeAttentionOptions = Omit<BackendOptions, 'budget'> & { budget: number };
 
 const DEFAULT_DRAM_BUDGET = 256 * 2 ** 20;
 
