@@ -191,7 +191,10 @@ describe('The kvdrive backend lifecycle', () => {
     await kv.attend(0, 1, q, k, v);
     await expectKvdError(() => kv.attend(0, 1, q, k, v), 'E_RANGE', /attention layer 0 pos: expected 2 \(positions in order, one at a time; 0 at layer 0 starts a new sequence\), got 1/);
     await expectKvdError(() => kv.attend(0, 5, q, k, v), 'E_RANGE', /expected 2 .*got 5/);
-    await expectKvdError(() => kv.attend(1, 1, q, k, v), 'E_RANGE', /attention layer 1 pos: expected 0/);
+    // Layer 1's first attend of this sequence comes at pos 2: rows [0, 2) of its cache are its prompt.
+    const adopted = (await kv.attend(1, 2, q, k, v)).slice();
+    expect(relError(adopted, new DenseTsAttention(tinyShape).attend(1, 2, q, k, v))).toBeLessThan(1e-5);
+    await expectKvdError(() => kv.attend(1, 2, q, k, v), 'E_RANGE', /attention layer 1 pos: expected 3/);
     await kv.close();
     await expectKvdError(() => kv.attend(0, 0, q, k, v), 'E_CLOSED', /attend\(\) after close\(\)/);
   });

@@ -68,6 +68,8 @@ export class RuntimeAttention implements AttentionBackend {
   private closed = false;
   /** Per layer: the position the next attend must carry (the runtime appends one token per step). */
   private readonly next: Int32Array;
+  /** Per layer: 1 once the current sequence's prompt (possibly empty) was handed to the runtime. */
+  private readonly prefilled: Uint8Array;
 
   constructor(shape: AttentionShape, options: RuntimeAttentionOptions) {
     const { nHeads, nKvHeads, headSize, seqLen, nLayers } = shape;
@@ -83,6 +85,7 @@ export class RuntimeAttention implements AttentionBackend {
     this.shape = shape;
     this.options = { ...o, policyOptions: policyOptions as PolicyOptions };
     this.next = new Int32Array(nLayers);
+    this.prefilled = new Uint8Array(nLayers);
   }
 
   private open(): Promise<Runtime> {
@@ -105,7 +108,11 @@ export class RuntimeAttention implements AttentionBackend {
 
   /**
    * Positions arrive one at a time and in order per layer (pos = tokens seen by that layer); pos 0
-   * at layer 0 starts a new sequence, as reset() does. Anything else is E_RANGE.
+   * at layer 0 starts a new sequence, as reset() does. A layer's first attend of a sequence may come
+   * at any pos: rows [0, pos) of the host's cache are then that layer's prompt, handed to the
+   * runtime's prefill in one call (indexed and sealed into the tiers) — so a host that filled its
+   * cache itself (a batched prefill, a restored context) starts decoding at once. Any other
+   * position is E_RANGE.
    */
   async attend(layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Promise<Float32Array> {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'runtime backend: expected an open backend, got attend() after close()');
@@ -120,15 +127,19 @@ export class RuntimeAttention implements AttentionBackend {
     if (kCache.length !== seqLen * kvDim) fail('E_SHAPE', 'attention kCache', `length ${seqLen * kvDim}`, kCache.length);
     if (vCache.length !== seqLen * kvDim) fail('E_SHAPE', 'attention vCache', `length ${seqLen * kvDim}`, vCache.length);
     if (pos === 0 && layer === 0 && this.next[0]! > 0) this.reset();
-    const expected = this.next[layer]!;
+    const expected = this.prefilled[layer] ? this.next[layer]! : pos;
     if (pos !== expected) fail('E_RANGE', `attention layer ${layer} pos`, `${expected} (positions in order, one at a time; 0 at layer 0 starts a new sequence)`, pos);
     const rt = await this.open();
     if (this.fresh) {
       if (this.seq >= 0) await rt.closeSequence(this.seq);
       this.seq = rt.createSequence();
-      const empty = { data: new Float32Array(0), dtype: 'f32' as const, tokens: 0, heads: nKvHeads, dim: headSize };
-      for (let l = 0; l < nLayers; l++) await rt.prefill(this.seq, l, empty, empty);
       this.fresh = false;
+    }
+    if (!this.prefilled[layer]) {
+      // The layer's prompt: the host's cache rows before its first attended position (often none).
+      const rows = (c: Float32Array) => ({ data: c.subarray(0, pos * kvDim), dtype: 'f32' as const, tokens: pos, heads: nKvHeads, dim: headSize });
+      await rt.prefill(this.seq, layer, rows(kCache), rows(vCache));
+      this.prefilled[layer] = 1;
     }
     const [out] = await rt.attend(layer, [{ seq: this.seq, q, kNew: kCache.subarray(pos * kvDim, (pos + 1) * kvDim), vNew: vCache.subarray(pos * kvDim, (pos + 1) * kvDim) }]);
     this.next[layer] = pos + 1;
@@ -139,6 +150,7 @@ export class RuntimeAttention implements AttentionBackend {
   reset(): void {
     this.fresh = true;
     this.next.fill(0);
+    this.prefilled.fill(0);
   }
 
   /** The runtime's stats (tiers, memory, time), or undefined before the first attend. */
