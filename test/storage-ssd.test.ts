@@ -134,6 +134,19 @@ describe('SSD store integrity and errors', () => {
     expect(await b.readChunks('g', 1, 1, [1])).toEqual(expectedChunk(shape, good, 1, 1, 1));
   });
 
+  it('refuses a manifest whose segment file points outside the store (E_CORRUPT), touching nothing', async () => {
+    const dir = tempDir('escape');
+    const a = await openStore({ dir, shape, kind: 'pread' });
+    await a.writeSegment('s', segmentKv(shape, 32, 3));
+    await a.close();
+    const mpath = join(dir, readdirSync(dir).find((f) => f.endsWith('.json'))!);
+    const m = JSON.parse(readFileSync(mpath, 'utf8'));
+    m.segments[0].file = '../outside.kvseg';
+    writeFileSync(mpath, JSON.stringify(m));
+    await expectKvdError(() => SsdStore.open({ dir }), 'E_CORRUPT', /segments\.0\.file: expected file '<id>\.kvseg' in the store directory/);
+    expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg'))).toEqual(['s.kvseg']);
+  });
+
   it('reports a short read of a file truncated after open as E_CORRUPT', async () => {
     const dir = tempDir('short');
     const s = await openStore({ dir, shape, kind: 'pread' });

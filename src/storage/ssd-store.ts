@@ -256,14 +256,18 @@ export class SsdStore {
       throw new KvdriveError('E_CORRUPT', `${path}: expected a kvdrive SSD store manifest (format 'kvdrive-ssd-store'), got format ${describeValue(obj?.format)}`);
     if (obj.version !== SSD_MANIFEST_VERSION)
       throw new KvdriveError('E_VERSION', `${path}: expected manifest version ${SSD_MANIFEST_VERSION}, got ${describeValue(obj.version)}`);
-    const entry = z.object({
-      id: z.string().regex(SEGMENT_ID),
-      file: z.string(),
-      tokens: z.number().int(),
-      chunks: z.number().int(),
-      bytes: z.number().int(),
-      extents: z.number().int(),
-    });
+    // A segment's file is always `<id><ext>` inside the store directory: anything else (a path
+    // with '/' or '..') would let a damaged or crafted manifest point reads and deletes outside it.
+    const entry = z
+      .object({
+        id: z.string().regex(SEGMENT_ID),
+        file: z.string(),
+        tokens: z.number().int(),
+        chunks: z.number().int(),
+        bytes: z.number().int(),
+        extents: z.number().int(),
+      })
+      .refine((e) => e.file === `${e.id}${SEGMENT_EXT}`, { message: `expected file '<id>${SEGMENT_EXT}' in the store directory`, path: ['file'] });
     const r = z.object({ shape: storeShapeSchema, segments: z.array(entry) }).safeParse(obj);
     if (!r.success) throw new KvdriveError('E_CORRUPT', `${path}: malformed manifest (${r.error.issues[0]!.path.join('.')}: ${r.error.issues[0]!.message})`);
     return { format: 'kvdrive-ssd-store', version: SSD_MANIFEST_VERSION, shape: r.data.shape, segments: r.data.segments };
