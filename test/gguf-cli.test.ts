@@ -47,6 +47,13 @@ describe('kvdrive convert + generate on GGUF', () => {
     const s = await run(['generate', '--model', gguf, '--steps', '60', '--temperature', '0', '--prompt', 'Tim and Sue', '--budget', '64']);
     expect(s.out).toBe(ref.out); // the budget covers the whole context: sparse equals dense
     expect(s.err).toMatch(/backend kvdrive/);
+    // Through the runtime's tiers: decoded tokens are sealed to the SSD store and read back.
+    const store = join(dir, 'store');
+    const t = await run(['generate', '--model', gguf, '--steps', '200', '--temperature', '0', '--prompt', 'Tim and Sue', '--budget', '256', '--storage', store, '--dram-budget', '420000', '--seal-tokens', '32']); // DRAM tier ~60 KB of ~256 KB sealed
+    const dense = await run(['generate', '--model', bin, '--tokenizer', tok, '--steps', '200', '--temperature', '0', '--prompt', 'Tim and Sue']);
+    expect(t.out).toBe(dense.out);
+    expect(t.err).toMatch(/backend runtime/);
+    expect(Number(/SSD (\d+)/.exec(t.err)![1])).toBeGreaterThan(0);
     await expectKvdError(() => run(['generate', '--model', gguf, '--tokenizer', tok]), 'E_CONFIG', /its tokenizer is inside/);
     await expectKvdError(() => run(['generate', '--model', bin]), 'E_CONFIG', /--tokenizer/);
   });

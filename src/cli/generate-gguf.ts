@@ -9,25 +9,20 @@ import type { Command } from 'commander';
 import { fail, KvdriveError } from '../errors.js';
 import { integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
-import type { PolicyName } from '../index/selection.js';
-import { createBackend } from '../model/backends.js';
-import { runtimeStatsLine } from './runtime-stats.js';
+import { createCliBackend, runtimeStatsLine, type BackendCliOptions } from './backend-choice.js';
 import { generateGguf } from '../model/gguf/generate.js';
 import { loadGgufModel } from '../model/gguf/model.js';
 
 /** The options `kvdrive generate` passes on for a GGUF model. */
-export interface GgufCliOptions {
+export interface GgufCliOptions extends BackendCliOptions {
   model: string;
   tokenizer?: string;
   steps?: number;
-  budget?: number;
   prompt?: string;
   promptFile?: string;
   temperature: number;
   topP: number;
   seed: number;
-  backend?: string;
-  policy?: PolicyName;
   traceOut?: string;
   threads?: number;
   prefillChunk?: number;
@@ -63,10 +58,7 @@ export async function runGgufGenerate(opts: GgufCliOptions): Promise<void> {
   process.stderr.write(`model: ${c.arch}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads × ${c.headSize}, vocab ${c.vocabSize}, ${c.weightType}\n`);
   const promptTokens = model.tokenizer.encode(prompt ?? '', { bos: true }).length;
   const steps = opts.steps ?? Math.min(promptTokens + 256, c.contextLength);
-  const backendName = opts.backend ?? (opts.budget !== undefined ? 'kvdrive' : 'dense');
-  if (opts.policy !== undefined && backendName === 'dense')
-    fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
-  const backend = createBackend(backendName, model.attentionShape(steps), { budget: opts.budget, policy: opts.policy });
+  const { backend, name: backendName } = createCliBackend(opts, model.attentionShape(steps));
   // A long prompt is not echoed: a progress bar shows its prefill and only the continuation is printed.
   const longPrompt = promptTokens > 64;
   const bar = longPrompt ? new ProgressBar(promptTokens, 'prefill') : undefined;

@@ -8,33 +8,26 @@
 import type { Command } from 'commander';
 import { fail } from '../errors.js';
 import { choiceOption, integerOption, numberOption } from './options.js';
-import { runtimeStatsLine } from './runtime-stats.js';
+import { createCliBackend, runtimeStatsLine, type BackendCliOptions } from './backend-choice.js';
 import { parseBytes } from '../cache/window-solver.js';
 import type { PolicyName } from '../index/selection.js';
-import { backendNames, createBackend } from '../model/backends.js';
+import { backendNames } from '../model/backends.js';
 import { loadCheckpoint } from '../model/checkpoint.js';
 import { attentionShape } from '../model/forward.js';
 import { generate } from '../model/generate.js';
 import { loadTokenizer } from '../model/tokenizer.js';
 import { addGgufOptions, isGgufModel, runGgufGenerate } from './generate-gguf.js';
 
-interface GenerateCliOptions {
+interface GenerateCliOptions extends BackendCliOptions {
   model: string;
   tokenizer?: string;
   steps?: number;
-  budget?: number;
   prompt?: string;
   temperature: number;
   topP: number;
   seed: number;
   traceOut?: string;
   tracePrompt?: number;
-  backend?: string;
-  policy?: PolicyName;
-  storage?: string;
-  dramBudget?: number;
-  sealTokens?: number;
-  mode?: 'sequential' | 'pipelined';
 }
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
@@ -70,22 +63,7 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
-      const wantsRuntime = opts.storage !== undefined || opts.dramBudget !== undefined || opts.mode !== undefined || opts.sealTokens !== undefined;
-      const backendName = opts.backend ?? (wantsRuntime ? 'runtime' : opts.budget !== undefined ? 'kvdrive' : 'dense');
-      if (wantsRuntime && backendName === 'dense')
-        fail('E_CONFIG', 'options --storage / --dram-budget / --seal-tokens / --mode', 'the runtime backend (kvdrive or runtime)', `--backend ${backendName}`);
-      if (opts.policy !== undefined && backendName === 'dense')
-        fail('E_CONFIG', 'option --policy', 'the kvdrive backend (give --budget)', `--policy ${opts.policy} with the dense backend`);
-      if (opts.budget !== undefined && backendName === 'dense')
-        process.stderr.write(`note: --budget ${opts.budget} applies to the kvdrive sparse backend; the dense backend attends every position\n`);
-      const backend = createBackend(backendName, attentionShape(model.config), {
-        budget: opts.budget,
-        policy: opts.policy,
-        mode: opts.mode,
-        storage: opts.storage,
-        dramBudget: opts.dramBudget,
-        sealTokens: opts.sealTokens,
-      });
+      const { backend, name: backendName } = createCliBackend(opts, attentionShape(model.config));
       try {
         const r = await generate({
           model,
