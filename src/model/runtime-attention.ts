@@ -12,7 +12,7 @@ import { z } from 'zod';
 import { describe, fail, KvdriveError } from '../errors.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
 import type { PolicyOptions } from '../index/options.js';
-import type { AttentionBackend, AttentionShape, BackendOptions } from './attention-backend.js';
+import { checkAttentionShape, type AttentionBackend, type AttentionShape, type BackendOptions } from './attention-backend.js';
 
 /**
  * Options of {@link RuntimeAttention}: the backend options (documented on {@link BackendOptions}),
@@ -72,10 +72,8 @@ export class RuntimeAttention implements AttentionBackend {
   private readonly prefilled: Uint8Array;
 
   constructor(shape: AttentionShape, options: RuntimeAttentionOptions) {
-    const { nHeads, nKvHeads, headSize, seqLen, nLayers } = shape;
-    for (const [k, v] of Object.entries({ nLayers, nHeads, nKvHeads, headSize, seqLen }))
-      if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `attention shape ${k}`, 'an integer >= 1', v);
-    if (nHeads % nKvHeads !== 0) fail('E_CONFIG', 'attention shape', 'nHeads divisible by nKvHeads', `${nHeads}/${nKvHeads}`);
+    checkAttentionShape(shape);
+    const { nHeads, nKvHeads, headSize, nLayers } = shape;
     const o = parseOptions(options);
     const given = (o.policyOptions ?? {}) as Record<string, unknown>;
     const model = { qHeads: nHeads, kvHeads: nKvHeads, headDim: headSize };
