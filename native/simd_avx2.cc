@@ -13,8 +13,8 @@
 
 #include "attn_simd.h"
 #include "simd.h"
+#include "avx2_util.h"
 
-#define KVD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace kvd {
 namespace {
@@ -44,14 +44,6 @@ KVD_AVX2 inline __m256 LoadTail8(const void* row, size_t i, size_t rem) {
   }
 }
 
-KVD_AVX2 inline float HSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(s);
-  s = _mm_add_ps(s, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
 
 KVD_AVX2 float DotF32(const float* a, const float* b, size_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),

@@ -13,21 +13,13 @@
 
 #include "model/quant.h"
 #include "simd.h"
+#include "avx2_util.h"
 
-#define KVD_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace kvd {
 namespace model {
 namespace {
 
-KVD_AVX2 inline float HSum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(s);
-  s = _mm_add_ps(s, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
 
 KVD_AVX2 inline float H(const uint8_t* p) {
   uint16_t h;
