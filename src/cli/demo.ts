@@ -81,38 +81,27 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string
     ['method', 'time/layer-step', 'select', 'attend', 'bytes/layer-step', 'vs dense', 'recall', 'oracle', 'rel error', 'needles', 'index build'],
     ['dense', ms(ev.dense.ms), '-', ms(ev.dense.ms), bytes(ev.dense.bytes), '1.0x', '1.0000', '1.0000', '0', '-', '-'],
   ];
-  for (const p of ev.policies) {
-    rows.push([
-      p.policy,
-      ms(p.selectMs + p.attendMs),
-      ms(p.selectMs),
-      ms(p.attendMs),
-      bytes(p.sparseBytes),
-      `${(ev.dense.bytes / p.sparseBytes).toFixed(1)}x less`,
-      p.recall.toFixed(4),
-      p.oracleRecall.toFixed(4),
-      p.relError.toExponential(2),
-      p.needlesTotal ? `${p.needlesFound}/${p.needlesTotal}` : '-',
-      `${(p.buildMs / 1000).toFixed(1)} s`,
-    ]);
-  }
+  // One row: its label and times, then the selection's bytes and quality from the eval.
+  type PolicyEval = TraceEvaluation['policies'][number];
+  const row = (label: string, total: number, select: number, attend: number, p: PolicyEval, build: string) => [
+    label,
+    ms(total),
+    ms(select),
+    ms(attend),
+    bytes(p.sparseBytes),
+    `${(ev.dense.bytes / p.sparseBytes).toFixed(1)}x less`,
+    p.recall.toFixed(4),
+    p.oracleRecall.toFixed(4),
+    p.relError.toExponential(2),
+    p.needlesTotal ? `${p.needlesFound}/${p.needlesTotal}` : '-',
+    build,
+  ];
+  for (const p of ev.policies) rows.push(row(p.policy, p.selectMs + p.attendMs, p.selectMs, p.attendMs, p, `${(p.buildMs / 1000).toFixed(1)} s`));
   if (rt) {
-    const p = rt.offloaded;
     const st = rt.tiers.stats;
     const per = (x: number) => x / Math.max(1, st.attendCalls);
-    rows.push([
-      `kvdrive via runtime (${rt.mode}, ${o.hotWindows > 0 ? 'hot+' : ''}DRAM+SSD)`,
-      ms(per(st.wallMs)),
-      ms(per(st.selectionMs)),
-      ms(per(st.computeMs)),
-      bytes(p.sparseBytes),
-      `${(ev.dense.bytes / p.sparseBytes).toFixed(1)}x less`,
-      p.recall.toFixed(4),
-      p.oracleRecall.toFixed(4),
-      p.relError.toExponential(2),
-      p.needlesTotal ? `${p.needlesFound}/${p.needlesTotal}` : '-',
-      `${(rt.tiers.prefillMs / 1000).toFixed(1)} s (prefill)`,
-    ]);
+    const label = `kvdrive via runtime (${rt.mode}, ${o.hotWindows > 0 ? 'hot+' : ''}DRAM+SSD)`;
+    rows.push(row(label, per(st.wallMs), per(st.selectionMs), per(st.computeMs), rt.offloaded, `${(rt.tiers.prefillMs / 1000).toFixed(1)} s (prefill)`));
   }
   const notes = [
     `dense: exact attention over the whole context; policies: selection + exact attention over the selected tokens; ${o.threads} thread(s) for both.`,
