@@ -2,10 +2,13 @@
  * The pipeline's win on long contexts with SSD-backed KV (results in bench/pipeline.md §3-4).
  *
  * Both modes run the SAME runtime configuration (Llama-like GQA 32/8 heads, head dim 128, prompts
- * of --context tokens sealed to an SsdStore, O_DIRECT reads by default) on the same inputs:
- *   sequential: the calling thread does selection, the SSD fetch (waiting for the I/O) and compute
- *               in turn, micro-batch after micro-batch;
- *   pipelined:  selection worker ∥ fetch worker (async I/O) ∥ compute worker over the rings.
+ * of --context tokens sealed to an SsdStore under a --dram byte DRAM budget, O_DIRECT reads by
+ * default) on the same inputs:
+ *   sequential: the calling thread does selection, the fetch (waiting for the I/O) and compute in
+ *               turn, entry after entry;
+ *   pipelined:  micro-batches overlap: selection on the JS thread ∥ SSD reads on the I/O engine's
+ *               threads ∥ attention off the JS thread.
+ * (Figures in bench/pipeline.md were measured on the earlier all-f32 store with stage workers.)
  * Modes alternate round by round so load drifts hit both alike. Throughput = sequence-layer steps
  * per second (batch entries / wall time of attend); the figure is pipelined / sequential from the
  * same run. Stall fraction = share of attend() wall time during which attention compute was not
@@ -13,7 +16,7 @@
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
  *      [--batches 4] [--micro 1] [--steps 6] [--rounds 3] [--layers 1] [--direct 1] [--dir /tmp/x]
- *      [--layout chunks|clusters] [--tier N] [--qd 32] [--sel 1] [--json out.json]
+ *      [--dram 1073741824] [--tier N] [--qd 32] [--json out.json]
  */
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -55,13 +58,12 @@ const ROUNDS = Number(arg('rounds', '3'));
 const LAYERS = Number(arg('layers', '1'));
 const DIRECT = arg('direct', '1') === '1';
 const JSON_OUT = arg('json', '');
-const LAYOUT = arg('layout', 'chunks') as 'chunks' | 'clusters';
+/** --dram B: the runtime's DRAM budget in bytes (the DRAM tier caches part of the sealed KV). */
+const DRAM = Number(arg('dram', String(2 ** 30)));
 /** --tier N: a hot tier with windows xN in front of compute (SSD reads only its misses). */
 const TIER = Number(arg('tier', '0'));
 /** --qd N: I/O engine queue depth (reads in flight). */
 const QD = Number(arg('qd', '32'));
-/** --sel N: selection worker threads of the pipelined runtime. */
-const SEL = Number(arg('sel', '1'));
 const shape = { layers: LAYERS, qHeads: 32, kvHeads: 8, headDim: 128 };
 const ROW = shape.kvHeads * shape.headDim;
 const MAXB = Math.max(...BATCHES);
@@ -76,10 +78,9 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
     microBatch: MICRO,
     maxSequences: MAXB,
     maxTokens,
-    kvMemoryBytes: 2 * MAXB * LAYERS * maxTokens * ROW * 4,
-    ssd: { dir: join(root, mode), direct: DIRECT, layout: LAYOUT, io: { queueDepth: QD } },
+    dramBudget: DRAM + (TIER > 0 ? 2 ** 33 : 0),
+    ssd: { dir: join(root, mode), direct: DIRECT, io: { queueDepth: QD } },
     ...(TIER > 0 ? { hotTier: { windows: TIER, maxBytes: 2 ** 33 } } : {}),
-    ...(mode === 'pipelined' ? { selectionThreads: SEL } : {}),
   });
   const seqs: number[] = [];
   for (let s = 0; s < MAXB; s++) {
@@ -135,7 +136,7 @@ const t0 = performance.now();
 const uring = ioUringAvailable();
 console.log(
   `# pipeline win: layers ${LAYERS}, GQA ${shape.qHeads}/${shape.kvHeads}, headDim ${shape.headDim}, context ${CONTEXT}, budget ${BUDGET}, microBatch ${MICRO}, ` +
-    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, ${LAYOUT} layout, queue depth ${QD}, ${SEL} selection worker(s), hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
+    `SSD ${DIRECT ? 'O_DIRECT' : 'page cache'}, DRAM budget ${DRAM} B, queue depth ${QD}, hot tier ${TIER > 0 ? `windows x${TIER}` : 'none'} (io_uring ${uring.usable ? 'usable' : `not usable: ${uring.reason}`}); ${cpus().length} CPUs, load avg ${loadavg()[0]!.toFixed(2)}`,
 );
 const seq = await setup('sequential');
 const pip = await setup('pipelined');

@@ -1,5 +1,5 @@
 // `kvdrive demo --batch N --mode ...`: the runtime path of the demo prints the per-step stage
-// breakdown for each mode (JSON here) and rejects bad flags. Needs `npm run build:ts` (pipelined).
+// breakdown for each mode (JSON here) and rejects bad flags.
 import { Command } from 'commander';
 import { describe, expect, it, vi } from 'vitest';
 import { register } from '../src/cli/demo.js';
@@ -34,7 +34,7 @@ describe('kvdrive demo --batch', () => {
     }
     const text = await run(['--batch', '1', '--mode', 'pipelined', '--context', '256', '--layers', '1', '--steps', '1', '--budget', '16']);
     expect(text).toMatch(/pipelined: [\d.]+ sequence-layer steps\/s/);
-    expect(text).toMatch(/step +layer +wall +selection +hit\/miss +fetch +compute +stall/);
+    expect(text).toMatch(/step +layer +wall +selection +fetch +compute +stall/);
   });
 
   it('rejects bad --batch and --mode values', async () => {

@@ -1,6 +1,6 @@
-// The runtime's memory model (openRuntime({ dramBudget })): sinks + open tail in DRAM, sealed
-// segments (prompt and decoded tokens) on SSD and in the DRAM tier, hot tier in front. Outputs are
-// bit-identical to the legacy all-in-DRAM runtime, whichever tier serves a chunk, in both modes; a
+// The runtime's memory model (openRuntime): sinks + open tail in DRAM, sealed segments (prompt and
+// decoded tokens) on SSD and in the DRAM tier, hot tier in front. Outputs are bit-identical to the
+// default runtime (no dramBudget: DRAM holds everything), whichever tier serves a chunk, in both modes; a
 // budget covering the context equals dense attention; KV stays in the host dtype; budgets that
 // cannot hold what they must fail with E_BUDGET; a failed step retried equals a clean run.
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -66,15 +66,15 @@ async function decode(rt: Runtime, seed: number, n = SEQS, steps = STEPS): Promi
   return outs;
 }
 
-// keySketch off: these runs compare the memory model with the legacy all-f32 runtime, which selects
-// chunks without keys; with the sketch (the memory model's default) kvdrive selects single tokens.
+// keySketch off: a smaller index reserve, so SMALL leaves a DRAM tier of about a quarter of the
+// sealed chunks (the sketch path is covered by the dense-equality test below and the demo test).
 const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { keySketch: false }, microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
 
 describe('Runtime memory model', () => {
-  it('DRAM-only, DRAM+SSD and hot tier: outputs bit-identical to the legacy runtime, sequential and pipelined; decoded tokens are sealed', async () => {
-    const legacy = await openRuntime({ ...base, mode: 'sequential' });
-    const want = await decode(legacy, 5);
-    await legacy.close();
+  it('DRAM-only, DRAM+SSD and hot tier: outputs bit-identical to the default runtime, sequential and pipelined; decoded tokens are sealed', async () => {
+    const reference = await openRuntime({ ...base, mode: 'sequential' });
+    const want = await decode(reference, 5);
+    await reference.close();
     expect(new Set(want.map(bits)).size).toBe(want.length);
     const configs: Array<[string, RuntimeOptions]> = [
       ['dram-only sequential', { ...base, dramBudget: 64 * MiB, sealTokens: SEAL }],
@@ -114,7 +114,7 @@ describe('Runtime memory model', () => {
     }
   });
 
-  it('prefill with an observation window (obsQ) ranks the DRAM tier and warms the hot tier; outputs equal the legacy runtime with the same tier', async () => {
+  it('prefill with an observation window (obsQ) ranks the DRAM tier and warms the hot tier; outputs equal the default runtime with the same tier', async () => {
     const W = 16;
     const run = async (opts: RuntimeOptions) => {
       const rt = await openRuntime(opts);
@@ -128,10 +128,10 @@ describe('Runtime memory model', () => {
       return { outs, st };
     };
     const hotTier = { windows: 2, maxBytes: MiB };
-    const legacy = await run({ ...base, maxSequences: 1, hotTier });
+    const reference = await run({ ...base, maxSequences: 1, hotTier });
     const mem = await run({ ...base, maxSequences: 1, hotTier, dramBudget: SMALL + MiB, sealTokens: SEAL, ssd: { dir: tmp() } });
-    expect(mem.outs.map(bits)).toEqual(legacy.outs.map(bits));
-    expect(mem.st.warmedChunks).toBe(legacy.st.warmedChunks);
+    expect(mem.outs.map(bits)).toEqual(reference.outs.map(bits));
+    expect(mem.st.warmedChunks).toBe(reference.st.warmedChunks);
     expect(mem.st.warmedChunks).toBeGreaterThan(0);
     expect(mem.st.memory!.traffic.hotChunks).toBeGreaterThan(0);
   });
@@ -168,10 +168,20 @@ describe('Runtime memory model', () => {
   it('without SSD the DRAM tier must hold every chunk: E_BUDGET naming the bytes needed; a budget too small for the fixed parts too', async () => {
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 1 * MiB }), 'E_BUDGET', /no SSD store.*at least \d+ bytes/);
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 4096, ssd: { dir: tmp() } }), 'E_BUDGET');
-    await expectKvdError(() => openRuntime({ ...base, dtype: 'f16' }), 'E_CONFIG'); // legacy store is f32
-    await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, kvMemoryBytes: MiB }), 'E_CONFIG');
-    await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, sealTokens: 30 }), 'E_CONFIG');
-    await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, calibrate: true }), 'E_CONFIG', /calibrate/);
+    await expectKvdError(() => openRuntime({ ...base, sealTokens: 30 }), 'E_CONFIG', /sealTokens/);
+    // Without dramBudget: exactly what holds everything declared (f16 halves the DRAM tier's part).
+    const plan = async (o: RuntimeOptions) => {
+      const rt = await openRuntime(o);
+      const p = (await rt.stats()).memory.plan;
+      await rt.close();
+      return p;
+    };
+    const f32 = await plan(base);
+    const f16 = await plan({ ...base, dtype: 'f16' });
+    expect(f16.kvBytesPerTokenLayer * 2).toBe(f32.kvBytesPerTokenLayer);
+    expect(f16.dramTierBytes).toBeLessThan(f32.dramTierBytes);
+    // one byte less than that default is refused, naming the bytes needed
+    await expectKvdError(() => openRuntime({ ...base, dramBudget: f32.dramBudgetBytes - 1 }), 'E_BUDGET', new RegExp(`at least ${f32.dramBudgetBytes} bytes`));
   });
 
   it('a prefill in f32 or f16 bits gives the same f16 runtime state; a second prefill of a layer is refused', async () => {

@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import { Worker } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
-import { SharedArena, decodeSlotRegions, planArena } from '../src/pipeline/shared-arena.js';
+import { SharedArena, planArena } from '../src/pipeline/shared-arena.js';
 import { expectKvdError } from './helpers.js';
 import { distPath } from './dist.js';
 
@@ -44,8 +44,7 @@ describe('SharedArena', () => {
   });
 
   it('a worker attached from (buffer, layout) sees and writes the same memory', async () => {
-    const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 8 };
-    const arena = SharedArena.create(2, decodeSlotRegions(shape, 3, 16));
+    const arena = SharedArena.create(2, { q: { type: 'f32', length: 3 * 4 * 8 }, selIds: { type: 'i32', length: 3 * 2 * 16 }, out: { type: 'f32', length: 3 * 4 * 8 } });
     expect(arena.view(1, 'q').length).toBe(3 * 4 * 8);
     expect(arena.view(1, 'selIds').length).toBe(3 * 2 * 16);
     arena.view(1, 'q').set([1.5, 2.5], 7);

@@ -46,10 +46,9 @@ export interface CalibrationTrial {
    * Medians, not means: one descheduling of a shared machine must not decide the sweep.
    */
   stepMs: number;
-  /** Per layer step, medians in ms: selection, fetch (SSD + hit/miss), hit/miss alone, compute. */
+  /** Per layer step, medians in ms: selection, fetch (hot tier, DRAM tier, SSD, tail), compute. */
   selectionMs: number;
   fetchMs: number;
-  hitMissMs: number;
   computeMs: number;
   /** Hot-tier hit rate of the measured steps (0 without a tier). */
   hitRate: number;
@@ -235,7 +234,6 @@ function summarize(
     stepMs,
     selectionMs: median((s) => s.selectionMs),
     fetchMs: median((s) => s.fetchMs),
-    hitMissMs: median((s) => s.hitMissMs),
     computeMs: median((s) => s.computeMs),
     hitRate: hits + misses > 0 ? hits / (hits + misses) : 0,
     throughput: (batch * 1000) / stepMs,

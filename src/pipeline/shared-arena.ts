@@ -11,7 +11,6 @@
  * worker re-creates identical views from (buffer, layout) with {@link SharedArena.attach}.
  */
 import { KvdriveError, fail } from '../errors.js';
-import type { ModelShape } from '../types.js';
 
 /** Element type of a region: f32 → Float32Array, i32 → Int32Array, f64 → Float64Array. */
 export type RegionType = 'f32' | 'i32' | 'f64';
@@ -110,41 +109,4 @@ export class SharedArena<R extends Record<string, RegionSpec> = Record<string, R
     if (v === undefined) fail('E_RANGE', 'arena region', `one of ${Object.keys(this.layout.regions).join(', ')}`, name);
     return v as RegionArray<R[K]['type']>;
   }
-}
-
-/**
- * Regions of one decode micro-batch slot (entries b < microBatch; f32 unless noted):
- *   seq        i32  microBatch                 sequence handle of entry b
- *   q          f32  microBatch x Hq x D        queries, row (b, h) at (b*Hq + h)*D
- *   kNew,vNew  f32  microBatch x Hkv x D       the new token's K and V
- *   selMeta    i32  microBatch x 4             per entry: chunkSize, tokens, sinkEnd, tailStart
- *   selOffsets i32  microBatch x (Hkv+1)       Selection.offsets of entry b
- *   selIds     i32  microBatch x Hkv x maxChunksPerHead   Selection.chunkIds of entry b
- *   out        f32  microBatch x Hq x D        attention output
- *   lse        f32  microBatch x Hq            log-sum-exp per query head
- *   timing     f64  16                         per-stage time of this micro-batch in ms (see the runtime)
- *   staged     f32  microBatch x Hkv x maxChunksPerHead x stagedChunkElems
- *                                              SSD-backed runtimes: page-first chunks read by the
- *                                              fetch stage, entry b / kv head h / selection position j
- *                                              at ((b*Hkv + h)*maxChunksPerHead + j) * chunk; empty
- *                                              (length 0) otherwise
- * `stagedChunkElems` = 2 x chunkSize x D (one page-first f32 chunk) when the runtime is SSD-backed, else 0.
- */
-export function decodeSlotRegions(shape: ModelShape, microBatch: number, maxChunksPerHead: number, stagedChunkElems = 0) {
-  const { qHeads: hq, kvHeads: hkv, headDim: d } = shape;
-  for (const [k, v] of [['qHeads', hq], ['kvHeads', hkv], ['headDim', d], ['microBatch', microBatch], ['maxChunksPerHead', maxChunksPerHead]] as const)
-    if (!Number.isInteger(v) || v < 1) fail('E_CONFIG', `decode slot ${k}`, 'a positive integer', v);
-  return {
-    seq: { type: 'i32', length: microBatch },
-    q: { type: 'f32', length: microBatch * hq * d },
-    kNew: { type: 'f32', length: microBatch * hkv * d },
-    vNew: { type: 'f32', length: microBatch * hkv * d },
-    selMeta: { type: 'i32', length: microBatch * 4 },
-    selOffsets: { type: 'i32', length: microBatch * (hkv + 1) },
-    selIds: { type: 'i32', length: microBatch * hkv * maxChunksPerHead },
-    out: { type: 'f32', length: microBatch * hq * d },
-    lse: { type: 'f32', length: microBatch * hq },
-    timing: { type: 'f64', length: 16 },
-    staged: { type: 'f32', length: microBatch * hkv * maxChunksPerHead * stagedChunkElems },
-  } as const satisfies Record<string, RegionSpec>;
 }

@@ -45,8 +45,11 @@ export interface KvMemoryConfig {
   budget: number;
   maxSequences: number;
   maxTokens: number;
-  /** Everything the model keeps in DRAM, bytes. */
-  dramBudget: number;
+  /**
+   * Everything the model keeps in DRAM, bytes. Undefined (DRAM only, no SSD store): exactly what
+   * holds every chunk of maxSequences x maxTokens beside the fixed parts.
+   */
+  dramBudget?: number;
   /** Tokens per sealed segment once decoding (a multiple of the chunk size). */
   sealTokens: number;
   /** Hot tier byte cap (0: none); counted inside dramBudget. */
@@ -342,22 +345,26 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
   const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
+  let dramBudget = c.dramBudget;
   if (!c.ssd) {
     const chunks = slotsPerLayer * kvHeads * Math.ceil(c.maxTokens / cs);
     const need = fixed + chunks * perChunk;
-    if (need > c.dramBudget)
-      fail('E_BUDGET', 'dramBudget (no SSD store: DRAM holds every chunk)', `at least ${need} bytes = ${items} + DRAM tier ${chunks} chunks x ${perChunk}`, c.dramBudget);
-  } else if (fixed + perChunk * kvHeads > c.dramBudget) {
-    fail('E_BUDGET', 'dramBudget', `at least ${fixed + perChunk * kvHeads} bytes = ${items} + a DRAM tier of one chunk per kv head`, c.dramBudget);
+    dramBudget ??= need;
+    if (need > dramBudget)
+      fail('E_BUDGET', 'dramBudget (no SSD store: DRAM holds every chunk)', `at least ${need} bytes = ${items} + DRAM tier ${chunks} chunks x ${perChunk}`, dramBudget);
+  } else if (dramBudget === undefined) {
+    fail('E_CONFIG', 'dramBudget', 'a DRAM budget in bytes with an SSD store', undefined);
+  } else if (fixed + perChunk * kvHeads > dramBudget) {
+    fail('E_BUDGET', 'dramBudget', `at least ${fixed + perChunk * kvHeads} bytes = ${items} + a DRAM tier of one chunk per kv head`, dramBudget);
   }
   return {
-    dramBudgetBytes: c.dramBudget,
+    dramBudgetBytes: dramBudget,
     residentBytes,
     indexBytes,
     indexBytesPerToken: perToken,
     hotTierBytes: c.hotTierBytes,
     fetchBytes,
-    dramTierBytes: c.dramBudget - fixed,
+    dramTierBytes: dramBudget - fixed,
     kvBytesPerTokenLayer: 2 * row,
   };
 }

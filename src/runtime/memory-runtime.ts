@@ -1,5 +1,5 @@
 /**
- * The runtime over the memory model (kv-memory.ts): what `openRuntime({ dramBudget })` runs. It
+ * The runtime over the memory model (kv-memory.ts): what `openRuntime` runs. It
  * owns the tiers (DRAM tier, optional SSD store, optional hot tier), the sequences' indexes, and
  * runs each attend() entry through step.ts. 'sequential' runs the entries one after another on the
  * calling thread; 'pipelined' runs micro-batches concurrently — selection of one micro-batch on the
@@ -14,6 +14,7 @@ import { SsdStore } from '../storage/ssd-store.js';
 import type { IoEngineOptions } from '../storage/io-engine.js';
 import { fromF32 } from '../util/f16.js';
 import type { Dtype, KvTensor } from '../types.js';
+import type { Selection } from '../index/selection.js';
 import { KvMemory, type KvMemoryConfig, type MemoryStats } from './kv-memory.js';
 import { attendEntry, type EntryStepStats } from './step.js';
 
@@ -43,6 +44,8 @@ export class MemoryRuntime {
   readonly microBatch: number;
   readonly traffic: MemoryTraffic = { chunks: 0, hotChunks: 0, dramChunks: 0, ssdChunks: 0, tailChunks: 0, ssdReadBytes: 0, hotAdmitted: 0, dramAdmitted: 0 };
   readonly time = { selectionMs: 0, fetchMs: 0, computeMs: 0, warmedChunks: 0 };
+  /** Most micro-batches of one attend() that ran at once (1 sequentially). */
+  maxInFlight = 0;
   private readonly ownsSsd: SsdStore | undefined;
 
   private constructor(memory: KvMemory, hot: HotTier | undefined, init: MemoryRuntimeInit, ssd: SsdStore | undefined) {
@@ -152,36 +155,46 @@ export class MemoryRuntime {
    * Attention for the entries of one layer step; outputs in entry order. Commits (token counts,
    * seals) only when every entry succeeded: a failed step can be retried as a whole.
    */
-  async attend(layer: number, entries: MemoryEntry[]): Promise<Float32Array[]> {
+  async attend(layer: number, entries: MemoryEntry[]): Promise<{ out: Float32Array; selection: Selection; bytesScored: number }[]> {
     type Done = Awaited<ReturnType<typeof attendEntry>>;
     const run = (e: MemoryEntry, offThread: boolean) => attendEntry(this.memory, this.hot, e.seq, layer, e.q, e.kNew, e.vNew, offThread);
     let done: Done[];
     if (this.mode === 'sequential') {
+      this.maxInFlight = Math.max(this.maxInFlight, 1);
       done = [];
       for (const e of entries) done.push(await run(e, false));
     } else {
-      // Pipelined: micro-batches overlap (each entry is a different sequence: disjoint state).
-      const parts: Promise<Done[]>[] = [];
-      for (let i = 0; i < entries.length; i += this.microBatch) {
-        const part = entries.slice(i, i + this.microBatch);
-        parts.push(
-          (async () => {
+      // Pipelined: micro-batches overlap (each entry is a different sequence: disjoint state), at
+      // most `concurrency` at once — the fetch buffers the budget counts; later ones wait for a
+      // runner (back-pressure, nothing dropped). Outputs keep entry order.
+      const parts: MemoryEntry[][] = [];
+      for (let i = 0; i < entries.length; i += this.microBatch) parts.push(entries.slice(i, i + this.microBatch));
+      const results: Done[][] = new Array<Done[]>(parts.length);
+      let next = 0;
+      let running = 0;
+      const runner = async () => {
+        while (next < parts.length) {
+          const p = next++;
+          this.maxInFlight = Math.max(this.maxInFlight, ++running);
+          try {
             const outs: Done[] = [];
-            for (const e of part) outs.push(await run(e, true));
-            return outs;
-          })(),
-        );
-      }
-      const settled = await Promise.allSettled(parts);
+            for (const e of parts[p]!) outs.push(await run(e, true));
+            results[p] = outs;
+          } finally {
+            running--;
+          }
+        }
+      };
+      const settled = await Promise.allSettled(Array.from({ length: Math.min(this.memory.config.concurrency, parts.length) }, runner));
       const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
       if (failed) throw failed.reason;
-      done = settled.flatMap((s) => (s as PromiseFulfilledResult<Done[]>).value);
+      done = results.flat();
     }
     for (const d of done) {
       d.commit();
       this.count(d.stats);
     }
-    return done.map((d) => d.out);
+    return done.map((d) => ({ out: d.out, selection: d.selection, bytesScored: d.bytesScored }));
   }
 
   private count(s: EntryStepStats): void {

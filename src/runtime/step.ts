@@ -74,7 +74,7 @@ export async function attendEntry(
   kRow: Float32Array | Uint16Array,
   vRow: Float32Array | Uint16Array,
   offThread: boolean,
-): Promise<{ out: Float32Array; lse: Float32Array; stats: EntryStepStats; commit: () => void }> {
+): Promise<{ out: Float32Array; lse: Float32Array; selection: Selection; bytesScored: number; stats: EntryStepStats; commit: () => void }> {
   const lk = mem.layer(seq, layer);
   const { shape, policyOptions: p, budget, maxTokens } = mem.config;
   const { kvHeads: H, headDim: D, qHeads } = shape;
@@ -99,6 +99,7 @@ export async function attendEntry(
   const tailV = mem.tensor(lk.tailV, T - lk.sealed);
   lk.policy!.extend(tailK, T, lk.sealed);
   const sel = toChunks(lk.policy!.select(q, budget), cs, H);
+  const bytesScored = lk.policy!.lastSelectStats().bytesScored;
   const t1 = performance.now();
 
   // What must be staged page-first: per kv head the selected chunks not resident in the hot tier;
@@ -210,5 +211,6 @@ export async function attendEntry(
     lk.tokens = T;
     mem.startSeal(seq, layer, lk);
   };
-  return { out: r.out, lse: r.lse, stats, commit };
+  // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
+  return { out: r.out, lse: r.lse, selection: sel, bytesScored, stats, commit };
 }
