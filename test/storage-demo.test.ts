@@ -38,11 +38,14 @@ describe('kvdrive demo --storage', () => {
       };
       offloaded: { recall: number; oracleRecall: number };
       policies: Array<{ policy: string; recall: number }>;
+      runtime: Array<{ mode: string; eval: { recall: number; oracleRecall: number } }>;
     };
-    // The offloaded path's recall (index only) is measured on the same trace beside the keyed one.
+    // The runtime's own attended tokens give the recall kvdrive eval --offloaded reports on the trace.
     expect(r.offloaded.recall).toBeGreaterThan(0);
     expect(r.offloaded.recall).toBeLessThanOrEqual(r.offloaded.oracleRecall + 1e-6);
-    expect(r.policies[0]!.policy).toBe('kvdrive');
+    expect(r.policies).toEqual([]); // kvdrive runs through the runtime
+    expect(r.runtime.map((x) => x.mode)).toEqual(['sequential', 'pipelined']);
+    for (const x of r.runtime) expect(x.eval.recall).toBe(r.offloaded.recall);
     const t = r.tiers;
     expect(t.kvBytes).toBe(2 * 1024 * 8 * 128 * 2 * 2);
     expect(t.memoryStats.plan.dramBudgetBytes).toBe(24 * 2 ** 20);
@@ -71,5 +74,43 @@ describe('kvdrive demo --storage', () => {
     await expectKvdError(() => run(['--storage', dir, '--dram-budget', 'lots']), 'E_CONFIG', /--dram-budget/);
     await expectKvdError(() => run(['--storage', dir, '--dram-budget', '100']), 'E_BUDGET', /dramBudget/);
     await expectKvdError(() => run(['--tiers-only']), 'E_CONFIG', /--storage/);
+  });
+});
+
+describe('kvdrive demo (default table)', () => {
+  it('dense, kvdrive through the runtime (sequential and pipelined, per-stage times) and the quest / shadowkv policies in one table', async () => {
+    const program = new Command().exitOverride();
+    register(program);
+    let out = '';
+    const write = vi.spyOn(process.stdout, 'write').mockImplementation((s) => ((out += String(s)), true));
+    const err = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
+    try {
+      await program.parseAsync(['node', 'kvdrive', 'demo', '--context', '2048', '--layers', '2', '--steps', '3', '--budget', '128', '--json']);
+    } finally {
+      write.mockRestore();
+      err.mockRestore();
+    }
+    const r = JSON.parse(out) as {
+      policies: Array<{ policy: string }>;
+      attended: Array<{ policy: string; recall: number; oracleRecall: number; relError: number; steps: number; needlesTotal: number }>;
+      runtime: Array<{ mode: string; wallMs: number; selectMs: number; fetchMs: number; computeMs: number; dramBudgetBytes: number; eval: { recall: number } }>;
+    };
+    expect(r.policies.map((p) => p.policy)).toEqual(['quest', 'shadowkv']);
+    expect(r.runtime.map((x) => x.mode)).toEqual(['sequential', 'pipelined']);
+    expect(r.attended.map((a) => a.policy)).toEqual(['kvdrive (runtime, sequential)', 'kvdrive (runtime, pipelined)']);
+    const [seq, pip] = r.attended;
+    // Scored from the tokens each runtime attended: the modes attend the same ones.
+    expect(seq!.steps).toBe(2 * 3);
+    expect(seq!.recall).toBeGreaterThan(0);
+    expect(seq!.recall).toBeLessThanOrEqual(seq!.oracleRecall + 1e-6);
+    expect(pip!.recall).toBe(seq!.recall);
+    expect(pip!.relError).toBe(seq!.relError);
+    for (const x of r.runtime) {
+      expect(x.selectMs).toBeGreaterThan(0);
+      expect(x.fetchMs).toBeGreaterThan(0);
+      expect(x.computeMs).toBeGreaterThan(0);
+      expect(x.wallMs).toBeGreaterThanOrEqual(x.computeMs);
+      expect(x.dramBudgetBytes).toBeGreaterThan(2 * 2 * 2048 * 8 * 128 * 2); // holds both layers' f16 KV
+    }
   });
 });

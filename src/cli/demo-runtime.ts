@@ -16,6 +16,8 @@ import type { KvTensor } from '../types.js';
 import { ProgressBar } from './progress.js';
 import { HotTier } from '../cache/hot-tier.js';
 import { resolvePolicyOptions } from '../index/options.js';
+import { KvdriveError } from '../errors.js';
+import { prefixView, type AttendedSource, type AttendedStep, type ReplayLayer } from '../eval/replay.js';
 
 export interface RuntimeDemoOptions {
   dir: string;
@@ -198,5 +200,97 @@ function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
     return probe.info().bytes;
   } finally {
     probe.destroy();
+  }
+}
+
+/**
+ * One row of the default demo: kvdrive decoded through openRuntime (the memory model, DRAM only,
+ * its default budget) in one mode, as an eval source (ReplayOptions.attended): before the eval
+ * replays a layer, `prepare` prefills that layer's prompt into the runtime and decodes its steps
+ * with attendTraced, so the eval scores the tokens the runtime actually attended against the same
+ * dense reference as the policies (the layer is generated once for both).
+ */
+export class RuntimeRow implements AttendedSource {
+  readonly name: string;
+  /** steps[layer][step]: the selection attention ran over, its output and per-stage times. */
+  readonly steps: AttendedStep[][] = [];
+  /** Sums over layer-steps, ms: attend() wall, selection, fetch, compute; prefill of every layer. */
+  readonly time = { wallMs: 0, selectMs: 0, fetchMs: 0, computeMs: 0, prefillMs: 0, layerSteps: 0 };
+
+  private constructor(
+    readonly mode: 'sequential' | 'pipelined',
+    private readonly rt: Runtime,
+    private readonly seq: number,
+    private readonly onStep?: (what: string) => void,
+  ) {
+    this.name = `kvdrive (runtime, ${mode})`;
+  }
+
+  static async open(meta: SyntheticTrace['meta'], dtype: SyntheticTrace['dtype'], o: { budget: number; threads: number; mode: 'sequential' | 'pipelined'; onStep?: (what: string) => void }): Promise<RuntimeRow> {
+    const { layers, qHeads, kvHeads, headDim, promptTokens, decodeSteps } = meta;
+    const rt = await openRuntime({
+      shape: { layers, qHeads, kvHeads, headDim },
+      budget: o.budget,
+      mode: o.mode,
+      dtype,
+      maxSequences: 1,
+      maxTokens: promptTokens + decodeSteps,
+      policyOptions: { threads: o.threads },
+    });
+    return new RuntimeRow(o.mode, rt, rt.createSequence(), o.onStep);
+  }
+
+  /** Prefills layer.layer's prompt and decodes its steps (the new tokens follow the prompt in layer.k / layer.v). */
+  async prepare(layer: ReplayLayer): Promise<void> {
+    const { promptTokens: T, decodeSteps: S, qHeads } = layer;
+    const { heads: H, dim: D } = layer.k;
+    const row = H * D;
+    const dtype = layer.k.dtype;
+    const t0 = performance.now();
+    await this.rt.prefill(this.seq, layer.layer, prefixView(layer.k, T), prefixView(layer.v, T));
+    this.time.prefillMs += performance.now() - t0;
+    const steps: AttendedStep[] = [];
+    this.steps[layer.layer] = steps;
+    for (let s = 0; s < S; s++) {
+      const rowAt = (t: KvTensor) => toF32(t.data.subarray((T + s) * row, (T + s + 1) * row), dtype);
+      const [r] = await this.rt.attendTraced(layer.layer, [{ seq: this.seq, q: layer.q.subarray(s * qHeads * D, (s + 1) * qHeads * D), kNew: rowAt(layer.k), vNew: rowAt(layer.v) }]);
+      const st = (await this.rt.stats()).recentSteps.at(-1)!;
+      steps.push({ selection: r!.selection, out: r!.out, bytesScored: r!.bytesScored, selectMs: st.selectionMs, attendMs: st.computeMs });
+      this.time.wallMs += st.wallMs;
+      this.time.selectMs += st.selectionMs;
+      this.time.fetchMs += st.fetchMs;
+      this.time.computeMs += st.computeMs;
+      this.time.layerSteps++;
+      this.onStep?.(`${this.mode} runtime: layer ${layer.layer} step ${s}`);
+    }
+  }
+
+  step(layer: number, step: number): AttendedStep {
+    const s = this.steps[layer]?.[step];
+    if (!s) throw new KvdriveError('E_INTERNAL', `demo: expected the ${this.mode} runtime to have decoded layer ${layer} step ${step}, got nothing`);
+    return s;
+  }
+
+  /** Means per layer-step (ms) and the runtime's memory figures. */
+  async summary(): Promise<{ mode: string; wallMs: number; selectMs: number; fetchMs: number; computeMs: number; prefillMs: number; dramBudgetBytes: number; indexBytes: number }> {
+    const n = Math.max(1, this.time.layerSteps);
+    const m = (await this.rt.stats()).memory;
+    const t = this.time;
+    return { mode: this.mode, wallMs: t.wallMs / n, selectMs: t.selectMs / n, fetchMs: t.fetchMs / n, computeMs: t.computeMs / n, prefillMs: t.prefillMs, dramBudgetBytes: m.plan.dramBudgetBytes, indexBytes: m.indexBytes };
+  }
+
+  /** E_INTERNAL unless every output equals `other`'s bit for bit (the modes must agree). */
+  checkIdentical(other: RuntimeRow): void {
+    const b = (x: Float32Array) => Buffer.from(x.buffer, x.byteOffset, x.byteLength);
+    this.steps.forEach((layer, l) =>
+      layer.forEach((st, s) => {
+        if (Buffer.compare(b(st.out), b(other.step(l, s).out)) !== 0)
+          throw new KvdriveError('E_INTERNAL', `demo: expected the ${this.mode} runtime's output at layer ${l} step ${s} to equal the ${other.mode} one bit for bit, got a difference`);
+      }),
+    );
+  }
+
+  close(): Promise<void> {
+    return this.rt.close();
   }
 }

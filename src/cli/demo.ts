@@ -1,9 +1,11 @@
 /**
  * `kvdrive demo`: the main job on a built-in default workload. Generates a synthetic trace with a
  * Llama-3-8B-like per-layer shape (32 query heads, 8 kv heads, head dim 128, f16 KV) at a long
- * context, then decodes every step with dense attention and with the three selection policies at
- * the same budget, and prints one table: time per layer-step, bytes touched, recall of dense
- * attention mass (and the oracle's), output error, planted needles found.
+ * context, then decodes every step with dense attention, with kvdrive through the runtime a host
+ * embeds (openRuntime, sequential and pipelined, DRAM only) and with the quest and shadowkv policy
+ * objects at the same budget, and prints one table: time per layer-step (select / fetch / attend),
+ * bytes touched, recall of dense attention mass on the tokens actually attended (and the oracle's),
+ * output error, planted needles found.
  */
 import type { Command } from 'commander';
 import { KvdriveError } from '../errors.js';
@@ -16,7 +18,7 @@ import { choiceListOption, choiceOption, integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
 import { parseBytes } from '../cache/window-solver.js';
-import { renderRuntimeDemo, runRuntimeDemo, type RuntimeDemoResult } from './demo-runtime.js';
+import { RuntimeRow, renderRuntimeDemo, runRuntimeDemo, type RuntimeDemoResult } from './demo-runtime.js';
 import { runParetoDemo } from './demo-pareto.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
@@ -63,14 +65,16 @@ interface DemoCliOptions {
   pareto?: boolean;
 }
 
-/** The runtime's row: its selection (index only) measured by the eval, its time from the tiered run. */
-interface RuntimeRow {
+/** The --storage row: its selection (index only) measured by the eval, its time from the tiered run. */
+interface TieredRow {
   offloaded: TraceEvaluation['policies'][number];
   tiers: RuntimeDemoResult;
   mode: string;
 }
 
-function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string {
+type RuntimeSummary = Awaited<ReturnType<RuntimeRow['summary']>>;
+
+function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSummary[], rt?: TieredRow): string {
   const m = ev.meta;
   const head =
     `workload: synthetic trace, ${m.layers} layers x ${m.decodeSteps} decode steps, context ${m.promptTokens} tokens, ` +
@@ -78,15 +82,16 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string
     `budget ${o.budget} tokens per kv head (${((100 * o.budget) / m.promptTokens).toFixed(2)}%) + 4 sinks + 64 local; ` +
     `SIMD ${cpuFeatures().active}`;
   const rows: (string | number)[][] = [
-    ['method', 'time/layer-step', 'select', 'attend', 'bytes/layer-step', 'vs dense', 'recall', 'oracle', 'rel error', 'needles', 'index build'],
-    ['dense', ms(ev.dense.ms), '-', ms(ev.dense.ms), bytes(ev.dense.bytes), '1.0x', '1.0000', '1.0000', '0', '-', '-'],
+    ['method', 'time/layer-step', 'select', 'fetch', 'attend', 'bytes/layer-step', 'vs dense', 'recall', 'oracle', 'rel error', 'needles', 'index build'],
+    ['dense', ms(ev.dense.ms), '-', '-', ms(ev.dense.ms), bytes(ev.dense.bytes), '1.0x', '1.0000', '1.0000', '0', '-', '-'],
   ];
   // One row: its label and times, then the selection's bytes and quality from the eval.
-  type PolicyEval = TraceEvaluation['policies'][number];
-  const row = (label: string, total: number, select: number, attend: number, p: PolicyEval, build: string) => [
+  type PolicyEval = TraceEvaluation['attended'][number];
+  const row = (label: string, total: number, select: number, fetch: number | undefined, attend: number, p: PolicyEval, build: string) => [
     label,
     ms(total),
     ms(select),
+    fetch === undefined ? '-' : ms(fetch),
     ms(attend),
     bytes(p.sparseBytes),
     `${(ev.dense.bytes / p.sparseBytes).toFixed(1)}x less`,
@@ -96,16 +101,25 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, rt?: RuntimeRow): string
     p.needlesTotal ? `${p.needlesFound}/${p.needlesTotal}` : '-',
     build,
   ];
-  for (const p of ev.policies) rows.push(row(p.policy, p.selectMs + p.attendMs, p.selectMs, p.attendMs, p, `${(p.buildMs / 1000).toFixed(1)} s`));
+  runtimeRows.forEach((r, i) =>
+    rows.push(row(`kvdrive (runtime, ${r.mode})`, r.wallMs, r.selectMs, r.fetchMs, r.computeMs, ev.attended[i]!, `${(r.prefillMs / 1000).toFixed(1)} s (prefill)`)),
+  );
+  for (const p of ev.policies) rows.push(row(p.policy, p.selectMs + p.attendMs, p.selectMs, undefined, p.attendMs, p, `${(p.buildMs / 1000).toFixed(1)} s`));
   if (rt) {
     const st = rt.tiers.stats;
     const per = (x: number) => x / Math.max(1, st.attendCalls);
     const label = `kvdrive via runtime (${rt.mode}, ${o.hotWindows > 0 ? 'hot+' : ''}DRAM+SSD)`;
-    rows.push(row(label, per(st.wallMs), per(st.selectionMs), per(st.computeMs), rt.offloaded, `${(rt.tiers.prefillMs / 1000).toFixed(1)} s (prefill)`));
+    rows.push(row(label, per(st.wallMs), per(st.selectionMs), per(st.fetchMs), per(st.computeMs), rt.offloaded, `${(rt.tiers.prefillMs / 1000).toFixed(1)} s (prefill)`));
   }
   const notes = [
     `dense: exact attention over the whole context; policies: selection + exact attention over the selected tokens; ${o.threads} thread(s) for both.`,
-    `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens;`,
+    ...(runtimeRows.length
+      ? [
+          `kvdrive (runtime, mode): openRuntime as a host embeds it (memory model, DRAM only: ${bytes(runtimeRows[0]!.dramBudgetBytes)} default budget, f16 KV); time = whole attend() ` +
+            `(select: index extend + select on its key sketch; fetch: DRAM tier + tail staging; attend: attention); the modes' outputs are bit-identical (checked).`,
+        ]
+      : []),
+    `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens (the runtime's own);`,
     `oracle: the same for the exact top-${o.budget} tokens (the best any selection can do). needles: planted far-back tokens a retrieval head must find.`,
     ...(rt
       ? [`kvdrive via runtime: the offloaded decode (openRuntime with dramBudget + SSD; time = whole attend incl. fetch, mean over all layer-steps); it selects from the index alone, so its recall is the eval's without the keys.`]
@@ -161,36 +175,54 @@ export function register(program: Command): void {
         else process.stdout.write(renderRuntimeDemo(tiers, runtimeOpts) + '\n');
         return;
       }
-      const bar = new ProgressBar(o.layers * (o.steps + 2), 'demo');
+      // kvdrive runs through the runtime a host embeds (both modes, same inputs); quest and
+      // shadowkv as policy objects. Every row is scored against the same dense reference.
+      const viaRuntime = o.policy.includes('kvdrive');
+      const policies = o.policy.filter((p) => p !== 'kvdrive');
+      const modes = ['sequential', 'pipelined'] as const;
+      const bar = new ProgressBar(o.layers * (o.steps + 2) + (viaRuntime ? modes.length * o.layers * o.steps : 0), 'demo');
       let phase = '';
-      const ev = await evaluateTrace(trace, {
-        policies: o.policy,
-        budget: o.budget,
-        denseThreads: o.threads,
-        onPhase: (what) => {
-          if (phase) bar.tick(what);
-          else bar.tick(what, 0);
-          phase = what;
-        },
-        onStep: (l, s) => bar.tick(`layer ${l} step ${s}`),
-      });
+      const rows: RuntimeRow[] = [];
+      let ev: TraceEvaluation;
+      let runtimeRows: RuntimeSummary[];
+      try {
+        if (viaRuntime)
+          for (const mode of modes) rows.push(await RuntimeRow.open(trace.meta, trace.dtype, { budget: o.budget, threads: o.threads, mode, onStep: (what) => bar.tick(what) }));
+        ev = await evaluateTrace(trace, {
+          policies,
+          budget: o.budget,
+          denseThreads: o.threads,
+          attended: rows,
+          onPhase: (what) => {
+            if (phase) bar.tick(what);
+            else bar.tick(what, 0);
+            phase = what;
+          },
+          onStep: (l, s) => bar.tick(`layer ${l} step ${s}`),
+        });
+        for (const r of rows.slice(1)) r.checkIdentical(rows[0]!);
+        runtimeRows = await Promise.all(rows.map((r) => r.summary()));
+      } finally {
+        for (const r of rows) await r.close();
+      }
       bar.finish();
-      // The offloaded runtime selects from the index alone (it never holds the full keys): its
-      // recall on the same trace and budget, beside the keyed figure above.
+      // With --storage: the recall kvdrive eval --offloaded reports on this trace and budget (the
+      // same selection as the runtime's, from the index alone), beside the runtime's own.
       const offloaded =
-        tiers && o.policy.includes('kvdrive')
+        tiers && viaRuntime
           ? (await evaluateTrace(trace, { policies: ['kvdrive'], budget: o.budget, denseThreads: o.threads, offloaded: true })).policies[0]!
           : undefined;
-      const keyed = ev.policies.find((p) => p.policy === 'kvdrive');
+      const own = ev.attended[0];
       const recallLine =
-        offloaded && keyed
-          ? `\nrecall of the offloaded path (the runtime's selection, index only): ${offloaded.recall.toFixed(4)} (${offloaded.recallVsOracle.toFixed(3)} x oracle) vs ${keyed.recall.toFixed(4)} (${keyed.recallVsOracle.toFixed(3)} x oracle) with the keys, same trace and budget`
+        offloaded && own
+          ? `\nrecall of the runtime's attended tokens: ${own.recall.toFixed(4)} (${own.recallVsOracle.toFixed(3)} x oracle); kvdrive eval --offloaded on the same trace and budget: ${offloaded.recall.toFixed(4)} (${offloaded.recallVsOracle.toFixed(3)} x oracle)`
           : '';
       const row = offloaded && tiers ? { offloaded, tiers, mode: runtimeOpts.mode } : undefined;
+      const runtime = runtimeRows.map((r, i) => ({ ...r, eval: ev.attended[i] }));
       if (o.json)
         process.stdout.write(
-          JSON.stringify({ ...ev, budget: o.budget, ...(tiers ? { tiers: { ...tiers, stats: undefined, memoryStats: tiers.stats.memory }, offloaded } : {}) }) + '\n',
+          JSON.stringify({ ...ev, budget: o.budget, runtime, ...(tiers ? { tiers: { ...tiers, stats: undefined, memoryStats: tiers.stats.memory }, offloaded } : {}) }) + '\n',
         );
-      else process.stdout.write(render(ev, o, row) + (tiers ? renderRuntimeDemo(tiers, runtimeOpts) : '') + recallLine + '\n');
+      else process.stdout.write(render(ev, o, runtimeRows, row) + (tiers ? renderRuntimeDemo(tiers, runtimeOpts) : '') + recallLine + '\n');
     });
 }

@@ -82,6 +82,28 @@ export interface ReplayOptions {
    * the keys read in place.
    */
   offloaded?: boolean;
+  /**
+   * Selections made elsewhere (e.g. by the runtime, `kvdrive demo`), scored against the same dense
+   * reference as the policies: per (layer, step) what was attended and its output.
+   */
+  attended?: AttendedSource[];
+}
+
+/** What something other than a policy object attended at one (layer, step); see ReplayOptions.attended. */
+export interface AttendedStep {
+  selection: Selection;
+  out: Float32Array;
+  /** Index bytes scored by its selection. */
+  bytesScored: number;
+  selectMs: number;
+  attendMs: number;
+}
+
+export interface AttendedSource {
+  name: string;
+  /** Called with each layer before it is replayed (e.g. to decode it); `step` is asked after. */
+  prepare?: (layer: ReplayLayer) => Promise<void>;
+  step: (layer: number, step: number) => AttendedStep;
 }
 
 function mean(xs: number[]): number {
@@ -106,13 +128,14 @@ export function dtypeBytes(kv: KvTensor): number {
 export async function replayLayer(
   layer: ReplayLayer,
   opts: ReplayOptions,
-): Promise<{ dense: DenseStep[]; byPolicy: Map<PolicyName, LayerResult> }> {
+): Promise<{ dense: DenseStep[]; byPolicy: Map<PolicyName, LayerResult>; attended: LayerResult[] }> {
   const { k, v, promptTokens: T, decodeSteps: S, qHeads } = layer;
   const kvHeads = k.heads;
   const dim = k.dim;
   const rowBytes = dim * dtypeBytes(k);
   const needles = (opts.needles ?? []).filter((n) => n.layer === layer.layer);
 
+  for (const src of opts.attended ?? []) await src.prepare?.(layer);
   const runs = [];
   for (const name of opts.policies) {
     const given = { threads: opts.denseThreads ?? 1, ...opts.policyOptions, qHeads, kvHeads, headDim: dim };
@@ -125,6 +148,28 @@ export async function replayLayer(
     };
     runs.push({ name, policy, result });
   }
+
+  const attendedRuns = (opts.attended ?? []).map(
+    (): LayerResult => ({ layer: layer.layer, steps: [], buildMs: 0, indexBytes: 0, needlesFound: 0, needlesTotal: 0 }),
+  );
+  /** Scores one step's selection and output against the dense reference. */
+  const score = (result: LayerResult, s: number, tokens: number, sel: Selection, weights: Float32Array, out: Float32Array, ref: Float32Array, bytesScored: number) => {
+    const mask = attendedMask(sel, kvHeads);
+    const oracle = oracleMask(weights, qHeads, kvHeads, tokens, sel.sinkEnd, sel.tailStart, opts.budget);
+    let attended = 0;
+    for (let i = 0; i < mask.length; i++) attended += mask[i]!;
+    for (const n of needles) {
+      if (s < n.firstStep || s > n.lastStep) continue;
+      result.needlesTotal++;
+      if (mask[n.kvHead * tokens + n.token]) result.needlesFound++;
+    }
+    return {
+      recall: massRecall(weights, mask, qHeads, kvHeads, tokens),
+      oracleRecall: massRecall(weights, oracle, qHeads, kvHeads, tokens),
+      relError: relativeError(out, ref),
+      sparseBytes: 2 * attended * rowBytes + bytesScored,
+    };
+  };
 
   const dense: DenseStep[] = [];
   for (let s = 0; s < S; s++) {
@@ -148,31 +193,20 @@ export async function replayLayer(
       const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel, threads: opts.denseThreads });
       const attendMs = performance.now() - ta;
 
-      const mask = attendedMask(sel, kvHeads);
-      const oracle = oracleMask(weights, qHeads, kvHeads, tokens, sel.sinkEnd, sel.tailStart, opts.budget);
-      let attended = 0;
-      for (let i = 0; i < mask.length; i++) attended += mask[i]!;
-      for (const n of needles) {
-        if (s < n.firstStep || s > n.lastStep) continue;
-        run.result.needlesTotal++;
-        if (mask[n.kvHead * tokens + n.token]) run.result.needlesFound++;
-      }
-      run.result.steps.push({
-        recall: massRecall(weights, mask, qHeads, kvHeads, tokens),
-        oracleRecall: massRecall(weights, oracle, qHeads, kvHeads, tokens),
-        relError: relativeError(sparse.out, ref.out),
-        selectMs,
-        attendMs,
-        sparseBytes: 2 * attended * rowBytes + run.policy.lastSelectStats().bytesScored,
-      });
+      const bytesScored = run.policy.lastSelectStats().bytesScored;
+      run.result.steps.push({ ...score(run.result, s, tokens, sel, weights, sparse.out, ref.out, bytesScored), selectMs, attendMs });
     }
+    (opts.attended ?? []).forEach((src, i) => {
+      const a = src.step(layer.layer, s);
+      attendedRuns[i]!.steps.push({ ...score(attendedRuns[i]!, s, tokens, a.selection, weights, a.out, ref.out, a.bytesScored), selectMs: a.selectMs, attendMs: a.attendMs });
+    });
     opts.onStep?.(layer.layer, s);
   }
-  return { dense, byPolicy: new Map(runs.map((r) => [r.name, r.result])) };
+  return { dense, byPolicy: new Map(runs.map((r) => [r.name, r.result])), attended: attendedRuns };
 }
 
 /** Aggregates over layers and steps (means per step). */
-export function summarize(policy: PolicyName, budget: number, layers: LayerResult[]) {
+export function summarize<P extends string = PolicyName>(policy: P, budget: number, layers: LayerResult[]) {
   const all = layers.flatMap((l) => l.steps);
   const nf = layers.reduce((a, l) => a + l.needlesFound, 0);
   const nt = layers.reduce((a, l) => a + l.needlesTotal, 0);
@@ -202,7 +236,7 @@ export function summarize(policy: PolicyName, budget: number, layers: LayerResul
     })),
   };
 }
-export type ReplaySummary = ReturnType<typeof summarize>;
+export type ReplaySummary = ReturnType<typeof summarize<PolicyName>>;
 
 /** Reads the planted needles of a trace (rows [layer, kvHead, token, firstStep, lastStep]), if any. */
 export async function traceNeedles(reader: TraceReader): Promise<Needle[]> {
@@ -223,6 +257,8 @@ export interface TraceEvaluation {
   /** Dense attention per layer and step, averaged. */
   dense: { ms: number; bytes: number };
   policies: ReplaySummary[];
+  /** One summary per ReplayOptions.attended source, in order. */
+  attended: ReturnType<typeof summarize<string>>[];
 }
 
 /**
@@ -238,6 +274,7 @@ export async function evaluateTrace(
   const layers = opts.layers ?? Array.from({ length: meta.layers }, (_, l) => l);
   const per = new Map<PolicyName, LayerResult[]>(opts.policies.map((p) => [p, []]));
   const dense: DenseStep[] = [];
+  const attended: LayerResult[][] = (opts.attended ?? []).map(() => []);
   for (const l of layers) {
     opts.onPhase?.(`layer ${l}: loading`);
     const layer = await reader.layer(l);
@@ -249,11 +286,13 @@ export async function evaluateTrace(
     );
     dense.push(...r.dense);
     for (const [name, res] of r.byPolicy) per.get(name)!.push(res);
+    r.attended.forEach((res, i) => attended[i]!.push(res));
   }
   return {
     meta,
     dtype: reader.dtype,
     dense: { ms: mean(dense.map((d) => d.ms)), bytes: mean(dense.map((d) => d.bytes)) },
     policies: opts.policies.map((p) => summarize(p, opts.budget, per.get(p)!)),
+    attended: (opts.attended ?? []).map((src, i) => summarize(src.name, opts.budget, attended[i]!)),
   };
 }
