@@ -8,14 +8,15 @@ import { removeTempDirs, tempDir } from './storage-kv.js';
 
 afterAll(removeTempDirs);
 
-async function run(args: string[]): Promise<string> {
+/** Runs `kvdrive demo` with `args` after the small workload of these tests (`base`); returns stdout. */
+async function run(args: string[], base = ['--context', '1024', '--layers', '1', '--steps', '3', '--budget', '64', '--policy', 'kvdrive']): Promise<string> {
   const program = new Command().exitOverride();
   register(program);
   let out = '';
   const write = vi.spyOn(process.stdout, 'write').mockImplementation((s) => ((out += String(s)), true));
   const err = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
   try {
-    await program.parseAsync(['node', 'kvdrive', 'demo', '--context', '1024', '--layers', '1', '--steps', '3', '--budget', '64', '--policy', 'kvdrive', ...args]);
+    await program.parseAsync(['node', 'kvdrive', 'demo', ...base, ...args]);
   } finally {
     write.mockRestore();
     err.mockRestore();
@@ -79,17 +80,7 @@ describe('kvdrive demo --storage', () => {
 
 describe('kvdrive demo (default table)', () => {
   it('dense, kvdrive through the runtime (sequential and pipelined, per-stage times) and the quest / shadowkv policies in one table', async () => {
-    const program = new Command().exitOverride();
-    register(program);
-    let out = '';
-    const write = vi.spyOn(process.stdout, 'write').mockImplementation((s) => ((out += String(s)), true));
-    const err = vi.spyOn(process.stderr, 'write').mockImplementation(() => true);
-    try {
-      await program.parseAsync(['node', 'kvdrive', 'demo', '--context', '2048', '--layers', '2', '--steps', '3', '--budget', '128', '--json']);
-    } finally {
-      write.mockRestore();
-      err.mockRestore();
-    }
+    const out = await run(['--json'], ['--context', '2048', '--layers', '2', '--steps', '3', '--budget', '128']);
     const r = JSON.parse(out) as {
       policies: Array<{ policy: string }>;
       attended: Array<{ policy: string; recall: number; oracleRecall: number; relError: number; steps: number; needlesTotal: number }>;

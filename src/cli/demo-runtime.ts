@@ -208,7 +208,9 @@ function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
  * its default budget) in one mode, as an eval source (ReplayOptions.attended): before the eval
  * replays a layer, `prepare` prefills that layer's prompt into the runtime and decodes its steps
  * with attendTraced, so the eval scores the tokens the runtime actually attended against the same
- * dense reference as the policies (the layer is generated once for both).
+ * dense reference as the policies (the layer is generated once for both). Layers are independent,
+ * so each trace layer is decoded as its own sequence, closed before the next: the runtime holds one
+ * layer's KV at a time and reuses its DRAM tier slots (the eval holds one layer at a time too).
  */
 export class RuntimeRow implements AttendedSource {
   readonly name: string;
@@ -216,11 +218,12 @@ export class RuntimeRow implements AttendedSource {
   readonly steps: AttendedStep[][] = [];
   /** Sums over layer-steps, ms: attend() wall, selection, fetch, compute; prefill of every layer. */
   readonly time = { wallMs: 0, selectMs: 0, fetchMs: 0, computeMs: 0, prefillMs: 0, layerSteps: 0 };
+  /** The sequence decoding the current layer. */
+  private seq: number | undefined;
 
   private constructor(
     readonly mode: 'sequential' | 'pipelined',
     private readonly rt: Runtime,
-    private readonly seq: number,
     private readonly onStep?: (what: string) => void,
   ) {
     this.name = `kvdrive (runtime, ${mode})`;
@@ -237,7 +240,7 @@ export class RuntimeRow implements AttendedSource {
       maxTokens: promptTokens + decodeSteps,
       policyOptions: { threads: o.threads },
     });
-    return new RuntimeRow(o.mode, rt, rt.createSequence(), o.onStep);
+    return new RuntimeRow(o.mode, rt, o.onStep);
   }
 
   /** Prefills layer.layer's prompt and decodes its steps (the new tokens follow the prompt in layer.k / layer.v). */
@@ -246,6 +249,8 @@ export class RuntimeRow implements AttendedSource {
     const { heads: H, dim: D } = layer.k;
     const row = H * D;
     const dtype = layer.k.dtype;
+    if (this.seq !== undefined) await this.rt.closeSequence(this.seq);
+    this.seq = this.rt.createSequence();
     const t0 = performance.now();
     await this.rt.prefill(this.seq, layer.layer, prefixView(layer.k, T), prefixView(layer.v, T));
     this.time.prefillMs += performance.now() - t0;
