@@ -1,6 +1,6 @@
 /**
  * Fuzz targets for the exported functions and the native bindings: the attention kernels, the
- * staged / fetched attention and hot-tier admission, selection policies, the hot tier, and two
+ * fetched attention and hot-tier admission, selection policies, the hot tier, and two
  * generic targets that call EVERY export of src/index.ts and EVERY native binding with random
  * arguments. Structured targets build a valid call (random shapes, dtypes, layouts, selections)
  * and then apply 0-3 random mutations (edge numbers, wrong array types and lengths, bad ids and
@@ -159,7 +159,7 @@ interface Call {
   args: unknown[];
 }
 
-const KERNELS = ['attendDense', 'attendDenseAsync', 'attendSparse', 'attendSparseAsync', 'attentionWeights', 'mergeAttention', 'attendStaged', 'attendFetched', 'attendFetchedAsync'] as const;
+const KERNELS = ['attendDense', 'attendDenseAsync', 'attendSparse', 'attendSparseAsync', 'attentionWeights', 'mergeAttention', 'attendFetched', 'attendFetchedAsync'] as const;
 
 function kernelCall(g: Gen): Call {
   const fn = g.pick(KERNELS);
@@ -179,9 +179,8 @@ function kernelCall(g: Gen): Call {
     const dtype = g.pick(['f32', 'f16', 'bf16'] as const);
     const huge = (): Obj => ({ data: dtype === 'f32' ? new Float32Array(0) : new Uint16Array(0), dtype, tokens: 2 ** 40, heads: 256, dim: 65536 });
     const o: Obj = { q: new Float32Array(256 * 65536), qHeads: 256, k: huge(), v: huge(), tokens: g.pick([64, 0, 2 ** 40]) };
-    if (fn.startsWith('attendSparse') || fn === 'attendStaged')
+    if (fn.startsWith('attendSparse'))
       o.selection = { chunkSize: 4, tokens: 64, sinkEnd: 0, tailStart: 64, offsets: new Int32Array(257), chunkIds: new Int32Array(0) };
-    if (fn === 'attendStaged') Object.assign(o, { maxChunksPerHead: 1, stagedChunks: 0, staged: new Uint8Array(0) });
     if (fn.startsWith('attendFetched')) Object.assign(o, { sink: { k: huge(), v: huge() }, tail: { k: huge(), v: huge() }, tailBase: 0, fetched: new Uint8Array(0), selection: { chunkSize: 4, tokens: 64, sinkEnd: 0, tailStart: 64, offsets: new Int32Array(257), chunkIds: new Int32Array(0) } });
     return { fn, args: [o] };
   }
@@ -196,18 +195,6 @@ function kernelCall(g: Gen): Call {
   if (fn === 'attendSparse' || fn === 'attendSparseAsync') {
     const o: Obj = { q, qHeads, k: kv(g, s), v: kv(g, s), selection: selection(g, s.kvHeads, g.int(0, s.tokens)) };
     if (g.bool(0.2)) o.threads = g.int(1, 4);
-    return { fn, args: [mutate(g, o)] };
-  }
-  if (fn === 'attendStaged') {
-    const f32: Shape = { ...s, dtype: 'f32' };
-    const sel = selection(g, s.kvHeads, g.int(0, s.tokens));
-    const maxC = Math.max(1, ...Array.from({ length: s.kvHeads }, (_, h) => (sel.offsets as Int32Array)[h + 1]! - (sel.offsets as Int32Array)[h]!));
-    const nChunks = Math.ceil((sel.tokens as number) / (sel.chunkSize as number));
-    const stagedChunks = g.int(0, nChunks);
-    const o: Obj = {
-      q, qHeads, k: kv(g, f32), v: kv(g, f32), selection: sel, maxChunksPerHead: maxC, stagedChunks,
-      staged: new Uint8Array(s.kvHeads * maxC * 2 * (sel.chunkSize as number) * s.dim * 4),
-    };
     return { fn, args: [mutate(g, o)] };
   }
   // attendFetched(Async): sinks and tail in small tensors, the selected chunks page-first in `fetched`.
@@ -246,7 +233,6 @@ const kernelFns: Record<string, (...a: unknown[]) => unknown> = {
   attendSparseAsync: attendSparseAsync as never,
   attentionWeights: attentionWeights as never,
   mergeAttention: api.mergeAttention as never,
-  attendStaged: (...a) => native.attendStaged(...a),
   attendFetched: attendFetched as never,
   attendFetchedAsync: attendFetchedAsync as never,
 };
