@@ -321,21 +321,24 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     const cs = resolved.chunkSize;
     const sealTokens = o.sealTokens ?? Math.ceil(1024 / cs) * cs;
     // The memory model selects without the full keys (they are sealed away): kvdrive re-ranks on its
-    // key sketch and selects whole chunks (offloadedPolicyOptions, shared with eval --offloaded).
+    // key sketch and selects single tokens (offloadedPolicyOptions, shared with eval --offloaded).
     const memPolicyOptions = offloadedPolicyOptions(policy, policyOptions);
     const memPolicyInput = { ...memPolicyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim };
+    const memResolved = resolvePolicyOptions(policy, memPolicyInput);
+    // A token-granular selection of `budget` tokens may touch that many chunks (one token each).
+    const memChunksPerHead = policy === 'kvdrive' && memResolved.tokenGranular ? Math.min(o.budget, Math.ceil(maxTokens / cs)) : maxChunksPerHead;
     const memory = await MemoryRuntime.open({
       shape,
       dtype,
       policy,
-      policyOptions: resolvePolicyOptions(policy, memPolicyInput),
+      policyOptions: memResolved,
       policyInput: memPolicyInput,
       budget: o.budget,
       maxSequences,
       maxTokens,
       dramBudget: o.dramBudget,
       sealTokens,
-      maxChunksPerHead,
+      maxChunksPerHead: memChunksPerHead,
       mode,
       microBatch,
       hotTier: o.hotTier
