@@ -97,27 +97,29 @@ describe('SSD store integrity and errors', () => {
     expect(st2.runs).toBe(16);
   });
 
-  it('detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable', async () => {
-    const dir = tempDir('crc');
-    const store = await openStore({ dir, shape, kind: 'pread' });
-    const good = segmentKv(shape, 32, 5);
-    await store.writeSegment('bad', segmentKv(shape, 32, 6));
-    await store.writeSegment('good', good);
-    const ext = store.extents('bad', 1, 0);
-    const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
-    const at = ext.offsets[1]! + 5;
-    const b = Buffer.alloc(1);
-    const { readSync } = await import('node:fs');
-    readSync(fd, b, 0, 1, at);
-    b[0] = b[0]! ^ 0xff;
-    writeSync(fd, b, 0, 1, at);
-    closeSync(fd);
-    // Chunks of extent 0 are fine; extent 1 is not.
-    await store.readChunks('bad', 1, 0, [ext.order[0]!]);
-    await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
-    const got = await store.readChunks('good', 0, 1, [3]);
-    expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
-  });
+  for (const kind of ['pread', 'mmap'] as const)
+    it(`detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable (${kind}${kind === 'mmap' ? ': checksums verified on the mapped bytes' : ''})`, async () => {
+      const dir = tempDir('crc');
+      const store = await openStore({ dir, shape, kind });
+      expect(store.engineInfo.kind).toBe(kind);
+      const good = segmentKv(shape, 32, 5);
+      await store.writeSegment('bad', segmentKv(shape, 32, 6));
+      await store.writeSegment('good', good);
+      const ext = store.extents('bad', 1, 0);
+      const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
+      const at = ext.offsets[1]! + 5;
+      const b = Buffer.alloc(1);
+      const { readSync } = await import('node:fs');
+      readSync(fd, b, 0, 1, at);
+      b[0] = b[0]! ^ 0xff;
+      writeSync(fd, b, 0, 1, at);
+      closeSync(fd);
+      // Chunks of extent 0 are fine; extent 1 is not.
+      await store.readChunks('bad', 1, 0, [ext.order[0]!]);
+      await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
+      const got = await store.readChunks('good', 0, 1, [3]);
+      expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
+    });
 
   it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {
     const dir = tempDir('trunc');
@@ -158,23 +160,6 @@ describe('SSD store integrity and errors', () => {
       await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
     });
 
-  it('mmap: verifies extent checksums on the mapped bytes (a flipped byte is E_CORRUPT)', async () => {
-    const dir = tempDir('mmapcrc');
-    const store = await openStore({ dir, shape, kind: 'mmap' });
-    expect(store.engineInfo.kind).toBe('mmap');
-    await store.writeSegment('bad', segmentKv(shape, 32, 6));
-    const ext = store.extents('bad', 1, 0);
-    const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
-    const at = ext.offsets[1]! + 5;
-    const b = Buffer.alloc(1);
-    const { readSync } = await import('node:fs');
-    readSync(fd, b, 0, 1, at);
-    b[0] = b[0]! ^ 0xff;
-    writeSync(fd, b, 0, 1, at);
-    closeSync(fd);
-    await store.readChunks('bad', 1, 0, [ext.order[0]!]);
-    await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
-  });
 
   it('refuses a manifest or segment of another version with E_VERSION', async () => {
     const dir = tempDir('ver');

@@ -133,6 +133,15 @@ export class IoEngine {
     return native.ioEngineOpen(this.handle, path, direct);
   }
 
+  /**
+   * Drops the file's clean pages from the page cache (posix_fadvise DONTNEED): the next buffered or
+   * memory-mapped read comes from the device. For benchmarks comparing cold reads across engines.
+   */
+  dropCache(file: number): void {
+    this.check();
+    native.ioEngineDropCache(this.handle, file);
+  }
+
   closeFile(file: number): void {
     this.check();
     native.ioEngineCloseFile(this.handle, file);
