@@ -109,8 +109,8 @@ export interface RuntimeOptions {
    * SSD-backed prompts: each prefilled prompt layer (its whole chunks) is sealed into an SsdStore
    * segment under `dir` (created if missing; the runtime deletes its segments when a sequence
    * closes and at close), and every step the fetch stage reads the selected prompt chunks from
-   * there (async I/O: io_uring or the pread pool, `io` options as in IoEngineOptions; `direct`
-   * = O_DIRECT, no page cache). The DRAM copy keeps the keys (the index needs them) and the sinks,
+   * there (async I/O: io_uring or the pread pool, or memory-mapped with `io: { kind: 'mmap' }`;
+   * `io` options as in IoEngineOptions; `direct` = O_DIRECT, no page cache, not with mmap). The DRAM copy keeps the keys (the index needs them) and the sinks,
    * tail and decoded tokens; prompt values it does not need are overwritten with NaN, so nothing is
    * silently read from DRAM instead. With a hotTier, only the selected chunks not resident in it
    * are read from SSD; their values are written back into DRAM, where the tier admits them from.
