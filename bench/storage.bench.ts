@@ -11,7 +11,7 @@
  *    time of DRAM+SSD (TieredKv with promotion) against DRAM-only (all KV resident, the bound)
  *    and a FlexGen-style baseline that reads each layer's whole KV from SSD every step.
  *
- * 3. engines: the same sparse cluster reads through SsdStore.readBatch with each I/O engine —
+ * 3. engines (bench/storage.md §4): the same sparse cluster reads through SsdStore.readBatch with each I/O engine —
  *    io_uring, pread, mmap — all buffered (O_DIRECT does not apply to a mapping), cold (the files'
  *    pages dropped from the page cache with posix_fadvise before each read) and warm (the same
  *    read again), rotated order, same run. Reported: GB/s of extent bytes and CPU ms per GB.

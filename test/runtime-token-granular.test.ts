@@ -4,9 +4,6 @@
 // policy code and options, replayed here), bit for bit, whichever tier served a token (DRAM tier in
 // place, SSD reads, hot-tier slots, the open tail), in both modes; a budget covering the context
 // equals dense attention.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type RuntimeOptions } from '../src/pipeline/runtime.js';
 import { attendDense, attendSparse } from '../src/attention/kernels.js';
@@ -14,6 +11,7 @@ import { createPolicy } from '../src/index/policy.js';
 import { offloadedPolicyOptions } from '../src/index/options.js';
 import type { KvTensor } from '../src/types.js';
 import { randn } from './helpers.js';
+import { removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
 const row = shape.kvHeads * shape.headDim;
@@ -22,15 +20,8 @@ const SEQS = 2;
 const STEPS = 40; // decoded tokens leave the local window (64) and are sealed (sealTokens 32)
 const SEAL = 32;
 const MiB = 2 ** 20;
-const dirs: string[] = [];
-const tmp = () => {
-  const d = mkdtempSync(join(tmpdir(), 'kvd-rt-tok-'));
-  dirs.push(d);
-  return d;
-};
-afterAll(() => {
-  for (const d of dirs) rmSync(d, { recursive: true, force: true });
-});
+const tmp = () => tempDir('rt-tok');
+afterAll(removeTempDirs);
 
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
 const kvt = (data: Float32Array, tokens: number): KvTensor => ({ data: data.subarray(0, tokens * row), dtype: 'f32', tokens, heads: shape.kvHeads, dim: shape.headDim });
