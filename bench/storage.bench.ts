@@ -11,8 +11,13 @@
  *    time of DRAM+SSD (TieredKv with promotion) against DRAM-only (all KV resident, the bound)
  *    and a FlexGen-style baseline that reads each layer's whole KV from SSD every step.
  *
+ * 3. engines (bench/storage.md §4): the same sparse cluster reads through SsdStore.readBatch with each I/O engine —
+ *    io_uring, pread, mmap — all buffered (O_DIRECT does not apply to a mapping), cold (the files'
+ *    pages dropped from the page cache with posix_fadvise before each read) and warm (the same
+ *    read again), rotated order, same run. Reported: GB/s of extent bytes and CPU ms per GB.
+ *
  * Run: npm run build:ts && node --expose-gc dist/bench/storage.bench.js [--gib 1] [--dir /tmp]
- *      [--sparse-only | --replay-only]
+ *      [--sparse-only | --replay-only | --engines-only]
  * The store file is deleted afterwards.
  */
 import { rmSync, mkdtempSync } from 'node:fs';
@@ -167,7 +172,7 @@ async function main(): Promise<void> {
     const segIds = Array.from({ length: nSegments }, (_, s) => `seg${s}`);
 
     // ---- 1. sparse reads: store vs raw, same extents, same engine options --------------------
-    for (const kind of process.argv.includes('--replay-only') ? [] : kinds) {
+    for (const kind of process.argv.includes('--replay-only') || process.argv.includes('--engines-only') ? [] : kinds) {
       const store = await SsdStore.open({ dir, kind, direct: true, queueDepth, maxIoBytes });
       const raw = new IoEngine({ kind, queueDepth, maxIoBytes });
       const rawFiles = segIds.map((id) => raw.open(join(dir, `${id}.kvseg`), true).file);
@@ -271,8 +276,66 @@ async function main(): Promise<void> {
       await store.close();
     }
 
+    // ---- 3. engines: io_uring vs pread vs mmap, buffered, cold and warm ------------------------
+    if (!process.argv.includes('--sparse-only') && !process.argv.includes('--replay-only')) {
+      const engineKinds: IoEngineKind[] = [...kinds, 'mmap'];
+      const stores = new Map<IoEngineKind, SsdStore>();
+      for (const kind of engineKinds) stores.set(kind, await SsdStore.open({ dir, kind, direct: false, queueDepth, maxIoBytes }));
+      // Drops the segment files' pages from the page cache (this process's files only).
+      const dropper = new IoEngine({ kind: 'pread' });
+      const dropFiles = segIds.map((id) => dropper.open(join(dir, `${id}.kvseg`)).file);
+      const drop = () => dropFiles.forEach((f) => dropper.dropCache(f));
+      const anyStore = stores.get(engineKinds[0]!)!;
+      const layout: Layout = new Map();
+      for (let s = 0; s < nSegments; s++) for (let l = 0; l < shape.layers; l++) for (let h = 0; h < shape.kvHeads; h++) layout.set(`${s}/${l}/${h}`, { ...anyStore.extents(`seg${s}`, l, h), file: 0 });
+      const seq = new SelectionSequence(layout, 0);
+      const fetchBuf = new Uint8Array(shape.kvHeads * (budgetTokens / shape.chunkSize + 8) * anyStore.chunkBytes);
+      const acc = new Map(engineKinds.map((k) => [k, { cold: 0, warm: 0, coldCpu: 0, warmCpu: 0, bytes: 0 }]));
+      const rounds = 5;
+      for (let round = 0; round < rounds; round++)
+        for (let l = 0; l < shape.layers; l++) {
+          const items: Array<{ segment: string; layer: number; kvHead: number; chunkIds: Int32Array }> = [];
+          let extentBytes = 0;
+          for (const { head, picks } of seq.step(l)) {
+            const bySeg = new Map<number, number[]>();
+            for (const [s, x] of picks) {
+              const e = layout.get(`${s}/${l}/${head}`)!;
+              if (!bySeg.has(s)) bySeg.set(s, []);
+              for (let p = e.firstPos[x]!; p < e.firstPos[x]! + e.chunks[x]!; p++) bySeg.get(s)!.push(e.order[p]!);
+              extentBytes += e.bytes[x]!;
+            }
+            for (const [s, ids] of bySeg) items.push({ segment: `seg${s}`, layer: l, kvHead: head, chunkIds: Int32Array.from(ids) });
+          }
+          for (let k = 0; k < engineKinds.length; k++) {
+            const kind = engineKinds[(round + l + k) % engineKinds.length]!;
+            const store = stores.get(kind)!;
+            const a = acc.get(kind)!;
+            for (const phase of ['cold', 'warm'] as const) {
+              if (phase === 'cold') drop();
+              const c = process.cpuUsage();
+              const t = performance.now();
+              await store.readBatch(items, fetchBuf);
+              const dt = performance.now() - t;
+              const u = process.cpuUsage(c);
+              if (round === 0) continue; // warm-up round
+              a[phase] += dt;
+              a[phase === 'cold' ? 'coldCpu' : 'warmCpu'] += (u.user + u.system) / 1000;
+            }
+            if (round > 0) a.bytes += extentBytes;
+          }
+        }
+      const base = acc.get('pread')!;
+      for (const [kind, a] of acc)
+        console.log(
+          `engines ${stores.get(kind)!.engineInfo.kind.padEnd(8)} cold ${(a.bytes / a.cold / 1e6).toFixed(2)} GB/s (x${(base.cold / a.cold).toFixed(2)} pread), warm ${(a.bytes / a.warm / 1e6).toFixed(2)} GB/s (x${(base.warm / a.warm).toFixed(2)} pread); ` +
+            `CPU ms per GB cold ${((a.coldCpu / a.bytes) * 1e9).toFixed(0)}, warm ${((a.warmCpu / a.bytes) * 1e9).toFixed(0)} (${rounds - 1} steps x ${shape.layers} layers of whole clusters, buffered)`,
+        );
+      dropper.close();
+      for (const st of stores.values()) await st.close();
+    }
+
     // ---- 2. end-to-end replay: DRAM+SSD vs DRAM-only vs FlexGen-style -------------------------
-    if (process.argv.includes('--sparse-only')) return;
+    if (process.argv.includes('--sparse-only') || process.argv.includes('--engines-only')) return;
     const kvBytes = nSegments * segBytes;
     const ssd = await SsdStore.open({ dir, kind: kinds[0]!, direct: true, queueDepth, maxIoBytes });
     const layout: Layout = new Map();

@@ -200,7 +200,7 @@ const uint8_t* PagedChunks::Page(int head, int32_t chunk) const {
   const int32_t* a = ids + offsets[head];
   const int32_t* b = ids + offsets[head + 1];
   const int32_t* at = std::lower_bound(a, b, chunk);
-  return at != b && *at == chunk ? buf + size_t(at - ids) * chunkBytes : nullptr;
+  return at != b && *at == chunk ? ptrs[at - ids] : nullptr;
 }
 
 int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src) {
@@ -210,21 +210,19 @@ int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int3
   const size_t rowBytes = size_t(cfg_.dim) * es;
   uint8_t* kd = p.k + size_t(slot) * chunkElems() * es;
   uint8_t* vd = p.v + size_t(slot) * chunkElems() * es;
-  const uint8_t* page = nullptr;
-  if (src.paged) {
-    page = src.paged->Page(head, chunk);
-    if (!page)
-      Throw("E_RANGE", "hot tier: chunk " + std::to_string(chunk) + " of kv head " + std::to_string(head) +
-                           " must be admitted but the page source does not hold it");
-  }
+  const uint8_t* page = src.paged ? src.paged->Page(head, chunk) : nullptr;
+  const bool fromRows = !page && src.k && first >= src.kBase;
+  if (src.paged && !page && !fromRows)
+    Throw("E_RANGE", "hot tier: chunk " + std::to_string(chunk) + " of kv head " + std::to_string(head) +
+                         " must be admitted but the page source does not hold it");
   int64_t copied = 0;
   for (int64_t r = from; r < avail; ++r) {
     if (page) {
       std::memcpy(kd + size_t(r) * rowBytes, page + size_t(r) * rowBytes, rowBytes);
       std::memcpy(vd + size_t(r) * rowBytes, page + size_t(cfg_.chunkSize + r) * rowBytes, rowBytes);
     } else {
-      std::memcpy(kd + size_t(r) * rowBytes, src.k->Row(first + r, head), rowBytes);
-      std::memcpy(vd + size_t(r) * rowBytes, src.v->Row(first + r, head), rowBytes);
+      std::memcpy(kd + size_t(r) * rowBytes, src.k->Row(first + r - src.kBase, head), rowBytes);
+      std::memcpy(vd + size_t(r) * rowBytes, src.v->Row(first + r - src.kBase, head), rowBytes);
     }
     ++copied;
   }

@@ -92,25 +92,28 @@ struct TierConfig {
   int64_t maxBytes = 0;
 };
 
-// Page-first chunks staged by the storage tiers (a TieredKv fetch buffer): per kv head h the
-// ascending chunk ids ids[offsets[h] .. offsets[h+1]); entry i's page (chunkSize K rows, then
-// chunkSize V rows, dim elements each) starts at buf + i * chunkBytes.
+// Page-first chunks staged for one layer step, wherever each lives (a TieredKv fetch buffer, a
+// DRAM-tier slot read in place): per kv head h the ascending chunk ids ids[offsets[h] ..
+// offsets[h+1]); entry i's page (chunkSize K rows, then chunkSize V rows, dim elements each) starts
+// at ptrs[i] (validated by the caller: every page lies inside a buffer it keeps alive).
 struct PagedChunks {
-  const uint8_t* buf = nullptr;
-  size_t chunkBytes = 0;
   const int32_t* offsets = nullptr;
   const int32_t* ids = nullptr;
-  // The page of (head, chunk), or null when the buffer does not hold it.
+  const uint8_t* const* ptrs = nullptr;
+  // The page of (head, chunk), or null when no entry holds it.
   const uint8_t* Page(int head, int32_t chunk) const;
 };
 
-// The source a step copies misses from: one layer's K and V (token rows, any layout), or, when
-// `paged` is set, page-first chunks (k and v unused) holding rows of tokens [0, pagedTokens).
+// The source a step copies misses from: one layer's K and V (token rows [kBase, kBase + k->tokens),
+// any layout), or, when `paged` is set, page-first chunks holding rows of tokens [0, pagedTokens),
+// with k / v (when set) serving the chunks no page holds that lie wholly at or after kBase (the
+// runtime's open tail, read in place).
 struct Source {
   const KvView* k;
   const KvView* v;
   const PagedChunks* paged = nullptr;
   int64_t pagedTokens = 0;
+  int64_t kBase = 0;
   int64_t Tokens() const { return paged ? pagedTokens : k->tokens; }
 };
 

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <napi.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -37,6 +39,7 @@ std::string ErrnoText(int err) {
 }
 
 OpenFile::~OpenFile() {
+  if (map) ::munmap(const_cast<uint8_t*>(map), mapBytes);
   if (fd >= 0) ::close(fd);
 }
 
@@ -99,6 +102,7 @@ void IoEngine::FreeSlots() {
 }
 
 int32_t IoEngine::Open(const std::string& path, bool direct, bool* directOut) {
+  direct = direct && SupportsDirect();
   int flags = O_RDONLY | O_CLOEXEC;
   int fd = ::open(path.c_str(), flags | (direct ? O_DIRECT : 0));
   bool isDirect = direct;
@@ -500,8 +504,81 @@ std::string UringProbe() {
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Memory-mapped reads
+
+namespace {
+
+// Reads by copying from read-only mappings of the files (PROT_READ, MAP_SHARED, one per file,
+// made on first use): no read syscalls and no bounce slots — in-place requests (dest == nullptr)
+// get a pointer into the mapping, so the extent store verifies and scatters straight from the page
+// cache. Page faults do the I/O, synchronously on the calling thread; MADV_WILLNEED over every
+// range of the batch first lets the kernel read ahead for all of them at once.
+//
+// Touching a mapped page past the file's end raises SIGBUS, which would kill the process. So before
+// a batch touches any page, each file's current size is taken (fstat) and a read reaching past it
+// fails like a short read (E_CORRUPT); a file that grew gets a new mapping. Only a file truncated
+// by another process while the batch copies could still fault: the store's segment files are
+// immutable once written (rewritten only under a new name), which is what this mode relies on.
+class MmapEngine : public IoEngine {
+ public:
+  explicit MmapEngine(IoOptions o) : IoEngine(o) {}
+  const char* Kind() const override { return "mmap"; }
+
+ protected:
+  bool SupportsDirect() const override { return false; }
+
+  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) override {
+    const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+    for (Phys& p : ops) {
+      Mapped(p);  // every size checked before any page is touched
+      const uint64_t a = p.offset & ~(page - 1);
+      ::madvise(const_cast<uint8_t*>(p.file->map) + a, p.offset + p.need - a, MADV_WILLNEED);
+    }
+    for (Phys& p : ops) {
+      if (cancel && cancel->load()) {
+        st.cancelled = true;
+        return;
+      }
+      uint8_t* src = const_cast<uint8_t*>(p.file->map) + p.offset;  // read-only: Complete only reads it
+      if (p.target) std::memcpy(p.target, src, p.need);
+      p.done = p.need;
+      st.ios++;
+      st.bytesRead += p.need;
+      Complete(p, src);
+    }
+  }
+
+ private:
+  // Maps p's file when needed so that [p.offset, p.offset + p.need) is mapped; E_CORRUPT when the
+  // file is shorter than that now, E_IO when fstat / mmap fail.
+  static void Mapped(Phys& p) {
+    OpenFile& f = *p.file;
+    std::lock_guard<std::mutex> g(f.mapMu);
+    struct stat sb;
+    if (::fstat(f.fd, &sb) != 0) Throw("E_IO", "fstat " + f.path + ": " + ErrnoText(errno));
+    const uint64_t size = uint64_t(sb.st_size);
+    const uint64_t end = p.offset + p.need;
+    if (end > size) {
+      p.done = size > p.offset ? size - p.offset : 0;
+      throw ShortRead(p);
+    }
+    if (f.map && f.mapBytes >= end) return;
+    if (f.map) ::munmap(const_cast<uint8_t*>(f.map), f.mapBytes);
+    f.map = nullptr;
+    f.mapBytes = 0;
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0);
+    if (m == MAP_FAILED) Throw("E_IO", "mmap " + f.path + " (" + std::to_string(size) + " bytes): " + ErrnoText(errno));
+    f.map = static_cast<const uint8_t*>(m);
+    f.mapBytes = size;
+  }
+};
+
+}  // namespace
+
 std::shared_ptr<IoEngine> CreateIoEngine(const IoOptions& o) {
   if (o.kind == IoKind::Pread) return std::make_shared<PreadEngine>(o);
+  if (o.kind == IoKind::Mmap) return std::make_shared<MmapEngine>(o);
 #ifdef KVD_HAVE_LIBURING
   int err = 0;
   auto u = std::make_shared<UringEngine>(o, &err);
@@ -548,7 +625,8 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
       if (s == "auto") opt.kind = IoKind::Auto;
       else if (s == "uring" || s == "io_uring") opt.kind = IoKind::Uring;
       else if (s == "pread") opt.kind = IoKind::Pread;
-      else Throw("E_CONFIG", what + ".kind: expected 'auto', 'uring' or 'pread', got '" + s + "'");
+      else if (s == "mmap") opt.kind = IoKind::Mmap;
+      else Throw("E_CONFIG", what + ".kind: expected 'auto', 'uring', 'pread' or 'mmap', got '" + s + "'");
     }
     opt.queueDepth = int(GetIntOr(o, "queueDepth", what, 1, 4096, 32));
     opt.threads = int(GetIntOr(o, "threads", what, 1, 256, std::min(opt.queueDepth, 64)));
@@ -590,6 +668,19 @@ Napi::Value EngineOpen(const Napi::CallbackInfo& info) {
     r.Set("file", f);
     r.Set("direct", isDirect);
     return r;
+  });
+}
+
+// ioEngineDropCache(handle, file): asks the kernel to drop the file's clean pages from the page cache
+// (posix_fadvise DONTNEED), so the next buffered or memory-mapped read of it comes from the device:
+// how benchmarks compare cold reads across engines without touching the whole machine's cache.
+Napi::Value EngineDropCache(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto e = EngineByHandle(HandleArg(info, 0, "ioEngineDropCache"));
+    auto f = e->File(int32_t(HandleArg(info, 1, "ioEngineDropCache(file)")));
+    const int r = ::posix_fadvise(f->fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (r != 0) Throw("E_IO", "posix_fadvise(DONTNEED) " + f->path + ": " + ErrnoText(r));
+    return info.Env().Undefined();
   });
 }
 
@@ -687,6 +778,7 @@ void InitIoEngine(Napi::Env env, Napi::Object exports) {
   exports.Set("ioEngineRelease", Napi::Function::New(env, EngineRelease));
   exports.Set("ioEngineOpen", Napi::Function::New(env, EngineOpen));
   exports.Set("ioEngineCloseFile", Napi::Function::New(env, EngineCloseFile));
+  exports.Set("ioEngineDropCache", Napi::Function::New(env, EngineDropCache));
   exports.Set("ioEngineRead", Napi::Function::New(env, EngineRead));
   exports.Set("ioUringAvailable", Napi::Function::New(env, UringAvailable));
   exports.Set("cancelFlagCreate", Napi::Function::New(env, CancelCreate));

@@ -1,5 +1,6 @@
-// Batched file reads for the SSD tier: an io_uring engine (liburing, when the build found it) and a
-// pread thread-pool engine chosen at run time when io_uring is missing or refused.
+// Batched file reads for the SSD tier: an io_uring engine (liburing, when the build found it), a
+// pread thread-pool engine chosen at run time when io_uring is missing or refused, and a
+// memory-mapped engine (asked for by name: read-only mappings, bytes taken from the page cache).
 //
 // A batch is a list of (file, offset, length, dest) reads; ReadBatch returns when all are done (or
 // throws after draining what is in flight). Before submission the batch is planned:
@@ -29,7 +30,7 @@ namespace kvd {
 
 constexpr uint64_t kIoAlign = 4096;  // O_DIRECT alignment for offset, length and buffer address
 
-enum class IoKind { Auto, Uring, Pread };
+enum class IoKind { Auto, Uring, Pread, Mmap };
 
 struct IoOptions {
   IoKind kind = IoKind::Auto;
@@ -68,6 +69,10 @@ struct OpenFile {
   int fd = -1;
   std::string path;
   bool direct = false;
+  // The mmap engine's read-only mapping of the file's first mapBytes bytes (null until first read).
+  std::mutex mapMu;
+  const uint8_t* map = nullptr;
+  uint64_t mapBytes = 0;
   ~OpenFile();
 };
 
@@ -80,8 +85,8 @@ class IoEngine {
   const std::string& FallbackReason() const { return fallbackReason_; }
   bool FixedBuffersActive() const { return fixedActive_; }
 
-  // Opens `path` read-only (O_DIRECT when asked and supported by the file system; returns whether
-  // O_DIRECT is in effect through `directOut`). Returns a file id for ReadReq.
+  // Opens `path` read-only (O_DIRECT when asked and supported by the file system and the engine;
+  // returns whether O_DIRECT is in effect through `directOut`). Returns a file id for ReadReq.
   int32_t Open(const std::string& path, bool direct, bool* directOut = nullptr);
   void Close(int32_t file);
   std::shared_ptr<OpenFile> File(int32_t file) const;
@@ -99,6 +104,8 @@ class IoEngine {
 
  protected:
   explicit IoEngine(IoOptions o);
+  // Whether O_DIRECT means anything to this engine (the mmap engine reads through the page cache).
+  virtual bool SupportsDirect() const { return true; }
   void AllocSlots(int n);
   virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) = 0;
   // A physical read finished: copy its parts out of the bounce slot (when it used one) and notify

@@ -1,10 +1,15 @@
-// attendFetched / attendFetchedAsync: exact sparse attention of one layer-step whose selected chunks
-// were staged by the storage tiers (TieredKv.fetch: DRAM slots or SSD extents copied, page-first,
-// into one buffer, entry i = selection.chunkIds[i]) while the always-attended tokens (sinks and
-// the local tail, never offloaded) stay in small token-major tensors in memory.
+// attendFetched / attendFetchedAsync: exact sparse attention of one layer-step whose KV is spread
+// over the places the runtime's memory model keeps it (src/runtime/step.ts): sinks and the open tail
+// in small token-major tensors, sealed chunks as page-first pages wherever they are — a TieredKv
+// fetch buffer (SSD reads), a DRAM-tier slot read in place, a hot-tier slot — none copied again.
+//
+// The selection may be finer than the pages: the tiers hold whole chunks of `pageChunkSize` tokens,
+// while a token-granular selection (chunkSize 1) names the tokens attended; each selected unit is
+// read from the page that holds it (a divisor of the page size never straddles two pages), or from
+// the tail tensor when it lies at or after tailBase.
 //
 // Spans are listed exactly as attendSparse lists them over a contiguous cache — sinks [0, sinkEnd),
-// each selected chunk clipped to [sinkEnd, tailStart) in ascending id order, then the tail
+// each selected unit clipped to [sinkEnd, tailStart) in ascending id order, then the tail
 // [tailStart, tokens) — so with the same rows the output is bit-identical to attendSparse (the
 // AttendHeadSpans contract: the result depends on span contents and order, never on where they live).
 #include <napi.h>
@@ -25,6 +30,9 @@
 namespace kvd {
 namespace {
 
+// Most page buffers one call may name (fetched: a Uint8Array or an array of them).
+constexpr size_t kMaxPageBuffers = 16;
+
 struct FetchedJob {
   std::string what;
   const float* q = nullptr;
@@ -34,16 +42,18 @@ struct FetchedJob {
   KvView sinkK, sinkV;  // tokens [0, sink.tokens), sink.tokens >= sinkEnd
   KvView tailK, tailV;  // tokens [tailBase, tailBase + tail.tokens)
   int64_t tailBase = 0;
-  int64_t chunkSize = 0, tokens = 0, sinkEnd = 0, tailStart = 0;
+  int64_t chunkSize = 0, tokens = 0, sinkEnd = 0, tailStart = 0;  // the selection's
   const int32_t* offsets = nullptr;
   const int32_t* chunkIds = nullptr;
   size_t nChunks = 0;
-  // Page-first chunks staged by the tiers: per kv head the ascending ids fetchedIds[fetchedOffsets[h]
-  // .. fetchedOffsets[h+1]), entry i at fetched + i * chunkBytes (default: the selection itself).
-  const uint8_t* fetched = nullptr;
+  // Tokens per page (the tiers' chunk), a multiple of the selection's chunkSize.
+  int64_t pageChunk = 0;
+  // Pages: per kv head the ascending page ids fetchedIds[fetchedOffsets[h] .. fetchedOffsets[h+1]),
+  // entry i's page at pagePtrs[i] (inside a buffer kept alive by the call).
   const int32_t* fetchedOffsets = nullptr;
   const int32_t* fetchedIds = nullptr;
-  // Optional hot tier: a selected chunk resident there (all its rows) is read from its slot.
+  std::vector<const uint8_t*> pagePtrs;
+  // Optional hot tier (pageChunk-token chunks): a page resident there is read from its slot.
   std::shared_ptr<hot::Tier> tier;
   int hotSeq = 0, hotLayer = 0;
   float* out = nullptr;
@@ -57,11 +67,12 @@ struct Where {
 };
 
 void Run(const FetchedJob& job) {
-  const size_t cb = PageFirstChunkBytes(int(job.chunkSize), job.dim, job.dtype);
+  const int64_t pc = job.pageChunk, sc = job.chunkSize;
   const size_t es = DtypeSize(job.dtype);
+  const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
-  hot::PagedChunks pages{job.fetched, cb, job.fetchedOffsets, job.fetchedIds};
+  hot::PagedChunks pages{job.fetchedOffsets, job.fetchedIds, job.pagePtrs.data()};
   std::vector<std::vector<Span>> spans(size_t(job.kvHeads));
   std::vector<std::vector<Where>> where(size_t(job.kvHeads));
   std::vector<std::vector<float>> mass(size_t(job.kvHeads));
@@ -74,32 +85,44 @@ void Run(const FetchedJob& job) {
       s.push_back(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride});
       w.push_back(Where{0, 0});
     }
+    hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
-      const int64_t c = job.chunkIds[i];
-      const int64_t a = std::max(c * job.chunkSize, job.sinkEnd);
-      const int64_t b = std::min((c + 1) * job.chunkSize, job.tailStart);
-      const int64_t len = b > a ? b - a : 0;
-      const int64_t skip = len ? a - c * job.chunkSize : 0;  // rows of the chunk clipped off at its start
-      if (job.tier) {
-        hot::PairState& p = job.tier->Pair(job.hotSeq, job.hotLayer, h);
-        const int32_t slot = p.Find(int32_t(c));
-        if (slot >= 0 && p.slotRows[size_t(slot)] >= skip + len) {
+      const int64_t u = job.chunkIds[i];
+      const int64_t a = std::max(u * sc, job.sinkEnd);
+      const int64_t b = std::min((u + 1) * sc, job.tailStart);
+      if (b <= a) {  // clipped away entirely: an empty span keeps chunkMass aligned (mass 0)
+        s.push_back(Span{job.sinkK.data, job.sinkV.data, 0, job.dim, job.dim});
+        w.push_back(Where{1, 0});
+        continue;
+      }
+      if (a >= job.tailBase) {  // still in the open tail: read in place
+        s.push_back(Span{job.tailK.Row(a - job.tailBase, h), job.tailV.Row(a - job.tailBase, h), b - a, job.tailK.tokenStride,
+                         job.tailV.tokenStride});
+        w.push_back(Where{2, a});
+        continue;
+      }
+      if (b > job.tailBase)
+        Throw("E_RANGE", job.what + ": selected tokens [" + std::to_string(a) + ", " + std::to_string(b) + ") of kv head " +
+                             std::to_string(h) + " straddle tailBase " + std::to_string(job.tailBase) +
+                             " (expected tailBase on a selection chunk boundary)");
+      const int32_t c = int32_t(a / pc);
+      const int64_t skip = a - int64_t(c) * pc;  // rows of the page before the unit's first attended row
+      if (pair) {
+        const int32_t slot = pair->Find(c);
+        if (slot >= 0 && pair->slotRows[size_t(slot)] >= skip + (b - a)) {
           const size_t off = (size_t(slot) * job.tier->chunkElems() + size_t(skip) * size_t(job.dim)) * es;
-          s.push_back(Span{p.k + off, p.v + off, len, job.dim, job.dim});
-          w.push_back(Where{3, len ? a : 0});
+          s.push_back(Span{pair->k + off, pair->v + off, b - a, job.dim, job.dim});
+          w.push_back(Where{3, a});
           continue;
         }
       }
-      const uint8_t* page = pages.Page(h, int32_t(c));
+      const uint8_t* page = pages.Page(h, c);
       if (!page)
         Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
-                             " is selected but neither fetched nor resident in the hot tier");
-      Span sp = PageFirstChunkSpan(page, int(job.chunkSize), job.dim, job.dtype);
-      sp.k = static_cast<const uint8_t*>(sp.k) + size_t(skip) * size_t(job.dim) * es;
-      sp.v = static_cast<const uint8_t*>(sp.v) + size_t(skip) * size_t(job.dim) * es;
-      sp.len = len;
-      s.push_back(sp);
-      w.push_back(Where{1, len ? a : 0});
+                             " is selected but neither fetched nor resident in the hot tier (chunks of " + std::to_string(pc) +
+                             " tokens)");
+      s.push_back(Span{page + size_t(skip) * rowBytes, page + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim});
+      w.push_back(Where{1, a});
     }
     if (job.tokens > job.tailStart) {
       const int64_t at = job.tailStart - job.tailBase;
@@ -121,24 +144,82 @@ void Run(const FetchedJob& job) {
                              std::to_string(w.firstToken + e.row) + " (" + from[w.kind] + "): NaN/Inf in the " +
                              (e.inValue ? "value" : "key") + " row");
   }
+  std::vector<int32_t> pageIds;
+  std::vector<float> pageMass;
   for (int h = 0; h < job.kvHeads; ++h) {
     const size_t first = job.sinkEnd > 0 ? 1 : 0;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
       job.chunkMass[i] = mass[size_t(h)][first + size_t(i - job.offsets[h])];
-    // Lookahead eviction ranks hot-tier residents by the mass they just received.
-    if (job.tier)
-      job.tier->RecordMass(job.hotSeq, job.hotLayer, h, job.chunkIds + job.offsets[h], job.chunkMass + job.offsets[h],
-                           job.offsets[h + 1] - job.offsets[h]);
+    if (!job.tier) continue;
+    // Lookahead eviction ranks hot-tier residents by the mass they just received: per page, the
+    // sum over the units selected in it.
+    pageIds.clear();
+    pageMass.clear();
+    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+      const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+      if (pageIds.empty() || pageIds.back() != c) {
+        pageIds.push_back(c);
+        pageMass.push_back(0.f);
+      }
+      pageMass.back() += job.chunkMass[i];
+    }
+    job.tier->RecordMass(job.hotSeq, job.hotLayer, h, pageIds.data(), pageMass.data(), int32_t(pageIds.size()));
   }
 }
 
-// Page lists (kvHeads + 1 offsets and ascending ids per head) of a buffer of page-first chunks;
-// returns false when absent (undefined).
-bool GetPageLists(const Napi::Object& o, const char* offKey, const char* idKey, int heads, const std::string& what,
-                  ArrayArg<int32_t>& off, ArrayArg<int32_t>& ids) {
-  if (o.Get(offKey).IsUndefined()) return false;
-  GetChunkLists(o, offKey, idKey, heads, INT32_MAX, what, "", off, ids);
-  return true;
+// Where the pages of one call are: o[bufKey] a Uint8Array or an array of at most kMaxPageBuffers of
+// them; entry i of the page lists (n entries) at o[atKey][i] bytes (Float64Array) into buffer
+// o[inKey][i] (Uint8Array, default 0), or — without atKey — at i * pageBytes of the single buffer.
+// Every page must lie inside its buffer (checked here: native code reads them unchecked later).
+std::vector<const uint8_t*> GetPagePointers(const Napi::Object& o, const char* bufKey, const char* atKey, const char* inKey,
+                                            size_t n, size_t pageBytes, const std::string& what,
+                                            std::vector<Napi::Object>& keep) {
+  std::vector<ArrayArg<uint8_t>> bufs;
+  const Napi::Value bv = o.Get(bufKey);
+  if (bv.IsArray()) {
+    const Napi::Array arr = bv.As<Napi::Array>();
+    if (arr.Length() < 1 || arr.Length() > kMaxPageBuffers)
+      Throw("E_SHAPE", what + "." + bufKey + ": expected 1 to " + std::to_string(kMaxPageBuffers) + " Uint8Arrays, got " +
+                           std::to_string(arr.Length()));
+    for (uint32_t j = 0; j < arr.Length(); ++j)
+      bufs.push_back(GetArray<uint8_t>(arr.Get(j), napi_uint8_array, what + "." + bufKey + "[" + std::to_string(j) + "]"));
+  } else {
+    bufs.push_back(GetArray<uint8_t>(bv, napi_uint8_array, what + "." + bufKey));
+  }
+  for (const auto& b : bufs) keep.push_back(b.object);
+  std::vector<const uint8_t*> ptrs(n);
+  if (o.Get(atKey).IsUndefined()) {
+    if (!o.Get(inKey).IsUndefined()) Throw("E_CONFIG", what + "." + inKey + ": expected it only with " + atKey);
+    const uint64_t need = CheckedMul(n, pageBytes, what + "." + bufKey + " size");
+    if (bufs[0].length < need)
+      Throw("E_SHAPE", what + "." + bufKey + ": expected at least " + std::to_string(need) + " bytes (" + std::to_string(n) +
+                           " page-first chunks), got " + std::to_string(bufs[0].length));
+    for (size_t i = 0; i < n; ++i) ptrs[i] = bufs[0].data + i * pageBytes;
+    return ptrs;
+  }
+  auto at = GetArray<double>(o.Get(atKey), napi_float64_array, what + "." + atKey);
+  ExpectLength(at.length, n, what + "." + atKey + " (one per page entry)");
+  keep.push_back(at.object);
+  ArrayArg<uint8_t> in;
+  const bool hasIn = !o.Get(inKey).IsUndefined();
+  if (hasIn) {
+    in = GetArray<uint8_t>(o.Get(inKey), napi_uint8_array, what + "." + inKey);
+    ExpectLength(in.length, n, what + "." + inKey + " (one per page entry)");
+    keep.push_back(in.object);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = hasIn ? in.data[i] : 0;
+    if (b >= bufs.size())
+      Throw("E_RANGE", what + "." + inKey + "[" + std::to_string(i) + "]: expected a buffer index in [0, " +
+                           std::to_string(bufs.size()) + "), got " + std::to_string(b));
+    const double d = at.data[i];
+    if (!IsIntIn(d, 0, int64_t(1) << 53) || uint64_t(d) > bufs[b].length || pageBytes > bufs[b].length - uint64_t(d))
+      Throw("E_RANGE", what + "." + atKey + "[" + std::to_string(i) + "]: expected an integer byte offset with offset + " +
+                           std::to_string(pageBytes) + " <= " + std::to_string(bufs[b].length) + " (buffer " + std::to_string(b) +
+                           "), got " + Num(d));
+    ptrs[i] = bufs[b].data + size_t(d);
+  }
+  return ptrs;
 }
 
 // The hot tier, sequence and layer named by `hot: { handle, sequence?, layer }`, checked against
@@ -212,27 +293,30 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   rules.minTailStart = job.tailBase;
   rules.chunksBeforeTail = true;
   SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
+  job.pageChunk = GetIntOr(o, "pageChunkSize", what, 1, kMaxChunkSize, job.chunkSize);
+  if (job.pageChunk % job.chunkSize != 0)
+    Throw("E_CONFIG", what + ".pageChunkSize: expected a multiple of selection.chunkSize " + std::to_string(job.chunkSize) +
+                          ", got " + std::to_string(job.pageChunk));
 
   ArrayArg<int32_t> fOff, fIds;
-  size_t nFetched = job.nChunks;
-  if (GetPageLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, what, fOff, fIds)) {
+  size_t nPages = job.nChunks;
+  if (!o.Get("fetchedOffsets").IsUndefined()) {
+    GetChunkLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, INT32_MAX, what, "", fOff, fIds);
     job.fetchedOffsets = fOff.data;
     job.fetchedIds = fIds.data;
-    nFetched = fIds.length;
     keep.push_back(fOff.object);
     keep.push_back(fIds.object);
-  } else {
+    nPages = fIds.length;
+  } else if (job.pageChunk == job.chunkSize) {
     job.fetchedOffsets = job.offsets;
     job.fetchedIds = job.chunkIds;
+  } else {
+    Throw("E_CONFIG", what + ".fetchedOffsets: expected the page lists (fetchedOffsets, fetchedIds) when pageChunkSize " +
+                          std::to_string(job.pageChunk) + " differs from selection.chunkSize " + std::to_string(job.chunkSize));
   }
-  auto fetched = GetArray<uint8_t>(o.Get("fetched"), napi_uint8_array, what + ".fetched");
-  const uint64_t need = CheckedMul(nFetched, PageFirstChunkBytes(int(job.chunkSize), job.dim, job.dtype), what + ".fetched size");
-  if (fetched.length < need)
-    Throw("E_SHAPE", what + ".fetched: expected at least " + std::to_string(need) + " bytes (" + std::to_string(nFetched) +
-                         " page-first chunks), got " + std::to_string(fetched.length));
-  job.fetched = fetched.data;
-  keep.push_back(fetched.object);
-  GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.chunkSize, job.tier, job.hotSeq, job.hotLayer);
+  job.pagePtrs = GetPagePointers(o, "fetched", "fetchedAt", "fetchedIn", nPages,
+                                 PageFirstChunkBytes(int(job.pageChunk), job.dim, job.dtype), what, keep);
+  GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.pageChunk, job.tier, job.hotSeq, job.hotLayer);
 
   auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
   auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
@@ -303,14 +387,32 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
     const ArrayArg<int32_t>& off = sel.offsets;
     const ArrayArg<int32_t>& ids = sel.chunkIds;
     ArrayArg<int32_t> pOff, pIds;
-    if (!GetPageLists(o, "pageOffsets", "pageIds", c.kvHeads, what, pOff, pIds)) Throw("E_TYPE", what + ".pageOffsets: expected an Int32Array");
-    auto pages = GetArray<uint8_t>(o.Get("pages"), napi_uint8_array, what + ".pages");
-    const size_t cb = PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype);
-    const uint64_t needBytes = CheckedMul(pIds.length, cb, what + ".pages size");
-    if (pages.length < needBytes)
-      Throw("E_SHAPE", what + ".pages: expected at least " + std::to_string(needBytes) + " bytes, got " + std::to_string(pages.length));
-    hot::PagedChunks paged{pages.data, cb, pOff.data, pIds.data};
+    GetChunkLists(o, "pageOffsets", "pageIds", c.kvHeads, INT32_MAX, what, "", pOff, pIds);
+    std::vector<Napi::Object> keep;
+    const std::vector<const uint8_t*> ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", pIds.length,
+                                                             PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
+    hot::PagedChunks paged{pOff.data, pIds.data, ptrs.data()};
     hot::Source src{nullptr, nullptr, &paged, tokens};
+    // Optional: chunks no page holds that lie wholly at or after tailBase are copied from the open
+    // tail's token rows (tail: { k, v } holding tokens [tailBase, tokens)).
+    KvView tailK, tailV;
+    if (!o.Get("tail").IsUndefined()) {
+      if (!o.Get("tail").IsObject()) Throw("E_TYPE", what + ".tail: expected { k, v } KV tensors");
+      Napi::Object t = o.Get("tail").As<Napi::Object>();
+      tailK = GetKvView(t.Get("k"), what + ".tail.k");
+      tailV = GetKvView(t.Get("v"), what + ".tail.v");
+      CheckPair(tailK, tailV, what + ".tail");
+      if (tailK.heads != c.kvHeads || tailK.dim != c.dim || tailK.dtype != c.dtype)
+        Throw("E_SHAPE", what + ".tail: expected " + std::to_string(c.kvHeads) + " kv heads x " + std::to_string(c.dim) + " " +
+                             DtypeName(c.dtype) + ", got " + std::to_string(tailK.heads) + " x " + std::to_string(tailK.dim) + " " +
+                             DtypeName(tailK.dtype));
+      src.kBase = GetInt(o, "tailBase", what, 0, tokens);
+      if (src.kBase + tailK.tokens < tokens)
+        Throw("E_SHAPE", what + ".tail: expected rows of tokens [" + std::to_string(src.kBase) + ", " + std::to_string(tokens) +
+                             "), got " + std::to_string(tailK.tokens) + " tokens");
+      src.k = &tailK;
+      src.v = &tailV;
+    }
     hot::Tier::LayerLock lock(*tier, seq, layer);
     hot::Counters total;
     for (int h = 0; h < c.kvHeads; ++h) {

@@ -10,7 +10,7 @@ afterAll(removeTempDirs);
 
 const uring = ioUringAvailable();
 if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring engine tests skipped`);
-const kinds = ['pread', ...(uring.usable ? ['uring'] : [])] as const;
+const kinds = ['pread', 'mmap', ...(uring.usable ? ['uring'] : [])] as const;
 
 function dataFile(bytes: number, seed: number): { path: string; data: Uint8Array } {
   const r = rng(seed);
@@ -38,7 +38,7 @@ describe.each(kinds)('I/O engine %s', (kind) => {
     it(`reads random ranges exactly (direct=${direct})`, async () => {
       const { path, data } = dataFile(3 << 20, 11);
       const e = engine({ kind, queueDepth: 8, maxIoBytes: 64 << 10 });
-      expect(e.info.kind).toBe(kind === 'uring' ? 'io_uring' : 'pread');
+      expect(e.info.kind).toBe(kind === 'uring' ? 'io_uring' : kind);
       const f = e.open(path, direct);
       const r = rng(3);
       const reads = [];
@@ -52,6 +52,11 @@ describe.each(kinds)('I/O engine %s', (kind) => {
       const dest = new Uint8Array(at);
       const st = await e.read(reads, dest);
       expect(st.bytesRequested).toBe(at);
+      for (const q of reads) expect(Buffer.compare(dest.subarray(q.destOffset, q.destOffset + q.length), data.subarray(q.offset, q.offset + q.length))).toBe(0);
+      // Cold again (the file's pages dropped from the page cache): the same bytes.
+      e.dropCache(f.file);
+      dest.fill(0);
+      await e.read(reads, dest);
       for (const q of reads) expect(Buffer.compare(dest.subarray(q.destOffset, q.destOffset + q.length), data.subarray(q.offset, q.offset + q.length))).toBe(0);
     });
   }
@@ -84,7 +89,8 @@ describe.each(kinds)('I/O engine %s', (kind) => {
     await expectKvdError(() => e.open(join(tempDir('nf'), 'missing.bin')), 'E_NOT_FOUND', /missing\.bin/);
     // A directory opens read-only but cannot be read: the errno text comes through as E_IO.
     const d = e.open(tempDir('dir')).file;
-    await expectKvdError(() => e.read([{ file: d, offset: 0, length: 10, destOffset: 0 }], dest), 'E_IO', /reading .*kvd-storage-dir.*Is a directory/);
+    // (mmap: a directory cannot be mapped.)
+    await expectKvdError(() => e.read([{ file: d, offset: 0, length: 10, destOffset: 0 }], dest), 'E_IO', kind === 'mmap' ? /mmap .*kvd-storage-dir.*No such device/ : /reading .*kvd-storage-dir.*Is a directory/);
     e.close();
     await expectKvdError(() => e.read([{ file: f, offset: 0, length: 10, destOffset: 0 }], dest), 'E_CLOSED', /closed/);
   });

@@ -11,7 +11,7 @@ afterAll(removeTempDirs);
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f16', chunkSize: 4 };
 const uring = ioUringAvailable();
-const engines = [{ kind: 'pread' as const }, ...(uring.usable ? [{ kind: 'uring' as const }] : [])];
+const engines = [{ kind: 'pread' as const }, { kind: 'mmap' as const }, ...(uring.usable ? [{ kind: 'uring' as const }] : [])];
 if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring store tests skipped`);
 
 const stores: SsdStore[] = [];
@@ -29,7 +29,7 @@ describe.each(engines)('SSD store, engine $kind', ({ kind }) => {
     it(`reads back exactly what was written (direct=${direct}), cluster-contiguous`, async () => {
       const dir = tempDir('rw');
       const store = await openStore({ dir, shape, kind, direct, queueDepth: 4 });
-      expect(store.engineInfo.kind).toBe(kind === 'uring' ? 'io_uring' : 'pread');
+      expect(store.engineInfo.kind).toBe(kind === 'uring' ? 'io_uring' : kind);
       const tokens = 64; // 16 chunks
       const data = segmentKv(shape, tokens, 1);
       const clusters = randomClusters(shape, 16, 7);
@@ -97,27 +97,29 @@ describe('SSD store integrity and errors', () => {
     expect(st2.runs).toBe(16);
   });
 
-  it('detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable', async () => {
-    const dir = tempDir('crc');
-    const store = await openStore({ dir, shape, kind: 'pread' });
-    const good = segmentKv(shape, 32, 5);
-    await store.writeSegment('bad', segmentKv(shape, 32, 6));
-    await store.writeSegment('good', good);
-    const ext = store.extents('bad', 1, 0);
-    const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
-    const at = ext.offsets[1]! + 5;
-    const b = Buffer.alloc(1);
-    const { readSync } = await import('node:fs');
-    readSync(fd, b, 0, 1, at);
-    b[0] = b[0]! ^ 0xff;
-    writeSync(fd, b, 0, 1, at);
-    closeSync(fd);
-    // Chunks of extent 0 are fine; extent 1 is not.
-    await store.readChunks('bad', 1, 0, [ext.order[0]!]);
-    await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
-    const got = await store.readChunks('good', 0, 1, [3]);
-    expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
-  });
+  for (const kind of ['pread', 'mmap'] as const)
+    it(`detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable (${kind}${kind === 'mmap' ? ': checksums verified on the mapped bytes' : ''})`, async () => {
+      const dir = tempDir('crc');
+      const store = await openStore({ dir, shape, kind });
+      expect(store.engineInfo.kind).toBe(kind);
+      const good = segmentKv(shape, 32, 5);
+      await store.writeSegment('bad', segmentKv(shape, 32, 6));
+      await store.writeSegment('good', good);
+      const ext = store.extents('bad', 1, 0);
+      const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
+      const at = ext.offsets[1]! + 5;
+      const b = Buffer.alloc(1);
+      const { readSync } = await import('node:fs');
+      readSync(fd, b, 0, 1, at);
+      b[0] = b[0]! ^ 0xff;
+      writeSync(fd, b, 0, 1, at);
+      closeSync(fd);
+      // Chunks of extent 0 are fine; extent 1 is not.
+      await store.readChunks('bad', 1, 0, [ext.order[0]!]);
+      await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
+      const got = await store.readChunks('good', 0, 1, [3]);
+      expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
+    });
 
   it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {
     const dir = tempDir('trunc');
@@ -147,13 +149,17 @@ describe('SSD store integrity and errors', () => {
     expect(readdirSync(dir).filter((f) => f.endsWith('.kvseg'))).toEqual(['s.kvseg']);
   });
 
-  it('reports a short read of a file truncated after open as E_CORRUPT', async () => {
-    const dir = tempDir('short');
-    const s = await openStore({ dir, shape, kind: 'pread' });
-    await s.writeSegment('t', segmentKv(shape, 32, 9));
-    truncateSync(join(dir, 't.kvseg'), 10);
-    await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
-  });
+  for (const kind of ['pread', 'mmap'] as const)
+    it(`reports a short read of a file truncated after open as E_CORRUPT (${kind}${kind === 'mmap' ? ': sizes checked before any page is touched, no SIGBUS' : ''})`, async () => {
+      const dir = tempDir('short');
+      const s = await openStore({ dir, shape, kind });
+      await s.writeSegment('t', segmentKv(shape, 32, 9));
+      // mmap: map the file first (a read of it), then truncate under the mapping.
+      expect((await s.readChunks('t', 0, 0, [0])).length).toBe(s.chunkBytes);
+      truncateSync(join(dir, 't.kvseg'), 10);
+      await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
+    });
+
 
   it('refuses a manifest or segment of another version with E_VERSION', async () => {
     const dir = tempDir('ver');

@@ -44,6 +44,40 @@ function expectFetched(dest: Uint8Array, req: FetchRequest, data: SegmentData[],
 }
 
 describe('tiered KV fetch', () => {
+  it('fetchInPlace leaves DRAM hits in the arena (pinned: never evicted until released) and packs only SSD reads', async () => {
+    const { ssd, dram, data } = await setup(6);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });
+    dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i === 16 || i === 21 ? 10 : i === 0 ? 5 : i < 4 ? 1 : 0)));
+    const req = request(0, [[0, 5, 17], [0, 5, 16]]);
+    let asked = -1;
+    const { stats, placement } = await kv.fetchInPlace(req, (bytes) => new Uint8Array((asked = bytes)));
+    expect(stats.dramChunks).toBe(3); // chunk 0 of head 0 and chunks 0, 5 of head 1 (layer 0) are resident
+    expect(placement.inDest).toBe(3);
+    expect(asked).toBe(3 * kv.chunkBytes);
+    const cb = kv.chunkBytes;
+    const dest = new Uint8Array(asked);
+    const again = await kv.fetchInPlace(req, dest);
+    for (let h = 0, i = 0; h < shape.kvHeads; h++)
+      for (; i < req.offsets[h + 1]!; i++) {
+        const g = req.chunkIds[i]!;
+        const buf = again.placement.source[i] === 1 ? again.placement.arena : dest;
+        const at = again.placement.at[i]!;
+        expect(Buffer.compare(buf.subarray(at, at + cb), expectedChunk(shape, data[Math.floor(g / 16)]!, 0, h, g % 16)), `entry ${i}`).toBe(0);
+      }
+    // Pinned (twice: two fetches) slots are not evicted by a more important newcomer; released, they are.
+    const slot0 = dram!.lookup('a', 0, 0, 0);
+    const fill = (n: number) => dram!.put('b', 1, 1, Array.from({ length: n }, (_, j) => j), Array(n).fill(100), new Uint8Array(n * cb), Array.from({ length: n }, (_, j) => j * cb));
+    expect(fill(6)).toBe(3); // the 3 unpinned residents evicted; then the least important is pinned: refused
+    expect(dram!.lookup('a', 0, 0, 0)).toBe(slot0);
+    expect(() => dram!.removeSegment('a')).toThrow(/pinned/);
+    placement.release();
+    again.placement.release();
+    again.placement.release(); // idempotent
+    expect(dram!.put('b', 1, 1, [10], [200], new Uint8Array(cb), [0])).toBe(1);
+    expect(dram!.lookup('a', 0, 0, 0)).toBe(-1);
+    await expectKvdError(() => kv.fetchInPlace(req, new Uint8Array(cb)), 'E_SHAPE', /at least \d chunks/);
+  });
+
   it('serves DRAM hits and SSD misses exactly, promotes misses, reports bytes per tier', async () => {
     const { ssd, dram, data } = await setup(24);
     const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'] });

@@ -254,11 +254,12 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
 
 /**
  * The policy options of an offloaded decode (the runtime's memory model, and `eval --offloaded`
- * measuring it): the full keys are sealed away, so kvdrive keeps its key sketch and re-ranks on it;
- * its selection stays whole chunks (tokenGranular false) because the tiers hold whole chunks and the
- * budget counts the tokens attended. Options the caller set explicitly win.
+ * measuring it): the full keys are sealed away, so kvdrive keeps its key sketch and re-ranks on it.
+ * Its selection stays token-granular (the default): the tiers fetch the whole chunks holding the
+ * selected tokens, but only those tokens are attended (src/runtime/step.ts), so the budget counts
+ * tokens attended and the eval's figure is the runtime's. Options the caller set explicitly win.
  */
 export function offloadedPolicyOptions<T extends PolicyOptions>(policy: PolicyName, options: T): T {
   if (policy !== 'kvdrive') return options;
-  return { ...options, keySketch: options.keySketch ?? true, tokenGranular: options.tokenGranular ?? false };
+  return { ...options, keySketch: options.keySketch ?? true };
 }

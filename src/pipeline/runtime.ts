@@ -70,8 +70,8 @@ export interface RuntimeOptions {
   hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
   /**
    * SSD store under `dir` (created if missing) for the sealed segments: cluster-contiguous
-   * checksummed extents read through io_uring or the pread pool (`io` as in IoEngineOptions;
-   * `direct` = O_DIRECT, no page cache). The runtime deletes its segments when a sequence closes
+   * checksummed extents read through io_uring, the pread pool or memory-mapped (`io: { kind: 'mmap' }`; `io` as in IoEngineOptions;
+   * `direct` = O_DIRECT, no page cache, not with mmap). The runtime deletes its segments when a sequence closes
    * and at close. Needs `dramBudget`.
    */
   ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions };
@@ -242,14 +242,16 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   const microBatch = o.microBatch ?? 1;
   const dtype = o.dtype ?? 'f32';
   // The memory model selects without the full keys (they are sealed away): kvdrive re-ranks on its
-  // key sketch and selects whole chunks (offloadedPolicyOptions, shared with eval --offloaded).
+  // key sketch and selects single tokens (offloadedPolicyOptions, shared with eval --offloaded).
   const memPolicyOptions = offloadedPolicyOptions(policy, policyOptions);
   const memPolicyInput = { ...memPolicyOptions, qHeads: shape.qHeads, kvHeads: shape.kvHeads, headDim: shape.headDim };
   const resolved = resolvePolicyOptions(policy, memPolicyInput);
   const cs = resolved.chunkSize;
   // A selection holds at most `budget` tokens beside sinks and tail: floor(budget/c) whole chunks
   // plus up to two clipped at the sink and tail edges; never more chunks than the context has.
-  const maxChunksPerHead = Math.min(Math.floor(o.budget / cs) + 2, Math.ceil(maxTokens / cs));
+  const chunkSelChunks = Math.min(Math.floor(o.budget / cs) + 2, Math.ceil(maxTokens / cs));
+  // A token-granular selection of `budget` tokens may touch that many chunks (one token each).
+  const maxChunksPerHead = policy === 'kvdrive' && resolved.tokenGranular ? Math.min(o.budget, Math.ceil(maxTokens / cs)) : chunkSelChunks;
   const memory = await MemoryRuntime.open({
     shape,
     dtype,

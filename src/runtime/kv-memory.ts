@@ -56,7 +56,7 @@ export interface KvMemoryConfig {
   hotTierBytes: number;
   /** Micro-batches that may run at once (fetch buffers in flight). */
   concurrency: number;
-  /** Selected chunks per kv head at most (fetch buffer size). */
+  /** Chunks per kv head a selection may touch at most (fetch buffer size). */
   maxChunksPerHead: number;
   ssd?: SsdStore;
 }
@@ -72,7 +72,7 @@ export interface MemoryPlan {
   indexBytesPerToken: number;
   /** The hot tier's byte cap. */
   hotTierBytes: number;
-  /** Fetch buffers: concurrency x 2 x kvHeads x maxChunksPerHead chunks. */
+  /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
   fetchBytes: number;
   /** What is left for the DRAM tier (arena + slot metadata). */
   dramTierBytes: number;
@@ -341,7 +341,7 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const perToken = indexBytesPerToken(c);
   const indexBytes = perToken * c.maxTokens * slotsPerLayer;
   const chunkBytes = 2 * cs * headDim * es;
-  const fetchBytes = c.concurrency * 2 * kvHeads * c.maxChunksPerHead * chunkBytes;
+  const fetchBytes = c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes;
   const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
   const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;

@@ -2,13 +2,15 @@
  * One decode step of one (sequence, layer) over the memory model (kv-memory.ts):
  *
  *   append the new token to the open tail (not committed) ─▶ extend the index from the tail ─▶
- *   select (the index alone: it never needs the sealed keys) ─▶ fetch the selected chunks: hot-tier
- *   residents stay where they are; sealed chunks come from the DRAM tier, else SSD (TieredKv);
- *   chunks still in the tail are packed from it ─▶ hot-tier admission ─▶ exact attention over sinks
- *   + fetched / hot chunks + tail (attendFetched: bit-identical to attendSparse over a contiguous
- *   cache, whichever tier served a chunk) ─▶ DRAM admission of SSD-read chunks by the attention mass
- *   they received ─▶ (once every entry of the step succeeded) commit: token count + 1, and the
- *   seal this made due starts.
+ *   select (the index alone: it never needs the sealed keys; kvdrive picks single tokens) ─▶ fetch
+ *   the chunks holding the selected tokens (the tiers' unit), copying nothing that is already in
+ *   memory: hot-tier residents stay in their slots, DRAM-tier chunks in the DRAM arena (pinned for
+ *   the step), chunks still in the tail in the tail; only SSD reads land in a fetch buffer
+ *   (TieredKv.fetchInPlace) ─▶ hot-tier admission ─▶ exact attention over sinks + exactly the
+ *   selected tokens, read where they lie + tail (attendFetched: bit-identical to attendSparse over
+ *   a contiguous cache with the same selection, whichever tier served a token) ─▶ DRAM admission of
+ *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
+ *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
  * The token count advances only after attention succeeded, so a failed step retried with the same
  * input gives the output of a clean run. The sequential and the pipelined runtime both run this
@@ -20,6 +22,7 @@ import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
 import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/fetched-attention.js';
+import type { FetchPlacement } from '../storage/tiered-kv.js';
 import type { KvMemory } from './kv-memory.js';
 
 /** Traffic and time of one step of one entry. */
@@ -98,20 +101,20 @@ export async function attendEntry(
   const tailK = mem.tensor(lk.tailK, T - lk.sealed);
   const tailV = mem.tensor(lk.tailV, T - lk.sealed);
   lk.policy!.extend(tailK, T, lk.sealed);
-  const sel = toChunks(lk.policy!.select(q, budget), cs, H);
+  // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
+  const tokSel = lk.policy!.select(q, budget);
   const bytesScored = lk.policy!.lastSelectStats().bytesScored;
+  const sel = toChunks(tokSel, cs, H);
   const t1 = performance.now();
 
-  // What must be staged page-first: per kv head the selected chunks not resident in the hot tier;
-  // of those, `tier` (sealed, via TieredKv) and the rest from the tail. Both lists ascending per head.
+  // Per kv head the selected chunks that are sealed and not resident in the hot tier: fetched
+  // through the tiers (ascending per head). Chunks still in the tail are read there in place.
   const sealedChunks = lk.sealed / cs;
-  const needOff = new Int32Array(H + 1);
-  const needIds: number[] = [];
-  const needSel: number[] = []; // selection entry of each need entry
   const tierOff = new Int32Array(H + 1);
   const tierIds: number[] = [];
-  const tierNeed: number[] = []; // need entry of each tier entry
-  const tailNeed: number[] = [];
+  const tierSel: number[] = []; // chunk-selection entry of each tier entry
+  let hotChunks = 0;
+  let tailChunks = 0;
   for (let h = 0; h < H; h++) {
     const res = hot ? hot.residents(layer, h, seq) : undefined;
     let r = 0;
@@ -119,27 +122,27 @@ export async function attendEntry(
       const c = sel.chunkIds[i]!;
       if (res) {
         while (r < res.length && res[r]! < c) r++;
-        if (r < res.length && res[r] === c) continue;
+        if (r < res.length && res[r] === c) {
+          hotChunks++;
+          continue;
+        }
       }
-      if (c < sealedChunks) {
-        tierNeed.push(needIds.length);
-        tierIds.push(c);
-      } else tailNeed.push(needIds.length);
-      needIds.push(c);
-      needSel.push(i);
+      if (c >= sealedChunks) {
+        tailChunks++;
+        continue;
+      }
+      tierIds.push(c);
+      tierSel.push(i);
     }
-    needOff[h + 1] = needIds.length;
     tierOff[h + 1] = tierIds.length;
   }
-  const fetched = new Uint8Array(needIds.length * cb);
-  const tierBuf = tierIds.length ? new Uint8Array(tierIds.length * cb) : undefined;
   const tierReq = { layer: 0, offsets: tierOff, chunkIds: Int32Array.from(tierIds), chunkSize: cs };
   const stats: EntryStepStats = {
     chunks: sel.chunkIds.length,
-    hotChunks: sel.chunkIds.length - needIds.length,
+    hotChunks,
     dramChunks: 0,
     ssdChunks: 0,
-    tailChunks: tailNeed.length,
+    tailChunks,
     ssdReadBytes: 0,
     hotAdmitted: 0,
     dramAdmitted: 0,
@@ -147,70 +150,91 @@ export async function attendEntry(
     fetchMs: 0,
     computeMs: 0,
   };
-  if (tierBuf) {
-    const f = await lk.tiers!.fetch(tierReq, tierBuf);
-    stats.dramChunks = f.dramChunks;
-    stats.ssdChunks = f.ssdChunks;
-    stats.ssdReadBytes = f.ssdReadBytes;
-    native.copyChunks(
-      tierBuf,
-      Float64Array.from(tierNeed, (_, j) => j * cb),
-      fetched,
-      Float64Array.from(tierNeed, (n) => n * cb),
-      cb,
-    );
+  // SSD reads land in `readBuf` (sized for them alone); DRAM-tier chunks stay in the arena, pinned
+  // until released below.
+  let readBuf = new Uint8Array(0);
+  let placement: FetchPlacement | undefined;
+  if (tierIds.length) {
+    const f = await lk.tiers!.fetchInPlace(tierReq, (bytes) => (readBuf = new Uint8Array(bytes)));
+    stats.dramChunks = f.stats.dramChunks;
+    stats.ssdChunks = f.stats.ssdChunks;
+    stats.ssdReadBytes = f.stats.ssdReadBytes;
+    placement = f.placement;
   }
-  // Tail chunks, page-first: chunkSize K rows then chunkSize V rows of kv head h.
-  if (tailNeed.length) {
-    const es = mem.config.dtype === 'f32' ? 4 : 2;
-    const tk = new Uint8Array(lk.tailK.buffer, lk.tailK.byteOffset, lk.tailK.byteLength);
-    const tv = new Uint8Array(lk.tailV.buffer, lk.tailV.byteOffset, lk.tailV.byteLength);
-    const rb = D * es;
-    let h = 0;
-    for (const n of tailNeed) {
-      while (n >= needOff[h + 1]!) h++;
-      const c = needIds[n]!;
-      const base = n * cb;
-      for (let r = 0; r < cs; r++) {
-        const src = ((c * cs + r - lk.sealed) * H + h) * rb;
-        fetched.set(tk.subarray(src, src + rb), base + r * rb);
-        fetched.set(tv.subarray(src, src + rb), base + (cs + r) * rb);
-      }
+  try {
+    const pages = {
+      buffers: [readBuf, placement ? placement.arena : readBuf],
+      offsets: tierOff,
+      ids: tierReq.chunkIds,
+      at: placement ? placement.at : new Float64Array(0),
+      source: placement ? placement.source : new Uint8Array(0),
+    };
+    const tail = { k: tailK, v: tailV };
+    if (hot) {
+      const r = native.hotTierAdmitPages({
+        hot: { handle: hot.handle, sequence: seq, layer },
+        selection: sel,
+        tokens: T,
+        pages: pages.buffers,
+        pageOffsets: pages.offsets,
+        pageIds: pages.ids,
+        pageAt: pages.at,
+        pageIn: pages.source,
+        tail,
+        tailBase: lk.sealed,
+      }) as { admitted: number };
+      stats.hotAdmitted = r.admitted;
+    }
+    const t2 = performance.now();
+    const args = {
+      q,
+      qHeads,
+      sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
+      tail,
+      tailBase: lk.sealed,
+      selection: tokSel,
+      pageChunkSize: cs,
+      fetched: pages.buffers,
+      fetchedOffsets: pages.offsets,
+      fetchedIds: pages.ids,
+      fetchedAt: pages.at,
+      fetchedIn: pages.source,
+      ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+    };
+    const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+    const t3 = performance.now();
+    // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
+    // beats the least important resident (resident ones get their score refreshed).
+    if (placement && mem.ssd) {
+      const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
+      const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
+      stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
+    }
+    stats.fetchMs = t2 - t1;
+    stats.computeMs = t3 - t2;
+    const commit = () => {
+      lk.tokens = T;
+      mem.startSeal(seq, layer, lk);
+    };
+    // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
+    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
+  } finally {
+    placement?.release();
+  }
+}
+
+/** Attention mass of each entry of the chunk selection `sel`: the sum over the tokens of `tokSel` in that chunk. */
+function massPerChunk(tokSel: Selection, tokMass: Float32Array, sel: Selection, chunkSize: number, heads: number): Float32Array {
+  if (tokSel === sel) return tokMass;
+  const f = chunkSize / tokSel.chunkSize;
+  const out = new Float32Array(sel.chunkIds.length);
+  for (let h = 0; h < heads; h++) {
+    let j = sel.offsets[h]!;
+    for (let i = tokSel.offsets[h]!; i < tokSel.offsets[h + 1]!; i++) {
+      const c = Math.floor(tokSel.chunkIds[i]! / f);
+      while (j < sel.offsets[h + 1]! && sel.chunkIds[j]! < c) j++;
+      if (j < sel.offsets[h + 1]! && sel.chunkIds[j] === c) out[j]! += tokMass[i]!;
     }
   }
-  const pageOffsets = needOff;
-  const pageIds = Int32Array.from(needIds);
-  if (hot) {
-    const r = native.hotTierAdmitPages({ hot: { handle: hot.handle, sequence: seq, layer }, selection: sel, tokens: T, pages: fetched, pageOffsets, pageIds }) as { admitted: number };
-    stats.hotAdmitted = r.admitted;
-  }
-  const t2 = performance.now();
-  const args = {
-    q,
-    qHeads,
-    sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
-    tail: { k: tailK, v: tailV },
-    tailBase: lk.sealed,
-    selection: sel,
-    fetched,
-    fetchedOffsets: pageOffsets,
-    fetchedIds: pageIds,
-    ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
-  };
-  const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
-  const t3 = performance.now();
-  // Chunks read from SSD join the DRAM tier if the attention mass they just received beats the
-  // least important resident (resident ones get their score refreshed).
-  if (tierBuf && mem.ssd) {
-    const scores = Float32Array.from(tierNeed, (n) => r.chunkMass[needSel[n]!]!);
-    stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, tierBuf);
-  }
-  stats.fetchMs = t2 - t1;
-  stats.computeMs = t3 - t2;
-  const commit = () => {
-    lk.tokens = T;
-    mem.startSeal(seq, layer, lk);
-  };
-  // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-  return { out: r.out, lse: r.lse, selection: sel, bytesScored, stats, commit };
+  return out;
 }

@@ -64,8 +64,11 @@ interface SegmentEntry {
 }
 
 export class DramStore {
-  /** Per-slot metadata: owner ordinal, key and free-list entry (12 bytes) and the importance heap (16 bytes). */
-  static readonly metadataBytesPerSlot = 12 + SlotHeap.bytesPerSlot;
+  /**
+   * Per-slot metadata: owner ordinal, key and free-list entry (12 bytes), the pin count (2 bytes)
+   * and the importance heap (16 bytes).
+   */
+  static readonly metadataBytesPerSlot = 14 + SlotHeap.bytesPerSlot;
 
   readonly shape: StoreShape;
   readonly chunkBytes: number;
@@ -78,6 +81,8 @@ export class DramStore {
   private readonly slotKey: Int32Array;
   private readonly heap: SlotHeap;
   private readonly free: Int32Array; // stack of free slots, freeTop entries
+  /** Readers attending a slot in place (off the JS thread); a pinned slot is never evicted. */
+  private readonly pins: Uint16Array;
   private freeTop = 0;
   private readonly segs = new Map<string, SegmentEntry>();
   private readonly byOrdinal = new Map<number, SegmentEntry>();
@@ -100,6 +105,7 @@ export class DramStore {
     this.slotKey = new Int32Array(cap);
     this.heap = new SlotHeap(cap);
     this.free = new Int32Array(cap);
+    this.pins = new Uint16Array(cap);
     for (let s = cap - 1; s >= 0; s--) this.free[this.freeTop++] = s;
   }
 
@@ -114,9 +120,11 @@ export class DramStore {
     this.byOrdinal.set(e.ordinal, e);
   }
 
-  /** Drops a segment and frees its resident chunks. */
+  /** Drops a segment and frees its resident chunks (none may be pinned: E_INTERNAL). */
   removeSegment(id: string): void {
     const e = this.entry(id);
+    for (let k = 0; k < e.slots.length; k++)
+      if (e.slots[k]! >= 0 && this.pins[e.slots[k]!] !== 0) fail('E_INTERNAL', `DramStore.removeSegment('${id}')`, 'no chunk of it attended in place (pinned)', `slot ${e.slots[k]} pinned`);
     for (let k = 0; k < e.slots.length; k++) if (e.slots[k]! >= 0) this.release(e.slots[k]!);
     this.segs.delete(id);
     this.byOrdinal.delete(e.ordinal);
@@ -205,11 +213,37 @@ export class DramStore {
     return from.length;
   }
 
-  /** A free slot, evicting the least important chunk when that scores below `score`; -1 if none. */
+  /**
+   * Pins resident slots so that their bytes stay put while a reader attends them in place (the
+   * runtime's step reads DRAM-tier chunks straight from the arena, possibly off the JS thread, while
+   * other steps admit chunks). Every pin must be matched by {@link unpin}.
+   */
+  pin(slots: ArrayLike<number>): void {
+    for (let i = 0; i < slots.length; i++) {
+      const s = slots[i]!;
+      if (!(s >= 0 && s < this.capacityChunks) || this.slotOwner[s] === -1) fail('E_RANGE', 'DramStore.pin slot', 'a resident slot', s);
+      if (this.pins[s] === 0xffff) fail('E_INTERNAL', 'DramStore.pin', 'fewer than 65535 pins of one slot', s);
+    }
+    for (let i = 0; i < slots.length; i++) this.pins[slots[i]!]!++;
+  }
+
+  /** Releases pins taken by {@link pin}. */
+  unpin(slots: ArrayLike<number>): void {
+    for (let i = 0; i < slots.length; i++) {
+      const s = slots[i]!;
+      if (!(s >= 0 && s < this.capacityChunks) || this.pins[s] === 0) fail('E_INTERNAL', 'DramStore.unpin slot', 'a pinned slot', s);
+      this.pins[s]!--;
+    }
+  }
+
+  /**
+   * A free slot, evicting the least important chunk when that scores below `score`; -1 if none.
+   * While the least important chunk is pinned (being attended in place) the newcomer is rejected.
+   */
   private allocate(score: number): number {
     if (this.freeTop > 0) return this.free[--this.freeTop]!;
     const victim = this.heap.peek();
-    if (victim < 0 || this.heap.score[victim]! >= score) return -1;
+    if (victim < 0 || this.heap.score[victim]! >= score || this.pins[victim] !== 0) return -1;
     this.release(victim);
     this.counters.evicted++;
     return this.free[--this.freeTop]!;
@@ -246,11 +280,11 @@ export class DramStore {
     return this.heap.score[slot]!;
   }
 
-  /** Evicts one chunk if resident; returns whether it was. */
+  /** Evicts one chunk if resident and not pinned; returns whether it was evicted. */
   evict(id: string, layer: number, head: number, chunk: number): boolean {
     const e = this.entry(id);
     const slot = e.slots[this.key(e, id, layer, head, chunk)]!;
-    if (slot < 0) return false;
+    if (slot < 0 || this.pins[slot] !== 0) return false;
     this.release(slot);
     this.counters.evicted++;
     return true;

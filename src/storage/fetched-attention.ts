@@ -1,10 +1,12 @@
 /**
- * Exact attention over a step's KV gathered from several places (DESIGN.md §3–§4): sinks and the
- * open tail held in memory, selected chunks staged page-first by the tiers (DRAM tier, SSD
- * extents, the tail) or read in place from the hot tier. The runtime's step (src/runtime/step.ts)
+ * Exact attention over a step's KV where it lies (DESIGN.md §3–§4): sinks and the open tail held in
+ * memory, sealed chunks as page-first pages in any of a few buffers (a fetch buffer of SSD reads,
+ * the DRAM tier's arena) or in hot-tier slots — nothing is copied to attend it. The selection may
+ * be finer than the pages (kvdrive selects single tokens; the tiers hold chunks of `pageChunkSize`
+ * tokens): exactly the selected tokens are attended. The runtime's step (src/runtime/step.ts)
  * computes every decode step through it. Attention reads the same rows in the same order whichever
- * tier served a chunk (see native/tiered_attention.cc), so outputs are bit-identical to
- * attendSparse over a contiguous cache with the same selection.
+ * tier served them (see native/tiered_attention.cc), so outputs are bit-identical to attendSparse
+ * over a contiguous cache with the same selection.
  */
 import { native } from '../native.js';
 import type { KvTensor } from '../types.js';
@@ -21,20 +23,39 @@ export interface AttendFetchedOptions {
   tail: { k: KvTensor; v: KvTensor };
   /** First token of `tail`; <= selection.tailStart. */
   tailBase: number;
-  /** What each kv head attends (chunk ids ascending per head, < ceil(tailStart / chunkSize)). */
+  /**
+   * What each kv head attends (ids ascending per head, < ceil(tailStart / chunkSize)); units at or
+   * after tailBase are read from `tail` (tailBase must not fall inside a unit).
+   */
   selection: Selection;
-  /** Page-first chunks (a TieredKv fetch buffer): entry i = selection.chunkIds[i], or fetchedIds[i] when given. */
-  fetched: Uint8Array;
-  /** kvHeads + 1 offsets and ascending ids per kv head of the chunks `fetched` holds (default: the selection's). */
+  /** Tokens per page (the tiers' chunk), a multiple of selection.chunkSize (default: selection.chunkSize). */
+  pageChunkSize?: number;
+  /**
+   * Page-first pages of pageChunkSize tokens: one buffer (entry i at i x page bytes, unless
+   * fetchedAt) or up to 16 buffers (with fetchedAt / fetchedIn).
+   */
+  fetched: Uint8Array | Uint8Array[];
+  /**
+   * kvHeads + 1 offsets and ascending page ids per kv head of the pages (default: the selection's,
+   * when pageChunkSize equals its chunkSize). Every selected unit before tailBase not resident in
+   * the hot tier must lie in one of them (E_RANGE).
+   */
   fetchedOffsets?: Int32Array;
   fetchedIds?: Int32Array;
-  /** Read selected chunks resident in this hot tier (all rows) from their slots; records their mass for eviction. */
+  /** Byte offset of page entry i in its buffer (Float64Array, one per entry; checked against the buffer). */
+  fetchedAt?: Float64Array;
+  /** Buffer index of page entry i in `fetched` (default 0; only with fetchedAt). */
+  fetchedIn?: Uint8Array;
+  /**
+   * Read selected units in pages resident in this hot tier (chunk = pageChunkSize) from their slots;
+   * records each resident's mass (summed over its selected units) for eviction.
+   */
   hot?: { handle: number; sequence?: number; layer: number };
   /** Softmax scale, default 1/sqrt(dim). */
   scale?: number;
 }
 
-/** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selected chunk). */
+/** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */
 export interface FetchedAttentionResult {
   out: Float32Array;
   lse: Float32Array;

@@ -1,18 +1,26 @@
 /**
  * The batched read engine behind the SSD tier (native/io_engine.cc): io_uring (when the addon was
- * built with liburing and the kernel accepts a ring) or a pread thread pool, chosen at run time.
- * Used directly by benchmarks and tests; {@link SsdStore} owns one per store.
+ * built with liburing and the kernel accepts a ring) or a pread thread pool, chosen at run time, or
+ * — asked for by name — memory-mapped reads. Used directly by benchmarks and tests; {@link SsdStore}
+ * owns one per store. bench/storage.md compares the three.
  */
 import { z } from 'zod';
 import { fail, KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 
-/** Which engine to run. 'auto' picks io_uring and falls back to pread when missing or refused. */
-export type IoEngineKind = 'auto' | 'uring' | 'pread';
+/**
+ * Which engine to run. 'auto' picks io_uring and falls back to pread when missing or refused.
+ * 'mmap' maps each file read-only and copies from the page cache (no read syscalls, no bounce
+ * buffers; the extent store verifies checksums straight from the mapping). `direct` is ignored
+ * there (it reads through the page cache), and before touching a page it checks the file's
+ * current size, so a truncated file is E_CORRUPT, never SIGBUS; page faults do the I/O on the
+ * reading thread (queueDepth / threads do not apply).
+ */
+export type IoEngineKind = 'auto' | 'uring' | 'pread' | 'mmap';
 
 /** Options of an I/O engine; every field is optional. */
 export interface IoEngineOptions {
-  /** Engine choice (default 'auto'); 'uring' fails with E_CONFIG/E_IO when io_uring is unavailable. */
+  /** Engine choice (default 'auto'); 'uring' fails with E_CONFIG/E_IO when io_uring is unavailable; 'mmap': memory-mapped reads. */
   kind?: IoEngineKind;
   /** Physical reads in flight (io_uring queue depth), 1..4096 (default 32). */
   queueDepth?: number;
@@ -30,7 +38,7 @@ export interface IoEngineOptions {
 
 export const ioEngineOptionsSchema = z
   .object({
-    kind: z.enum(['auto', 'uring', 'pread']).optional(),
+    kind: z.enum(['auto', 'uring', 'pread', 'mmap']).optional(),
     queueDepth: z.number().int().min(1).max(4096).optional(),
     threads: z.number().int().min(1).max(256).optional(),
     maxIoBytes: z
@@ -48,7 +56,7 @@ export const ioEngineOptionsSchema = z
 
 /** What the engine actually runs with. */
 export interface IoEngineInfo {
-  kind: 'io_uring' | 'pread';
+  kind: 'io_uring' | 'pread' | 'mmap';
   /** Why 'auto' did not get io_uring ('' when it did). */
   fallbackReason: string;
   fixedBuffers: boolean;
@@ -123,6 +131,15 @@ export class IoEngine {
   open(path: string, direct = false): { file: number; direct: boolean } {
     this.check();
     return native.ioEngineOpen(this.handle, path, direct);
+  }
+
+  /**
+   * Drops the file's clean pages from the page cache (posix_fadvise DONTNEED): the next buffered or
+   * memory-mapped read comes from the device. For benchmarks comparing cold reads across engines.
+   */
+  dropCache(file: number): void {
+    this.check();
+    native.ioEngineDropCache(this.handle, file);
   }
 
   closeFile(file: number): void {

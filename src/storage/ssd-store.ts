@@ -56,7 +56,7 @@ export interface SsdStoreOptions extends IoEngineOptions {
   shape?: StoreShape;
   /** Create the directory and an empty manifest when missing (default true). */
   create?: boolean;
-  /** Open segment files with O_DIRECT (default false; aligned bounce reads, no page cache). */
+  /** Open segment files with O_DIRECT (default false; aligned bounce reads, no page cache; ignored by kind 'mmap'). */
   direct?: boolean;
 }
 

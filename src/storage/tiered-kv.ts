@@ -5,11 +5,12 @@
  * Chunks fetched from SSD are promoted into DRAM by importance. A prefetch API issues the SSD reads
  * for the next step's likely chunks early into a preallocated staging pool and can cancel them.
  *
- * Output layout (first version; the integrator points native attention spans at it): entry i of the
- * request (kv head h's chunk ids in request order, heads in order) occupies bytes
- * [i * chunkBytes, (i + 1) * chunkBytes) of `dest`, page-first: chunkSize K rows then chunkSize V
- * rows of headDim elements in the store dtype (see {@link chunkRows}). Native attention gets one
- * `Span` per entry from native/page_spans.h (`FetchBufferSpans`), without another copy.
+ * Output layout: entry i of the request (kv head h's chunk ids in request order, heads in order)
+ * occupies bytes [i * chunkBytes, (i + 1) * chunkBytes) of `dest`, page-first: chunkSize K rows then
+ * chunkSize V rows of headDim elements in the store dtype (see {@link chunkRows}). Native attention
+ * gets one `Span` per entry from native/page_spans.h (`FetchBufferSpans`), without another copy.
+ * {@link TieredKv.fetchInPlace} copies nothing out of DRAM: it leaves DRAM-resident chunks in the
+ * DRAM tier's arena (pinned until released) and packs only the SSD reads into `dest`.
  */
 import { z } from 'zod';
 import { fail, KvdriveError } from '../errors.js';
@@ -105,6 +106,20 @@ export interface PrefetchHandle {
   /** Settles when the reads finished (or were cancelled); never rejects: after a failed prefetch the
    * fetch reads those chunks itself, so a read error surfaces there. */
   readonly done: Promise<void>;
+}
+
+/** Where {@link TieredKv.fetchInPlace} left each entry of the request. */
+export interface FetchPlacement {
+  /** Where entry i's page is: 0 the caller's `dest`, 1 the DRAM tier's {@link arena}. */
+  source: Uint8Array;
+  /** Byte offset of entry i's page in its buffer. */
+  at: Float64Array;
+  /** The DRAM tier's arena (pages of entries with buffer 1); empty without a DRAM tier. */
+  arena: Uint8Array;
+  /** Entries read into `dest` (SSD reads, prefetches). */
+  inDest: number;
+  /** Unpins the DRAM slots this fetch left in place; call once, after the last read of them. */
+  release: () => void;
 }
 
 interface Prefetch {
@@ -244,12 +259,30 @@ export class TieredKv {
    * surfaces in this call. The layer's prefetches are released afterwards.
    */
   async fetch(req: FetchRequest, dest: Uint8Array): Promise<FetchStats> {
+    return (await this.fetchInto(req, dest, false)).stats;
+  }
+
+  /**
+   * Like {@link fetch}, without copying DRAM-resident chunks: they stay in the DRAM tier's arena,
+   * pinned (never evicted) until `placement.release()`, and only the other entries (SSD reads,
+   * prefetched chunks) are written to a buffer, packed in entry order: `dest` is that buffer or a
+   * function giving one of at least the bytes it is called with (once, before any read; E_SHAPE
+   * when too small). `placement` says where each entry's page is. For a reader that attends the
+   * pages where they lie (the runtime's step); on error nothing stays pinned.
+   */
+  async fetchInPlace(req: FetchRequest, dest: Uint8Array | ((bytes: number) => Uint8Array)): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
+    const r = await this.fetchInto(req, dest, true);
+    return { stats: r.stats, placement: r.placement! };
+  }
+
+  private async fetchInto(req: FetchRequest, destOrFn: Uint8Array | ((bytes: number) => Uint8Array), inPlace: boolean): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
     this.validate(req);
     const n = req.chunkIds.length;
-    if (!(dest instanceof Uint8Array) || dest.length < n * this.chunkBytes)
-      fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${n} chunks x ${this.chunkBytes} bytes`, dest);
+    let dest = destOrFn instanceof Uint8Array ? destOrFn : new Uint8Array(0);
+    if (typeof destOrFn !== 'function' && (!(dest instanceof Uint8Array) || (!inPlace && dest.length < n * this.chunkBytes)))
+      fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${n} chunks x ${this.chunkBytes} bytes`, destOrFn);
     const layer = req.layer;
     const H = this.shape.kvHeads;
     const cb = this.chunkBytes;
@@ -259,6 +292,10 @@ export class TieredKv {
     const dramSlots: number[] = [];
     const dramDest: number[] = [];
     const missIdx: number[] = [];
+    const placement: FetchPlacement | undefined = inPlace
+      ? { source: new Uint8Array(n), at: new Float64Array(n), arena: this.dram ? this.dram.arena : new Uint8Array(0), inDest: 0, release: () => undefined }
+      : undefined;
+    let pinned: number[] | undefined;
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
     const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
@@ -285,17 +322,32 @@ export class TieredKv {
           if (slot >= 0) {
             dramSlots.push(slot);
             dramDest.push(i * cb);
+            if (placement) {
+              placement.source[i] = 1;
+              placement.at[i] = slot * cb;
+            }
             continue;
           }
           addMiss(groups, h, i);
           missIdx.push(i);
         }
       }
+      if (placement) {
+        // Entries not left in the arena are packed into dest in entry order.
+        let k = 0;
+        for (let i = 0; i < n; i++) if (placement.source[i] === 0) placement.at[i] = cb * k++;
+        placement.inDest = k;
+        if (typeof destOrFn === 'function') dest = destOrFn(k * cb);
+        if (!(dest instanceof Uint8Array) || dest.length < k * cb) fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${k} chunks x ${cb} bytes (the entries not resident in DRAM)`, dest);
+        this.dram?.pin(dramSlots);
+        pinned = dramSlots;
+      }
+      const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
-      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, (i) => i * cb) : undefined;
+      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (dramSlots.length) {
-        this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
+        if (!placement) this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
         st.dramChunks = dramSlots.length;
         if (req.scores) {
           // Decode attention mass refreshes the importance of resident chunks.
@@ -313,7 +365,7 @@ export class TieredKv {
           const dst = new Float64Array(idx.length);
           idx.forEach((i, k) => {
             src[k] = p.staged.get(this.keyOfEntry(req, i))!;
-            dst[k] = i * cb;
+            dst[k] = destOf(i);
           });
           native.copyChunks(p.buffer, src, dest, dst, cb);
           st.prefetchedChunks += idx.length;
@@ -322,7 +374,7 @@ export class TieredKv {
         }
         for (const i of idx) missIdx.push(i); // promoted like an SSD fetch
       }
-      const rereading = redo.size ? this.readGroups(layer, redo, req.chunkIds, dest, (i) => i * cb) : undefined;
+      const rereading = redo.size ? this.readGroups(layer, redo, req.chunkIds, dest, destOf) : undefined;
       for (const r of await Promise.all([reading, rereading])) {
         if (!r) continue;
         st.ssdChunks += r.chunks;
@@ -330,9 +382,21 @@ export class TieredKv {
         st.ssdExtents += r.extents;
         st.ssdRuns += r.runs;
       }
-      if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest);
+      if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest, destOf);
+    } catch (e) {
+      if (pinned) this.dram!.unpin(pinned);
+      throw e;
     } finally {
       for (const p of mine) if (p.state !== 'reading') this.releasePrefetch(p);
+    }
+    if (placement && pinned) {
+      const slots = pinned;
+      let released = false;
+      placement.release = () => {
+        if (released) return;
+        released = true;
+        this.dram!.unpin(slots);
+      };
     }
     st.chunks = n;
     st.dramBytes = st.dramChunks * cb;
@@ -340,7 +404,7 @@ export class TieredKv {
     st.prefetchedBytes = st.prefetchedChunks * cb;
     st.ms = performance.now() - t0;
     for (const k of Object.keys(st) as Array<keyof FetchStats>) this.totalsAcc[k] += st[k];
-    return st;
+    return { stats: st, placement };
   }
 
   private headOfEntry(req: FetchRequest, i: number): number {
@@ -379,7 +443,8 @@ export class TieredKv {
     return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets }, flag);
   }
 
-  private promoteFrom(layer: number, req: FetchRequest, idx: number[], dest: Uint8Array): number {
+  /** Admits entries `idx` of req into DRAM; entry i's page at src[srcOf(i)]. */
+  private promoteFrom(layer: number, req: FetchRequest, idx: number[], src: Uint8Array, srcOf: (i: number) => number): number {
     const H = this.shape.kvHeads;
     let admitted = 0;
     // Group by (segment, head) for DramStore.put.
@@ -396,7 +461,7 @@ export class TieredKv {
       const s = Math.floor(gk / H);
       const ids = list.map((i) => req.chunkIds[i]! - this.segStart[s]!);
       const scores = list.map((i) => (req.scores ? req.scores[i]! : 0));
-      admitted += this.dram!.put(this.segments[s]!, layer, gk % H, ids, scores, dest, list.map((i) => i * this.chunkBytes));
+      admitted += this.dram!.put(this.segments[s]!, layer, gk % H, ids, scores, src, list.map(srcOf));
     }
     return admitted;
   }
@@ -406,23 +471,29 @@ export class TieredKv {
    * fetch buffer) with importance `req.scores` (required): resident chunks get their score
    * updated, others are admitted if they beat the least important resident chunk. For callers
    * that know a chunk's importance only after attending it (decode attention mass), with
-   * `promote: false`. Returns how many chunks were admitted.
+   * `promote: false`. `srcAt` (a placement of {@link fetchInPlace}): entry i's page at
+   * src[srcAt.at[i]] (entries left in the arena are resident, so only their score changes).
+   * Returns how many chunks were admitted.
    */
-  admit(req: FetchRequest, src: Uint8Array): number {
+  admit(req: FetchRequest, src: Uint8Array, srcAt?: FetchPlacement): number {
     this.check();
     this.validate(req);
     if (!req.scores) fail('E_CONFIG', 'TieredKv.admit scores', 'a Float32Array of importance scores, one per entry', undefined);
-    if (!(src instanceof Uint8Array) || src.length < req.chunkIds.length * this.chunkBytes)
-      fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${req.chunkIds.length} chunks x ${this.chunkBytes} bytes`, src);
+    const need = srcAt ? srcAt.inDest : req.chunkIds.length;
+    if (srcAt && srcAt.at.length !== req.chunkIds.length) fail('E_SHAPE', 'TieredKv.admit srcAt', `a placement of ${req.chunkIds.length} entries`, srcAt.at.length);
+    if (!(src instanceof Uint8Array) || src.length < need * this.chunkBytes)
+      fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${need} chunks x ${this.chunkBytes} bytes`, src);
     if (!this.dram || !req.chunkIds.length) return 0;
     const missing: number[] = [];
     for (let h = 0; h < this.shape.kvHeads; h++)
       for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
         const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
         if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
+        else if (srcAt?.source[i] === 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
         else missing.push(i);
       }
-    return missing.length ? this.promoteFrom(req.layer, req, missing, src) : 0;
+    const srcOf = srcAt ? (i: number) => srcAt.at[i]! : (i: number) => i * this.chunkBytes;
+    return missing.length ? this.promoteFrom(req.layer, req, missing, src, srcOf) : 0;
   }
 
   /**
