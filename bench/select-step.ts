@@ -50,11 +50,14 @@ for (const set of SETS) {
   const p = createPolicy(name, { threads: THREADS, ...opts, qHeads, kvHeads: k.heads, headDim: dim });
   await p.build(prefixView(k, T), T);
   const selWall: number[] = [], attWall: number[] = [];
+  let extMs = 0;
   let selCpu = 0, attCpu = 0, n = 0, ratio = 0, recall = 0, found = 0, total = 0, bytes = 0;
   for (const [s, st] of steps.entries()) {
     const kv = prefixView(k, st.tokens);
     const vv = prefixView(v, st.tokens);
+    const te = performance.now();
     p.extend(kv, st.tokens);
+    extMs += performance.now() - te;
     let sel = p.select(st.q, BUDGET, { keys: kv });
     const c0 = process.cpuUsage();
     for (let r = 0; r < REPS; r++) {
@@ -84,7 +87,7 @@ for (const set of SETS) {
     }
   }
   console.log(
-    `${JSON.stringify(set)}: recall ${(recall / STEPS).toFixed(4)} ratio ${(ratio / STEPS).toFixed(4)} needles ${found}/${total}; ` +
+    `${JSON.stringify(set)}: extend ${(extMs / STEPS).toFixed(2)} ms; recall ${(recall / STEPS).toFixed(4)} ratio ${(ratio / STEPS).toFixed(4)} needles ${found}/${total}; ` +
       `select min ${Math.min(...selWall).toFixed(2)} p50 ${median(selWall).toFixed(2)} cpu ${(selCpu / n).toFixed(2)} ms, ` +
       `${(bytes / STEPS / 2 ** 20).toFixed(1)} MiB; attend min ${Math.min(...attWall).toFixed(2)} p50 ${median(attWall).toFixed(2)} cpu ${(attCpu / n).toFixed(2)} ms`,
   );
