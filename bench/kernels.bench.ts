@@ -6,7 +6,7 @@
  *     compact per-head arena (the hot tier's layout; 8.7 MB, cache-resident), scattered over the
  *     128K cache with the same selection every call (cache-resident, but every chunk on another
  *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM);
- *   - centroid scoring, when the addon has `scoreCentroids` (index branch).
+ *   - centroid scoring as kvdrive's select runs it (f16 tiles, 8192 clusters x 8 kv heads, one thread).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
  * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's.
@@ -229,29 +229,34 @@ async function main(): Promise<void> {
     );
   }
 
-  // Hook: centroid scoring (native.scoreCentroids from the index branch), when present. One kv
-  // head's GQA group scores the centroids of a 128K context at ~16 tokens per cluster.
-  if (typeof native.scoreCentroids === 'function') {
+  // Centroid scoring as kvdrive's select runs it: f16 tiles (the layout the index keeps), one
+  // distinct 2 MiB tile array per kv head (16 MiB per layer-step at 128K, ~16 tokens per cluster:
+  // streamed from DRAM, not re-read from cache), one call per kv head scoring its GQA group in one
+  // pass over each tile, on one thread. The baseline reads the same 8 arrays (one thread).
+  if (typeof native.scoreCentroids === 'function' && typeof native.centroidTiles === 'function') {
     const n = MAX_TOKENS / 16;
-    const centroids = new Float32Array(n * DIM);
-    const nc = xorshift(5);
-    for (let i = 0; i < centroids.length; i++) centroids[i] = ((nc() % 2000) - 1000) / 1000;
     const group = Q_HEADS / KV_HEADS;
-    const qGroup = q.subarray(0, group * DIM);
-    const cBytes = centroids.byteLength * KV_HEADS;
-    add({ name: 'memoryRead centroid bytes', bytes: cBytes, flops: 0 }, () => {
+    const tiles: Uint16Array[] = [];
+    for (let h = 0; h < KV_HEADS; h++) {
+      const centroids = new Float32Array(n * DIM);
+      const nc = xorshift(5 + h);
+      for (let i = 0; i < centroids.length; i++) centroids[i] = ((nc() % 2000) - 1000) / 1000;
+      tiles.push(native.centroidTiles(centroids, n, DIM, 'f16') as Uint16Array);
+    }
+    const cBytes = tiles.reduce((a, t) => a + t.byteLength, 0);
+    add({ name: 'memoryRead centroid f16 tiles (1T)', bytes: cBytes, flops: 0 }, () => {
       let s = 0;
-      for (let h = 0; h < KV_HEADS; h++) s += memoryRead(centroids);
+      for (const t of tiles) s += memoryRead(t);
       return s;
     });
     add(
-      { name: `scoreCentroids ${n}/head x ${KV_HEADS} heads`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid bytes' },
+      { name: `scoreCentroids f16 tiles ${n}/head x ${KV_HEADS} heads (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid f16 tiles (1T)' },
       () => {
-        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(qGroup, group, centroids, n, DIM);
+        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, tiles[h]!, n, DIM, 'tiles16');
       },
     );
   } else {
-    console.log('note: native.scoreCentroids not in this build (index branch not merged): centroid scoring skipped');
+    console.log('note: native.scoreCentroids / centroidTiles not in this build: centroid scoring skipped');
   }
 
   await bench.run();

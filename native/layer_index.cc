@@ -92,12 +92,43 @@ size_t ExtendSorted(std::vector<Ranked>& v, size_t sorted, size_t next, std::vec
   return next;
 }
 
+// Marks in `chosen` (a bit set over cluster ids) the clusters that a walk over `clusters` in ByRank
+// order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
+// sorting every cluster and walking, without the sort. One pass bins the scores linearly between
+// their min and max (a monotonic map: a higher bin means a higher score) and sums each bin's tokens;
+// every cluster above the bin where the running sum reaches the target is taken, and only the
+// clusters from that bin up are sorted and walked.
+void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& ctoks, double target,
+                  std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
+  chosen.assign((ctoks.size() + 63) / 64, 0);
+  if (clusters.empty() || !(target > 0)) return;
+  float mn = clusters[0].score, mx = mn;
+  for (const Ranked& r : clusters) mn = std::min(mn, r.score), mx = std::max(mx, r.score);
+  constexpr int kBins = 4096;
+  const double inv = mx > mn ? kBins / (double(mx) - double(mn)) : 0.0;
+  auto bin = [&](float s) { return std::min(kBins - 1, int((double(s) - double(mn)) * inv)); };
+  hist.assign(kBins, 0);
+  for (const Ranked& r : clusters) hist[size_t(bin(r.score))] += uint32_t(ctoks[size_t(r.id)]);
+  double above = 0;
+  int b = kBins - 1;
+  for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
+  // Clusters of bins >= b, best first; those above b are all taken (their tokens sum below target).
+  auto mid = std::partition(clusters.begin(), clusters.end(), [&](const Ranked& r) { return bin(r.score) >= b; });
+  std::sort(clusters.begin(), mid, ByRank());
+  double taken = 0;
+  for (auto it = clusters.begin(); it != mid && taken < target; ++it) {
+    chosen[size_t(it->id) >> 6] |= uint64_t(1) << (it->id & 63);
+    taken += ctoks[size_t(it->id)];
+  }
+}
+
 // Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
 // allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok;
-  std::vector<int32_t> ids, rows, segBase;
+  std::vector<int32_t> ids, rows, ctoks;
+  std::vector<uint64_t> chosen;
   std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
@@ -231,8 +262,28 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
     std::vector<double>().swap(seg.sums);
     std::vector<double>().swap(seg.sumSq);
     std::vector<float>().swap(seg.centroids);
+  } else {
+    ReserveOpen(seg);
   }
   RebuildCsr(seg);
+}
+
+// An open segment grows by one chunk per sealed chunk and by one cluster per tokensPerCluster
+// tokens until it is full: room for the full segment up front, so decode-time Extend appends in
+// place. Otherwise the first chunk sealed after a build reallocated every head's centroids and
+// running sums (~0.4 MiB per head, fresh mmap'd blocks, munmap of the old ones): ~15-35 ms in one
+// decode step at 128K on this VM.
+void LayerIndex::ReserveOpen(Segment& seg) const {
+  const int64_t toks = seg.cEnd * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
+  const size_t kMax = size_t(std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster));
+  seg.centroids.reserve(kMax * size_t(dim_));
+  seg.sums.reserve(kMax * size_t(dim_));
+  seg.counts.reserve(kMax);
+  seg.sumSq.reserve(kMax);
+  seg.var.reserve(kMax);
+  seg.radius.reserve(kMax);
+  seg.assign.reserve(size_t(seg.cEnd - seg.c0));
+  seg.tiles.reserve(TileFloats(kMax, dim_));
 }
 
 // The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
@@ -414,6 +465,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
             Segment seg;
             seg.c0 = seg.c1 = j;
             seg.cEnd = (j / segChunks + 1) * segChunks;
+            ReserveOpen(seg);
             H.segments.push_back(std::move(seg));
           }
           AddChunkOnline(h, H.segments.back(), j);
@@ -571,16 +623,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       std::vector<float>& ones = sc.ones;
       ones.assign(g, 1.f);
       // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
-      // over the head's segments (segment base + cluster): unique, so ties break deterministically,
-      // and resolved back to (segment, cluster) only for the clusters taken.
+      // over the head's segments (segment base + cluster): unique, so ties break deterministically.
       std::vector<Ranked>& clusters = sc.clusters;
-      std::vector<int32_t>& segBase = sc.segBase;
+      std::vector<int32_t>& ctoks = sc.ctoks;  // tokens per cluster id (0: empty)
       clusters.clear();
-      segBase.clear();
-      int32_t base = 0;
+      ctoks.clear();
       for (size_t s = 0; s < H.segments.size(); ++s) {
         const Segment& seg = H.segments[s];
-        segBase.push_back(base);
+        const int32_t base = int32_t(ctoks.size());
         scores.resize(seg.k);
         if (useRadius) {
           // One spread term per cluster with the group's largest |q| (the max over the group is
@@ -595,31 +645,34 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
         out.vectorsScored += seg.k;
         f16Vectors += seg.k;
-        for (int c = 0; c < seg.k; ++c)
+        for (int c = 0; c < seg.k; ++c) {
+          ctoks.push_back(seg.counts[c] * cfg_.chunk);
           if (seg.counts[c] > 0) clusters.push_back({scores[c], base + c});
-        base += seg.k;
+        }
       }
-      // Candidate clusters until candidateFactor x K tokens (and at least the pool), sorting lazily.
+      // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
+      if (!H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
+        ctoks[size_t(H.segments[0].assign[0])] -= int32_t(cfg_.chunk - ChunkTokens(firstChunk()));
+      // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
-      // below, so the level-2 gather walks the chunk means forwards).
+      // below, so the next level walks the cache forwards).
       const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
+      std::vector<uint64_t>& chosen = sc.chosen;
+      TakeClusters(clusters, ctoks, target, sc.hist, chosen);
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(endChunk_ + 63) / 64, 0);
-      double candTokens = 0;
-      size_t sorted = 0, i = 0;
-      // First guess: enough clusters of average size for the target, plus a quarter.
-      const double avgTokens = clusters.empty() ? 1.0 : double(H.reps.size() / dim_) * cfg_.chunk / double(clusters.size());
-      const size_t guess = size_t(target / std::max(1.0, avgTokens) * 1.25) + 8;
-      while (i < clusters.size() && candTokens < target) {
-        if (i == sorted) sorted = ExtendSorted(clusters, sorted, std::max(guess, sorted * 2), sc.hist);
-        const int32_t gid = clusters[i++].id;
-        const size_t s = size_t(std::upper_bound(segBase.begin(), segBase.end(), gid) - segBase.begin()) - 1;
+      // Chunks of the taken clusters: one forward pass over each segment's assignments (rather than
+      // each taken cluster's member list, scattered over the segments' heap blocks).
+      for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
         const Segment& seg = H.segments[s];
-        const int32_t c = gid - segBase[s];
-        for (int32_t m = seg.offsets[c]; m < seg.offsets[c + 1]; ++m) {
-          const int32_t id = seg.members[m];
-          bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-          candTokens += double(ChunkTokens(id));
+        const int32_t* a = seg.assign.data();
+        const int64_t n = seg.c1 - seg.c0;
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t gid = base + size_t(a[i]);
+          if (chosen[gid >> 6] >> (gid & 63) & 1) {
+            const int64_t id = seg.c0 + i;
+            bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+          }
         }
       }
       // Outlier chunks (highest key variance of each segment) are always candidates: one strong

@@ -175,6 +175,7 @@ class LayerIndex {
   void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first = 0);
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
+  void ReserveOpen(Segment& seg) const;  // capacity for an open segment to fill without reallocating
   void ClusterVariance(int h, Segment& seg, int c) const;
   void PickOutliers(int h, Segment& seg) const;
   float MemberRadius(int h, int64_t j, const float* c) const;

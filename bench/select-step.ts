@@ -1,0 +1,95 @@
+/**
+ * Focused decode-step driver for kvdrive's select + sparse attention on the `kvdrive demo` workload
+ * (Llama-3-8B-shaped synthetic trace: 32/8 heads, dim 128, f16 KV, planted needles): builds one
+ * layer's index once, then per decode step extends it and times select (with the keys) and sparse
+ * attention `REPS` times (wall min / median and process CPU per call), beside recall / oracle. For
+ * profiling (`perf record -g node dist/bench/select-step.js ...`) and A/B of option sets in one run.
+ *
+ *   npm run build:ts && node dist/bench/select-step.js [context=131072] [budget=2048] [steps=4] [seed=3] \
+ *     [reps=10] ['[{}, {"candidateFactor":4}]']
+ */
+import { generateSyntheticTrace } from '../src/trace/synthetic.js';
+import { layerKvWithNew } from '../src/trace/trace.js';
+import { prefixView, traceNeedles } from '../src/eval/replay.js';
+import { attendedMask, massRecall, oracleMask } from '../src/eval/metrics.js';
+import { attendSparse, attentionWeights } from '../src/attention/kernels.js';
+import { createPolicy } from '../src/index/policy.js';
+import type { PolicyOptions } from '../src/index/options.js';
+import type { PolicyName } from '../src/index/selection.js';
+import os from 'node:os';
+
+const CONTEXT = Number(process.argv[2] ?? 131072);
+const BUDGET = Number(process.argv[3] ?? 2048);
+const STEPS = Number(process.argv[4] ?? 4);
+const SEED = Number(process.argv[5] ?? 3);
+const REPS = Number(process.argv[6] ?? 10);
+const SETS: (PolicyOptions & { policy?: PolicyName })[] = process.argv[7] ? JSON.parse(process.argv[7]) : [{}];
+const THREADS = 2;
+const cpuMs = (c: NodeJS.CpuUsage) => (c.user + c.system) / 1000;
+
+const trace = generateSyntheticTrace({
+  layers: 1, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: SEED,
+});
+const needles = await traceNeedles(trace);
+const qHeads = trace.meta.qHeads;
+const layer = await trace.layer(0);
+const { k, v } = layerKvWithNew(layer);
+const dim = k.dim;
+const T = trace.meta.promptTokens;
+const steps = [];
+for (let s = 0; s < STEPS; s++) {
+  const tokens = T + s + 1;
+  const q = layer.q.subarray(s * qHeads * dim, (s + 1) * qHeads * dim);
+  steps.push({ tokens, q, weights: attentionWeights({ q, qHeads, k: prefixView(k, tokens) }) });
+}
+
+const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
+console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps x ${REPS} reps, ${THREADS} threads; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+for (const set of SETS) {
+  const { policy: name = 'kvdrive', ...opts } = set;
+  const p = createPolicy(name, { threads: THREADS, ...opts, qHeads, kvHeads: k.heads, headDim: dim });
+  await p.build(prefixView(k, T), T);
+  const selWall: number[] = [], attWall: number[] = [];
+  let extMs = 0;
+  let selCpu = 0, attCpu = 0, n = 0, ratio = 0, recall = 0, found = 0, total = 0, bytes = 0;
+  for (const [s, st] of steps.entries()) {
+    const kv = prefixView(k, st.tokens);
+    const vv = prefixView(v, st.tokens);
+    const te = performance.now();
+    p.extend(kv, st.tokens);
+    extMs += performance.now() - te;
+    let sel = p.select(st.q, BUDGET, { keys: kv });
+    const c0 = process.cpuUsage();
+    for (let r = 0; r < REPS; r++) {
+      const t = performance.now();
+      sel = p.select(st.q, BUDGET, { keys: kv });
+      selWall.push(performance.now() - t);
+    }
+    selCpu += cpuMs(process.cpuUsage(c0));
+    bytes += p.lastSelectStats().bytesScored;
+    const c1 = process.cpuUsage();
+    for (let r = 0; r < REPS; r++) {
+      const t = performance.now();
+      attendSparse({ q: st.q, qHeads, k: kv, v: vv, selection: sel, threads: THREADS });
+      attWall.push(performance.now() - t);
+    }
+    attCpu += cpuMs(process.cpuUsage(c1));
+    n += REPS;
+    const mask = attendedMask(sel, k.heads);
+    const oracle = oracleMask(st.weights, qHeads, k.heads, st.tokens, sel.sinkEnd, sel.tailStart, BUDGET);
+    const rc = massRecall(st.weights, mask, qHeads, k.heads, st.tokens);
+    recall += rc;
+    ratio += rc / massRecall(st.weights, oracle, qHeads, k.heads, st.tokens);
+    for (const nd of needles) {
+      if (s < nd.firstStep || s > nd.lastStep) continue;
+      total++;
+      if (mask[nd.kvHead * st.tokens + nd.token]) found++;
+    }
+  }
+  console.log(
+    `${JSON.stringify(set)}: extend ${(extMs / STEPS).toFixed(2)} ms; recall ${(recall / STEPS).toFixed(4)} ratio ${(ratio / STEPS).toFixed(4)} needles ${found}/${total}; ` +
+      `select min ${Math.min(...selWall).toFixed(2)} p50 ${median(selWall).toFixed(2)} cpu ${(selCpu / n).toFixed(2)} ms, ` +
+      `${(bytes / STEPS / 2 ** 20).toFixed(1)} MiB; attend min ${Math.min(...attWall).toFixed(2)} p50 ${median(attWall).toFixed(2)} cpu ${(attCpu / n).toFixed(2)} ms`,
+  );
+}
+console.log(`load after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
