@@ -83,7 +83,6 @@ export async function attendEntry(
   const { kvHeads: H, headDim: D, qHeads } = shape;
   const cs = p.chunkSize;
   const row = H * D;
-  const cb = mem.chunkBytes;
   await mem.settleSeal(seq, layer, lk);
   const at = lk.tokens;
   const T = at + 1;
