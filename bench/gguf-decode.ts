@@ -5,7 +5,8 @@
  *
  *   node dist/src/cli/main.js random-gguf --shape llama-3.2-1b --type Q8_0 --out /tmp/l1b.gguf
  *   node dist/bench/gguf-decode.js --model /tmp/l1b.gguf [--depths 4096,16384,32768] [--steps 6]
- *        [--threads 1] [--prefill 128] [--budget-share 0.0156]
+ *        [--threads 1] [--prefill 128] [--budget-share 0.0156] [--sparse-depths all|none|4096,...]
+ *        [--weights huge-pages|mmap]
  *
  * The KV cache at each depth is filled directly in both engines (random keys and values; attention
  * cost depends on the number of positions, not on their values), because prefilling 32K positions
@@ -18,12 +19,21 @@
  * wall time mostly measures the wait for a core and the median absorbs others' cache and memory
  * traffic, so the minimum is the steadiest estimate of each engine's own cost (with --threads 1 both
  * run one thread). Ratios are tok/s of kvdrive over tok/s of llama.cpp.
+ *
+ * At each depth llama.cpp runs first (its child process and its KV are gone before kvdrive fills
+ * its own cache), so the largest depths need one engine's memory at a time. The sparse column's
+ * runtime time per token (selection, fetch, attention; wall, from the runtime's stats) is printed
+ * below the table. The weights pass is compared with the memory-read roofline: memoryRead over a
+ * huge-page buffer of the weights' bytes, against the weights-only part of a decode step (a step at
+ * the smallest depth minus its attention).
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { attendDense } from '../src/attention/kernels.js';
+import { loadavg } from 'node:os';
+import { attendDense, memoryRead } from '../src/attention/kernels.js';
+import { native } from '../src/native.js';
 import type { AttentionBackend, AttentionShape } from '../src/model/attention-backend.js';
 import { createBackend } from '../src/model/backends.js';
 import { GgufTransformer, loadGgufModel } from '../src/model/gguf/model.js';
@@ -41,17 +51,27 @@ const steps = Number(arg('steps', '8'));
 const threads = Number(arg('threads', '1'));
 const prefill = Number(arg('prefill', '128'));
 const share = Number(arg('budget-share', '0.0156'));
+const sparseArg = arg('sparse-depths', 'all');
+const sparseAt = (depth: number): boolean => sparseArg === 'all' || (sparseArg !== 'none' && sparseArg.split(',').map(Number).includes(depth));
+const weights = arg('weights', 'huge-pages') as 'huge-pages' | 'mmap';
+const load = (): string => loadavg().map((x) => x.toFixed(2)).join(', ');
 const here = dirname(fileURLToPath(import.meta.url));
 const llamaDir = join(here, '..', '..', 'bench', 'llama-cpp');
 const haveLlama = existsSync(join(llamaDir, 'node_modules', 'node-llama-cpp'));
 
 /** Dense attention with the native kernel over the host's f32 cache (positions [0, pos]). */
 class NativeDense implements AttentionBackend {
+  /** CPU milliseconds spent in attend() since the last reset (to split a step into weights and attention). */
+  cpuMs = 0;
   constructor(private readonly shape: AttentionShape) {}
   attend(_layer: number, pos: number, q: Float32Array, kCache: Float32Array, vCache: Float32Array): Float32Array {
     const { nHeads, nKvHeads, headSize, seqLen } = this.shape;
+    const c0 = process.cpuUsage();
     const view = (data: Float32Array) => ({ data, dtype: 'f32' as const, tokens: seqLen, heads: nKvHeads, dim: headSize });
-    return attendDense({ q, qHeads: nHeads, k: view(kCache), v: view(vCache), tokens: pos + 1, threads }).out;
+    const out = attendDense({ q, qHeads: nHeads, k: view(kCache), v: view(vCache), tokens: pos + 1, threads }).out;
+    const c = process.cpuUsage(c0);
+    this.cpuMs += (c.user + c.system) / 1000;
+    return out;
   }
 }
 
@@ -97,10 +117,11 @@ function llamaCpp(depth: number, prefillTokens: number): LlamaResult | undefined
   return JSON.parse(out.trim().split('\n').pop()!) as LlamaResult;
 }
 
-const model = loadGgufModel(modelPath, { threads });
+const model = loadGgufModel(modelPath, { threads, weights });
 const c = model.config;
 const kvDim = c.nKvHeads * c.headSize;
-console.log(`model ${modelPath}: ${c.arch}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads × ${c.headSize}, ${c.weightType}; threads ${threads}; ${steps} decode steps per cell`);
+console.log(`model ${modelPath}: ${c.arch}, ${c.nLayers} layers, dim ${c.dim}, ${c.nHeads}/${c.nKvHeads} heads × ${c.headSize}, ${c.weightType}; threads ${threads}; weights ${weights}; ${steps} decode steps per cell`);
+console.log(`load average at start: ${load()}`);
 if (!haveLlama) console.log('NOTICE: node-llama-cpp is not installed in bench/llama-cpp (npm install --omit=optional there); llama.cpp columns are empty');
 
 // Prefill: kvdrive in chunks of 64 with native dense attention, llama.cpp with its batch of 512.
@@ -121,7 +142,12 @@ if (!haveLlama) console.log('NOTICE: node-llama-cpp is not installed in bench/ll
 console.log('\nCPU ms per decoded token, median / min (wall median); ratio = kvdrive tok/s ÷ llama.cpp tok/s by median / by min CPU\n');
 console.log('| depth | kvdrive dense | kvdrive sparse (budget) | llama.cpp | dense ÷ llama.cpp | sparse ÷ llama.cpp | sparse index build, CPU ms |');
 console.log('|---|---|---|---|---|---|---|');
+const notes: string[] = [];
+let weightsOnly: number | undefined;
 for (const depth of depths) {
+  // llama.cpp first: its process (and its KV) is gone before kvdrive fills its own cache.
+  const ll = llamaCpp(depth, 0);
+  const llt = ll?.decodeMs && ll.decodeCpuMs ? stats(ll.decodeMs.slice(1), ll.decodeCpuMs.slice(1)) : undefined;
   const seqLen = depth + 2 * steps + 4;
   const sw = new Switch();
   const tf = new GgufTransformer(model, sw, seqLen);
@@ -137,21 +163,57 @@ for (const depth of depths) {
     for (let s = 0; s < steps; s++) r.push(await timed(() => tf.forwardAsync([5 + s], start + 1 + s)));
     return stats(r.map((x) => x.ms), r.map((x) => x.cpu));
   };
-  sw.current = new NativeDense(shape);
-  const dense = await run(depth);
+  const nd = new NativeDense(shape);
+  sw.current = nd;
+  await tf.forwardAsync([4], depth);
+  // The weights-only cost: per step CPU minus its attention, minimum over the steps.
+  const rest: number[] = [];
+  const dr: { ms: number; cpu: number }[] = [];
+  for (let s = 0; s < steps; s++) {
+    nd.cpuMs = 0;
+    const t = await timed(() => tf.forwardAsync([5 + s], depth + 1 + s));
+    dr.push(t);
+    rest.push(t.cpu - nd.cpuMs);
+  }
+  const dense = stats(dr.map((x) => x.ms), dr.map((x) => x.cpu));
+  weightsOnly ??= Math.min(...rest);
+  let sp: StepStats | undefined;
+  let first: { ms: number; cpu: number } | undefined;
   const budget = Math.max(1, Math.round(share * depth));
-  // The sparse backend is the runtime (DRAM tier sized to hold the whole f32 context: no SSD here).
-  const kvBytes = 2 * c.nLayers * seqLen * kvDim * 4;
-  const sparse = createBackend('kvdrive', shape, { budget, dramBudget: Math.ceil(kvBytes * 1.5) + 256 * 2 ** 20 });
-  sw.current = sparse;
-  // The sparse backend's first step hands it the filled context (prefill: index build, sealing).
-  const first = await timed(() => tf.forwardAsync([4], depth));
-  const sp = await run(depth + 1);
-  await sparse.close?.();
-  const ll = llamaCpp(depth, 0);
-  const llt = ll?.decodeMs && ll.decodeCpuMs ? stats(ll.decodeMs.slice(1), ll.decodeCpuMs.slice(1)) : undefined;
+  if (sparseAt(depth)) {
+    // The sparse backend is the runtime (DRAM tier sized to hold the whole f32 context: no SSD here).
+    const kvBytes = 2 * c.nLayers * seqLen * kvDim * 4;
+    const sparse = createBackend('kvdrive', shape, { budget, dramBudget: Math.ceil(kvBytes * 1.5) + 256 * 2 ** 20 }) as AttentionBackend & {
+      stats(): Promise<{ selectionMs: number; fetchMs: number; computeMs: number; wallMs: number } | undefined>;
+    };
+    sw.current = sparse;
+    // The sparse backend's first step hands it the filled context (prefill: index build, sealing).
+    first = await timed(() => tf.forwardAsync([4], depth + steps + 1));
+    await tf.forwardAsync([4], depth + steps + 2);
+    const before = (await sparse.stats())!;
+    const r: { ms: number; cpu: number }[] = [];
+    for (let s = 0; s < steps; s++) r.push(await timed(() => tf.forwardAsync([5 + s], depth + steps + 3 + s)));
+    sp = stats(r.map((x) => x.ms), r.map((x) => x.cpu));
+    const after = (await sparse.stats())!;
+    const per = (k: 'selectionMs' | 'fetchMs' | 'computeMs' | 'wallMs'): string => ((after[k] - before[k]) / steps).toFixed(1);
+    notes.push(`depth ${depth}: sparse runtime wall ms per token (${c.nLayers} layers): attend ${per('wallMs')} = selection ${per('selectionMs')} + fetch ${per('fetchMs')} + attention ${per('computeMs')} (+ append/checks); step CPU median ${sp.cpu.toFixed(0)}`);
+    await sparse.close?.();
+  }
   const cell = (t: StepStats): string => `${t.cpu.toFixed(0)} / ${t.cpuMin.toFixed(0)} (${t.wall.toFixed(0)})`;
-  const ratio = (t: StepStats): string => (llt ? `${(llt.cpu / t.cpu).toFixed(2)} / ${(llt.cpuMin / t.cpuMin).toFixed(2)}` : '–');
-  console.log(`| ${depth} | ${cell(dense)} | ${cell(sp)} (${budget}) | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} | ${first.cpu.toFixed(0)} |`);
+  const ratio = (t: StepStats | undefined): string => (llt && t ? `${(llt.cpu / t.cpu).toFixed(2)} / ${(llt.cpuMin / t.cpuMin).toFixed(2)}` : '–');
+  console.log(`| ${depth} | ${cell(dense)} | ${sp ? `${cell(sp)} (${budget})` : '–'} | ${llt ? cell(llt) : '–'} | ${ratio(dense)} | ${ratio(sp)} | ${first ? first.cpu.toFixed(0) : '–'} |`);
 }
+for (const n of notes) console.log(n);
+// The memory-read roofline of the weights pass: one SIMD read of as many bytes, huge pages like the weights.
+{
+  const bytes = model.file.tensors.reduce((a, t) => a + t.bytes, 0);
+  const buf = new Float32Array(Math.ceil(bytes / 4));
+  native.adviseHugePages(buf);
+  buf.fill(1);
+  const read: number[] = [];
+  for (let i = 0; i < 5; i++) read.push((await timed(async () => memoryRead(buf, threads))).cpu);
+  const mr = Math.min(...read);
+  console.log(`weights pass (${(bytes / 2 ** 30).toFixed(2)} GiB): decode step minus attention at depth ${depths[0]}, min CPU ${weightsOnly?.toFixed(1)} ms; memoryRead of as many bytes (${threads} thread${threads > 1 ? 's' : ''}), min CPU ${mr.toFixed(1)} ms (${(bytes / mr / 1e6).toFixed(1)} GB/s): ${((mr / weightsOnly!) * 100).toFixed(0)}% of the roofline`);
+}
+console.log(`load average at end: ${load()}`);
 model.close();

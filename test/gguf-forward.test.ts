@@ -74,3 +74,27 @@ describe('GGUF model arguments are checked', () => {
     await expectKvdError(() => tf.forward([1], 0), 'E_CLOSED');
   });
 });
+
+describe('GGUF weight placement', () => {
+  it("weights 'huge-pages' (the default) and 'mmap' give bit-identical logits; other values are E_CONFIG", async () => {
+    const path = join(dir, 'placement.gguf');
+    writeRandomModel({ shape: tinyLlama, type: 'Q4_K', out: path, seed: 3 });
+    const run = (weights?: 'huge-pages' | 'mmap'): Float32Array[] => {
+      const m = loadGgufModel(path, weights ? { weights } : {});
+      try {
+        const tf = new GgufTransformer(m, new DenseTsAttention(m.attentionShape(4)), 4);
+        return [tf.forward([5, 17, 200], 0).slice(), tf.forward([3], 3).slice()];
+      } finally {
+        m.close();
+      }
+    };
+    const mapped = run('mmap');
+    for (const w of [undefined, 'huge-pages'] as const) {
+      const other = run(w);
+      for (let i = 0; i < mapped.length; i++) expect(Buffer.from(other[i]!.buffer).equals(Buffer.from(mapped[i]!.buffer))).toBe(true);
+    }
+    await expectKvdError(() => loadGgufModel(path, { weights: 'disk' as 'mmap' }), 'E_CONFIG', /weights\?: 'huge-pages' \| 'mmap'/);
+    expect(native.adviseHugePages(new Float32Array(8))).toBe(0); // no whole 2 MiB page inside: nothing advised
+    await expectKvdError(() => native.adviseHugePages(new Uint8Array(8)), 'E_DTYPE', /Float32Array/);
+  });
+});

@@ -27,7 +27,9 @@ const dir = tmpDir();
 
 async function open(path: string): Promise<{ model: any; seq: any; dispose: () => Promise<void> }> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const ctx = await model.createContext({ contextSize: 256, threads: 2, flashAttention: false });
+  // One thread: the checks are of tokens and logits, and on a shared machine a 2-thread llama.cpp pool
+  // spins for a core others hold (the stories test took 45-60 s of its 60 s timeout under load).
+  const ctx = await model.createContext({ contextSize: 256, threads: 1, flashAttention: false });
   return { model, seq: ctx.getSequence(), dispose: async () => (await ctx.dispose(), await model.dispose()) };
 }
 

@@ -18,7 +18,7 @@
 namespace kvd {
 namespace model {
 
-LlamaModel::LlamaModel(const std::string& path) {
+LlamaModel::LlamaModel(const std::string& path, Placement placement) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Throw(errno == ENOENT ? "E_NOT_FOUND" : "E_IO", "GGUF model " + path + ": cannot open (" + std::strerror(errno) + ")");
   struct stat st;
@@ -27,18 +27,56 @@ LlamaModel::LlamaModel(const std::string& path) {
     Throw("E_IO", "GGUF model " + path + ": cannot stat or empty");
   }
   bytes_ = size_t(st.st_size);
-  // MAP_POPULATE maps every page now: decode reads all weights per token, and taking the page faults
-  // at load keeps them out of the first tokens' timings.
-  map_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    Throw("E_IO", "GGUF model " + path + ": mmap failed (" + std::strerror(errno) + ")");
+  if (placement == Placement::kMapped) {
+    // MAP_POPULATE maps every page now: decode reads all weights per token, and taking the page
+    // faults at load keeps them out of the first tokens' timings.
+    region_ = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    regionBytes_ = bytes_;
+    const int err = errno;
+    ::close(fd);
+    if (region_ == MAP_FAILED) {
+      region_ = nullptr;
+      Throw("E_IO", "GGUF model " + path + ": mmap failed (" + std::strerror(err) + ")");
+    }
+    map_ = region_;
+    return;
   }
+  // Huge pages: an anonymous mapping with room to start on a 2 MiB boundary, advised for THP
+  // (madvise failing — no THP in this kernel — leaves 4 KiB pages, same contents), filled with
+  // pread (each huge page is faulted in once, by the first write) and then made read-only.
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t len = (bytes_ + kHuge - 1) / kHuge * kHuge;
+  regionBytes_ = len + kHuge;
+  region_ = ::mmap(nullptr, regionBytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (region_ == MAP_FAILED) {
+    const int err = errno;
+    region_ = nullptr;
+    ::close(fd);
+    Throw("E_IO", "GGUF model " + path + ": expected " + std::to_string(regionBytes_) + " bytes of memory for the weights (weights: 'huge-pages'), got " +
+                      std::strerror(err) + "; weights: 'mmap' reads them in place");
+  }
+  uint8_t* dst = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(region_) + kHuge - 1) & ~uintptr_t(kHuge - 1));
+  ::madvise(dst, len, MADV_HUGEPAGE);
+  size_t done = 0;
+  while (done < bytes_) {
+    const ssize_t n = ::pread(fd, dst + done, std::min(bytes_ - done, size_t(64) << 20), off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? std::strerror(errno) : "unexpected end of file";
+      ::close(fd);
+      ::munmap(region_, regionBytes_);
+      region_ = nullptr;
+      Throw("E_IO", "GGUF model " + path + ": expected " + std::to_string(bytes_) + " bytes, read " + std::to_string(done) + " (" + why + ")");
+    }
+    done += size_t(n);
+  }
+  ::close(fd);
+  ::mprotect(dst, len, PROT_READ);
+  map_ = dst;
 }
 
 LlamaModel::~LlamaModel() {
-  if (map_) ::munmap(map_, bytes_);
+  if (region_) ::munmap(region_, regionBytes_);
 }
 
 // Per-thread scratch that keeps its capacity between calls: prefill activations are megabytes, and a

@@ -246,23 +246,33 @@ KVD_AVX2 inline __m256 DotI8x32(__m256i q, __m256i x) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-KVD_AVX2 float DotQ8(QType t, const uint8_t* row, const int8_t* xq, const float* xd, size_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-  for (size_t b = 0; b < n / 32; ++b, xq += 32) {
-    __m256i q;
-    if (t == QType::Q8_0) {
-      q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
-    } else {
-      const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
-      const __m256i both = _mm256_set_m128i(_mm_srli_epi16(p, 4), p);  // low nibbles, then high
-      q = _mm256_sub_epi8(_mm256_and_si256(both, m4), eight);
-    }
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(H(row) * xd[b]), DotI8x32(q, x), acc);
-    row += t == QType::Q8_0 ? 34 : 18;
+// One block of DotQ8: acc + d_row · d_x · (exact int32 lane sums of the 32 quant products).
+KVD_AVX2 inline __m256 BlockQ8(QType t, const uint8_t* row, const int8_t* xq, float xd, __m256 acc) {
+  __m256i q;
+  if (t == QType::Q8_0) {
+    q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+  } else {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(p, 4), p);  // low nibbles, then high
+    q = _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
   }
-  return HSum(acc);
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  return _mm256_fmadd_ps(_mm256_set1_ps(H(row) * xd), DotI8x32(q, x), acc);
+}
+
+// Two accumulators (even and odd blocks), unrolled by hand (an indexed accumulator array stays in
+// memory): with one FMA chain each block waits on the FMA latency, and a single core must spend
+// under ~3 cycles per block to keep up with memory (measured in L1: 33 → 39 GB/s of Q8_0 rows).
+KVD_AVX2 float DotQ8(QType t, const uint8_t* row, const int8_t* xq, const float* xd, size_t n) {
+  const size_t bb = t == QType::Q8_0 ? 34 : 18, nb = n / 32;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  size_t b = 0;
+  for (; b + 2 <= nb; b += 2, row += 2 * bb, xq += 64) {
+    a0 = BlockQ8(t, row, xq, xd[b], a0);
+    a1 = BlockQ8(t, row + bb, xq + 32, xd[b + 1], a1);
+  }
+  if (b < nb) a0 = BlockQ8(t, row, xq, xd[b], a0);
+  return HSum(_mm256_add_ps(a0, a1));
 }
 
 const QuantKernels kAvx2 = {"avx2", Dequant, Dot, Tile, DotQ8};

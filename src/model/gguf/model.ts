@@ -23,11 +23,22 @@ import { ggufTokenizer, type GgufTokenizer } from './tokenizer.js';
 export interface LoadGgufOptions {
   /** Threads of the native matrix products (default: all cores). */
   threads?: number;
+  /**
+   * Where the weights live (default 'huge-pages'). 'huge-pages': read once into memory advised for
+   * transparent huge pages — decode reads every weight per token, and over 4 KiB pages of a file
+   * mapping the TLB misses (page walks) cost a large share of that when the KV cache streams
+   * gigabytes too; needs the model's size in memory besides the page cache. 'mmap': the file
+   * mapped and read in place (no copy, pages evictable; slower decode).
+   */
+  weights?: 'huge-pages' | 'mmap';
 }
 
-const loadSchema = z.strictObject({ threads: z.number().int().min(1).max(1024).optional() });
+const loadSchema = z.strictObject({
+  threads: z.number().int().min(1).max(1024).optional(),
+  weights: z.enum(['huge-pages', 'mmap']).optional(),
+});
 
-/** An opened GGUF model: metadata, tokenizer and the native weights (memory-mapped). */
+/** An opened GGUF model: metadata, tokenizer and the native weights (see LoadGgufOptions.weights). */
 export class GgufModel {
   private handle: number;
 
@@ -36,6 +47,7 @@ export class GgufModel {
     readonly config: LlamaConfig,
     readonly tokenizer: GgufTokenizer,
     threads?: number,
+    weights?: 'huge-pages' | 'mmap',
   ) {
     this.handle = native.ggufModelOpen({
       path: file.path,
@@ -50,6 +62,7 @@ export class GgufModel {
       ropeNeox: config.ropeNeox,
       eps: config.rmsEps,
       threads,
+      weights,
       invFreq: ropeFrequencies(file, config),
       tensors: nativeTensors(file, config, (t) => GGML_TYPES[t]),
     }) as number;
@@ -80,13 +93,13 @@ export class GgufModel {
  */
 export function loadGgufModel(path: string, options: LoadGgufOptions = {}): GgufModel {
   const r = loadSchema.safeParse(options);
-  if (!r.success) fail('E_CONFIG', 'loadGgufModel options', 'only { threads?: integer in [1, 1024] }', options);
+  if (!r.success) fail('E_CONFIG', 'loadGgufModel options', "only { threads?: integer in [1, 1024], weights?: 'huge-pages' | 'mmap' }", options);
   const file = readGguf(path);
   const config = llamaConfig(file);
   const tokenizer = ggufTokenizer(file);
   if (tokenizer.vocabSize !== config.vocabSize)
     fail('E_MODEL_FORMAT', `GGUF ${path} tokenizer.ggml.tokens`, `${config.vocabSize} tokens (token_embd rows)`, tokenizer.vocabSize);
-  return new GgufModel(file, config, tokenizer, r.data.threads);
+  return new GgufModel(file, config, tokenizer, r.data.threads, r.data.weights);
 }
 
 /** One sequence on a GGUF model: its KV cache and the attention backend. */
@@ -107,8 +120,15 @@ export class GgufTransformer {
     if (typeof backend !== 'object' || backend === null || typeof backend.attend !== 'function')
       fail('E_CONFIG', 'GgufTransformer backend', 'an AttentionBackend (an object with attend())', backend);
     const kvDim = c.nKvHeads * c.headSize;
-    this.kCache = Array.from({ length: c.nLayers }, () => new Float32Array(seqLen * kvDim));
-    this.vCache = Array.from({ length: c.nLayers }, () => new Float32Array(seqLen * kvDim));
+    // Huge pages for the cache (advised before its first write): dense decode streams all of it
+    // every token, and over 4 KiB pages the page walks cost a large share of that (see weights).
+    const cache = (): Float32Array => {
+      const a = new Float32Array(seqLen * kvDim);
+      native.adviseHugePages(a);
+      return a;
+    };
+    this.kCache = Array.from({ length: c.nLayers }, cache);
+    this.vCache = Array.from({ length: c.nLayers }, cache);
     this.logits = new Float32Array(c.vocabSize);
   }
 
