@@ -213,72 +213,62 @@ void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, co
   }
 }
 
-// 16 bytes of a full block at byte offset o: low nibbles are dims o..o+15, high nibbles dims
-// 32+o..32+o+15 (as int16 lanes); each multiplied into up to four query heads' accumulators.
+// One body for both vector levels (as the int8 one): rows in the order given, the next rows
+// prefetched, up to four query heads per pass; BLOCK adds one full 64-dim block at d0 (r: the row's
+// bytes) into acc[0, nj), HSUM reduces; a last block of fewer dims runs scalar.
+#define KVD_SKETCH4_BODY(VEC, ZERO, BLOCK, HSUM)                                                 \
+  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));                                        \
+  const int full = dim / 64 * 64;                                                               \
+  for (size_t i = 0; i < n; ++i) {                                                              \
+    if (i + kAhead < n) {                                                                       \
+      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * rb);   \
+      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);                            \
+    }                                                                                           \
+    const uint8_t* r = codes + size_t(tokens[i]) * rb;                                          \
+    for (int j0 = 0; j0 < group; j0 += 4) {                                                     \
+      const int nj = std::min(4, group - j0);                                                   \
+      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                    \
+      for (int d0 = 0; d0 < full; d0 += 64) { BLOCK }                                           \
+      for (int t = 0; t < nj; ++t) {                                                            \
+        const int16_t* qj = q + size_t(j0 + t) * dim;                                           \
+        dots[size_t(j0 + t) * ld + i] = HSUM(acc[t]) + (full < dim ? DotBlock4(qj, r, dim, full) : 0); \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+// AVX2 block: 16 bytes at a time (byte offset o): low nibbles are dims o..o+15, high nibbles dims
+// 32+o..32+o+15, widened to int16 lanes and multiplied into each query head's accumulator.
+#define KVD_BLOCK4_AVX2                                                                                   \
+  for (int o = 0; o < 32; o += 16) {                                                                      \
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d0 / 2 + o));                  \
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, mask));                                      \
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), mask));                  \
+    for (int t = 0; t < nj; ++t) {                                                                        \
+      const int16_t* qj = q + size_t(j0 + t) * dim + d0 + o;                                              \
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj)))); \
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj + 32)))); \
+    }                                                                                                     \
+  }
 __attribute__((target("avx2"))) void Score4Avx2(const int16_t* q, int group, int dim, const uint8_t* codes,
                                                 const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
-  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
-  const int full = dim / 64 * 64;
   const __m128i mask = _mm_set1_epi8(15);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * rb);
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
-    }
-    const uint8_t* r = codes + size_t(tokens[i]) * rb;
-    for (int j0 = 0; j0 < group; j0 += 4) {
-      const int nj = std::min(4, group - j0);
-      __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int d0 = 0; d0 < full; d0 += 64)
-        for (int o = 0; o < 32; o += 16) {
-          const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d0 / 2 + o));
-          const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, mask));
-          const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), mask));
-          for (int t = 0; t < nj; ++t) {
-            const int16_t* qj = q + size_t(j0 + t) * dim + d0 + o;
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj))));
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj + 32))));
-          }
-        }
-      for (int t = 0; t < nj; ++t) {
-        const int16_t* qj = q + size_t(j0 + t) * dim;
-        dots[size_t(j0 + t) * ld + i] = Hsum8(acc[t]) + (full < dim ? DotBlock4(qj, r, dim, full) : 0);
-      }
-    }
-  }
+  KVD_SKETCH4_BODY(__m256i, _mm256_setzero_si256(), KVD_BLOCK4_AVX2, Hsum8)
 }
 
-// One full block per step: its 32 bytes unpack into dims d0..d0+31 (low) and d0+32..d0+63 (high).
+// AVX-512 block: its 32 bytes unpack into dims d0..d0+31 (low nibbles) and d0+32..d0+63 (high).
+#define KVD_BLOCK4_AVX512                                                                      \
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));          \
+  const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, mask));                          \
+  const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask));    \
+  for (int t = 0; t < nj; ++t) {                                                               \
+    const int16_t* qj = q + size_t(j0 + t) * dim + d0;                                         \
+    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(lo, _mm512_loadu_si512(qj)));          \
+    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(hi, _mm512_loadu_si512(qj + 32)));     \
+  }
 __attribute__((target("avx512f,avx512bw"))) void Score4Avx512(const int16_t* q, int group, int dim, const uint8_t* codes,
                                                               const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
-  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
-  const int full = dim / 64 * 64;
   const __m256i mask = _mm256_set1_epi8(15);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * rb);
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
-    }
-    const uint8_t* r = codes + size_t(tokens[i]) * rb;
-    for (int j0 = 0; j0 < group; j0 += 4) {
-      const int nj = std::min(4, group - j0);
-      __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-      for (int d0 = 0; d0 < full; d0 += 64) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));
-        const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, mask));
-        const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask));
-        for (int t = 0; t < nj; ++t) {
-          const int16_t* qj = q + size_t(j0 + t) * dim + d0;
-          acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(lo, _mm512_loadu_si512(qj)));
-          acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(hi, _mm512_loadu_si512(qj + 32)));
-        }
-      }
-      for (int t = 0; t < nj; ++t) {
-        const int16_t* qj = q + size_t(j0 + t) * dim;
-        dots[size_t(j0 + t) * ld + i] = _mm512_reduce_add_epi32(acc[t]) + (full < dim ? DotBlock4(qj, r, dim, full) : 0);
-      }
-    }
-  }
+  KVD_SKETCH4_BODY(__m512i, _mm512_setzero_si512(), KVD_BLOCK4_AVX512, _mm512_reduce_add_epi32)
 }
 
 bool HasAvx512Bw() {

@@ -320,7 +320,8 @@ function tailCapacity(c: KvMemoryConfig): number {
  * Index bytes of one layer for this policy and shape: fixed + perToken x tokens, fitted on two probe
  * builds over random keys whose open segment is one chunk short of full (its largest), one and three
  * full segments apart, so perToken is what every full segment adds per token and fixed what the open
- * one holds (kvdrive with releaseChunkMeans keeps chunk means for that segment only).
+ * one holds (kvdrive with releaseChunkMeans keeps chunk means for that segment only). A maxTokens
+ * within the probes is measured directly.
  */
 function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   const p = c.policyOptions;
@@ -341,6 +342,12 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   };
   const t1 = at(1);
   const t2 = at(3);
+  // A context no longer than the probes: the index at that context, its largest (no open segment
+  // bigger than the context can exist).
+  if (c.maxTokens <= t2) {
+    const tokens = Math.max(c.maxTokens, p.sinks + p.local + p.chunkSize);
+    return { perToken: Math.ceil(measure(tokens) / tokens), fixed: 0 };
+  }
   const b1 = measure(t1);
   const b2 = measure(t2);
   const perToken = Math.ceil((b2 - b1) / (t2 - t1));
