@@ -240,9 +240,13 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
 void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
   if (upTo <= H.repsFirst) return;
   const size_t drop = size_t(upTo - H.repsFirst);
-  // The open segment's rows move to the front; the capacity (about one segment) is kept for it.
+  // The rows after upTo (chunks of the next segment added by the same extend) move to the front, and
+  // the memory goes back (shrink_to_fit: the next segment grows its rows anew), so Bytes() counting
+  // sizes counts what is held.
   H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
   H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
+  H.reps.shrink_to_fit();
+  H.var.shrink_to_fit();
   H.repsFirst = upTo;
 }
 
@@ -346,16 +350,16 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   if (cfg_.segmentTokens % cfg_.chunk != 0)
     Throw("E_CONFIG", "segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) + ", got " +
                           std::to_string(cfg_.segmentTokens));
-  built_ = false;
-  CheckKv(kv, tokens, "build");
-  heads_ = kv.heads;
-  dim_ = kv.dim;
-  tokens_ = tokens;
   if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
     Throw("E_CONFIG", "releaseChunkMeans: expected the kvdrive policy with keySketch and rerankFactor > 0 (select then "
                       "re-ranks every candidate), got " + std::string(cfg_.policy != PolicyKind::Kvdrive ? "another policy" : !cfg_.keySketch ? "keySketch false" : "rerankFactor 0"));
   if (cfg_.sketchBits != 8 && cfg_.sketchBits != 4)
     Throw("E_CONFIG", "sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
+  built_ = false;
+  CheckKv(kv, tokens, "build");
+  heads_ = kv.heads;
+  dim_ = kv.dim;
+  tokens_ = tokens;
   heads_data_.assign(heads_, HeadIndex{});
   const int64_t c0 = firstChunk(), c1 = SealedEnd(tokens);
   const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
@@ -366,7 +370,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
     // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
     // this costs address space, not memory.
-    // With releaseChunkMeans only the open segment's rows are ever held: one segment of room.
+    // With releaseChunkMeans only the open segment's rows are ever held: room for one segment.
     const size_t room = release ? size_t(segChunks) : size_t(2 * (c1 - c0) + segChunks);
     HeadIndex& H = heads_data_[h];
     H.repsFirst = c0;
@@ -798,13 +802,11 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 }
 
 int64_t LayerIndex::Bytes() const {
-  // With releaseChunkMeans the open segment's rows are counted at their capacity: once a segment has
-  // filled, those pages are resident for the next one. Otherwise sizes (build reserves room for the
-  // context to double; untouched pages are address space only).
-  const bool cap = cfg_.releaseChunkMeans;
+  // Sizes, not capacities: build reserves room for the context to double, and untouched pages are
+  // address space only; released chunk means are given back (ReleaseChunkMeans).
   int64_t b = int64_t(sizeof(*this)) + int64_t(heads_data_.size() * sizeof(HeadIndex));
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t((cap ? H.reps.capacity() + H.var.capacity() : H.reps.size() + H.var.size()) + H.maxs.size() + H.minCos.size()) * 4 +
+    b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
          H.sketch.Bytes();
     b += int64_t(H.segments.size() * sizeof(Segment));
     for (const Segment& s : H.segments)

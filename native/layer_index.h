@@ -179,8 +179,7 @@ class LayerIndex {
   // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch and
-  // the containers themselves (with releaseChunkMeans the open segment's rows at their capacity,
-  // which is reused once written).
+  // the containers themselves.
   int64_t Bytes() const;
 
  private:

@@ -121,10 +121,11 @@ describe('kvdrive compact index', () => {
     const released = await tr.replay({ ...base, releaseChunkMeans: true }, false);
     expect(released.sels.map((s) => Array.from(s.chunkIds))).toEqual(kept.sels.map((s) => Array.from(s.chunkIds)));
     // After the replay, T + 3 tokens: chunks [1, endChunk) indexed; with release only the open
-    // segment's rows stay, at the capacity of one segment (seg / 4 rows of 4 * dim + 4 bytes).
+    // segment's rows stay (4 * dim + 4 bytes each: the f32 mean and the variance).
     const endChunk = Math.floor((T + 3 - 64) / 4);
+    const openFirst = Math.floor(endChunk / (seg / 4)) * (seg / 4);
     const rowBytes = 4 * shape.headDim + 4;
-    expect(kept.bytes - released.bytes).toBe(shape.kvHeads * rowBytes * (endChunk - 1 - seg / 4));
+    expect(kept.bytes - released.bytes).toBe(shape.kvHeads * rowBytes * (openFirst - 1));
     console.log(`index bytes per token, dim 64 x 2 heads: chunk means kept ${(kept.bytes / (T + 3)).toFixed(1)}, released ${(released.bytes / (T + 3)).toFixed(1)}`);
   });
 
@@ -141,11 +142,9 @@ describe('kvdrive compact index', () => {
       for (let t = 101; t <= T; t += 13) p.extend(prefixView(k, (last = t)), t);
     }
     const rows = (kept.indexBytes() - released.indexBytes()) / (shape.kvHeads * (4 * shape.headDim + 4));
-    // Every row but the open segment's was released; those are counted at their capacity: one
-    // segment (128 chunks), or two when an extend's chunks crossed a segment end before it was
-    // released (here 3 chunks per extend).
-    const indexed = Math.floor((last - 64) / 4) - 1;
-    expect(rows).toBeGreaterThanOrEqual(indexed - 2 * (512 / 4));
+    // Every row but the open segment's (128 chunks per segment) was released.
+    const endChunk = Math.floor((last - 64) / 4);
+    expect(rows).toBe(Math.floor(endChunk / 128) * 128 - 1);
     const sel = released.select(randomQuery(shape.qHeads * shape.headDim, 5), 64);
     for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(64);
   });
