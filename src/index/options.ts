@@ -84,9 +84,10 @@ export interface PolicyOptions {
    */
   tokenGranular?: boolean;
   /**
-   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 codes with
-   * per-channel and per-token scales, headDim + 4 bytes per token and kv head (132 B at head dim
-   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` then
+   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 (or, with
+   * sketchBits 4, 4-bit) codes with per-channel and per-token scales, headDim + 4 bytes per token
+   * and kv head (132 B at head dim 128, about half of f16 keys; 68 B at 4 bits), built at build() /
+   * extend(). select() without `keys` then
    * re-ranks its candidates on the sketch (approximate q·k) — the level-3 re-rank where the keys
    * are offloaded — and, with tokenGranular, returns single tokens (chunkSize 1) as the keyed
    * select does. On the demo workload keyless select with the sketch has the keyed select's
