@@ -234,7 +234,6 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
     std::vector<float>().swap(seg.centroids);
   }
   RebuildCsr(seg);
-  if (seg.clusteredFull) std::vector<int32_t>().swap(seg.assign);  // the CSR lists hold the same
 }
 
 void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {

@@ -106,8 +106,7 @@ struct Segment {
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
-  std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i; released once full (the CSR
-                                  // lists below hold the same)
+  std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
   std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
