@@ -204,11 +204,14 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
                         InstanceMethod("extend", &SelectionIndex::Extend),
                         InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
+                        InstanceMethod("scoreSketch", &SelectionIndex::ScoreSketch),
                         InstanceMethod("geometry", &SelectionIndex::Geometry)});
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
-  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads })
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
+  //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
+  //   releaseChunkMeans, outlierChunks })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
     try {
       if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
@@ -264,12 +267,20 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
         cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
       }
-      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg_.keySketch}, {"preferSketch", &cfg_.preferSketch}}) {
+      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg_.keySketch}, {"preferSketch", &cfg_.preferSketch},
+                                {"releaseChunkMeans", &cfg_.releaseChunkMeans}}) {
         Napi::Value b = o.Get(key);
         if (b.IsUndefined()) continue;
         if (!b.IsBoolean()) Throw("E_CONFIG", what + "." + key + ": expected a boolean, got a non-boolean");
         *field = b.As<Napi::Boolean>().Value();
       }
+      cfg_.sketchBits = int(GetIntOr(o, "sketchBits", what, 4, 8, 8));
+      if (cfg_.sketchBits != 4 && cfg_.sketchBits != 8)
+        Throw("E_CONFIG", what + ".sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
+      if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
+        Throw("E_CONFIG", what + ".releaseChunkMeans: expected the kvdrive policy with keySketch true and rerankFactor > 0 "
+                                 "(select then re-ranks every candidate), got " +
+                              (cfg_.policy != PolicyKind::Kvdrive ? std::string("policy '") + name + "'" : !cfg_.keySketch ? std::string("keySketch false") : std::string("rerankFactor 0")));
       if (cfg_.segmentTokens % cfg_.chunk != 0)
         Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
                               ", got " + std::to_string(cfg_.segmentTokens));
@@ -435,6 +446,39 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         arr.Set(uint32_t(s), o);
       }
       return arr;
+    });
+  }
+
+  // scoreSketch(q, head, tokens) -> Float32Array(group x tokens.length): the key sketch's approximate
+  // q_j . k_t (key_sketch.h) for the group of query heads q (group x dim) and the given tokens of kv
+  // head `head`, as the keyless re-rank scores them (for checking the sketch's error).
+  Napi::Value ScoreSketch(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("scoreSketch");
+      if (!index_->built()) Throw("E_CONFIG", "scoreSketch: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 1, "scoreSketch head", 0, index_->heads() - 1));
+      const KeySketch& sk = index_->head(h).sketch;
+      if (!index_->config().keySketch || sk.dim == 0)
+        Throw("E_CONFIG", "scoreSketch: expected an index built with keySketch, got one without a sketch");
+      auto q = GetF32(info[0], "scoreSketch q");
+      const int dim = index_->dim();
+      if (q.length == 0 || q.length % size_t(dim) != 0 || q.length / dim > 4096)
+        Throw("E_SHAPE", "scoreSketch q: expected group*dim elements (dim " + std::to_string(dim) + ", group <= 4096), got " + std::to_string(q.length));
+      CheckFinite(q.data, q.length, "scoreSketch q");
+      auto t = GetArray<int32_t>(info[2], napi_int32_array, "scoreSketch tokens (Int32Array)");
+      std::vector<int64_t> toks(t.length);
+      for (size_t i = 0; i < t.length; ++i) {
+        if (t.data[i] < 0 || t.data[i] >= sk.tokens())
+          Throw("E_RANGE", "scoreSketch tokens[" + std::to_string(i) + "]: expected a token in [0, " + std::to_string(sk.tokens()) + "), got " + std::to_string(t.data[i]));
+        toks[i] = t.data[i];
+      }
+      const int g = int(q.length / dim);
+      SketchQuery sq;
+      PrepareSketchQuery(q.data, g, sk, sq);
+      const size_t n = toks.size(), ld = std::max<size_t>(1, n);
+      auto out = Napi::Float32Array::New(info.Env(), size_t(g) * n);
+      if (n > 0) ScoreSketchRows(sq, g, sk, toks.data(), n, out.Data(), ld);
+      return out;
     });
   }
 

@@ -170,7 +170,8 @@ void LayerIndex::CheckKv(const KvView& kv, int64_t tokens, const char* what) con
 
 void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first) {
   HeadIndex& H = heads_data_[h];
-  const size_t base = size_t(c0 - firstChunk()) * dim_, n = size_t(c1 - c0) * dim_;
+  const int64_t r0 = H.repsFirst;  // rows hold chunks [r0, ...)
+  const size_t base = size_t(c0 - r0) * dim_, n = size_t(c1 - c0) * dim_;
   H.reps.resize(base + n);
   if (cfg_.policy == PolicyKind::Quest) {
     H.maxs.resize(base + n);
@@ -178,16 +179,16 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, in
   } else {
     float* var = nullptr;
     if (cfg_.policy == PolicyKind::Kvdrive) {
-      H.var.resize(size_t(c1 - firstChunk()));
-      var = H.var.data() + (c0 - firstChunk());
+      H.var.resize(size_t(c1 - r0));
+      var = H.var.data() + (c0 - r0);
     }
     ChunkMeans(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, var);
     if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) {
       // Outlier detection (ShadowKV): the key least aligned with its chunk's landmark.
-      H.minCos.resize(size_t(c1 - firstChunk()));
+      H.minCos.resize(size_t(c1 - r0));
       std::vector<float> row(static_cast<size_t>(dim_), 0.f);
       for (int64_t j = c0; j < c1; ++j) {
-        const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+        const float* m = Rep(H, j);
         double mm = 0;
         for (int d = 0; d < dim_; ++d) mm += double(m[d]) * m[d];
         double worst = 1.0;
@@ -202,14 +203,14 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, in
           const double den = std::sqrt(kk * mm);
           worst = std::min(worst, den > 0 ? km / den : 1.0);
         }
-        H.minCos[size_t(j - firstChunk())] = std::isfinite(worst) ? float(worst) : 1.f;
+        H.minCos[size_t(j - r0)] = std::isfinite(worst) ? float(worst) : 1.f;
       }
     }
   }
   // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
   for (int64_t j = c0; j < c1; ++j) {
-    const float* r = H.reps.data() + size_t(j - firstChunk()) * dim_;
-    const float* m = cfg_.policy == PolicyKind::Quest ? H.maxs.data() + size_t(j - firstChunk()) * dim_ : r;
+    const float* r = Rep(H, j);
+    const float* m = cfg_.policy == PolicyKind::Quest ? H.maxs.data() + size_t(j - r0) * dim_ : r;
     for (int d = 0; d < dim_; ++d)
       if (!std::isfinite(r[d]) || !std::isfinite(m[d]))
         Throw("E_NONFINITE", "k: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) + ", tokens " +
@@ -227,7 +228,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   o.maxIters = cfg_.kmeansIters;
   o.trials = cfg_.kmeansTrials;
   o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
-  KMeansResult r = KMeans(H.reps.data() + size_t(seg.c0 - firstChunk()) * dim_, n, dim_, o);
+  KMeansResult r = KMeans(Rep(H, seg.c0), n, dim_, o);
   seg.k = o.k;
   seg.centroids = std::move(r.centroids);
   seg.assign = std::move(r.assignments);
@@ -236,10 +237,10 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.sums.assign(size_t(seg.k) * dim_, 0.0);
   seg.sumSq.assign(seg.k, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const size_t row = size_t(seg.c0 - firstChunk() + int64_t(i));
-    const float* p = H.reps.data() + row * dim_;
+    const int64_t j = seg.c0 + int64_t(i);
+    const float* p = Rep(H, j);
     double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
-    double sq = double(H.var[row]) * dim_;
+    double sq = double(ChunkVar(H, j)) * dim_;
     for (int d = 0; d < dim_; ++d) s[d] += p[d], sq += double(p[d]) * p[d];
     seg.sumSq[seg.assign[i]] += sq;
     ++seg.counts[seg.assign[i]];
@@ -286,6 +287,19 @@ void LayerIndex::ReserveOpen(Segment& seg) const {
   seg.tiles.reserve(TileFloats(kMax, dim_));
 }
 
+void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
+  if (upTo <= H.repsFirst) return;
+  const size_t drop = size_t(upTo - H.repsFirst);
+  // The rows after upTo (chunks of the next segment added by the same extend) move to the front, and
+  // the memory goes back (shrink_to_fit: the next segment grows its rows anew), so Bytes() counting
+  // sizes counts what is held.
+  H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
+  H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
+  H.reps.shrink_to_fit();
+  H.var.shrink_to_fit();
+  H.repsFirst = upTo;
+}
+
 // The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
 // lower id), ascending by id.
 void LayerIndex::PickOutliers(int h, Segment& seg) const {
@@ -293,7 +307,7 @@ void LayerIndex::PickOutliers(int h, Segment& seg) const {
   const size_t n = size_t(seg.c1 - seg.c0);
   const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
   if (want == 0) return;
-  const float* var = heads_data_[h].var.data() + (seg.c0 - firstChunk());
+  const float* var = heads_data_[h].var.data() + (seg.c0 - heads_data_[h].repsFirst);
   std::vector<Ranked> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
   std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
@@ -305,10 +319,10 @@ void LayerIndex::PickOutliers(int h, Segment& seg) const {
 // (the chunk's own spread bounds any one token's distance from its mean).
 float LayerIndex::MemberRadius(int h, int64_t j, const float* c) const {
   const HeadIndex& H = heads_data_[h];
-  const float* m = H.reps.data() + size_t(j - firstChunk()) * dim_;
+  const float* m = Rep(H, j);
   double d2 = 0;
   for (int d = 0; d < dim_; ++d) d2 += double(m[d] - c[d]) * double(m[d] - c[d]);
-  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(H.var[size_t(j - firstChunk())])));
+  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(ChunkVar(H, j))));
 }
 
 // Variance of the member tokens around the centroid c, per dimension:
@@ -331,7 +345,7 @@ void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
 // moves to the running mean of its members. A segment that fills up is re-clustered by k-means.
 void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   const HeadIndex& H = heads_data_[h];
-  const float* x = H.reps.data() + size_t(j - firstChunk()) * dim_;
+  const float* x = Rep(H, j);
   // Tokens of chunks [c0, j]: one run [max(c0*chunk, sinks), (j+1)*chunk) (only firstChunk can
   // hold sinks, and c0 >= firstChunk).
   const int64_t toks = (j + 1) * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
@@ -354,7 +368,7 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
     }
   }
   double* s = seg.sums.data() + size_t(c) * dim_;
-  double sq = double(H.var[size_t(j - firstChunk())]) * dim_;
+  double sq = double(ChunkVar(H, j)) * dim_;
   for (int d = 0; d < dim_; ++d) s[d] += x[d], sq += double(x[d]) * x[d];
   seg.sumSq[c] += sq;
   ++seg.counts[c];
@@ -386,6 +400,11 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   if (cfg_.segmentTokens % cfg_.chunk != 0)
     Throw("E_CONFIG", "segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) + ", got " +
                           std::to_string(cfg_.segmentTokens));
+  if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
+    Throw("E_CONFIG", "releaseChunkMeans: expected the kvdrive policy with keySketch and rerankFactor > 0 (select then "
+                      "re-ranks every candidate), got " + std::string(cfg_.policy != PolicyKind::Kvdrive ? "another policy" : !cfg_.keySketch ? "keySketch false" : "rerankFactor 0"));
+  if (cfg_.sketchBits != 8 && cfg_.sketchBits != 4)
+    Throw("E_CONFIG", "sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
   built_ = false;
   CheckKv(kv, tokens, "build");
   heads_ = kv.heads;
@@ -394,29 +413,41 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   heads_data_.assign(heads_, HeadIndex{});
   const int64_t c0 = firstChunk(), c1 = SealedEnd(tokens);
   const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+  const bool release = cfg_.releaseChunkMeans;
 
   auto buildHead = [&](int h) {
     // Room for the context to double before the per-chunk arrays reallocate: extend() then appends
     // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
     // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
     // this costs address space, not memory.
-    const size_t room = size_t(2 * (c1 - c0) + segChunks);
-    HeadIndex& R = heads_data_[h];
-    R.reps.reserve(room * dim_);
-    if (cfg_.policy == PolicyKind::Quest) R.maxs.reserve(room * dim_);
-    if (cfg_.policy == PolicyKind::Kvdrive) R.var.reserve(room);
-    ComputeReps(kv, h, c0, c1);
-    if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) UpdateSketch(kv, h, tokens);
-    // Nothing sealed yet (a context shorter than sinks + local): no segment. Without this check a
-    // firstChunk > 0 (sinks >= chunk) would open an empty segment and ask k-means for 0 clusters.
-    if (cfg_.policy != PolicyKind::Kvdrive || c1 <= c0) return;
+    // With releaseChunkMeans only the open segment's rows are ever held: room for one segment.
+    const size_t room = release ? size_t(segChunks) : size_t(2 * (c1 - c0) + segChunks);
     HeadIndex& H = heads_data_[h];
+    H.repsFirst = c0;
+    H.reps.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Quest) H.maxs.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Kvdrive) H.var.reserve(room);
+    if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) {
+      H.sketch.bits = cfg_.sketchBits;
+      UpdateSketch(kv, h, tokens);
+    }
+    if (cfg_.policy != PolicyKind::Kvdrive) {
+      ComputeReps(kv, h, c0, c1);
+      return;
+    }
+    // Segment by segment: means, k-means, and (releaseChunkMeans) the full segment's means dropped
+    // before the next one's are computed. Nothing sealed yet (a context shorter than sinks +
+    // local): no segment (a firstChunk > 0 would otherwise open an empty one and ask k-means for 0
+    // clusters).
+    if (c1 <= c0) return;
     for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
       Segment seg;
       seg.c0 = std::max(c0, s * segChunks);
       seg.c1 = std::min(c1, (s + 1) * segChunks);
       seg.cEnd = (s + 1) * segChunks;
+      ComputeReps(kv, h, seg.c0, seg.c1);
       ClusterSegment(h, seg);
+      if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
       H.segments.push_back(std::move(seg));
     }
   };
@@ -445,10 +476,12 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
         ComputeReps(kv, h, c0, c1, first);
       } catch (...) {
         for (int r = 0; r <= h; ++r) {
-          heads_data_[r].reps.resize(size_t(c0 - firstChunk()) * dim_);
-          if (cfg_.policy == PolicyKind::Quest) heads_data_[r].maxs.resize(size_t(c0 - firstChunk()) * dim_);
-          if (cfg_.policy == PolicyKind::Kvdrive) heads_data_[r].var.resize(size_t(c0 - firstChunk()));
-          if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) heads_data_[r].minCos.resize(size_t(c0 - firstChunk()));
+          HeadIndex& R = heads_data_[r];
+          const size_t rows = size_t(c0 - R.repsFirst);
+          R.reps.resize(rows * dim_);
+          if (cfg_.policy == PolicyKind::Quest) R.maxs.resize(rows * dim_);
+          if (cfg_.policy == PolicyKind::Kvdrive) R.var.resize(rows);
+          if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) R.minCos.resize(rows);
         }
         throw;
       }
@@ -468,7 +501,9 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
             ReserveOpen(seg);
             H.segments.push_back(std::move(seg));
           }
-          AddChunkOnline(h, H.segments.back(), j);
+          Segment& seg = H.segments.back();
+          AddChunkOnline(h, seg, j);
+          if (cfg_.releaseChunkMeans && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
         }
       };
       if (fills) ForEachHead(extendHead);
@@ -484,6 +519,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
 
 void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first) {
   KeySketch& s = heads_data_[h].sketch;
+  s.bits = cfg_.sketchBits;
   // Channel scales are measured on the context at build; a build on a short context (a host that
   // starts at position 0) re-measures them each time the context doubles, up to 4096 tokens, and
   // keeps them from then on (per-row scales absorb what later tokens exceed).
@@ -497,6 +533,8 @@ void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t f
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
+  // Without chunk means (released) there is no level 2 to pick the re-ranked chunks: all of them.
+  if (cfg_.releaseChunkMeans) return std::numeric_limits<size_t>::max();
   return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
 }
 
@@ -580,7 +618,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     }
   }
   out.keysScored += int64_t(nAll);
-  out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : KeySketch::BytesPerToken(dim_));
+  out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : heads_data_[h].sketch.BytesPerToken());
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
@@ -695,10 +733,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         goto fill;
       }
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+      if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
+        Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
       {
       std::vector<int32_t>& rows = sc.rows;
       rows.resize(ids.size());
-      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - firstChunk());
+      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - H.repsFirst);
       scores.resize(ids.size());
       ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
                          useVar ? H.var.data() : nullptr, coef.data());
@@ -814,9 +854,13 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 }
 
 int64_t LayerIndex::Bytes() const {
-  int64_t b = 0;
+  // Sizes, not capacities: build reserves room for the context to double, and untouched pages are
+  // address space only; released chunk means are given back (ReleaseChunkMeans).
+  int64_t b = int64_t(sizeof(*this)) + int64_t(heads_data_.size() * sizeof(HeadIndex));
   for (const HeadIndex& H : heads_data_) {
-    b += int64_t(H.reps.size() + H.maxs.size() + H.var.size() + H.minCos.size()) * 4 + H.sketch.Bytes();
+    b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
+         H.sketch.Bytes();
+    b += int64_t(H.segments.size() * sizeof(Segment));
     for (const Segment& s : H.segments)
       b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;

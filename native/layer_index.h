@@ -75,9 +75,17 @@ struct IndexConfig {
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;
-  // kvdrive: keep an int8 key sketch per kv head (key_sketch.h, dim + 4 bytes per token), built at
-  // Build / Extend, so the level-3 re-rank runs when Select is given no keys.
+  // kvdrive: keep a key sketch per kv head (key_sketch.h: int8, dim + 4 bytes per token, or 4-bit,
+  // ceil(dim / 2) + 4), built at Build / Extend, so the level-3 re-rank runs when Select is given
+  // no keys.
   bool keySketch = false;
+  int sketchBits = 8;  // 8 or 4
+  // kvdrive: once a segment is full and clustered, drop its chunk means and per-chunk variances
+  // (dim x 4 + 4 bytes per chunk and kv head, the bulk of the index without a sketch): only the
+  // open segment keeps them (online adds, its k-means when it fills). Level 2 then cannot run, so
+  // level 3 re-ranks every candidate (RerankChunks is unbounded); this needs keySketch (keyless
+  // selects) and rerankFactor > 0, checked at construction.
+  bool releaseChunkMeans = false;
   // kvdrive: re-rank with the sketch even when Select is given the keys (contiguous, half the
   // bytes of f16 keys; scores approximate).
   bool preferSketch = false;
@@ -112,7 +120,10 @@ struct Segment {
 };
 
 struct HeadIndex {
-  std::vector<float> reps;  // (endChunk - firstChunk) x dim: chunk means, or page minima for quest
+  // reps / var / maxs / minCos hold chunks [repsFirst, endChunk): repsFirst = firstChunk, except for
+  // kvdrive with releaseChunkMeans, where it is the first chunk of the open segment.
+  int64_t repsFirst = 0;
+  std::vector<float> reps;  // (endChunk - repsFirst) x dim: chunk means, or page minima for quest
   std::vector<float> maxs;  // quest page maxima, same shape
   std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
   std::vector<float> minCos;  // shadowkv: per chunk, the lowest cosine similarity of a key to the chunk mean
@@ -166,13 +177,20 @@ class LayerIndex {
   const HeadIndex& head(int h) const { return heads_data_[h]; }
   // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
-  // Bytes held by the index (representatives, centroids, running sums, membership lists).
+  // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch and
+  // the containers themselves.
   int64_t Bytes() const;
 
  private:
   int64_t SealedEnd(int64_t tokens) const;  // endChunk for a context of `tokens`
   int64_t ChunkTokens(int64_t j) const;     // tokens of chunk j that are not sinks
   void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first = 0);
+  // Row of chunk j in head h's reps (j >= repsFirst) and its variance.
+  const float* Rep(const HeadIndex& H, int64_t j) const { return H.reps.data() + size_t(j - H.repsFirst) * dim_; }
+  float ChunkVar(const HeadIndex& H, int64_t j) const { return H.var[size_t(j - H.repsFirst)]; }
+  // releaseChunkMeans: drops head h's chunk means and variances of chunks before `upTo` (a full,
+  // clustered segment's end).
+  void ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const;
   void ClusterSegment(int h, Segment& seg) const;
   void AddChunkOnline(int h, Segment& seg, int64_t j) const;
   void ReserveOpen(Segment& seg) const;  // capacity for an open segment to fill without reallocating

@@ -138,7 +138,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   );
 
   // DRAM-only, first R layers, same inputs: its outputs must equal the tiered run's bit for bit.
-  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + plan.indexBytesPerToken * (T + S) * R + plan.hotTierBytes + 256 * 2 ** 20;
+  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const dr = await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget });
   let dramOnlyMs = 0;
   let identical = true;
@@ -182,7 +182,7 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     '',
     '',
     `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
-      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
     '',
     table(rows),
     '',

@@ -21,6 +21,8 @@ interface EvalCliOptions {
   json?: boolean;
   /** Select without the full keys, as the offloaded runtime does. */
   offloaded?: boolean;
+  /** kvdrive's key-sketch bits (4 or 8); default: the offloaded runtime's. */
+  sketchBits?: number;
   threads: number;
 }
 
@@ -69,6 +71,7 @@ export function register(program: Command): void {
     .option('--threads <n>', 'threads for the dense reference, selection and sparse attention', integerOption('--threads', 1, 8), 2)
     .option('--json', 'print one JSON object instead of tables')
     .option('--offloaded', 'select as the offloaded runtime does: from the index alone, without the full keys')
+    .option('--sketch-bits <bits>', "kvdrive's key-sketch bits, 4 or 8 (default: the offloaded runtime's; with --offloaded)", integerOption('--sketch-bits', 4, 8))
     .action(async (o: EvalCliOptions) => {
       const reader = await openTrace(o.trace);
       try {
@@ -79,6 +82,7 @@ export function register(program: Command): void {
           budget: o.budget,
           denseThreads: o.threads,
           offloaded: o.offloaded === true,
+          ...(o.sketchBits !== undefined ? { policyOptions: { sketchBits: o.sketchBits as 4 | 8 } } : {}),
           onStep: (l, s) => bar?.tick(`layer ${l} step ${s}`),
         });
         bar?.finish();

@@ -84,9 +84,10 @@ export interface PolicyOptions {
    */
   tokenGranular?: boolean;
   /**
-   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 codes with
-   * per-channel and per-token scales, headDim + 4 bytes per token and kv head (132 B at head dim
-   * 128, about half of f16 keys), built at build() / extend(). select() without `keys` then
+   * kvdrive only: keep a key sketch per kv head (default false): every key as int8 (or, with
+   * sketchBits 4, 4-bit) codes with per-channel and per-token scales, headDim + 4 bytes per token
+   * and kv head (132 B at head dim 128, about half of f16 keys; 68 B at 4 bits), built at build() /
+   * extend(). select() without `keys` then
    * re-ranks its candidates on the sketch (approximate q·k) — the level-3 re-rank where the keys
    * are offloaded — and, with tokenGranular, returns single tokens (chunkSize 1) as the keyed
    * select does. On the demo workload keyless select with the sketch has the keyed select's
@@ -100,6 +101,23 @@ export interface PolicyOptions {
    * so the re-rank reads less; its scores are approximate.
    */
   preferSketch?: boolean;
+  /**
+   * kvdrive only: bits per key-sketch code, 8 or 4 (default 8). 8: headDim + 4 bytes per token and
+   * kv head (132 B at head dim 128); 4: two codes per byte, ceil(headDim / 2) + 4 bytes (68 B),
+   * coarser scores (each code rounds to 1/14 of the row's largest normalised value instead of
+   * 1/254). See `offloadedPolicyOptions` for what the offloaded decode uses and why.
+   */
+  sketchBits?: 4 | 8;
+  /**
+   * kvdrive only: once an index segment is full and clustered, drop its f32 chunk means and
+   * per-chunk variances (default false). They are 4·headDim + 4 bytes per chunk and kv head —
+   * 1032 B per token and layer at 8 kv heads x 128, most of an index without a sketch — and only
+   * level 2 of select (q·chunk-mean) reads them once a segment is clustered. With them released
+   * level 2 cannot run, so select re-ranks every level-1 candidate (and outlier chunk) on the key
+   * sketch or the given keys, whatever rerankFactor says (> 0 required); requires keySketch. The
+   * open segment keeps its means (online adds, its k-means when it fills).
+   */
+  releaseChunkMeans?: boolean;
   /**
    * Worker threads (of the addon's thread pool) that the index build and every select split the
    * kv heads over (1 to 8, default 2; every policy).
@@ -137,6 +155,8 @@ export interface ResolvedPolicyOptions {
   tokenGranular: boolean;
   keySketch: boolean;
   preferSketch: boolean;
+  sketchBits: 4 | 8;
+  releaseChunkMeans: boolean;
   outlierChunks: number;
   threads: number;
   qHeads?: number;
@@ -145,7 +165,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -166,6 +186,8 @@ const schema = z
     tokenGranular: z.boolean().optional(),
     keySketch: z.boolean().optional(),
     preferSketch: z.boolean().optional(),
+    sketchBits: z.union([z.literal(4), z.literal(8)]).optional(),
+    releaseChunkMeans: z.boolean().optional(),
     outlierChunks: int(0, 1 << 20).optional(),
     threads: int(1, 8).optional(),
     qHeads: int(1, 4096).optional(),
@@ -190,6 +212,8 @@ const EXPECTED: Record<string, string> = {
   tokenGranular: 'a boolean',
   keySketch: 'a boolean',
   preferSketch: 'a boolean',
+  sketchBits: '4 or 8',
+  releaseChunkMeans: 'a boolean',
   outlierChunks: 'an integer in [0, 2^20]',
   threads: 'an integer in [1, 8]',
   qHeads: 'an integer in [1, 4096]',
@@ -222,6 +246,10 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     throw new KvdriveError('E_CONFIG', `${what}: expected no shadowkv-only options (outlierChunks) for policy '${policy}', got outlierChunks`);
   if (o.preferSketch === true && o.keySketch === false)
     throw new KvdriveError('E_CONFIG', `${what}.preferSketch: expected keySketch not false (preferSketch re-ranks on the sketch), got keySketch false`);
+  const keySketch = o.keySketch ?? o.preferSketch ?? false;
+  const rerankFactor = o.rerankFactor ?? 8;
+  if (o.releaseChunkMeans === true && (!keySketch || rerankFactor === 0))
+    throw new KvdriveError('E_CONFIG', `${what}.releaseChunkMeans: expected keySketch true and rerankFactor > 0 (select then re-ranks every candidate on the sketch or keys), got ${!keySketch ? 'keySketch false' : 'rerankFactor 0'}`);
   const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
   const segmentTokens = o.segmentTokens ?? 4096;
   if (policy === 'kvdrive' && segmentTokens % chunkSize !== 0)
@@ -238,12 +266,14 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     seed: o.seed ?? 0,
     candidateFactor: o.candidateFactor ?? 6,
     varianceWeight: o.varianceWeight ?? 3,
-    rerankFactor: o.rerankFactor ?? 8,
+    rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
     tokenGranular: o.tokenGranular ?? true,
-    keySketch: o.keySketch ?? o.preferSketch ?? false,
+    keySketch,
     preferSketch: o.preferSketch ?? false,
+    sketchBits: o.sketchBits ?? 8,
+    releaseChunkMeans: o.releaseChunkMeans ?? false,
     outlierChunks: o.outlierChunks ?? 48,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,
@@ -253,13 +283,29 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
 }
 
 /**
+ * Bits per key-sketch code of an offloaded decode (see {@link offloadedPolicyOptions}); chosen by
+ * the recall measured in bench/runtime-memory.md.
+ */
+export const OFFLOADED_SKETCH_BITS: 4 | 8 = 4;
+
+/**
  * The policy options of an offloaded decode (the runtime's memory model, and `eval --offloaded`
- * measuring it): the full keys are sealed away, so kvdrive keeps its key sketch and re-ranks on it.
- * Its selection stays token-granular (the default): the tiers fetch the whole chunks holding the
- * selected tokens, but only those tokens are attended (src/runtime/step.ts), so the budget counts
- * tokens attended and the eval's figure is the runtime's. Options the caller set explicitly win.
+ * measuring it): the full keys are sealed away, so kvdrive keeps its key sketch
+ * ({@link OFFLOADED_SKETCH_BITS} bits) and re-ranks every candidate on it, releasing the chunk means
+ * of full segments (releaseChunkMeans: the index is then mostly the sketch). Its selection stays
+ * token-granular (the default): the tiers fetch the whole chunks holding the selected tokens, but
+ * only those tokens are attended (src/runtime/step.ts), so the budget counts tokens attended and the
+ * eval's figure is the runtime's. Options the caller set explicitly win (keySketch false or
+ * rerankFactor 0 keep the chunk means).
  */
 export function offloadedPolicyOptions<T extends PolicyOptions>(policy: PolicyName, options: T): T {
   if (policy !== 'kvdrive') return options;
-  return { ...options, keySketch: options.keySketch ?? true };
+  const keySketch = options.keySketch ?? true;
+  const canRelease = (keySketch || options.preferSketch === true) && options.rerankFactor !== 0;
+  return {
+    ...options,
+    keySketch,
+    sketchBits: options.sketchBits ?? OFFLOADED_SKETCH_BITS,
+    releaseChunkMeans: options.releaseChunkMeans ?? canRelease,
+  };
 }

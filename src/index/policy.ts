@@ -100,6 +100,7 @@ interface NativeIndex {
   select(q: Float32Array, budget: number, pool?: number, keys?: KvTensor): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
   clusters(head: number): SegmentClusters[];
+  scoreSketch(q: Float32Array, head: number, tokens: Int32Array): Float32Array;
 }
 
 function call<T>(fn: () => T): T {
@@ -206,6 +207,17 @@ export class NativeSelectionPolicy implements SelectionPolicy {
   /** kvdrive: the k-means segments of one kv head (empty for quest / shadowkv). E_RANGE for a bad head. */
   clusters(head: number): SegmentClusters[] {
     return call(() => this.index.clusters(head));
+  }
+
+  /**
+   * kvdrive with keySketch: the key sketch's approximate q_j·k_t for a group of query heads q
+   * (group x headDim, row-major) and the given tokens of kv head `head`, as the keyless re-rank
+   * scores them; Float32Array(group x tokens.length), row j for q_j. For checking the sketch's error.
+   */
+  sketchScores(q: Float32Array, head: number, tokens: Int32Array): Float32Array {
+    if (!(q instanceof Float32Array)) fail('E_TYPE', 'sketchScores q', 'a Float32Array(group*headDim)', q);
+    if (!(tokens instanceof Int32Array)) fail('E_TYPE', 'sketchScores tokens', 'an Int32Array', tokens);
+    return call(() => this.index.scoreSketch(q, head, tokens));
   }
 }
 

@@ -66,10 +66,18 @@ export interface MemoryPlan {
   dramBudgetBytes: number;
   /** Sinks and open tails of every (sequence, layer), host dtype, allocated at open. */
   residentBytes: number;
-  /** Selection index reserve: indexBytesPerToken x maxTokens x maxSequences x layers. */
+  /** Selection index reserve: (indexFixedBytes + indexBytesPerToken x maxTokens) x maxSequences x layers. */
   indexBytes: number;
-  /** Index bytes per token and layer (centroids, chunk representatives, sketch), measured on a probe build. */
+  /**
+   * Index bytes per token and layer (sketch, centroids, membership lists; chunk representatives
+   * where kept), the slope measured on two probe builds.
+   */
   indexBytesPerToken: number;
+  /**
+   * Index bytes per (sequence, layer) that do not grow with the context, from the same probes: the
+   * open segment's working set at its largest (kvdrive: its chunk means, running sums, centroids).
+   */
+  indexFixedBytes: number;
   /** The hot tier's byte cap. */
   hotTierBytes: number;
   /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
@@ -311,22 +319,42 @@ function tailCapacity(c: KvMemoryConfig): number {
   return c.sealTokens + local + chunkSize + 1;
 }
 
-/** Index bytes per token of one layer for this policy and shape: a probe build over random keys. */
-function indexBytesPerToken(c: KvMemoryConfig): number {
+/**
+ * Index bytes of one layer for this policy and shape: fixed + perToken x tokens, fitted on two probe
+ * builds over random keys whose open segment is one chunk short of full (its largest), one and three
+ * full segments apart, so perToken is what every full segment adds per token and fixed what the open
+ * one holds (kvdrive with releaseChunkMeans keeps chunk means for that segment only). A maxTokens
+ * within the probes is measured directly.
+ */
+function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   const p = c.policyOptions;
-  // Several index segments, so per-segment costs are amortised as in a long context (an
-  // over-estimate for contexts shorter than this: the reserve errs on the safe side).
-  const tokens = Math.max(2048, Math.min(4 * p.segmentTokens, c.maxTokens), p.sinks + p.local + 4 * p.chunkSize);
   const { kvHeads, headDim } = c.shape;
-  const data = new Float32Array(tokens * kvHeads * headDim);
-  let x = 0x9e3779b9;
-  for (let i = 0; i < data.length; i++) {
-    x = (Math.imul(x ^ (x >>> 15), 0x2c1b3c6d) + 0x6b43a9b5) >>> 0;
-    data[i] = x / 2 ** 31 - 1;
+  const S = p.segmentTokens;
+  // Chunk j covers tokens [j c, (j+1) c) whatever the sinks; chunks are sealed once past the local window.
+  const at = (full: number) => p.local + (full + 1) * S - p.chunkSize;
+  const measure = (tokens: number): number => {
+    const data = new Float32Array(tokens * kvHeads * headDim);
+    let x = 0x9e3779b9;
+    for (let i = 0; i < data.length; i++) {
+      x = (Math.imul(x ^ (x >>> 15), 0x2c1b3c6d) + 0x6b43a9b5) >>> 0;
+      data[i] = x / 2 ** 31 - 1;
+    }
+    const policy = createPolicy(c.policy, c.policyInput);
+    policy.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim: headDim }, tokens);
+    return policy.indexBytes();
+  };
+  const t1 = at(1);
+  const t2 = at(3);
+  // A context no longer than the probes: the index at that context, its largest (no open segment
+  // bigger than the context can exist).
+  if (c.maxTokens <= t2) {
+    const tokens = Math.max(c.maxTokens, p.sinks + p.local + p.chunkSize);
+    return { perToken: Math.ceil(measure(tokens) / tokens), fixed: 0 };
   }
-  const policy = createPolicy(c.policy, c.policyInput);
-  policy.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim: headDim }, tokens);
-  return Math.ceil(policy.indexBytes() / tokens);
+  const b1 = measure(t1);
+  const b2 = measure(t2);
+  const perToken = Math.ceil((b2 - b1) / (t2 - t1));
+  return { perToken, fixed: Math.max(0, b1 - perToken * t1) };
 }
 
 /** Splits dramBudget into its parts; E_BUDGET naming the bytes needed when it is too small. */
@@ -338,13 +366,13 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   if (c.sealTokens % cs !== 0 || c.sealTokens < cs) fail('E_CONFIG', 'memory sealTokens', `a positive multiple of the chunk size ${cs}`, c.sealTokens);
   const slotsPerLayer = c.maxSequences * layers;
   const residentBytes = slotsPerLayer * 2 * (c.policyOptions.sinks + tailCapacity(c)) * row;
-  const perToken = indexBytesPerToken(c);
-  const indexBytes = perToken * c.maxTokens * slotsPerLayer;
+  const { perToken, fixed: indexFixed } = indexCost(c);
+  const indexBytes = (indexFixed + perToken * c.maxTokens) * slotsPerLayer;
   const chunkBytes = 2 * cs * headDim * es;
   const fetchBytes = c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes;
   const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
-  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
+  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
   let dramBudget = c.dramBudget;
   if (!c.ssd) {
     const chunks = slotsPerLayer * kvHeads * Math.ceil(c.maxTokens / cs);
@@ -362,6 +390,7 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
     residentBytes,
     indexBytes,
     indexBytesPerToken: perToken,
+    indexFixedBytes: indexFixed,
     hotTierBytes: c.hotTierBytes,
     fetchBytes,
     dramTierBytes: dramBudget - fixed,

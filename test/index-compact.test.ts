@@ -1,0 +1,175 @@
+// The compact kvdrive index of offloaded decodes (native/key_sketch.h, native/layer_index.h): the
+// 4-bit key sketch (two codes per byte) and releaseChunkMeans (full segments drop their f32 chunk
+// means). The sketch's scores must stay within the quantization bound of exact q·k at both widths
+// and be bit-identical at every SIMD level (including head dims with a partial 64-dim block);
+// released chunk means must be gone from indexBytes() exactly, with the same selection when the
+// re-rank covered every candidate anyway; and the options that would leave select without a
+// level-3 re-rank are refused.
+import { describe, expect, it } from 'vitest';
+import { createPolicy, type PolicyOptions } from '../src/index.js';
+import { indexKernelLevel } from '../src/index/kernels.js';
+import { NativeSelectionPolicy } from '../src/index/policy.js';
+import { prefixView } from '../src/eval/replay.js';
+import { expectKvdError } from './helpers.js';
+import { traceReplay } from './trace-replay.js';
+
+function randomKeys(tokens: number, heads: number, dim: number, seed: number) {
+  const data = new Float32Array(tokens * heads * dim);
+  let x = seed >>> 0 || 1;
+  for (let i = 0; i < data.length; i++) {
+    x = (Math.imul(x ^ (x >>> 15), 0x2c1b3c6d) + 0x6b43a9b5) >>> 0;
+    // A few loud channels, as real keys have: per-channel scales keep them from flattening the rest.
+    data[i] = (x / 2 ** 31 - 1) * ((i % dim) % 17 === 3 ? 8 : 1);
+  }
+  return { data, dtype: 'f32' as const, tokens, heads, dim };
+}
+
+function randomQuery(n: number, seed: number): Float32Array {
+  const q = new Float32Array(n);
+  let x = seed;
+  for (let i = 0; i < n; i++) {
+    x = (Math.imul(x ^ (x >>> 13), 0x5bd1e995) + 0x165667b1) >>> 0;
+    q[i] = x / 2 ** 31 - 1;
+  }
+  return q;
+}
+
+function sketchPolicy(options: PolicyOptions, shape: { kvHeads: number; headDim: number; qHeads: number }): NativeSelectionPolicy {
+  const p = createPolicy('kvdrive', { keySketch: true, ...options, ...shape });
+  if (!(p instanceof NativeSelectionPolicy)) throw new Error('expected the native policy');
+  return p;
+}
+
+describe('kvdrive compact index', () => {
+  it('sketch scores are within the quantization bound of exact q·k (8 and 4 bits)', () => {
+    const T = 3000;
+    const shape = { qHeads: 4, kvHeads: 2, headDim: 96 };
+    const D = shape.headDim;
+    const k = randomKeys(T, shape.kvHeads, D, 7);
+    const g = shape.qHeads / shape.kvHeads;
+    const tokens = Int32Array.from({ length: 400 }, (_, i) => (i * 7919) % T);
+    const worst: Record<number, number> = {};
+    for (const bits of [8, 4] as const) {
+      const M = bits === 8 ? 127 : 7;
+      const levels = Math.min(32767, Math.floor((2 ** 31 - 1) / (D * (bits === 8 ? 127 : 15))));
+      const p = sketchPolicy({ sketchBits: bits }, shape);
+      p.buildSync(k, T);
+      worst[bits] = 0;
+      for (let h = 0; h < shape.kvHeads; h++) {
+        // Channel scales: max |k| per channel over the build's tokens (the calibration).
+        const c = new Float64Array(D);
+        for (let t = 0; t < T; t++) for (let d = 0; d < D; d++) c[d] = Math.max(c[d]!, Math.abs(k.data[(t * shape.kvHeads + h) * D + d]!));
+        const q = randomQuery(g * D, 100 + h);
+        const got = p.sketchScores(q, h, tokens);
+        for (let j = 0; j < g; j++) {
+          let qc = 0;
+          let qmax = 0;
+          for (let d = 0; d < D; d++) {
+            qc += Math.abs(q[j * D + d]! * c[d]!);
+            qmax = Math.max(qmax, Math.abs(q[j * D + d]! * c[d]!));
+          }
+          const qs = qmax / levels;
+          tokens.forEach((t, i) => {
+            let exact = 0;
+            let st = 0;
+            for (let d = 0; d < D; d++) {
+              const x = k.data[(t * shape.kvHeads + h) * D + d]!;
+              exact += q[j * D + d]! * x;
+              st = Math.max(st, Math.abs(x / c[d]!));
+            }
+            st /= M;
+            // Key rounding: at most st/2 per normalised channel, times |q_d c_d|; query rounding: at
+            // most qs/2 per channel, times |code| <= M. Plus f32 arithmetic.
+            const bound = (st / 2) * qc + (qs / 2) * st * M * D;
+            const err = Math.abs(got[j * tokens.length + i]! - exact);
+            expect(err, `bits ${bits} head ${h} q ${j} token ${t}`).toBeLessThanOrEqual(bound * 1.001 + 1e-4);
+            worst[bits] = Math.max(worst[bits]!, err / bound);
+          });
+        }
+      }
+    }
+    console.log(`sketch error / bound, worst: 8-bit ${worst[8]!.toFixed(3)}, 4-bit ${worst[4]!.toFixed(3)}`);
+  });
+
+  it('4-bit scores are bit-identical at every SIMD level, for whole and partial 64-dim blocks', () => {
+    const best = indexKernelLevel('best');
+    for (const D of [128, 96, 37]) {
+      const shape = { qHeads: 8, kvHeads: 2, headDim: D };
+      const T = 700;
+      const p = sketchPolicy({ sketchBits: 4 }, shape);
+      p.buildSync(randomKeys(T, shape.kvHeads, D, D), T);
+      const tokens = Int32Array.from({ length: 97 }, (_, i) => (i * 31) % T);
+      const q = randomQuery(4 * D, D);
+      const want = Array.from(p.sketchScores(q, 1, tokens));
+      for (const level of ['scalar', 'avx2', 'avx512'] as const) {
+        indexKernelLevel(level);
+        expect(Array.from(p.sketchScores(q, 1, tokens)), `dim ${D} level ${level}`).toEqual(want);
+      }
+      indexKernelLevel('best');
+    }
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('releaseChunkMeans: full segments hold no chunk means, same selection when every candidate was re-ranked', async () => {
+    const T = 8192;
+    const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };
+    const tr = await traceReplay({ T, steps: 3, budget: 64, shape, seed: 11 });
+    const seg = 1024;
+    // rerankFactor large: the re-rank covers every candidate with or without the chunk means.
+    const base: PolicyOptions = { keySketch: true, sketchBits: 4, segmentTokens: seg, rerankFactor: 1e6 };
+    const kept = await tr.replay(base, false);
+    const released = await tr.replay({ ...base, releaseChunkMeans: true }, false);
+    expect(released.sels.map((s) => Array.from(s.chunkIds))).toEqual(kept.sels.map((s) => Array.from(s.chunkIds)));
+    // After the replay, T + 3 tokens: chunks [1, endChunk) indexed; with release only the open
+    // segment's rows stay (4 * dim + 4 bytes each: the f32 mean and the variance).
+    const endChunk = Math.floor((T + 3 - 64) / 4);
+    const openFirst = Math.floor(endChunk / (seg / 4)) * (seg / 4);
+    const rowBytes = 4 * shape.headDim + 4;
+    expect(kept.bytes - released.bytes).toBe(shape.kvHeads * rowBytes * (openFirst - 1));
+    console.log(`index bytes per token, dim 64 x 2 heads: chunk means kept ${(kept.bytes / (T + 3)).toFixed(1)}, released ${(released.bytes / (T + 3)).toFixed(1)}`);
+  });
+
+  it('releaseChunkMeans across extend: segments filled online drop their means too', () => {
+    const shape = { qHeads: 4, kvHeads: 2, headDim: 64 };
+    const T = 5000;
+    const k = randomKeys(T, shape.kvHeads, shape.headDim, 3);
+    const opts = { sketchBits: 4 as const, segmentTokens: 512 };
+    const kept = sketchPolicy(opts, shape);
+    const released = sketchPolicy({ ...opts, releaseChunkMeans: true }, shape);
+    let last = 100;
+    for (const p of [kept, released]) {
+      p.buildSync(prefixView(k, 100), 100);
+      for (let t = 101; t <= T; t += 13) p.extend(prefixView(k, (last = t)), t);
+    }
+    const rows = (kept.indexBytes() - released.indexBytes()) / (shape.kvHeads * (4 * shape.headDim + 4));
+    // Every row but the open segment's (128 chunks per segment) was released.
+    const endChunk = Math.floor((last - 64) / 4);
+    expect(rows).toBe(Math.floor(endChunk / 128) * 128 - 1);
+    const sel = released.select(randomQuery(shape.qHeads * shape.headDim, 5), 64);
+    for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(64);
+  });
+
+  it('refuses options that would leave select without a re-rank, and bad sketch widths', () => {
+    expectKvdError(() => createPolicy('kvdrive', { releaseChunkMeans: true }), 'E_CONFIG', /releaseChunkMeans: expected keySketch true.*got keySketch false/);
+    expectKvdError(() => createPolicy('kvdrive', { releaseChunkMeans: true, keySketch: true, rerankFactor: 0 }), 'E_CONFIG', /got rerankFactor 0/);
+    expectKvdError(() => createPolicy('quest', { releaseChunkMeans: true }), 'E_CONFIG', /kvdrive-only/);
+    expectKvdError(() => createPolicy('kvdrive', { keySketch: true, sketchBits: 6 as never }), 'E_CONFIG', /sketchBits: expected 4 or 8, got 6/);
+    const p = sketchPolicy({}, { qHeads: 2, kvHeads: 1, headDim: 8 });
+    p.buildSync(randomKeys(200, 1, 8, 1), 200);
+    expectKvdError(() => p.sketchScores(new Float32Array(8), 0, Int32Array.of(200)), 'E_RANGE', /tokens\[0\]: expected a token in \[0, 200\), got 200/);
+    const none = createPolicy('kvdrive', { qHeads: 2, kvHeads: 1, headDim: 8 }) as NativeSelectionPolicy;
+    none.buildSync(randomKeys(200, 1, 8, 1), 200);
+    expectKvdError(() => none.sketchScores(new Float32Array(8), 0, Int32Array.of(0)), 'E_CONFIG', /without a sketch/);
+  });
+
+  it('4-bit keyless select keeps the int8 recall on a demo-like trace (seed 11)', async () => {
+    const tr = await traceReplay({ T: 8192, steps: 3, budget: 128, shape: { qHeads: 8, kvHeads: 2, headDim: 64 }, seed: 11 });
+    const int8 = await tr.replay({ keySketch: true }, false);
+    const int4 = await tr.replay({ keySketch: true, sketchBits: 4, releaseChunkMeans: true }, false);
+    console.log(`recall / oracle (seed 11, keyless): int8 ${int8.ratio.toFixed(4)} (${int8.found}/${int8.total}), 4-bit + released means ${int4.ratio.toFixed(4)} (${int4.found}/${int4.total})`);
+    expect(int4.found).toBeGreaterThanOrEqual(int8.found);
+    expect(int4.ratio).toBeGreaterThanOrEqual(int8.ratio - 0.01);
+    // Sketch rows read: ceil(dim / 2) + 4 bytes each at 4 bits.
+    expect(int4.stats.bytesScored).toBeLessThan(int8.stats.bytesScored);
+  });
+});
