@@ -169,6 +169,8 @@ describe('Runtime memory model', () => {
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 1 * MiB }), 'E_BUDGET', /no SSD store.*at least \d+ bytes/);
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 4096, ssd: { dir: tmp() } }), 'E_BUDGET');
     await expectKvdError(() => openRuntime({ ...base, sealTokens: 30 }), 'E_CONFIG', /sealTokens/);
+    // Everything declared in DRAM past the largest DRAM tier arena: a clear E_BUDGET saying what to do.
+    await expectKvdError(() => openRuntime({ ...base, maxTokens: 2 ** 24 }), 'E_BUDGET', /DRAM tier of at most \d+ chunks.*give an ssd store/);
     // Without dramBudget: exactly what holds everything declared (f16 halves the DRAM tier's part).
     const plan = async (o: RuntimeOptions) => {
       const rt = await openRuntime(o);

@@ -141,6 +141,9 @@ describe('DRAM store', () => {
     const d = new DramStore({ budgetBytes: 1 << 16, shape });
     d.addSegment('s', 16);
     await expectKvdError(() => new DramStore({ budgetBytes: 100, shape }), 'E_BUDGET', /at least one chunk/);
+    // An arena past one typed array's limit (4 GiB on Node 20) is refused before anything is
+    // allocated (V8 would throw an untyped RangeError).
+    await expectKvdError(() => new DramStore({ budgetBytes: 2 * DramStore.maxArenaBytes, shape }), 'E_BUDGET', new RegExp(`arena of at most ${DramStore.maxArenaBytes} bytes`));
     await expectKvdError(() => new DramStore({ budgetBytes: -1, shape }), 'E_CONFIG', /budgetBytes/);
     await expectKvdError(() => new DramStore({ budgetBytes: 1 << 20, shape: { ...shape, dtype: 'f8' as never } }), 'E_CONFIG', /shape\.dtype/);
     await expectKvdError(() => d.lookup('nope', 0, 0, 0), 'E_NOT_FOUND', /unknown id/);

@@ -82,7 +82,10 @@ export interface MemoryPlan {
   hotTierBytes: number;
   /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
   fetchBytes: number;
-  /** What is left for the DRAM tier (arena + slot metadata). */
+  /**
+   * What is left for the DRAM tier (arena + slot metadata), at most DramStore.maxArenaBytes worth of
+   * chunks (its arena is one typed array); budget beyond that stays unused.
+   */
   dramTierBytes: number;
   /** K + V bytes per token of one layer in the host dtype. */
   kvBytesPerTokenLayer: number;
@@ -374,12 +377,21 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
   const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
   let dramBudget = c.dramBudget;
+  // The DRAM tier's arena is one typed array (DramStore.maxArenaBytes, 4 GiB on Node 20).
+  const maxTierChunks = Math.floor(DramStore.maxArenaBytes / chunkBytes);
   if (!c.ssd) {
     const chunks = slotsPerLayer * kvHeads * Math.ceil(c.maxTokens / cs);
     const need = fixed + chunks * perChunk;
     dramBudget ??= need;
     if (need > dramBudget)
       fail('E_BUDGET', 'dramBudget (no SSD store: DRAM holds every chunk)', `at least ${need} bytes = ${items} + DRAM tier ${chunks} chunks x ${perChunk}`, dramBudget);
+    if (chunks > maxTierChunks)
+      fail(
+        'E_BUDGET',
+        'memory model without an SSD store',
+        `a DRAM tier of at most ${maxTierChunks} chunks (${DramStore.maxArenaBytes} arena bytes, one typed array in this version): give an ssd store and a dramBudget (the DRAM tier then caches part of the sealed KV), or fewer maxSequences x maxTokens x layers`,
+        `${chunks} chunks of ${chunkBytes} B to hold every declared token`,
+      );
   } else if (dramBudget === undefined) {
     fail('E_CONFIG', 'dramBudget', 'a DRAM budget in bytes with an SSD store', undefined);
   } else if (fixed + perChunk * kvHeads > dramBudget) {
@@ -393,7 +405,8 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
     indexFixedBytes: indexFixed,
     hotTierBytes: c.hotTierBytes,
     fetchBytes,
-    dramTierBytes: dramBudget - fixed,
+    // With an SSD store the tier takes the rest of the budget, up to the largest arena.
+    dramTierBytes: Math.min(dramBudget - fixed, maxTierChunks * perChunk),
     kvBytesPerTokenLayer: 2 * row,
   };
 }

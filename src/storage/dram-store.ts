@@ -13,6 +13,7 @@
  *  of each registered segment ({@link DramStore.indexBytes}; 0.2% of the KV it indexes at 2 KiB
  *  chunks) and a few hundred bytes of JS objects per registered segment.
  */
+import { constants as bufferConstants } from 'node:buffer';
 import { z } from 'zod';
 import { fail, KvdriveError } from '../errors.js';
 import { native } from '../native.js';
@@ -89,6 +90,9 @@ export class DramStore {
   private nextOrdinal = 0;
   private counters = { admitted: 0, evicted: 0, rejected: 0 };
 
+  /** Largest arena in bytes (one typed array: Node's buffer.constants.MAX_LENGTH, 4 GiB on Node 20). */
+  static readonly maxArenaBytes: number = bufferConstants.MAX_LENGTH;
+
   constructor(options: DramStoreOptions) {
     const o = parseOptions(dramOptionsSchema, options, 'DramStore options');
     this.shape = o.shape;
@@ -98,8 +102,13 @@ export class DramStore {
     if (cap < 1)
       fail('E_BUDGET', 'DramStore options.budgetBytes', `at least one chunk plus metadata (${this.chunkBytes + DramStore.metadataBytesPerSlot} bytes)`, o.budgetBytes);
     if (cap > 0x7fffffff) fail('E_BUDGET', 'DramStore options.budgetBytes', 'fewer than 2^31 chunks', o.budgetBytes);
-    this.capacityChunks = cap;
     const bytes = cap * this.chunkBytes;
+    // The arena is one typed array, and Node 20 caps a typed array at buffer.constants.MAX_LENGTH
+    // bytes (4 GiB); past it V8 throws an untyped RangeError. Splitting the arena into blocks is
+    // the way past this limit; until then, a clear error before anything is allocated.
+    if (bytes > DramStore.maxArenaBytes)
+      fail('E_BUDGET', 'DramStore options.budgetBytes', `a DRAM tier arena of at most ${DramStore.maxArenaBytes} bytes (${Math.floor(DramStore.maxArenaBytes / this.chunkBytes)} chunks of ${this.chunkBytes} B: one typed array)`, `${o.budgetBytes} (${cap} chunks, ${bytes} arena bytes)`);
+    this.capacityChunks = cap;
     this.arena = new Uint8Array(o.shared === false ? new ArrayBuffer(bytes) : new SharedArrayBuffer(bytes));
     this.slotOwner = new Int32Array(cap).fill(-1);
     this.slotKey = new Int32Array(cap);
