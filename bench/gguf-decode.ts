@@ -6,7 +6,7 @@
  *   node dist/src/cli/main.js random-gguf --shape llama-3.2-1b --type Q8_0 --out /tmp/l1b.gguf
  *   node dist/bench/gguf-decode.js --model /tmp/l1b.gguf [--depths 4096,16384,32768] [--steps 6]
  *        [--threads 1] [--prefill 128] [--budget-share 0.0156] [--sparse-depths all|none|4096,...]
- *        [--weights huge-pages|mmap]
+ *        [--weights huge-pages|mmap] [--storage DIR --dram-budget-gib N]
  *
  * The KV cache at each depth is filled directly in both engines (random keys and values; attention
  * cost depends on the number of positions, not on their values), because prefilling 32K positions
@@ -54,6 +54,10 @@ const share = Number(arg('budget-share', '0.0156'));
 const sparseArg = arg('sparse-depths', 'all');
 const sparseAt = (depth: number): boolean => sparseArg === 'all' || (sparseArg !== 'none' && sparseArg.split(',').map(Number).includes(depth));
 const weights = arg('weights', 'huge-pages') as 'huge-pages' | 'mmap';
+// --storage DIR: the sparse runtime seals the context to an SSD store under DIR and caches part of it
+// in a DRAM tier under --dram-budget-gib (default 5); without it the DRAM tier holds the whole context.
+const storageDir = arg('storage', '');
+const dramBudgetGiB = Number(arg('dram-budget-gib', '5'));
 const load = (): string => loadavg().map((x) => x.toFixed(2)).join(', ');
 const here = dirname(fileURLToPath(import.meta.url));
 const llamaDir = join(here, '..', '..', 'bench', 'llama-cpp');
@@ -181,9 +185,11 @@ for (const depth of depths) {
   let first: { ms: number; cpu: number } | undefined;
   const budget = Math.max(1, Math.round(share * depth));
   if (sparseAt(depth)) {
-    // The sparse backend is the runtime (DRAM tier sized to hold the whole f32 context: no SSD here).
+    // The sparse backend is the runtime (by default its DRAM tier holds the whole f32 context; with
+    // --storage the context is sealed to SSD and the DRAM tier caches part of it).
     const kvBytes = 2 * c.nLayers * seqLen * kvDim * 4;
-    const sparse = createBackend('kvdrive', shape, { budget, dramBudget: Math.ceil(kvBytes * 1.5) + 256 * 2 ** 20 }) as AttentionBackend & {
+    const tiers = storageDir ? { storage: storageDir, dramBudget: Math.round(dramBudgetGiB * 2 ** 30) } : { dramBudget: Math.ceil(kvBytes * 1.5) + 256 * 2 ** 20 };
+    const sparse = createBackend('kvdrive', shape, { budget, ...tiers }) as AttentionBackend & {
       stats(): Promise<{ selectionMs: number; fetchMs: number; computeMs: number; wallMs: number } | undefined>;
     };
     sw.current = sparse;
