@@ -106,7 +106,12 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   for (const Ranked& r : clusters) mn = std::min(mn, r.score), mx = std::max(mx, r.score);
   constexpr int kBins = 4096;
   const double inv = mx > mn ? kBins / (double(mx) - double(mn)) : 0.0;
-  auto bin = [&](float s) { return std::min(kBins - 1, int((double(s) - double(mn)) * inv)); };
+  // Scores may be +-inf (keys near the f32 range): then inv is 0 or t is NaN, and everything falls
+  // into bin 0 (sorted and walked in full), never an out-of-range bin (int(NaN) is undefined).
+  auto bin = [&](float s) {
+    const double t = (double(s) - double(mn)) * inv;
+    return t >= double(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0);
+  };
   hist.assign(kBins, 0);
   for (const Ranked& r : clusters) hist[size_t(bin(r.score))] += uint32_t(ctoks[size_t(r.id)]);
   double above = 0;

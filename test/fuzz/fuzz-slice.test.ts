@@ -3,6 +3,7 @@
  * in child processes, so a crash or hang fails this test with the input that caused it instead of
  * killing the runner. The full run (>= 10,000 inputs per target) and its figures: bench/fuzz.md.
  */
+import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -59,4 +60,19 @@ describe('fuzz slice', () => {
       expect(r.typed, r.target).toBeGreaterThan(0);
     }
   }, 180_000);
+});
+
+describe('fuzz findings stay fixed', () => {
+  // Inputs of the full run (seed 1) that once crashed the process; each re-runs alone in a child.
+  // policy 836 / 2710 / 6713: kvdrive centroid scores of +-inf binned by level 1's cluster threshold
+  // landed in an out-of-range histogram bin (SIGSEGV in LayerIndex::Select).
+  it.each([
+    ['policy', 836],
+    ['policy', 2710],
+    ['policy', 6713],
+  ])('%s input %i (seed 1) runs to completion', (target, index) => {
+    const r = spawnSync(process.execPath, [childScript(), target, '1', String(index), '0', '--only'], { encoding: 'utf8', timeout: 60_000 });
+    expect(r.signal, r.stderr).toBeNull();
+    expect(r.status, r.stderr).toBe(0);
+  });
 });
