@@ -251,15 +251,16 @@ interface PolicyInput {
   ops: { op: 'build' | 'buildSync' | 'extend' | 'select'; args: unknown[] }[];
 }
 
-export const policyTarget = defineTarget<PolicyInput>({
-  name: 'policy',
+const policyTargetOf = (name: string, sketch: boolean): FuzzTarget =>
+  defineTarget<PolicyInput>({
+  name,
   input(g) {
     const s = shape(g);
     const total = g.pick([8, 40, 100, 200]);
     const full = kv(g, { ...s, tokens: total });
     const options: Obj | undefined = g.bool(0.3)
       ? undefined
-      : mutate(g, { chunkSize: g.pick([1, 2, 4, 8]), tokensPerCluster: g.pick([4, 16]), sinks: g.int(0, 4), local: g.pick([0, 8, 16]), segmentTokens: g.pick([16, 64, 4096]), kmeansIters: g.int(0, 4), threads: g.int(1, 2) }, g.pick([0, 0, 1]));
+      : mutate(g, { chunkSize: g.pick([1, 2, 4, 8]), tokensPerCluster: g.pick([4, 16]), sinks: g.int(0, 4), local: g.pick([0, 8, 16]), segmentTokens: g.pick([16, 64, 4096]), kmeansIters: g.int(0, 4), threads: g.int(1, 2), ...(sketch ? sketchOptions(g) : {}) }, g.pick([0, 0, 1]));
     const ops: PolicyInput['ops'] = [];
     const built = g.int(0, total);
     ops.push({ op: g.bool() ? 'build' : 'buildSync', args: mutate(g, { k: full, tokens: built }, g.pick([0, 0, 0, 1])) ? [full, g.bool(0.9) ? built : g.edgeNumber()] : [] });
@@ -280,6 +281,15 @@ export const policyTarget = defineTarget<PolicyInput>({
     for (const o of x.ops) await settle((p as unknown as Record<string, (...a: unknown[]) => unknown>)[o.op]!(...o.args));
   },
 });
+
+/** The offloaded index's options: the key sketch (8 or 4 bits), released chunk means, sketch re-rank. */
+function sketchOptions(g: Gen): Obj {
+  return { keySketch: g.bool(0.8), sketchBits: g.pick([4, 8]), releaseChunkMeans: g.bool(0.6), preferSketch: g.bool(0.3), tokenGranular: g.bool(0.7), rerankFactor: g.pick([0, 2, 8]) };
+}
+
+export const policyTarget = policyTargetOf('policy', false);
+/** The same operations on policies built with the offloaded index's options. */
+export const policySketchTarget = policyTargetOf('policy-sketch', true);
 
 // ---- hot tier (and hotTierAdmitPages) ----
 
@@ -474,5 +484,5 @@ export const nativeTarget = defineTarget<GenericInput>({
   },
 });
 
-export const apiTargets: FuzzTarget[] = [kernelsTarget, policyTarget, hotTierTarget, apiTarget, nativeTarget];
+export const apiTargets: FuzzTarget[] = [kernelsTarget, policyTarget, policySketchTarget, hotTierTarget, apiTarget, nativeTarget];
 
