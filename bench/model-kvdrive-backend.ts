@@ -1,5 +1,5 @@
 /**
- * The kvdrive attention backend — the runtime (src/pipeline/runtime.ts, memory model, sequential,
+ * The kvdrive attention backend — the runtime (src/runtime/runtime.ts, memory model, sequential,
  * DRAM only) the reference host's "kvdrive" backend runs through — against dense attention, per
  * layer-step (brief: a few seconds in all).
  *
@@ -29,7 +29,7 @@ import { DenseTsAttention } from '../src/model/dense-attention.js';
 import { attentionShape } from '../src/model/forward.js';
 import { generate } from '../src/model/generate.js';
 import { RuntimeAttention } from '../src/model/runtime-attention.js';
-import { openRuntime } from '../src/pipeline/runtime.js';
+import { openRuntime } from '../src/runtime/runtime.js';
 import { loadTokenizer } from '../src/model/tokenizer.js';
 
 function random(n: number, seed: number): Float32Array {

@@ -21,7 +21,7 @@
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { openRuntime, type Runtime, type RuntimeStats } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeStats } from '../src/runtime/runtime.js';
 import { ioUringAvailable } from '../src/storage/io-engine.js';
 import { Worker } from 'node:worker_threads';
 import { uniform } from './bench-util.js';

@@ -1,5 +1,5 @@
 /**
- * One decode step of the runtime's memory model (select → fetch → attend, src/runtime/step.ts)
+ * One decode step of the runtime's memory model (select → fetch → attend, src/pipeline/step.ts)
  * against native dense attention over the same context, per layer-step, and the same step built
  * from another tree (the "before" of a change) — every figure a ratio to native dense measured in
  * the same process, the processes interleaved in one run (bench/runtime-memory.md has the results).
@@ -55,7 +55,8 @@ interface Row {
 /** Child: measures every row against the dist/ rooted at `root`. */
 async function child(root: string, io: string[]): Promise<Row[]> {
   const imp = (p: string) => import(pathToFileURL(join(root, p)).href);
-  const { openRuntime } = await imp('src/pipeline/runtime.js');
+  // A --before build from before the front door moved to src/runtime/ has it under src/pipeline/.
+  const { openRuntime } = await imp('src/runtime/runtime.js').catch(() => imp('src/pipeline/runtime.js'));
   const { attendDense } = await imp('src/attention/kernels.js');
   const { generateSyntheticTrace } = await imp('src/trace/synthetic.js');
   const { toF32 } = await imp('src/util/f16.js');

@@ -8,7 +8,7 @@
  *      [--budget 128] [--micro 1,2,4] [--steps 40] [--rounds 3] [--tier 2]
  */
 import { loadavg, cpus } from 'node:os';
-import { openRuntime, type Runtime } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime } from '../src/runtime/runtime.js';
 
 const arg = (name: string, dflt: string) => {
   const i = process.argv.indexOf(`--${name}`);

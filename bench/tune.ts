@@ -16,8 +16,8 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Bench } from 'tinybench';
-import { calibrate, type CalibrationResult, type CalibrationTrial } from '../src/pipeline/calibrate.js';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { calibrate, type CalibrationResult, type CalibrationTrial } from '../src/runtime/calibrate.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import { uniform } from './bench-util.js';
 
 const arg = (name: string, dflt: string) => {

@@ -1,6 +1,6 @@
 // Lists native/**/*.cc for binding.gyp so a new kernel file needs no edit to the build script.
-// Subfolders (native/model/, ...) are included; their files include headers as "model/x.h" etc.
-// since the include path is "native".
+// Subfolders (native/common/, native/index/, ...) are included; every file includes headers by their
+// path under native/ ("common/args.h"), the one include directory.
 'use strict';
 const fs = require('fs');
 const path = require('path');

@@ -4,7 +4,7 @@
  * and what was given, so callers can branch on `code` and users can act on the message.
  */
 
-/** Stable error codes. Native code uses the same strings (native/errors.h). */
+/** Stable error codes. Native code uses the same strings (native/common/errors.h). */
 export const ErrorCodes = [
   'E_SHAPE', // a tensor or array has the wrong length / dimensions
   'E_DTYPE', // wrong element type or storage dtype

@@ -11,8 +11,8 @@ export type { ErrorCode } from './errors.js';
 export type { Dtype, KvTensor, ModelShape } from './types.js';
 export { cpuFeatures, setSimdLevel } from './native.js';
 // The runtime (the front door) and its memory model.
-export { openRuntime } from './pipeline/runtime.js';
-export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry, TracedOutput } from './pipeline/runtime.js';
+export { openRuntime } from './runtime/runtime.js';
+export type { Runtime, RuntimeOptions, RuntimeStats, AttendEntry, TracedOutput } from './runtime/runtime.js';
 export type { MemoryStats } from './runtime/kv-memory.js';
 export { processMemory } from './runtime/process-memory.js';
 export type { ProcessMemory } from './runtime/process-memory.js';

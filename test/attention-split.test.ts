@@ -1,4 +1,4 @@
-// Attention split by KV length (native/attention_split.h): heads longer than one part (8192 tokens)
+// Attention split by KV length (native/attention/attention_split.h): heads longer than one part (8192 tokens)
 // are attended part by part on the thread pool and merged through their log-sum-exp. The result must
 // match the float64 reference, be bit-identical for every thread count, and a selection that covers
 // every chunk must still reproduce dense attention bit for bit (same cut points). Per-chunk mass is

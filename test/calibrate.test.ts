@@ -1,8 +1,8 @@
 // Calibration pre-run: picks values among the candidates, records every trial, and
 // openRuntime({ calibrate }) opens with what it picked. Needs `npm run build:ts` (pipelined trials).
 import { describe, expect, it } from 'vitest';
-import { calibrate } from '../src/pipeline/calibrate.js';
-import { openRuntime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { calibrate } from '../src/runtime/calibrate.js';
+import { openRuntime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import { expectKvdError } from './helpers.js';
 
 const shape = { layers: 1, qHeads: 4, kvHeads: 2, headDim: 16 };

@@ -1,4 +1,4 @@
-// The compact kvdrive index of offloaded decodes (native/key_sketch.h, native/layer_index.h): the
+// The compact kvdrive index of offloaded decodes (native/index/key_sketch.h, native/index/layer_index.h): the
 // 4-bit key sketch (two codes per byte) and releaseChunkMeans (full segments drop their f32 chunk
 // means). The sketch's scores must stay within the quantization bound of exact q·k at both widths
 // and be bit-identical at every SIMD level (including head dims with a partial 64-dim block);

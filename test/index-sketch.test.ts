@@ -1,4 +1,4 @@
-// kvdrive's key sketch (native/key_sketch.h): select() without the keys re-ranks on int8 codes
+// kvdrive's key sketch (native/index/key_sketch.h): select() without the keys re-ranks on int8 codes
 // kept by the policy. It must keep the keyed select's recall on a demo-like trace, pick exactly
 // the keyless selection when told to prefer it over given keys, select the same tokens at every
 // SIMD level and thread count, cost dim + 4 bytes per token and kv head, and still report NaN keys.

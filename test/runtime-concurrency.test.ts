@@ -3,7 +3,7 @@
 // submits more micro-batches than run at once, and close() leaving no threads or file descriptors.
 import { readdirSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import type { KvTensor } from '../src/types.js';
 import { randn, rng } from './helpers.js';
 import { osThreads } from './threads.js';

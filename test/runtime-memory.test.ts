@@ -7,7 +7,7 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import { attendDense } from '../src/attention/kernels.js';
 import { fromF32 } from '../src/util/f16.js';
 import { checkMemory, formatMemoryCheck, processMemory } from '../src/runtime/process-memory.js';

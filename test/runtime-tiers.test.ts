@@ -6,7 +6,7 @@
 // as a clean run.
 import { readdirSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
 import { corruptSegments, removeTempDirs, tempDir } from './storage-kv.js';

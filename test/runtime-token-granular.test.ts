@@ -5,7 +5,7 @@
 // place, SSD reads, hot-tier slots, the open tail), in both modes; a budget covering the context
 // equals dense attention.
 import { afterAll, describe, expect, it } from 'vitest';
-import { openRuntime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { openRuntime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import { attendDense, attendSparse } from '../src/attention/kernels.js';
 import { createPolicy } from '../src/index/policy.js';
 import { offloadedPolicyOptions } from '../src/index/options.js';

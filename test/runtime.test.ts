@@ -2,7 +2,7 @@
 // and pipelined modes give bit-identical outputs, a budget covering the whole context reproduces
 // dense attention, stats, and typed errors.
 import { describe, expect, it } from 'vitest';
-import { openRuntime, type Runtime, type RuntimeOptions } from '../src/pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import { attendDense } from '../src/attention/kernels.js';
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';

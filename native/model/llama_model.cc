@@ -11,9 +11,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "errors.h"
+#include "common/errors.h"
 #include "model/parallel.h"
-#include "simd.h"
+#include "common/simd.h"
 
 namespace kvd {
 namespace model {

@@ -7,12 +7,12 @@
 #include <memory>
 #include <string>
 
-#include "args.h"
-#include "errors.h"
-#include "handles.h"
+#include "common/args.h"
+#include "common/errors.h"
+#include "common/handles.h"
 #include "model/llama_model.h"
 #include "model/parallel.h"
-#include "registry.h"
+#include "common/registry.h"
 
 namespace kvd {
 namespace model {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "thread_pool.h"
+#include "common/thread_pool.h"
 
 namespace kvd {
 namespace model {

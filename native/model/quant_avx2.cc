@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "model/quant.h"
-#include "simd.h"
-#include "avx2_util.h"
+#include "common/simd.h"
+#include "common/avx2_util.h"
 
 
 namespace kvd {

@@ -5,7 +5,7 @@
 #include <immintrin.h>
 
 #include "model/quant.h"
-#include "simd.h"
+#include "common/simd.h"
 
 #define KVD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "dtype.h"
+#include "common/dtype.h"
 #include "model/quant.h"
-#include "simd.h"
+#include "common/simd.h"
 
 namespace kvd {
 namespace model {

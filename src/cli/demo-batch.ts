@@ -5,7 +5,7 @@
  * with `--mode both` the pipelined throughput as a ratio of the sequential one in the same run.
  * The memory model holds the batch DRAM-only (openRuntime sizes its budget to the declared batch).
  */
-import { openRuntime, type RuntimeStats, type StepBreakdown } from '../pipeline/runtime.js';
+import { openRuntime, type RuntimeStats, type StepBreakdown } from '../runtime/runtime.js';
 import { ms, table } from '../eval/format.js';
 
 export interface BatchDemoOptions {

@@ -8,7 +8,7 @@
  * runtime's time and outputs (bit-identical expected) for the DRAM+SSD / DRAM-only ratio.
  */
 import { bytes, ms, table } from '../eval/format.js';
-import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeStats } from '../runtime/runtime.js';
 import { checkMemory, formatMemoryCheck, processMemory, type MemoryCheck } from '../runtime/process-memory.js';
 import type { SyntheticTrace } from '../trace/synthetic.js';
 import { toF32 } from '../util/f16.js';

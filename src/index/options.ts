@@ -294,7 +294,7 @@ export const OFFLOADED_SKETCH_BITS: 4 | 8 = 4;
  * ({@link OFFLOADED_SKETCH_BITS} bits) and re-ranks every candidate on it, releasing the chunk means
  * of full segments (releaseChunkMeans: the index is then mostly the sketch). Its selection stays
  * token-granular (the default): the tiers fetch the whole chunks holding the selected tokens, but
- * only those tokens are attended (src/runtime/step.ts), so the budget counts tokens attended and the
+ * only those tokens are attended (src/pipeline/step.ts), so the budget counts tokens attended and the
  * eval's figure is the runtime's. Options the caller set explicitly win (keySketch false or
  * rerankFactor 0 keep the chunk means).
  */

@@ -1,8 +1,8 @@
 /**
  * Selection policies: one interface over the native index of one layer for the three policies
  * (kvdrive hierarchical centroids, the Quest page bound, ShadowKV chunk means). The hot loops
- * (chunk representatives, k-means, scoring, ranking) run in C++ (native/index*.cc,
- * native/layer_index.cc); this file validates, orchestrates and shapes the {@link Selection}.
+ * (chunk representatives, k-means, scoring, ranking) run in C++ (native/index/,
+ * native/index/layer_index.cc); this file validates, orchestrates and shapes the {@link Selection}.
  */
 import { KvdriveError, describe, fail, fromNative } from '../errors.js';
 import { native } from '../native.js';

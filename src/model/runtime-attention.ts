@@ -1,5 +1,5 @@
 /**
- * The reference host's attention through the runtime (src/pipeline/runtime.ts, memory model): the
+ * The reference host's attention through the runtime (src/runtime/runtime.ts, memory model): the
  * one decode path of the host — backends "kvdrive" and "runtime" both build this class. The
  * backend owns the KV. Per layer and position it hands the runtime the query and the new token's
  * k / v (row `pos` of the host's cache; earlier rows are never read again), and the runtime keeps
@@ -10,7 +10,7 @@
  */
 import { z } from 'zod';
 import { describe, fail, KvdriveError } from '../errors.js';
-import { openRuntime, type Runtime, type RuntimeStats } from '../pipeline/runtime.js';
+import { openRuntime, type Runtime, type RuntimeStats } from '../runtime/runtime.js';
 import type { PolicyOptions } from '../index/options.js';
 import { checkAttentionShape, type AttentionBackend, type AttentionShape, type BackendOptions } from './attention-backend.js';
 

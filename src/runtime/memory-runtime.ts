@@ -16,7 +16,7 @@ import { fromF32 } from '../util/f16.js';
 import type { Dtype, KvTensor } from '../types.js';
 import type { Selection } from '../index/selection.js';
 import { KvMemory, type KvMemoryConfig, type MemoryStats } from './kv-memory.js';
-import { attendEntry, type EntryStepStats } from './step.js';
+import { attendEntry, type EntryStepStats } from '../pipeline/step.js';
 
 /** Tier traffic summed over attend() calls (chunks by where they came from, SSD device bytes, admissions). */
 export type MemoryTraffic = Omit<EntryStepStats, 'selectMs' | 'fetchMs' | 'computeMs'>;

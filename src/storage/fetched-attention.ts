@@ -3,9 +3,9 @@
  * memory, sealed chunks as page-first pages in any of a few buffers (a fetch buffer of SSD reads,
  * the DRAM tier's arena) or in hot-tier slots — nothing is copied to attend it. The selection may
  * be finer than the pages (kvdrive selects single tokens; the tiers hold chunks of `pageChunkSize`
- * tokens): exactly the selected tokens are attended. The runtime's step (src/runtime/step.ts)
+ * tokens): exactly the selected tokens are attended. The runtime's step (src/pipeline/step.ts)
  * computes every decode step through it. Attention reads the same rows in the same order whichever
- * tier served them (see native/tiered_attention.cc), so outputs are bit-identical to attendSparse
+ * tier served them (see native/attention/tiered_attention.cc), so outputs are bit-identical to attendSparse
  * over a contiguous cache with the same selection.
  */
 import { native } from '../native.js';

@@ -1,5 +1,5 @@
 /**
- * The batched read engine behind the SSD tier (native/io_engine.cc): io_uring (when the addon was
+ * The batched read engine behind the SSD tier (native/storage/io_engine.cc): io_uring (when the addon was
  * built with liburing and the kernel accepts a ring) or a pread thread pool, chosen at run time, or
  * — asked for by name — memory-mapped reads. Used directly by benchmarks and tests; {@link SsdStore}
  * owns one per store. bench/storage.md compares the three.

@@ -1,6 +1,6 @@
 /**
  * SSD tier: a store directory with a manifest and one extent file per sealed segment
- * (format: native/extent_store.h). Layout per segment file: per (layer, kv head) region, that head's
+ * (format: native/storage/extent_store.h). Layout per segment file: per (layer, kv head) region, that head's
  * chunks packed cluster by cluster (the caller's membership order, so one cluster = one extent =
  * one sequential read), each chunk page-first: its chunkSize K rows, then its chunkSize V rows.
  *

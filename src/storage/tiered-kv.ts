@@ -8,7 +8,7 @@
  * Output layout: entry i of the request (kv head h's chunk ids in request order, heads in order)
  * occupies bytes [i * chunkBytes, (i + 1) * chunkBytes) of `dest`, page-first: chunkSize K rows then
  * chunkSize V rows of headDim elements in the store dtype (see {@link chunkRows}). Native attention
- * gets one `Span` per entry from native/page_spans.h (`FetchBufferSpans`), without another copy.
+ * gets one `Span` per entry from native/storage/page_spans.h (`FetchBufferSpans`), without another copy.
  * {@link TieredKv.fetchInPlace} copies nothing out of DRAM: it leaves DRAM-resident chunks in the
  * DRAM tier's arena (pinned until released) and packs only the SSD reads into `dest`.
  */
@@ -233,7 +233,7 @@ export class TieredKv {
     const cs = req.chunkSize;
     if (cs !== undefined && cs !== s.chunkSize) fail('E_CONFIG', 'fetch request chunkSize', `the store's chunk size ${s.chunkSize}`, cs);
     if (!Number.isInteger(req.layer) || req.layer < 0 || req.layer >= s.layers) fail('E_RANGE', 'fetch request layer', `an integer in [0, ${s.layers})`, req.layer);
-    // The kernels' chunk-list validator (native/args.h): offsets, ids in [0, sealed chunks of the chain).
+    // The kernels' chunk-list validator (native/common/args.h): offsets, ids in [0, sealed chunks of the chain).
     native.checkChunkLists({ offsets: req.offsets, chunkIds: req.chunkIds, kvHeads: s.kvHeads, maxChunks: this.totalChunks, what: 'fetch request', ascending: false });
     const ids = req.chunkIds;
     if (req.scores !== undefined) {

@@ -1,0 +1,336 @@
+// Exact span attention (attention.h): two passes over the attended tokens of each kv head.
+//
+//   pass 1  logits[j][t] = q_j · k_t            logits_rows: one read of k_t for the whole GQA group
+//   pass 2  logits *= scale; m_j = max_t        (non-finite logits detected here)
+//   pass 3  p[j][t] = exp(logit - m_j); s_j = sum_t p[j][t]
+//   pass 4  out_j = (sum_t p[j][t] v_t) / s_j   weighted_rows
+//   lse_j = m_j + log(s_j)
+//
+// Logits live group-major (row j has `total` entries) in the caller's scratch so passes 2–3 run
+// over contiguous memory. Passes 1 and 4 walk rows in tiles of kTileRows positions; with several
+// heads per call the heads take turns tile by tile, so in a token-major cache the rows of all
+// heads of the same tokens are read together (one stream) rather than one strided pass per head.
+// Tiles are cut by position in each head's concatenated token sequence, never by span, and
+// weighted_rows sums rows strictly in order: the arithmetic depends only on the token order (and
+// not on the other heads in the call), which is the determinism contract of attention.h.
+#include "attention/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "attention/attn_simd.h"
+#include "common/simd.h"
+
+namespace kvd {
+namespace {
+
+constexpr size_t kTileRows = 32;  // rows per kernel call (32 x 256 B f16 rows stay in L1)
+
+int64_t TotalTokens(const Span* spans, size_t nSpans) {
+  int64_t total = 0;
+  for (size_t s = 0; s < nSpans; ++s) {
+    if (spans[s].len < 0)
+      Throw("E_INTERNAL", "AttendHeadSpans: span " + std::to_string(s) + " has negative length " +
+                              std::to_string(spans[s].len));
+    total += spans[s].len;
+  }
+  return total;
+}
+
+// Maps a position in the concatenated sequence to (span, row within span).
+void Locate(const Span* spans, size_t nSpans, int64_t pos, size_t* span, int64_t* row) {
+  for (size_t s = 0; s < nSpans; ++s) {
+    if (pos < spans[s].len) {
+      *span = s;
+      *row = pos;
+      return;
+    }
+    pos -= spans[s].len;
+  }
+  *span = nSpans;
+  *row = 0;
+}
+
+// Walks the rows (keys or values) of a span list in token order.
+class RowCursor {
+ public:
+  RowCursor(const Span* spans, size_t n, bool values, size_t esz) : spans_(spans), n_(n), values_(values), esz_(esz) {}
+  // Next row, or nullptr after the last.
+  const uint8_t* Next() {
+    while (s_ < n_ && t_ >= spans_[s_].len) {
+      ++s_;
+      t_ = 0;
+    }
+    if (s_ >= n_) return nullptr;
+    const Span& sp = spans_[s_];
+    const uint8_t* base = static_cast<const uint8_t*>(values_ ? sp.v : sp.k);
+    const int64_t stride = (values_ ? sp.vStride : sp.kStride) * int64_t(esz_);
+    return base + (t_++) * stride;
+  }
+
+ private:
+  const Span* spans_;
+  size_t n_;
+  bool values_;
+  size_t esz_;
+  size_t s_ = 0;
+  int64_t t_ = 0;
+};
+
+size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / int64_t(kTileRows)); }
+
+// Calls kernel(head, tile, rows, n, aheadRows, nAhead) for every tile of kTileRows consecutive rows
+// (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
+// same positions are read together. Row pointers are collected kLookahead calls ahead and passed as
+// aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
+// heads) are requested well before they are used.
+constexpr size_t kLookahead = 4;
+
+template <typename Kernel>
+void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
+                 size_t esz, Kernel&& kernel) {
+  std::vector<RowCursor> cursors;
+  cursors.reserve(nHeads);
+  size_t maxTiles = 0;
+  for (size_t h = 0; h < nHeads; ++h) {
+    cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, values, esz);
+    if (active[h]) maxTiles = std::max(maxTiles, Tiles(totals[h]));
+  }
+  if (maxTiles == 0) return;
+  struct Call {
+    size_t head = 0, tile = 0, n = 0;
+    const void* rows[kTileRows];
+  };
+  Call ring[kLookahead + 1];
+  size_t tile = 0, head = size_t(-1);
+  // Collects the next (tile, head) call that has rows into c; false after the last.
+  auto collect = [&](Call& c) {
+    for (;;) {
+      if (++head >= nHeads) {
+        head = 0;
+        if (++tile >= maxTiles) return false;
+      }
+      if (active[head] && tile < Tiles(totals[head])) break;
+    }
+    c.head = head;
+    c.tile = tile;
+    c.n = 0;
+    while (c.n < kTileRows) {
+      const uint8_t* p = cursors[head].Next();
+      if (!p) break;
+      c.rows[c.n++] = p;
+    }
+    return true;
+  };
+  size_t filled = 0;  // calls collected so far; call i lives in ring[i % (kLookahead + 1)]
+  while (filled <= kLookahead && collect(ring[filled])) ++filled;
+  for (size_t i = 0; i < filled; ++i) {
+    const size_t ahead = i + kLookahead;
+    bool have = ahead < filled;
+    if (!have && ahead == filled && collect(ring[ahead % (kLookahead + 1)])) {
+      ++filled;
+      have = true;
+    }
+    const Call& c = ring[i % (kLookahead + 1)];
+    const Call* a = have ? &ring[ahead % (kLookahead + 1)] : nullptr;
+    kernel(c.head, c.tile, static_cast<const void* const*>(c.rows), c.n,
+           a ? static_cast<const void* const*>(a->rows) : nullptr, a ? a->n : 0);
+  }
+}
+
+// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled).
+void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
+            Dtype dt) {
+  const AttnKernels& attn = AttnSimd();
+  std::unique_ptr<bool[]> active(new bool[nHeads]);
+  std::fill(active.get(), active.get() + nHeads, true);
+  ForEachTile(heads, nHeads, totals, active.get(), false, DtypeSize(dt),
+              [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+                attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows,
+                                 size_t(totals[h]), next, nNext);
+              });
+}
+
+[[noreturn]] void ThrowNonFiniteLogit(size_t head, const float* L, int group, int64_t total, const Span* spans,
+                                      size_t nSpans) {
+  int64_t first = total;
+  for (int j = 0; j < group; ++j)
+    for (int64_t p = 0; p < first; ++p)
+      if (!std::isfinite(L[size_t(j) * size_t(total) + size_t(p)])) {
+        first = p;
+        break;
+      }
+  size_t span;
+  int64_t row;
+  Locate(spans, nSpans, first, &span, &row);
+  throw NonFiniteRowError(head, span, row, false,
+                          "attention logit is not finite at row " + std::to_string(row) + " of span " +
+                              std::to_string(span) + " (NaN/Inf in the key row, or q·k overflowed)");
+}
+
+[[noreturn]] void ThrowNonFiniteOutput(size_t head, int dim, Dtype dt, const Span* spans, size_t nSpans) {
+  const size_t esz = DtypeSize(dt);
+  for (size_t s = 0; s < nSpans; ++s) {
+    const uint8_t* v = static_cast<const uint8_t*>(spans[s].v);
+    for (int64_t t = 0; t < spans[s].len; ++t) {
+      const void* row = v + t * spans[s].vStride * int64_t(esz);
+      for (int d = 0; d < dim; ++d)
+        if (!std::isfinite(LoadElem(row, dt, size_t(d))))
+          throw NonFiniteRowError(head, s, t, true,
+                                  "attention output is not finite: NaN/Inf in the value row at row " +
+                                      std::to_string(t) + " of span " + std::to_string(s));
+    }
+  }
+  // Every value is finite, so the weighted sum itself overflowed f32.
+  throw NonFiniteRowError(head, nSpans, 0, true, "attention output overflowed f32 (value rows too large)");
+}
+
+// Passes 2–3 on one head's logits: scale, max, exp, sum. Returns false when a scaled logit is not
+// finite (L is then left partly scaled; the caller reports the row).
+bool Softmax(float* L, int group, int64_t total, float scale, float* m, float* s) {
+  const AttnKernels& attn = AttnSimd();
+  bool finite = true;
+  for (int j = 0; j < group; ++j) m[j] = attn.scale_max(L + size_t(j) * size_t(total), size_t(total), scale, &finite);
+  if (!finite) return false;
+  for (int j = 0; j < group; ++j) s[j] = attn.exp_sum(L + size_t(j) * size_t(total), size_t(total), m[j]);
+  return true;
+}
+
+enum class HeadState : uint8_t { Ok, Empty, BadLogit, BadOutput };
+
+}  // namespace
+
+void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale,
+                      AttnScratch& scratch) {
+  const AttnKernels& attn = AttnSimd();
+  const size_t esz = DtypeSize(dt);
+  std::vector<int64_t> totals(nHeads);
+  std::vector<size_t> offsets(nHeads + 1, 0);
+  for (size_t h = 0; h < nHeads; ++h) {
+    totals[h] = TotalTokens(heads[h].spans, heads[h].nSpans);
+    offsets[h + 1] = offsets[h] + size_t(group) * size_t(totals[h]);
+    std::fill(heads[h].out, heads[h].out + size_t(group) * size_t(dim), 0.f);
+    if (heads[h].spanMass) std::fill(heads[h].spanMass, heads[h].spanMass + heads[h].nSpans, 0.f);
+    if (heads[h].spanMassByQuery)
+      std::fill(heads[h].spanMassByQuery, heads[h].spanMassByQuery + size_t(group) * heads[h].nSpans, 0.f);
+  }
+  scratch.logits.resize(offsets[nHeads]);
+  std::vector<float*> Ls(nHeads);
+  for (size_t h = 0; h < nHeads; ++h) Ls[h] = scratch.logits.data() + offsets[h];
+
+  // Pass 1: logits of every head.
+  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt);
+
+  // Passes 2–3 per head.
+  std::vector<float> ms(nHeads * size_t(group) * 2);
+  std::vector<HeadState> state(nHeads, HeadState::Ok);
+  for (size_t h = 0; h < nHeads; ++h) {
+    float* m = ms.data() + h * size_t(group) * 2;
+    if (totals[h] == 0) {
+      state[h] = HeadState::Empty;
+      std::fill(heads[h].lse, heads[h].lse + group, -INFINITY);
+    } else if (!Softmax(Ls[h], group, totals[h], scale, m, m + group)) {
+      state[h] = HeadState::BadLogit;
+    }
+  }
+
+  // Pass 4: out_j += sum_t p[j][t] v_t, heads interleaved tile by tile, tiles in token order.
+  {
+    std::unique_ptr<bool[]> active(new bool[nHeads]);
+    for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
+    ForEachTile(heads, nHeads, totals.data(), active.get(), true, esz,
+                [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+                  attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows,
+                                     n, dt, size_t(dim), next, nNext);
+                });
+  }
+
+  // Normalise, lse, output check, span mass.
+  for (size_t h = 0; h < nHeads; ++h) {
+    if (state[h] != HeadState::Ok) continue;
+    const float* m = ms.data() + h * size_t(group) * 2;
+    const float* s = m + group;
+    bool finite = true;
+    for (int j = 0; j < group; ++j) {
+      const float inv = 1.f / s[j];  // s[j] >= 1: the max logit contributes exp(0)
+      float* o = heads[h].out + size_t(j) * size_t(dim);
+      for (int d = 0; d < dim; ++d) {
+        o[d] *= inv;
+        finite &= std::isfinite(o[d]);
+      }
+      heads[h].lse[j] = m[j] + std::log(s[j]);
+    }
+    if (!finite) {
+      state[h] = HeadState::BadOutput;
+      continue;
+    }
+    if (heads[h].spanMass || heads[h].spanMassByQuery) {
+      float* mass = heads[h].spanMass;
+      float* byQuery = heads[h].spanMassByQuery;
+      const float* L = Ls[h];
+      const size_t total = size_t(totals[h]);
+      size_t pos = 0;
+      for (size_t sp = 0; sp < heads[h].nSpans; ++sp) {
+        const size_t len = size_t(heads[h].spans[sp].len);
+        double acc = 0.0;
+        for (int j = 0; j < group; ++j) {
+          const float* p = L + size_t(j) * total + pos;
+          double sj = 0.0;
+          for (size_t t = 0; t < len; ++t) sj += p[t];
+          acc += sj / double(s[j]);
+          if (byQuery) byQuery[size_t(j) * heads[h].nSpans + sp] = float(sj / double(s[j]));
+        }
+        if (mass) mass[sp] = float(acc / group);
+        pos += len;
+      }
+    }
+  }
+
+  // Report the lowest failing head, so the error does not depend on how heads were grouped.
+  for (size_t h = 0; h < nHeads; ++h) {
+    if (state[h] == HeadState::BadLogit)
+      ThrowNonFiniteLogit(h, Ls[h], group, totals[h], heads[h].spans, heads[h].nSpans);
+    if (state[h] == HeadState::BadOutput) ThrowNonFiniteOutput(h, dim, dt, heads[h].spans, heads[h].nSpans);
+  }
+}
+
+void AttendHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans, size_t nSpans,
+                     float* out, float* lse, float* spanMass, AttnScratch& scratch) {
+  const HeadAttn head{qGroup, spans, nSpans, out, lse, spanMass};
+  AttendHeadsSpans(&head, 1, group, dim, dt, scale, scratch);
+}
+
+void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans,
+                             size_t nSpans, float* probs) {
+  const int64_t total = TotalTokens(spans, nSpans);
+  if (total == 0) return;
+  const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
+  Logits(&head, 1, &total, &probs, group, dim, dt);
+  std::vector<float> ms(size_t(group) * 2);
+  if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))
+    ThrowNonFiniteLogit(0, probs, group, total, spans, nSpans);
+  for (int j = 0; j < group; ++j) {
+    const float inv = 1.f / ms[size_t(group + j)];
+    float* p = probs + size_t(j) * size_t(total);
+    for (int64_t t = 0; t < total; ++t) p[t] *= inv;
+  }
+}
+
+void MergeAttention(float* outA, float* lseA, const float* outB, const float* lseB, int heads, int dim) {
+  for (int h = 0; h < heads; ++h) {
+    const float la = lseA[h], lb = lseB[h];
+    const float m = std::max(la, lb);
+    if (m == -INFINITY) continue;  // both partials are over no tokens: A (zeros, -inf) stays
+    const float wa = std::exp(la - m), wb = std::exp(lb - m);
+    const float sum = wa + wb;
+    const float ca = wa / sum, cb = wb / sum;
+    float* oa = outA + size_t(h) * size_t(dim);
+    const float* ob = outB + size_t(h) * size_t(dim);
+    for (int d = 0; d < dim; ++d) oa[d] = ca * oa[d] + cb * ob[d];
+    lseA[h] = m + std::log(sum);
+  }
+}
+
+}  // namespace kvd

@@ -1,0 +1,452 @@
+// attendFetched / attendFetchedAsync: exact sparse attention of one layer-step whose KV is spread
+// over the places the runtime's memory model keeps it (src/runtime/step.ts): sinks and the open tail
+// in small token-major tensors, sealed chunks as page-first pages wherever they are — a TieredKv
+// fetch buffer (SSD reads), a DRAM-tier slot read in place, a hot-tier slot — none copied again.
+//
+// The selection may be finer than the pages: the tiers hold whole chunks of `pageChunkSize` tokens,
+// while a token-granular selection (chunkSize 1) names the tokens attended; each selected unit is
+// read from the page that holds it (a divisor of the page size never straddles two pages), or from
+// the tail tensor when it lies at or after tailBase.
+//
+// Spans are listed exactly as attendSparse lists them over a contiguous cache — sinks [0, sinkEnd),
+// each selected unit clipped to [sinkEnd, tailStart) in ascending id order, then the tail
+// [tailStart, tokens) — so with the same rows the output is bit-identical to attendSparse (the
+// AttendHeadSpans contract: the result depends on span contents and order, never on where they live).
+#include <napi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/args.h"
+#include "common/async_work.h"
+#include "attention/attention.h"
+#include "common/errors.h"
+#include "cache/hot_tier.h"
+#include "storage/page_spans.h"
+#include "common/registry.h"
+
+namespace kvd {
+namespace {
+
+// Most page buffers one call may name (fetched: a Uint8Array or an array of them).
+constexpr size_t kMaxPageBuffers = 16;
+
+struct FetchedJob {
+  std::string what;
+  const float* q = nullptr;
+  int qHeads = 0, kvHeads = 0, group = 0, dim = 0;
+  Dtype dtype = Dtype::F32;
+  float scale = 1.f;
+  KvView sinkK, sinkV;  // tokens [0, sink.tokens), sink.tokens >= sinkEnd
+  KvView tailK, tailV;  // tokens [tailBase, tailBase + tail.tokens)
+  int64_t tailBase = 0;
+  int64_t chunkSize = 0, tokens = 0, sinkEnd = 0, tailStart = 0;  // the selection's
+  const int32_t* offsets = nullptr;
+  const int32_t* chunkIds = nullptr;
+  size_t nChunks = 0;
+  // Tokens per page (the tiers' chunk), a multiple of the selection's chunkSize.
+  int64_t pageChunk = 0;
+  // Pages: per kv head the ascending page ids fetchedIds[fetchedOffsets[h] .. fetchedOffsets[h+1]),
+  // entry i's page at pagePtrs[i] (inside a buffer kept alive by the call).
+  const int32_t* fetchedOffsets = nullptr;
+  const int32_t* fetchedIds = nullptr;
+  std::vector<const uint8_t*> pagePtrs;
+  // Optional hot tier (pageChunk-token chunks): a page resident there is read from its slot.
+  std::shared_ptr<hot::Tier> tier;
+  int hotSeq = 0, hotLayer = 0;
+  float* out = nullptr;
+  float* lse = nullptr;
+  float* chunkMass = nullptr;
+};
+
+struct Where {
+  int kind;  // 0 sink tensor, 1 fetched chunk, 2 tail tensor, 3 hot-tier slot
+  int64_t firstToken;
+};
+
+void Run(const FetchedJob& job) {
+  const int64_t pc = job.pageChunk, sc = job.chunkSize;
+  const size_t es = DtypeSize(job.dtype);
+  const size_t rowBytes = size_t(job.dim) * es;
+  std::unique_ptr<hot::Tier::LayerLock> lock;
+  if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
+  hot::PagedChunks pages{job.fetchedOffsets, job.fetchedIds, job.pagePtrs.data()};
+  std::vector<std::vector<Span>> spans(size_t(job.kvHeads));
+  std::vector<std::vector<Where>> where(size_t(job.kvHeads));
+  std::vector<std::vector<float>> mass(size_t(job.kvHeads));
+  std::vector<HeadAttn> heads(size_t(job.kvHeads));
+  const size_t headOut = size_t(job.group) * size_t(job.dim);
+  for (int h = 0; h < job.kvHeads; ++h) {
+    auto& s = spans[size_t(h)];
+    auto& w = where[size_t(h)];
+    if (job.sinkEnd > 0) {
+      s.push_back(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride});
+      w.push_back(Where{0, 0});
+    }
+    hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
+    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+      const int64_t u = job.chunkIds[i];
+      const int64_t a = std::max(u * sc, job.sinkEnd);
+      const int64_t b = std::min((u + 1) * sc, job.tailStart);
+      if (b <= a) {  // clipped away entirely: an empty span keeps chunkMass aligned (mass 0)
+        s.push_back(Span{job.sinkK.data, job.sinkV.data, 0, job.dim, job.dim});
+        w.push_back(Where{1, 0});
+        continue;
+      }
+      if (a >= job.tailBase) {  // still in the open tail: read in place
+        s.push_back(Span{job.tailK.Row(a - job.tailBase, h), job.tailV.Row(a - job.tailBase, h), b - a, job.tailK.tokenStride,
+                         job.tailV.tokenStride});
+        w.push_back(Where{2, a});
+        continue;
+      }
+      if (b > job.tailBase)
+        Throw("E_RANGE", job.what + ": selected tokens [" + std::to_string(a) + ", " + std::to_string(b) + ") of kv head " +
+                             std::to_string(h) + " straddle tailBase " + std::to_string(job.tailBase) +
+                             " (expected tailBase on a selection chunk boundary)");
+      const int32_t c = int32_t(a / pc);
+      const int64_t skip = a - int64_t(c) * pc;  // rows of the page before the unit's first attended row
+      if (pair) {
+        const int32_t slot = pair->Find(c);
+        if (slot >= 0 && pair->slotRows[size_t(slot)] >= skip + (b - a)) {
+          const size_t off = (size_t(slot) * job.tier->chunkElems() + size_t(skip) * size_t(job.dim)) * es;
+          s.push_back(Span{pair->k + off, pair->v + off, b - a, job.dim, job.dim});
+          w.push_back(Where{3, a});
+          continue;
+        }
+      }
+      const uint8_t* page = pages.Page(h, c);
+      if (!page)
+        Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
+                             " is selected but neither fetched nor resident in the hot tier (chunks of " + std::to_string(pc) +
+                             " tokens)");
+      s.push_back(Span{page + size_t(skip) * rowBytes, page + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim});
+      w.push_back(Where{1, a});
+    }
+    if (job.tokens > job.tailStart) {
+      const int64_t at = job.tailStart - job.tailBase;
+      s.push_back(Span{job.tailK.Row(at, h), job.tailV.Row(at, h), job.tokens - job.tailStart, job.tailK.tokenStride,
+                       job.tailV.tokenStride});
+      w.push_back(Where{2, job.tailStart});
+    }
+    mass[size_t(h)].resize(s.size());
+    heads[size_t(h)] = HeadAttn{job.q + size_t(h) * headOut, s.data(), s.size(), job.out + size_t(h) * headOut,
+                                job.lse + size_t(h) * size_t(job.group), mass[size_t(h)].data()};
+  }
+  AttnScratch scratch;
+  try {
+    AttendHeadsSpans(heads.data(), heads.size(), job.group, job.dim, job.dtype, job.scale, scratch);
+  } catch (const NonFiniteRowError& e) {
+    const Where& w = where[e.head][e.span];
+    static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot"};
+    Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(e.head) + ", token " +
+                             std::to_string(w.firstToken + e.row) + " (" + from[w.kind] + "): NaN/Inf in the " +
+                             (e.inValue ? "value" : "key") + " row");
+  }
+  std::vector<int32_t> pageIds;
+  std::vector<float> pageMass;
+  for (int h = 0; h < job.kvHeads; ++h) {
+    const size_t first = job.sinkEnd > 0 ? 1 : 0;
+    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
+      job.chunkMass[i] = mass[size_t(h)][first + size_t(i - job.offsets[h])];
+    if (!job.tier) continue;
+    // Lookahead eviction ranks hot-tier residents by the mass they just received: per page, the
+    // sum over the units selected in it.
+    pageIds.clear();
+    pageMass.clear();
+    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+      const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+      if (pageIds.empty() || pageIds.back() != c) {
+        pageIds.push_back(c);
+        pageMass.push_back(0.f);
+      }
+      pageMass.back() += job.chunkMass[i];
+    }
+    job.tier->RecordMass(job.hotSeq, job.hotLayer, h, pageIds.data(), pageMass.data(), int32_t(pageIds.size()));
+  }
+}
+
+// Where the pages of one call are: o[bufKey] a Uint8Array or an array of at most kMaxPageBuffers of
+// them; entry i of the page lists (n entries) at o[atKey][i] bytes (Float64Array) into buffer
+// o[inKey][i] (Uint8Array, default 0), or — without atKey — at i * pageBytes of the single buffer.
+// Every page must lie inside its buffer (checked here: native code reads them unchecked later).
+std::vector<const uint8_t*> GetPagePointers(const Napi::Object& o, const char* bufKey, const char* atKey, const char* inKey,
+                                            size_t n, size_t pageBytes, const std::string& what,
+                                            std::vector<Napi::Object>& keep) {
+  std::vector<ArrayArg<uint8_t>> bufs;
+  const Napi::Value bv = o.Get(bufKey);
+  if (bv.IsArray()) {
+    const Napi::Array arr = bv.As<Napi::Array>();
+    if (arr.Length() < 1 || arr.Length() > kMaxPageBuffers)
+      Throw("E_SHAPE", what + "." + bufKey + ": expected 1 to " + std::to_string(kMaxPageBuffers) + " Uint8Arrays, got " +
+                           std::to_string(arr.Length()));
+    for (uint32_t j = 0; j < arr.Length(); ++j)
+      bufs.push_back(GetArray<uint8_t>(arr.Get(j), napi_uint8_array, what + "." + bufKey + "[" + std::to_string(j) + "]"));
+  } else {
+    bufs.push_back(GetArray<uint8_t>(bv, napi_uint8_array, what + "." + bufKey));
+  }
+  for (const auto& b : bufs) keep.push_back(b.object);
+  std::vector<const uint8_t*> ptrs(n);
+  if (o.Get(atKey).IsUndefined()) {
+    if (!o.Get(inKey).IsUndefined()) Throw("E_CONFIG", what + "." + inKey + ": expected it only with " + atKey);
+    const uint64_t need = CheckedMul(n, pageBytes, what + "." + bufKey + " size");
+    if (bufs[0].length < need)
+      Throw("E_SHAPE", what + "." + bufKey + ": expected at least " + std::to_string(need) + " bytes (" + std::to_string(n) +
+                           " page-first chunks), got " + std::to_string(bufs[0].length));
+    for (size_t i = 0; i < n; ++i) ptrs[i] = bufs[0].data + i * pageBytes;
+    return ptrs;
+  }
+  auto at = GetArray<double>(o.Get(atKey), napi_float64_array, what + "." + atKey);
+  ExpectLength(at.length, n, what + "." + atKey + " (one per page entry)");
+  keep.push_back(at.object);
+  ArrayArg<uint8_t> in;
+  const bool hasIn = !o.Get(inKey).IsUndefined();
+  if (hasIn) {
+    in = GetArray<uint8_t>(o.Get(inKey), napi_uint8_array, what + "." + inKey);
+    ExpectLength(in.length, n, what + "." + inKey + " (one per page entry)");
+    keep.push_back(in.object);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = hasIn ? in.data[i] : 0;
+    if (b >= bufs.size())
+      Throw("E_RANGE", what + "." + inKey + "[" + std::to_string(i) + "]: expected a buffer index in [0, " +
+                           std::to_string(bufs.size()) + "), got " + std::to_string(b));
+    const double d = at.data[i];
+    if (!IsIntIn(d, 0, int64_t(1) << 53) || uint64_t(d) > bufs[b].length || pageBytes > bufs[b].length - uint64_t(d))
+      Throw("E_RANGE", what + "." + atKey + "[" + std::to_string(i) + "]: expected an integer byte offset with offset + " +
+                           std::to_string(pageBytes) + " <= " + std::to_string(bufs[b].length) + " (buffer " + std::to_string(b) +
+                           "), got " + Num(d));
+    ptrs[i] = bufs[b].data + size_t(d);
+  }
+  return ptrs;
+}
+
+// The hot tier, sequence and layer named by `hot: { handle, sequence?, layer }`, checked against
+// the attention's shape.
+void GetHot(const Napi::Object& o, const std::string& what, int kvHeads, int dim, Dtype dt, int64_t chunkSize,
+            std::shared_ptr<hot::Tier>& tier, int& seq, int& layer) {
+  Napi::Value hv = o.Get("hot");
+  if (hv.IsUndefined()) return;
+  if (!hv.IsObject()) Throw("E_TYPE", what + ".hot: expected { handle, sequence?, layer }");
+  Napi::Object h = hv.As<Napi::Object>();
+  tier = hot::Acquire(int32_t(GetInt(h, "handle", what + ".hot", 0, int64_t(1) << 30)));
+  const hot::TierConfig& c = tier->config();
+  if (c.kvHeads != kvHeads || c.dim != dim || c.dtype != dt || c.chunkSize != chunkSize)
+    Throw("E_SHAPE", what + ".hot: expected a hot tier of " + std::to_string(kvHeads) + " kv heads x " + std::to_string(dim) +
+                         " " + DtypeName(dt) + ", chunk " + std::to_string(chunkSize) + ", got " + std::to_string(c.kvHeads) +
+                         " x " + std::to_string(c.dim) + " " + DtypeName(c.dtype) + ", chunk " + std::to_string(c.chunkSize));
+  seq = int(GetIntOr(h, "sequence", what + ".hot", 0, c.sequences - 1, 0));
+  layer = int(GetInt(h, "layer", what + ".hot", 0, c.layers - 1));
+}
+
+void CheckPair(const KvView& k, const KvView& v, const std::string& what) {
+  if (v.tokens != k.tokens || v.heads != k.heads || v.dim != k.dim || v.dtype != k.dtype)
+    Throw("E_SHAPE", what + ".v: expected the shape and dtype of " + what + ".k (" + std::to_string(k.tokens) + " x " +
+                         std::to_string(k.heads) + " x " + std::to_string(k.dim) + " " + DtypeName(k.dtype) + "), got " +
+                         std::to_string(v.tokens) + " x " + std::to_string(v.heads) + " x " + std::to_string(v.dim) +
+                         " " + DtypeName(v.dtype));
+}
+
+FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std::vector<Napi::Object>& keep,
+                   Napi::Object& result) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
+    Throw("E_TYPE", what + ": expected an options object { q, qHeads, sink, tail, tailBase, selection, fetched }");
+  Napi::Object o = info[0].As<Napi::Object>();
+  FetchedJob job;
+  job.what = what;
+  for (const char* part : {"sink", "tail"}) {
+    Napi::Value pv = o.Get(part);
+    if (!pv.IsObject()) Throw("E_TYPE", what + "." + part + ": expected { k, v } KV tensors");
+    Napi::Object p = pv.As<Napi::Object>();
+    KvView k = GetKvView(p.Get("k"), what + "." + part + ".k");
+    KvView v = GetKvView(p.Get("v"), what + "." + part + ".v");
+    CheckPair(k, v, what + "." + part);
+    if (k.tokenStride != int64_t(k.heads) * k.dim || v.tokenStride != int64_t(v.heads) * v.dim)
+      Throw("E_CONFIG", what + "." + part + ": expected token-major ('thd') tensors, got layout 'htd'");
+    keep.push_back(k.array);
+    keep.push_back(v.array);
+    if (std::string(part) == "sink") job.sinkK = k, job.sinkV = v;
+    else job.tailK = k, job.tailV = v;
+  }
+  if (job.tailK.heads != job.sinkK.heads || job.tailK.dim != job.sinkK.dim || job.tailK.dtype != job.sinkK.dtype)
+    Throw("E_SHAPE", what + ".tail: expected the heads, dim and dtype of sink (" + std::to_string(job.sinkK.heads) + " x " +
+                         std::to_string(job.sinkK.dim) + " " + DtypeName(job.sinkK.dtype) + "), got " +
+                         std::to_string(job.tailK.heads) + " x " + std::to_string(job.tailK.dim) + " " +
+                         DtypeName(job.tailK.dtype));
+  job.kvHeads = job.sinkK.heads;
+  job.dim = job.sinkK.dim;
+  job.dtype = job.sinkK.dtype;
+  job.qHeads = GetQHeads(o, job.kvHeads, what);
+  job.group = job.qHeads / job.kvHeads;
+  auto q = GetQuery(o, job.qHeads, job.dim, what);
+  job.q = q.data;
+  keep.push_back(q.object);
+  job.scale = GetScaleArg(o, job.dim, what);
+  job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
+
+  SelectionRules rules;
+  rules.kvHeads = job.kvHeads;
+  rules.maxTokens = job.tailBase + job.tailK.tokens;
+  rules.maxSinkEnd = job.sinkK.tokens;
+  rules.minTailStart = job.tailBase;
+  rules.chunksBeforeTail = true;
+  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
+  job.pageChunk = GetIntOr(o, "pageChunkSize", what, 1, kMaxChunkSize, job.chunkSize);
+  if (job.pageChunk % job.chunkSize != 0)
+    Throw("E_CONFIG", what + ".pageChunkSize: expected a multiple of selection.chunkSize " + std::to_string(job.chunkSize) +
+                          ", got " + std::to_string(job.pageChunk));
+
+  ArrayArg<int32_t> fOff, fIds;
+  size_t nPages = job.nChunks;
+  if (!o.Get("fetchedOffsets").IsUndefined()) {
+    GetChunkLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, INT32_MAX, what, "", fOff, fIds);
+    job.fetchedOffsets = fOff.data;
+    job.fetchedIds = fIds.data;
+    keep.push_back(fOff.object);
+    keep.push_back(fIds.object);
+    nPages = fIds.length;
+  } else if (job.pageChunk == job.chunkSize) {
+    job.fetchedOffsets = job.offsets;
+    job.fetchedIds = job.chunkIds;
+  } else {
+    Throw("E_CONFIG", what + ".fetchedOffsets: expected the page lists (fetchedOffsets, fetchedIds) when pageChunkSize " +
+                          std::to_string(job.pageChunk) + " differs from selection.chunkSize " + std::to_string(job.chunkSize));
+  }
+  job.pagePtrs = GetPagePointers(o, "fetched", "fetchedAt", "fetchedIn", nPages,
+                                 PageFirstChunkBytes(int(job.pageChunk), job.dim, job.dtype), what, keep);
+  GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.pageChunk, job.tier, job.hotSeq, job.hotLayer);
+
+  auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
+  auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
+  auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
+  job.out = out.Data();
+  job.lse = lse.Data();
+  job.chunkMass = mass.Data();
+  result = Napi::Object::New(env);
+  result.Set("out", out);
+  result.Set("lse", lse);
+  result.Set("chunkMass", mass);
+  keep.push_back(result);
+  return job;
+}
+
+Napi::Value AttendFetched(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    std::vector<Napi::Object> keep;
+    Napi::Object result;
+    FetchedJob job = Prepare(info, "attendFetched", keep, result);
+    Run(job);
+    return result;
+  });
+}
+
+// Validation errors reject the promise (an async API never throws synchronously).
+Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
+  return GuardPromise(info.Env(), "attendFetchedAsync", [&]() -> Napi::Value {
+    std::vector<Napi::Object> keep;
+    Napi::Object result;
+    FetchedJob job = Prepare(info, "attendFetchedAsync", keep, result);
+    auto ref = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result));
+    return PromiseWorker::Start(
+        info.Env(), [job]() { Run(job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep);
+  });
+}
+
+// hotTierAdmitPages({ hot: { handle, sequence?, layer }, selection, tokens, pages, pageOffsets,
+// pageIds }): the hot tier's F stage for one layer with the misses' rows taken from page-first
+// chunks staged by the storage tiers (pages hold at least every selected chunk not resident; rows
+// exist for tokens [0, tokens)). Hits are marked used, residents evicted (lookahead: by attention
+// mass, the selection's pool protected), misses admitted. Returns the step's counters summed over
+// kv heads.
+Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "hotTierAdmitPages";
+    if (info.Length() < 1 || !info[0].IsObject()) Throw("E_TYPE", what + ": expected an options object");
+    Napi::Object o = info[0].As<Napi::Object>();
+    std::shared_ptr<hot::Tier> tier;
+    int seq = 0, layer = 0;
+    Napi::Value hv = o.Get("hot");
+    if (!hv.IsObject()) Throw("E_TYPE", what + ".hot: expected { handle, sequence?, layer }");
+    tier = hot::Acquire(int32_t(GetInt(hv.As<Napi::Object>(), "handle", what + ".hot", 0, int64_t(1) << 30)));
+    const hot::TierConfig& c = tier->config();
+    GetHot(o, what, c.kvHeads, c.dim, c.dtype, c.chunkSize, tier, seq, layer);
+    const int64_t tokens = GetInt(o, "tokens", what, 0, kMaxTokens);
+    const std::string sw = what + ".selection";
+    SelectionRules rules;
+    rules.kvHeads = c.kvHeads;
+    rules.chunkSize = c.chunkSize;
+    rules.chunksBeforeTail = true;
+    rules.pool = true;
+    const SelectionArg sel = GetSelectionArg(o.Get("selection"), rules, sw);
+    const int64_t tailStart = sel.tailStart;
+    if (tailStart > tokens)
+      Throw("E_RANGE", sw + ".tailStart: expected at most tokens " + std::to_string(tokens) + " (the rows the pages hold), got " +
+                           std::to_string(tailStart));
+    const ArrayArg<int32_t>& off = sel.offsets;
+    const ArrayArg<int32_t>& ids = sel.chunkIds;
+    ArrayArg<int32_t> pOff, pIds;
+    GetChunkLists(o, "pageOffsets", "pageIds", c.kvHeads, INT32_MAX, what, "", pOff, pIds);
+    std::vector<Napi::Object> keep;
+    const std::vector<const uint8_t*> ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", pIds.length,
+                                                             PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
+    hot::PagedChunks paged{pOff.data, pIds.data, ptrs.data()};
+    hot::Source src{nullptr, nullptr, &paged, tokens};
+    // Optional: chunks no page holds that lie wholly at or after tailBase are copied from the open
+    // tail's token rows (tail: { k, v } holding tokens [tailBase, tokens)).
+    KvView tailK, tailV;
+    if (!o.Get("tail").IsUndefined()) {
+      if (!o.Get("tail").IsObject()) Throw("E_TYPE", what + ".tail: expected { k, v } KV tensors");
+      Napi::Object t = o.Get("tail").As<Napi::Object>();
+      tailK = GetKvView(t.Get("k"), what + ".tail.k");
+      tailV = GetKvView(t.Get("v"), what + ".tail.v");
+      CheckPair(tailK, tailV, what + ".tail");
+      if (tailK.heads != c.kvHeads || tailK.dim != c.dim || tailK.dtype != c.dtype)
+        Throw("E_SHAPE", what + ".tail: expected " + std::to_string(c.kvHeads) + " kv heads x " + std::to_string(c.dim) + " " +
+                             DtypeName(c.dtype) + ", got " + std::to_string(tailK.heads) + " x " + std::to_string(tailK.dim) + " " +
+                             DtypeName(tailK.dtype));
+      src.kBase = GetInt(o, "tailBase", what, 0, tokens);
+      if (src.kBase + tailK.tokens < tokens)
+        Throw("E_SHAPE", what + ".tail: expected rows of tokens [" + std::to_string(src.kBase) + ", " + std::to_string(tokens) +
+                             "), got " + std::to_string(tailK.tokens) + " tokens");
+      src.k = &tailK;
+      src.v = &tailV;
+    }
+    hot::Tier::LayerLock lock(*tier, seq, layer);
+    hot::Counters total;
+    for (int h = 0; h < c.kvHeads; ++h) {
+      hot::HeadSelection hs;
+      hs.ids = ids.data + off.data[h];
+      hs.n = off.data[h + 1] - off.data[h];
+      if (sel.hasPool) {
+        const int32_t* po = sel.poolOffsets.data;
+        hs.poolIds = sel.poolIds.data + po[h];
+        hs.poolScores = sel.poolScores.data + po[h];
+        hs.poolN = po[h + 1] - po[h];
+      }
+      total.Add(tier->Fetch(seq, layer, h, hs, tailStart, src));
+    }
+    Napi::Env env = info.Env();
+    Napi::Object r = Napi::Object::New(env);
+    r.Set("hits", double(total.hits));
+    r.Set("misses", double(total.misses));
+    r.Set("admitted", double(total.admitted));
+    r.Set("streamed", double(total.streamed));
+    r.Set("evictions", double(total.evictions));
+    r.Set("bytesAdmitted", double(total.bytesAdmitted));
+    return r;
+  });
+}
+
+void InitTieredAttention(Napi::Env env, Napi::Object exports) {
+  exports.Set("hotTierAdmitPages", Napi::Function::New(env, HotTierAdmitPages, "hotTierAdmitPages"));
+  exports.Set("attendFetched", Napi::Function::New(env, AttendFetched, "attendFetched"));
+  exports.Set("attendFetchedAsync", Napi::Function::New(env, AttendFetchedAsync, "attendFetchedAsync"));
+}
+
+}  // namespace
+
+KVD_REGISTER_MODULE(InitTieredAttention);
+
+}  // namespace kvd

@@ -1,0 +1,503 @@
+// Bindings of the centroid index: chunkMeans, kmeans, scoreCentroids, indexKernelLevel and the
+// SelectionIndex class (one layer's index for one policy; build runs in a PromiseWorker).
+//
+// Every input is validated here, on the JS thread, with typed errors naming what was expected and
+// what was given; the kernels behind (index_*.cc, layer_index.cc) assume valid input.
+#include <napi.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "common/args.h"
+#include "common/async_work.h"
+#include "common/errors.h"
+#include "index/index.h"
+#include "index/layer_index.h"
+#include "common/registry.h"
+
+namespace kvd {
+namespace {
+
+const char* LevelName(SimdLevel l) {
+  return l == SimdLevel::Avx512 ? "avx512" : l == SimdLevel::Avx2 ? "avx2" : "scalar";
+}
+
+void CheckFinite(const float* p, size_t n, const std::string& what) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i]))
+      Throw("E_NONFINITE", what + ": expected finite values, got " + (std::isnan(p[i]) ? "NaN" : "Inf") +
+                               " at element " + std::to_string(i));
+}
+
+int64_t ArgInt(const Napi::CallbackInfo& info, size_t i, const std::string& what, int64_t min, int64_t max,
+               const char* code = "E_RANGE") {
+  Napi::Value v = info[i];
+  if (!v.IsNumber()) Throw("E_TYPE", what + ": expected an integer, got " + (v.IsUndefined() ? "undefined" : "a non-number"));
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || d != std::floor(d) || d < double(min) || d > double(max))
+    Throw(code, what + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + Num(d));
+  return int64_t(d);
+}
+
+Napi::Object OptionsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what) {
+  if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
+  if (!info[i].IsObject()) Throw("E_TYPE", what + ": expected an options object");
+  return info[i].As<Napi::Object>();
+}
+
+template <typename T>
+Napi::TypedArray ToJs(Napi::Env env, const std::vector<T>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    auto a = Napi::Float32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  } else {
+    auto a = Napi::Int32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  }
+}
+
+// chunkMeans(k, { start, end, chunkSize = 4, head? }) -> Float32Array [heads or 1][chunks][dim]:
+// the mean key of each chunkSize consecutive tokens of [start, end) ((end - start) % chunkSize == 0).
+Napi::Value ChunkMeansJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    KvView kv = GetKvView(info[0], "chunkMeans k");
+    Napi::Object o = OptionsArg(info, 1, "chunkMeans options");
+    const int64_t chunk = GetIntOr(o, "chunkSize", "chunkMeans options", 1, 1 << 20, 4);
+    const int64_t start = GetIntOr(o, "start", "chunkMeans options", 0, kv.tokens, 0);
+    const int64_t end = GetIntOr(o, "end", "chunkMeans options", start, kv.tokens, kv.tokens);
+    if ((end - start) % chunk != 0)
+      Throw("E_SHAPE", "chunkMeans range [" + std::to_string(start) + ", " + std::to_string(end) +
+                           "): expected a length that is a multiple of chunkSize " + std::to_string(chunk) + ", got " +
+                           std::to_string(end - start));
+    int h0 = 0, h1 = kv.heads;
+    if (!o.Get("head").IsUndefined()) {
+      h0 = int(GetInt(o, "head", "chunkMeans options", 0, kv.heads - 1));
+      h1 = h0 + 1;
+    }
+    const int64_t n = (end - start) / chunk;
+    auto out = Napi::Float32Array::New(info.Env(), size_t(h1 - h0) * n * kv.dim);
+    for (int h = h0; h < h1; ++h) ChunkMeans(kv, h, int(chunk), start, start, 0, n, out.Data() + size_t(h - h0) * n * kv.dim);
+    return out;
+  });
+}
+
+// kmeans(points, dim, { k, iters = 10, seed = 0, trials = 0 (2 + ln k) }) -> { centroids, assignments, offsets, members,
+// inertia, iterations }.
+Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto pts = GetF32(info[0], "kmeans points");
+    const int dim = int(ArgInt(info, 1, "kmeans dim", 1, 65536));
+    if (pts.length % dim != 0 || pts.length == 0)
+      Throw("E_SHAPE", "kmeans points: expected a non-empty multiple of dim " + std::to_string(dim) + " elements, got " +
+                           std::to_string(pts.length));
+    CheckFinite(pts.data, pts.length, "kmeans points");
+    const size_t n = pts.length / dim;
+    Napi::Object o = OptionsArg(info, 2, "kmeans options");
+    KMeansOptions ko;
+    ko.k = int(GetInt(o, "k", "kmeans options", 1, int64_t(n)));
+    ko.maxIters = int(GetIntOr(o, "iters", "kmeans options", 0, 100000, 10));
+    ko.seed = uint64_t(GetIntOr(o, "seed", "kmeans options", 0, (int64_t(1) << 53) - 1, 0));
+    ko.trials = int(GetIntOr(o, "trials", "kmeans options", 0, 1000, 0));
+    KMeansResult r = KMeans(pts.data, n, dim, ko);
+    Napi::Env env = info.Env();
+    Napi::Object res = Napi::Object::New(env);
+    res.Set("centroids", ToJs(env, r.centroids));
+    res.Set("assignments", ToJs(env, r.assignments));
+    res.Set("offsets", ToJs(env, r.offsets));
+    res.Set("members", ToJs(env, r.members));
+    res.Set("inertia", Napi::Number::New(env, r.inertia));
+    res.Set("iterations", Napi::Number::New(env, r.iterations));
+    return res;
+  });
+}
+
+// scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
+// group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
+// 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles16': f16 tiles
+// (centroidTiles(.., 'f16'), a Uint16Array of binary16 bits), the layout the index scores.
+Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto q = GetF32(info[0], "scoreCentroids q");
+    const int g = int(ArgInt(info, 1, "scoreCentroids groupSize", 1, 4096));
+    const int64_t n = ArgInt(info, 3, "scoreCentroids n", 0, int64_t(1) << 40);
+    const int dim = int(ArgInt(info, 4, "scoreCentroids dim", 1, 65536));
+    std::string layout = "rows";
+    if (info.Length() > 5 && !info[5].IsUndefined()) {
+      layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
+      if (layout != "rows" && layout != "tiles" && layout != "tiles16")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles16', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+    }
+    ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
+    CheckFinite(q.data, q.length, "scoreCentroids q");
+    auto out = Napi::Float32Array::New(info.Env(), size_t(n));
+    if (layout == "tiles16") {
+      auto c = GetArray<uint16_t>(info[2], napi_uint16_array, "scoreCentroids centroids (f16 tiles)");
+      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles16: ceil(n/16)*16*dim)");
+      ScoreTilesMaxF16(q.data, g, c.data, size_t(n), dim, out.Data());
+      return out;
+    }
+    auto c = GetF32(info[2], "scoreCentroids centroids");
+    if (layout == "tiles") {
+      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
+      ScoreTilesMax(q.data, g, c.data, size_t(n), dim, out.Data());
+    } else {
+      ExpectLength(c.length, size_t(n) * dim, "scoreCentroids centroids (n*dim)");
+      std::vector<float> tiles(TileFloats(size_t(n), dim));
+      TransposeTiles(c.data, size_t(n), dim, tiles.data());
+      ScoreTilesMax(q.data, g, tiles.data(), size_t(n), dim, out.Data());
+    }
+    return out;
+  });
+}
+
+// centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array, or Uint16Array of f16 bits for
+// dtype 'f16': n x dim row-major centroids in the tile layout.
+Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto c = GetF32(info[0], "centroidTiles centroids");
+    const int64_t n = ArgInt(info, 1, "centroidTiles n", 0, int64_t(1) << 40);
+    const int dim = int(ArgInt(info, 2, "centroidTiles dim", 1, 65536));
+    std::string dt = "f32";
+    if (info.Length() > 3 && !info[3].IsUndefined()) {
+      dt = info[3].IsString() ? std::string(info[3].As<Napi::String>()) : "";
+      if (dt != "f32" && dt != "f16")
+        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'f16', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
+    }
+    ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
+    CheckFinite(c.data, c.length, "centroidTiles centroids");
+    if (dt == "f16") {
+      auto out = Napi::Uint16Array::New(info.Env(), TileFloats(size_t(n), dim));
+      TransposeTilesF16(c.data, size_t(n), dim, out.Data());
+      return out;
+    }
+    auto out = Napi::Float32Array::New(info.Env(), TileFloats(size_t(n), dim));
+    TransposeTiles(c.data, size_t(n), dim, out.Data());
+    return out;
+  });
+}
+
+// indexKernelLevel(cap?) -> the level the index kernels run at now; with an argument, first caps
+// it ('scalar' | 'avx2' | 'avx512' | 'best').
+Napi::Value IndexKernelLevelJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+      std::string s = info[0].IsString() ? std::string(info[0].As<Napi::String>()) : "";
+      if (s == "scalar") SetIndexKernelCap(SimdLevel::Scalar);
+      else if (s == "avx2") SetIndexKernelCap(SimdLevel::Avx2);
+      else if (s == "avx512" || s == "best") SetIndexKernelCap(SimdLevel::Avx512);
+      else Throw("E_CONFIG", "indexKernelLevel: expected 'scalar', 'avx2', 'avx512' or 'best', got " +
+                                 (s.empty() ? std::string("a non-string") : "'" + s + "'"));
+    }
+    return Napi::String::New(info.Env(), LevelName(IndexKernelLevel()));
+  });
+}
+
+class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "SelectionIndex",
+                       {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("buildSync", &SelectionIndex::BuildSync),
+                        InstanceMethod("extend", &SelectionIndex::Extend),
+                        InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
+                        InstanceMethod("clusters", &SelectionIndex::Clusters),
+                        InstanceMethod("scoreSketch", &SelectionIndex::ScoreSketch),
+                        InstanceMethod("geometry", &SelectionIndex::Geometry)});
+  }
+
+  // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
+  //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
+  //   releaseChunkMeans, outlierChunks })
+  explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
+    try {
+      if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
+      Napi::Object o = info[0].As<Napi::Object>();
+      const std::string what = "SelectionIndex config";
+      Napi::Value p = o.Get("policy");
+      std::string name = p.IsString() ? std::string(p.As<Napi::String>()) : "";
+      if (name == "kvdrive") cfg_.policy = PolicyKind::Kvdrive;
+      else if (name == "quest") cfg_.policy = PolicyKind::Quest;
+      else if (name == "shadowkv") cfg_.policy = PolicyKind::ShadowKV;
+      else Throw("E_POLICY", what + ".policy: expected 'kvdrive', 'quest' or 'shadowkv', got " + (name.empty() ? "a non-string" : "'" + name + "'"));
+      cfg_.chunk = int(GetInt(o, "chunkSize", what, 1, 1 << 16));
+      cfg_.tokensPerCluster = int(GetIntOr(o, "tokensPerCluster", what, 1, 1 << 20, 16));
+      cfg_.segmentTokens = GetIntOr(o, "segmentTokens", what, 1, int64_t(1) << 30, 4096);
+      cfg_.sinks = int(GetIntOr(o, "sinks", what, 0, 1 << 20, 4));
+      cfg_.local = int(GetIntOr(o, "local", what, 0, 1 << 24, 64));
+      cfg_.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
+      cfg_.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
+      cfg_.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
+      cfg_.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
+      Napi::Value cf = o.Get("candidateFactor");
+      if (!cf.IsUndefined()) {
+        double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.candidateFactor = v;
+      }
+      Napi::Value vw = o.Get("varianceWeight");
+      if (!vw.IsUndefined()) {
+        double v = vw.IsNumber() ? vw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.varianceWeight = v;
+      }
+      Napi::Value rf = o.Get("rerankFactor");
+      if (!rf.IsUndefined()) {
+        double v = rf.IsNumber() ? rf.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".rerankFactor: expected a number in [0, 1e6], got " + (rf.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.rerankFactor = v;
+      }
+      Napi::Value rw = o.Get("radiusWeight");
+      if (!rw.IsUndefined()) {
+        double v = rw.IsNumber() ? rw.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".radiusWeight: expected a number in [0, 1000], got " + (rw.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.radiusWeight = v;
+      }
+      Napi::Value of = o.Get("outlierFraction");
+      if (!of.IsUndefined()) {
+        double v = of.IsNumber() ? of.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".outlierFraction: expected a number in [0, 1], got " + (of.IsNumber() ? Num(v) : "a non-number"));
+        cfg_.outlierFraction = v;
+      }
+      Napi::Value tg = o.Get("tokenGranular");
+      if (!tg.IsUndefined()) {
+        if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
+        cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
+      }
+      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg_.keySketch}, {"preferSketch", &cfg_.preferSketch},
+                                {"releaseChunkMeans", &cfg_.releaseChunkMeans}}) {
+        Napi::Value b = o.Get(key);
+        if (b.IsUndefined()) continue;
+        if (!b.IsBoolean()) Throw("E_CONFIG", what + "." + key + ": expected a boolean, got a non-boolean");
+        *field = b.As<Napi::Boolean>().Value();
+      }
+      cfg_.sketchBits = int(GetIntOr(o, "sketchBits", what, 4, 8, 8));
+      if (cfg_.sketchBits != 4 && cfg_.sketchBits != 8)
+        Throw("E_CONFIG", what + ".sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
+      if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
+        Throw("E_CONFIG", what + ".releaseChunkMeans: expected the kvdrive policy with keySketch true and rerankFactor > 0 "
+                                 "(select then re-ranks every candidate), got " +
+                              (cfg_.policy != PolicyKind::Kvdrive ? std::string("policy '") + name + "'" : !cfg_.keySketch ? std::string("keySketch false") : std::string("rerankFactor 0")));
+      if (cfg_.segmentTokens % cfg_.chunk != 0)
+        Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
+                              ", got " + std::to_string(cfg_.segmentTokens));
+      index_ = std::make_unique<LayerIndex>(cfg_);
+    } catch (const Error& e) {
+      throw ToJsError(info.Env(), e.code, e.what());
+    }
+  }
+
+ private:
+  void NotBusy(const char* what) const {
+    if (busy_)
+      Throw("E_CONFIG", std::string(what) + ": expected no build() in progress, got a call while the index is being built (await build() first)");
+  }
+
+  Napi::Value Build(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("build");
+      KvView kv = GetKvView(info[0], "build k");
+      const int64_t tokens = ArgInt(info, 1, "build tokens", 0, int64_t(1) << 40);
+      if (tokens > kv.tokens)
+        Throw("E_SHAPE", "build tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
+      // The new index is built off the JS thread into `next` and replaces index_ only on success;
+      // busy_ blocks every other method until the promise settles. The worker keeps the key array
+      // and this object alive; its copy of the view drops the JS handle (used on the pool thread).
+      auto next = std::make_shared<std::unique_ptr<LayerIndex>>(std::make_unique<LayerIndex>(cfg_));
+      KvView view = kv;
+      view.array = Napi::Object();
+      Napi::Promise p = PromiseWorker::Start(
+          info.Env(), [next, view, tokens] { (*next)->Build(view, tokens); },
+          [this, next](Napi::Env env) -> Napi::Value {
+            index_ = std::move(*next);
+            busy_ = false;
+            return env.Undefined();
+          },
+          {kv.array, Value()}, WorkerLabels{"kvdrive:index-build", "index build: ", "the index"}, [this] { busy_ = false; });
+      busy_ = true;  // the worker's callbacks run on this thread, after this call returns
+      return p;
+    });
+  }
+
+  // buildSync(k, tokens): build() on the calling thread, for synchronous hosts (an attention
+  // backend called once per layer and position) that start the index from a short or empty
+  // context and grow it with extend(). Same checks and typed errors as build(); the previous index
+  // is replaced only once the new one is complete, so a failed build leaves it untouched.
+  Napi::Value BuildSync(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("buildSync");
+      KvView kv = GetKvView(info[0], "buildSync k");
+      const int64_t tokens = ArgInt(info, 1, "buildSync tokens", 0, int64_t(1) << 40);
+      if (tokens > kv.tokens)
+        Throw("E_SHAPE", "buildSync tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
+      auto next = std::make_unique<LayerIndex>(cfg_);
+      next->Build(kv, tokens);
+      index_ = std::move(next);
+      return info.Env().Undefined();
+    });
+  }
+
+  Napi::Value Extend(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("extend");
+      KvView kv = GetKvView(info[0], "extend k");
+      const int64_t tokens = ArgInt(info, 1, "extend tokens", 0, int64_t(1) << 40);
+      const int64_t first = info.Length() > 2 && !info[2].IsUndefined() ? ArgInt(info, 2, "extend first", 0, int64_t(1) << 40) : 0;
+      index_->Extend(kv, tokens, first);
+      return info.Env().Undefined();
+    });
+  }
+
+  // select(q, budget, pool = 0, keys?) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
+  //   tokens, sinkEnd, tailStart, chunkSize, vectorsScored, bytesScored }
+  Napi::Value Select(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("select");
+      if (!index_->built()) Throw("E_CONFIG", "select: expected build() to have completed first, got an index that was never built");
+      auto q = GetF32(info[0], "select q");
+      const int dim = index_->dim(), heads = index_->heads();
+      if (q.length == 0 || q.length % (size_t(heads) * dim) != 0)
+        Throw("E_SHAPE", "select q: expected qHeads*dim elements with qHeads a multiple of kvHeads " + std::to_string(heads) +
+                             " and dim " + std::to_string(dim) + ", got " + std::to_string(q.length) + " elements");
+      CheckFinite(q.data, q.length, "select q");
+      const int64_t budget = ArgInt(info, 1, "select budget (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+      int64_t pool = 0;
+      if (info.Length() > 2 && !info[2].IsUndefined()) {
+        pool = ArgInt(info, 2, "select pool (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+        if (pool < budget)
+          Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
+      }
+      // keys: the layer's keys, read in place on this thread (kvdrive's exact level-3 re-rank).
+      KvView keys;
+      const bool haveKeys = info.Length() > 3 && !info[3].IsUndefined();
+      if (haveKeys) {
+        keys = GetKvView(info[3], "select keys");
+        if (keys.heads != heads || keys.dim != dim)
+          Throw("E_SHAPE", "select keys: expected " + std::to_string(heads) + " kv heads x dim " + std::to_string(dim) +
+                               " as at build, got " + std::to_string(keys.heads) + " x " + std::to_string(keys.dim));
+        if (keys.tokens < index_->tokens())
+          Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index_->tokens()) +
+                               " tokens, got " + std::to_string(keys.tokens));
+      }
+      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
+      Napi::Env env = info.Env();
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("chunkSize", r.chunk);
+      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
+      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
+      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
+      o.Set("offsets", ToJs(env, r.offsets));
+      o.Set("chunkIds", ToJs(env, r.ids));
+      if (pool > 0) {
+        o.Set("poolOffsets", ToJs(env, r.poolOffsets));
+        o.Set("poolIds", ToJs(env, r.poolIds));
+        o.Set("poolScores", ToJs(env, r.poolScores));
+      }
+      o.Set("vectorsScored", Napi::Number::New(env, double(r.vectorsScored)));
+      o.Set("bytesScored", Napi::Number::New(env, double(r.bytesScored)));
+      return o;
+    });
+  }
+
+  Napi::Value Bytes(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value { return Napi::Number::New(info.Env(), double(index_->Bytes())); });
+  }
+
+  // geometry() -> { tokens, sinkEnd, tailStart, firstChunk, endChunk, heads, dim }
+  Napi::Value Geometry(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      Napi::Env env = info.Env();
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("built", index_->built());
+      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
+      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
+      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
+      o.Set("firstChunk", Napi::Number::New(env, double(index_->firstChunk())));
+      o.Set("endChunk", Napi::Number::New(env, double(index_->endChunk())));
+      o.Set("heads", index_->heads());
+      o.Set("dim", index_->dim());
+      return o;
+    });
+  }
+
+  // clusters(head) -> [{ firstChunk, endChunk, full, k, centroids, offsets, members, inertia }]
+  // per segment of that kv head (kvdrive only; an empty list for the flat policies).
+  Napi::Value Clusters(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("clusters");
+      if (!index_->built()) Throw("E_CONFIG", "clusters: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 0, "clusters head", 0, index_->heads() - 1));
+      Napi::Env env = info.Env();
+      const auto& segs = index_->head(h).segments;
+      Napi::Array arr = Napi::Array::New(env, segs.size());
+      for (size_t s = 0; s < segs.size(); ++s) {
+        Napi::Object o = Napi::Object::New(env);
+        o.Set("firstChunk", Napi::Number::New(env, double(segs[s].c0)));
+        o.Set("endChunk", Napi::Number::New(env, double(segs[s].c1)));
+        o.Set("full", segs[s].clusteredFull);
+        o.Set("k", segs[s].k);
+        o.Set("centroids", ToJs(env, index_->SegmentCentroids(segs[s])));
+        o.Set("offsets", ToJs(env, segs[s].offsets));
+        o.Set("members", ToJs(env, segs[s].members));
+        o.Set("inertia", Napi::Number::New(env, segs[s].inertia));
+        arr.Set(uint32_t(s), o);
+      }
+      return arr;
+    });
+  }
+
+  // scoreSketch(q, head, tokens) -> Float32Array(group x tokens.length): the key sketch's approximate
+  // q_j . k_t (key_sketch.h) for the group of query heads q (group x dim) and the given tokens of kv
+  // head `head`, as the keyless re-rank scores them (for checking the sketch's error).
+  Napi::Value ScoreSketch(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("scoreSketch");
+      if (!index_->built()) Throw("E_CONFIG", "scoreSketch: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 1, "scoreSketch head", 0, index_->heads() - 1));
+      const KeySketch& sk = index_->head(h).sketch;
+      if (!index_->config().keySketch || sk.dim == 0)
+        Throw("E_CONFIG", "scoreSketch: expected an index built with keySketch, got one without a sketch");
+      auto q = GetF32(info[0], "scoreSketch q");
+      const int dim = index_->dim();
+      if (q.length == 0 || q.length % size_t(dim) != 0 || q.length / dim > 4096)
+        Throw("E_SHAPE", "scoreSketch q: expected group*dim elements (dim " + std::to_string(dim) + ", group <= 4096), got " + std::to_string(q.length));
+      CheckFinite(q.data, q.length, "scoreSketch q");
+      auto t = GetArray<int32_t>(info[2], napi_int32_array, "scoreSketch tokens (Int32Array)");
+      std::vector<int64_t> toks(t.length);
+      for (size_t i = 0; i < t.length; ++i) {
+        if (t.data[i] < 0 || t.data[i] >= sk.tokens())
+          Throw("E_RANGE", "scoreSketch tokens[" + std::to_string(i) + "]: expected a token in [0, " + std::to_string(sk.tokens()) + "), got " + std::to_string(t.data[i]));
+        toks[i] = t.data[i];
+      }
+      const int g = int(q.length / dim);
+      SketchQuery sq;
+      PrepareSketchQuery(q.data, g, sk, sq);
+      const size_t n = toks.size(), ld = std::max<size_t>(1, n);
+      auto out = Napi::Float32Array::New(info.Env(), size_t(g) * n);
+      if (n > 0) ScoreSketchRows(sq, g, sk, toks.data(), n, out.Data(), ld);
+      return out;
+    });
+  }
+
+  IndexConfig cfg_;
+  std::unique_ptr<LayerIndex> index_;
+  bool busy_ = false;
+};
+
+void InitIndex(Napi::Env env, Napi::Object exports) {
+  exports.Set("chunkMeans", Napi::Function::New(env, ChunkMeansJs));
+  exports.Set("kmeans", Napi::Function::New(env, KMeansJs));
+  exports.Set("scoreCentroids", Napi::Function::New(env, ScoreCentroidsJs));
+  exports.Set("centroidTiles", Napi::Function::New(env, CentroidTilesJs));
+  exports.Set("indexKernelLevel", Napi::Function::New(env, IndexKernelLevelJs));
+  exports.Set("SelectionIndex", SelectionIndex::Define(env));
+}
+
+}  // namespace
+
+KVD_REGISTER_MODULE(InitIndex);
+
+}  // namespace kvd

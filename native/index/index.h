@@ -1,0 +1,121 @@
+// Hierarchical centroid index: the C++ functions other native files may call.
+//
+// Layouts: point / centroid / chunk-mean matrices are row-major f32, `n` rows of `dim` floats.
+// Queries of one GQA group are `group` rows of `dim` floats, contiguous.
+//
+// Determinism: every kernel here accumulates each dot product in the same fixed order (16
+// interleaved partial sums, then a fixed reduction tree; GEMM tiles accumulate each output
+// sequentially over the dimension) at every SIMD level, without FMA contraction, so results are
+// bit-identical between the scalar, AVX2 and AVX-512 builds of the kernels.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/args.h"
+#include "common/simd.h"
+
+namespace kvd {
+
+// ---- kernels (native/index/index_kernels.cc) ----
+
+// The SIMD level the index kernels run at: the lowest of what the CPU supports, what the shared
+// dispatch table is set to (when that table offers vector levels), and the cap set by
+// SetIndexKernelCap (tests use it to compare levels).
+SimdLevel IndexKernelLevel();
+void SetIndexKernelCap(SimdLevel cap);
+SimdLevel IndexKernelCap();
+
+// out[i] = max_{j<group} q[j]·rows[i] for i < n (rows row-major, n x dim). With var (n values) and
+// coef (group values): out[i] = max_j (q[j]·rows[i] + coef[j] * var[i]) (variance-aware scores).
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                  const float* var = nullptr, const float* coef = nullptr);
+// Like ScoreRowsMax for the rows named by ids (row ids[i] of `rows`, variance var[ids[i]]).
+void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
+                        float* out, const float* var = nullptr, const float* coef = nullptr);
+// Quest upper bound for pages with per-channel min / max (each n x dim):
+// out[i] = max_j sum_d max(q[j][d]*mn[i][d], q[j][d]*mx[i][d]).
+void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
+
+// Centroid tiles: k row-major centroids as ceil(k/16) tiles of dim x 16 (lane l of tile t is
+// centroid 16t + l; padding lanes are zero). The layout the scoring and k-means kernels stream.
+inline size_t TileFloats(size_t k, int dim) { return (k + 15) / 16 * size_t(dim) * 16; }
+void TransposeTiles(const float* c, size_t k, int dim, float* ct);
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
+// out[i] = max_j (q[j]·c_i + coef[j] * var[i]) over k tiled centroids (var/coef may be null: plain
+// max of dots). Each dot accumulates sequentially over d (not DotFixed's order).
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                   const float* var = nullptr, const float* coef = nullptr);
+
+// The same over tiles stored as f16 (IEEE binary16 bits, TileFloats(k, dim) values): half the bytes
+// per centroid; values are widened exactly, so the scores equal ScoreTilesMax over the widened tiles.
+void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out,
+                      const float* var = nullptr, const float* coef = nullptr);
+// Row-major f32 centroids <-> f16 tiles (round to nearest even on the way in).
+void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct);
+void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c);
+// Writes centroid j (dim values) into its lanes of f16 tiles that already hold >= j + 1 centroids.
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct);
+
+// Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
+// j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /
+// bf16); each dot accumulates 16 lanes over d with fused multiply-adds, then a fixed reduction tree
+// (not DotFixed's order, but the same bits at every SIMD level: the scalar level uses fmaf).
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                  size_t ld);
+// Attention shares of scored tokens. logits: group rows of ld floats (ld a multiple of 16, >= n),
+// row j holding q_j·k_i for i < n. Per row: x = scale * logit, w_i = exp(x_i - max) / sum_i exp(..)
+// (a vector exp, ~2 ulp, identical at every SIMD level). Then share[i] = sum_j w_ji for
+// i < nShare (share holds nShare rounded up to 16 floats). Overwrites logits with the w values (not
+// normalised). Returns -1, or the index j * ld + i of the first non-finite scaled logit (share
+// then undefined).
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share);
+
+// sum_d a[d]*b[d] in the fixed order described above.
+float DotFixed(const float* a, const float* b, int dim);
+// out[i] = DotFixed(x_i, c) for the n rows of x (one call for a whole matrix-vector product).
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out);
+// out[i] = DotFixed(x_i, x_i).
+void RowNormsFixed(const float* x, size_t n, int dim, float* out);
+
+// For each point i < n: best[i] = argmin_j (cnorm[j] - 2 x_i·c_j) over k centroids (ties: lowest j),
+// dist[i] = max(0, xnorm[i] + that minimum). Points x (n x dim) and centroids c (k x dim) row-major.
+void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,
+                      int dim, int32_t* best, float* dist);
+
+// ---- k-means (native/index/index_kmeans.cc) ----
+
+struct KMeansOptions {
+  int k = 1;
+  int maxIters = 10;
+  uint64_t seed = 0;
+  int trials = 0;  // k-means++ candidates per centre; 0: 2 + floor(ln k) (greedy k-means++)
+};
+
+struct KMeansResult {
+  std::vector<float> centroids;      // k x dim
+  std::vector<int32_t> assignments;  // n, cluster of each point
+  std::vector<int32_t> offsets;      // k + 1, CSR offsets into members
+  std::vector<int32_t> members;      // n point ids grouped by cluster, ascending within a cluster
+  double inertia = 0;                // sum of squared distances to the assigned centroid
+  int iterations = 0;                // Lloyd iterations run
+};
+
+// Greedy k-means++ seeding (D² sampling with a splitmix64 stream from `seed`) and Lloyd iterations until no
+// assignment changes or maxIters. An empty cluster takes the point farthest from its centroid.
+// Requires 1 <= k <= n (throws E_RANGE otherwise).
+KMeansResult KMeans(const float* x, size_t n, int dim, const KMeansOptions& opt);
+
+// ---- representatives (native/index/index_repr.cc) ----
+
+// Chunk j covers tokens [origin + j*chunk, origin + (j+1)*chunk) minus those below floorTok (the
+// sinks, always attended anyway). Writes the mean key of chunks j in [c0, c1) of kv head h as
+// (c1-c0) x dim f32 rows. Requires origin + c1*chunk <= kv.tokens and every chunk non-empty.
+// With var != nullptr also writes each chunk's per-dimension key variance, mean_t ||k_t - mean||² / dim.
+void ChunkMeans(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
+                float* out, float* var = nullptr);
+// Per-channel min and max of the same token ranges (Quest pages).
+void ChunkMinMax(const KvView& kv, int h, int chunk, int64_t origin, int64_t floorTok, int64_t c0, int64_t c1,
+                 float* mn, float* mx);
+
+}  // namespace kvd

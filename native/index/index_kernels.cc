@@ -1,0 +1,756 @@
+// Vector kernels of the centroid index: fixed-order dot products, blocked nearest-centroid search
+// (the k-means GEMM), GQA max scoring and the Quest min/max bound.
+//
+// Every kernel body is written once with 16-wide GCC vector types and compiled three times: for
+// plain x86-64 (the vector ops lower to SSE), for AVX2 and for AVX-512F. All vector arithmetic is
+// element-wise, FMA contraction is off, and horizontal reductions use one fixed tree, so each
+// level produces bit-identical results; only speed differs. Tests compare the levels.
+#pragma GCC optimize("fp-contract=off")
+// The vector helpers are always inlined, so no vector crosses a call boundary (no ABI concern).
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "common/dtype.h"
+#include "index/index.h"
+
+namespace kvd {
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+#define KVD_INLINE inline __attribute__((always_inline))
+
+KVD_INLINE v16 Load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// 16 f16 values (IEEE binary16 bits) widened to f32; exact at every level, so f16 tiles score
+// bit-identically everywhere. L: 0 scalar, 1 AVX2 + F16C, 2 AVX-512F.
+template <int L>
+KVD_INLINE v16 LoadH16(const uint16_t* p);
+template <>
+KVD_INLINE v16 LoadH16<0>(const uint16_t* p) {
+  v16 v;
+  for (int i = 0; i < 16; ++i) v[i] = F16ToF32(p[i]);
+  return v;
+}
+template <>
+KVD_INLINE __attribute__((target("avx2,f16c"))) v16 LoadH16<1>(const uint16_t* p) {
+  __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  v16 v;
+  std::memcpy(&v, &a, 32);
+  std::memcpy(reinterpret_cast<char*>(&v) + 32, &b, 32);
+  return v;
+}
+template <>
+KVD_INLINE __attribute__((target("avx512f"))) v16 LoadH16<2>(const uint16_t* p) {
+  __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  v16 v;
+  std::memcpy(&v, &a, 64);
+  return v;
+}
+
+// Sum of the 16 lanes in a fixed tree: lane i += lane i+8, then i += i+4, i += i+2, i += i+1.
+// Done with lane shuffles (no trip through memory); each step is the same scalar addition at
+// every level, so the result is identical everywhere.
+KVD_INLINE float Reduce16(v16 a) {
+  a += __builtin_shuffle(a, v16i{8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+  a += __builtin_shuffle(a, v16i{4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  a += __builtin_shuffle(a, v16i{2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+  a += __builtin_shuffle(a, v16i{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  return a[0];
+}
+
+// Adds the scalar tail a[d..dim) * b[d..dim) lane-wise into lanes 0.. of acc (dim - d < 16).
+KVD_INLINE void AddTail(v16& acc, const float* a, const float* b, int d, int dim) {
+  if (d >= dim) return;
+  float l[16];
+  std::memcpy(l, &acc, sizeof(l));
+  for (int t = 0; d + t < dim; ++t) l[t] += a[d + t] * b[d + t];
+  std::memcpy(&acc, l, sizeof(l));
+}
+
+// Dot of `nq` (<= 4) queries with one row; query j accumulates exactly like DotBody.
+template <int NQ>
+KVD_INLINE void Dots(const float* const* qs, const float* row, int dim, float* out) {
+  v16 acc[NQ];
+  for (int j = 0; j < NQ; ++j) acc[j] = v16{};
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    v16 r = Load16(row + d);
+    for (int j = 0; j < NQ; ++j) acc[j] += Load16(qs[j] + d) * r;
+  }
+  for (int j = 0; j < NQ; ++j) {
+    AddTail(acc[j], qs[j], row, d, dim);
+    out[j] = Reduce16(acc[j]);
+  }
+}
+
+KVD_INLINE float DotBody(const float* a, const float* b, int dim) {
+  const float* qs[1] = {a};
+  float out;
+  Dots<1>(qs, b, dim, &out);
+  return out;
+}
+
+// Four rows at a time against one vector: independent accumulators hide the add latency; each
+// row's sum still runs in DotBody's order, so out[i] == DotBody(x_i, c) exactly.
+KVD_INLINE void DotsManyBody(const float* x, size_t n, int dim, const float* c, float* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* r0 = x + i * dim;
+    const float* r1 = r0 + dim;
+    const float* r2 = r1 + dim;
+    const float* r3 = r2 + dim;
+    v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      v16 cv = Load16(c + d);
+      a0 += Load16(r0 + d) * cv;
+      a1 += Load16(r1 + d) * cv;
+      a2 += Load16(r2 + d) * cv;
+      a3 += Load16(r3 + d) * cv;
+    }
+    AddTail(a0, r0, c, d, dim);
+    AddTail(a1, r1, c, d, dim);
+    AddTail(a2, r2, c, d, dim);
+    AddTail(a3, r3, c, d, dim);
+    out[i] = Reduce16(a0);
+    out[i + 1] = Reduce16(a1);
+    out[i + 2] = Reduce16(a2);
+    out[i + 3] = Reduce16(a3);
+  }
+  for (; i < n; ++i) out[i] = DotBody(x + i * dim, c, dim);
+}
+
+KVD_INLINE void RowNormsBody(const float* x, size_t n, int dim, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = DotBody(x + i * dim, x + i * dim, dim);
+}
+
+// max_j (q_j·row + coef[j] * var); coef == nullptr means no variance term.
+KVD_INLINE float GroupMax(const float* q, int group, const float* row, int dim, const float* coef, float var) {
+  float best = -std::numeric_limits<float>::infinity();
+  float out[4];
+  int j = 0;
+  for (; j + 4 <= group; j += 4) {
+    const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+    Dots<4>(qs, row, dim, out);
+    if (coef)
+      for (int t = 0; t < 4; ++t) out[t] += coef[j + t] * var;
+    for (int t = 0; t < 4; ++t) best = out[t] > best ? out[t] : best;
+  }
+  for (; j < group; ++j) {
+    float s = DotBody(q + size_t(j) * dim, row, dim);
+    if (coef) s += coef[j] * var;
+    best = s > best ? s : best;
+  }
+  return best;
+}
+
+KVD_INLINE void ScoreRowsMaxBody(const float* q, int group, const float* rows, size_t n, int dim, float* out,
+                                 const float* var, const float* coef) {
+  for (size_t i = 0; i < n; ++i) out[i] = GroupMax(q, group, rows + i * dim, dim, var ? coef : nullptr, var ? var[i] : 0.f);
+}
+
+KVD_INLINE void ScoreRowsMaxGatherBody(const float* q, int group, const float* rows, const int32_t* ids, size_t n,
+                                       int dim, float* out, const float* var, const float* coef) {
+  // Rows are scattered over the whole representative array: prefetch a few ids ahead so the
+  // misses overlap (a row of dim 128 is 8 cache lines).
+  constexpr size_t kAhead = 4;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const char* p = reinterpret_cast<const char*>(rows + size_t(ids[i + kAhead]) * dim);
+      for (size_t b = 0; b < size_t(dim) * sizeof(float); b += 64) __builtin_prefetch(p + b);
+    }
+    out[i] = GroupMax(q, group, rows + size_t(ids[i]) * dim, dim, var ? coef : nullptr, var ? var[ids[i]] : 0.f);
+  }
+}
+
+KVD_INLINE float MinMaxBound(const float* q, const float* mn, const float* mx, int dim) {
+  v16 acc = v16{};
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    v16 qv = Load16(q + d);
+    v16 a = qv * Load16(mn + d);
+    v16 b = qv * Load16(mx + d);
+    acc += a > b ? a : b;
+  }
+  if (d < dim) {
+    float l[16];
+    std::memcpy(l, &acc, sizeof(l));
+    for (int t = 0; d + t < dim; ++t) {
+      float a = q[d + t] * mn[d + t], b = q[d + t] * mx[d + t];
+      l[t] += a > b ? a : b;
+    }
+    std::memcpy(&acc, l, sizeof(l));
+  }
+  return Reduce16(acc);
+}
+
+KVD_INLINE void ScoreMinMaxBody(const float* q, int group, const float* mn, const float* mx, size_t n, int dim,
+                                float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    float best = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < group; ++j) {
+      float s = MinMaxBound(q + size_t(j) * dim, mn + i * dim, mx + i * dim, dim);
+      best = s > best ? s : best;
+    }
+    out[i] = best;
+  }
+}
+
+// Centroid scoring from tiles of 16 transposed centroids (ct: tiles x dim x 16): each lane is one
+// centroid, accumulated sequentially over d for each query head (no horizontal reductions), four
+// query heads per pass over a tile. out[i] = max_j (q_j·c_i + coef[j] * var[i]). Per d and tile: 4
+// multiplies and 4 adds of 16 lanes, ~4 cycles on Zen 4's FP pipes, i.e. ~24-30 GB/s of f16 tiles
+// per core with the tiles in cache; a fused multiply-add form measured no faster (its 4-cycle
+// latency chains bind instead), so the kernel is at the FP pipes' limit for this arithmetic.
+KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, size_t k, int dim, float* out,
+                                  const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16;
+  for (size_t t = 0; t < tiles; ++t) {
+    const float* c = ct + t * size_t(dim) * 16;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    v16 vv = v16{};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
+    v16 best = v16{} - std::numeric_limits<float>::infinity();
+    for (int j0 = 0; j0 < group; j0 += 4) {
+      const int nj = group - j0 < 4 ? group - j0 : 4;
+      const float* qj[4];
+      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim;
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};
+      for (int d = 0; d < dim; ++d) {
+        v16 cv = Load16(c + size_t(d) * 16);
+        a0 += cv * qj[0][d];
+        a1 += cv * qj[1][d];
+        a2 += cv * qj[2][d];
+        a3 += cv * qj[3][d];
+      }
+      v16* acc[4] = {&a0, &a1, &a2, &a3};
+      for (int r = 0; r < nj; ++r) {
+        v16 s = *acc[r];
+        if (var) s += vv * coef[j0 + r];
+        best = s > best ? s : best;
+      }
+    }
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+  }
+}
+
+// The f16-tile variant (uint16_t bits widened on load: half the bytes streamed, same arithmetic as
+// ScoreTilesMaxBody). A macro, so LoadH16's target-specific intrinsics sit directly in each level's
+// function (an always-inline helper without the target attribute could not inline them).
+#define KVD_SCORE_TILES_H_BODY(LV) \
+ \
+  const size_t tiles = (k + 15) / 16; \
+  for (size_t t = 0; t < tiles; ++t) { \
+    const uint16_t* c = ct + t * size_t(dim) * 16; \
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16; \
+    v16 vv = v16{}; \
+    if (var) \
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l]; \
+    v16 best = v16{} - std::numeric_limits<float>::infinity(); \
+    for (int j0 = 0; j0 < group; j0 += 4) { \
+      const int nj = group - j0 < 4 ? group - j0 : 4; \
+      const float* qj[4]; \
+      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim; \
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{}; \
+      for (int d = 0; d < dim; ++d) { \
+        v16 cv = LoadH16<LV>(c + size_t(d) * 16); \
+        a0 += cv * qj[0][d]; \
+        a1 += cv * qj[1][d]; \
+        a2 += cv * qj[2][d]; \
+        a3 += cv * qj[3][d]; \
+      } \
+      v16* acc[4] = {&a0, &a1, &a2, &a3}; \
+      for (int r = 0; r < nj; ++r) { \
+        v16 s = *acc[r]; \
+        if (var) s += vv * coef[j0 + r]; \
+        best = s > best ? s : best; \
+      } \
+    } \
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l]; \
+  }
+
+// ---- level 3 of kvdrive select: exact scores of gathered key rows ----
+
+// Dots of `group` queries with one f32 row, query j's into out[j * ld]; each equals
+// DotBody(q_j, row) bit for bit (Dots<> accumulates exactly like DotBody, products commute).
+KVD_INLINE void GroupDotsBody(const float* q, int group, const float* row, int dim, float* out, size_t ld) {
+  int j = 0;
+  float o[4];
+  for (; j + 4 <= group; j += 4) {
+    const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+    Dots<4>(qs, row, dim, o);
+    for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld] = o[t];
+  }
+  for (; j < group; ++j) out[size_t(j) * ld] = DotBody(q + size_t(j) * dim, row, dim);
+}
+
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+// a * b + c rounded once (fused multiply-add): hardware FMA at the vector levels, fmaf per lane at
+// the scalar level, so every level gives the same bits.
+template <int L>
+KVD_INLINE v16 Fma16(v16 a, v16 b, v16 c);
+template <>
+KVD_INLINE v16 Fma16<0>(v16 a, v16 b, v16 c) {
+  v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+  return r;
+}
+template <>
+KVD_INLINE __attribute__((target("avx2,fma"))) v16 Fma16<1>(v16 a, v16 b, v16 c) {
+  __m256 a0, a1, b0, b1, c0, c1;
+  std::memcpy(&a0, &a, 32), std::memcpy(&a1, reinterpret_cast<char*>(&a) + 32, 32);
+  std::memcpy(&b0, &b, 32), std::memcpy(&b1, reinterpret_cast<char*>(&b) + 32, 32);
+  std::memcpy(&c0, &c, 32), std::memcpy(&c1, reinterpret_cast<char*>(&c) + 32, 32);
+  c0 = _mm256_fmadd_ps(a0, b0, c0);
+  c1 = _mm256_fmadd_ps(a1, b1, c1);
+  v16 r;
+  std::memcpy(&r, &c0, 32);
+  std::memcpy(reinterpret_cast<char*>(&r) + 32, &c1, 32);
+  return r;
+}
+template <>
+KVD_INLINE __attribute__((target("avx512f"))) v16 Fma16<2>(v16 a, v16 b, v16 c) {
+  __m512 x, y, z;
+  std::memcpy(&x, &a, 64), std::memcpy(&y, &b, 64), std::memcpy(&z, &c, 64);
+  z = _mm512_fmadd_ps(x, y, z);
+  v16 r;
+  std::memcpy(&r, &z, 64);
+  return r;
+}
+
+KVD_INLINE v16 LoadBf16(const uint16_t* p) {
+  v16h b;
+  std::memcpy(&b, p, sizeof(b));
+  v16i w = __builtin_convertvector(b, v16i) << 16;
+  v16 r;
+  std::memcpy(&r, &w, sizeof(r));
+  return r;
+}
+
+// The four sums of a, b, c, d (their 16 lanes each) in lanes 0, 4, 8, 12: a transposed tree
+// (halves, then quarters, then pairs), 8 shuffles and 5 adds for four dot products.
+KVD_INLINE v16 Reduce4x16(v16 a, v16 b, v16 c, v16 d) {
+  const v16i lo = v16i{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const v16i hi = v16i{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const v16 ab = __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);  // a: 0-7, b: 8-15
+  const v16 cd = __builtin_shuffle(c, d, lo) + __builtin_shuffle(c, d, hi);
+  v16 t = __builtin_shuffle(ab, cd, v16i{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+          __builtin_shuffle(ab, cd, v16i{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  t += __builtin_shuffle(t, v16i{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+  t += __builtin_shuffle(t, v16i{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  return t;
+}
+
+// Level-3 row scoring (see ScoreKeyRows in index.h): each key row is loaded and widened once and
+// multiplied into the accumulators of four query heads at a time (16 lanes over d, FMA), then
+// reduced by Reduce4x16 (a leftover head by Reduce16); a dim tail below 16 is widened into a
+// zero-padded block. Rows are scattered (a token-major cache): prefetch kAhead rows ahead so the
+// misses overlap (16 rows: four 4-token chunks, 64 lines in flight; 8 left the gather latency-bound
+// in a standalone gather test, 16-64 were ~1.3-2x faster per row). A macro, so LoadH16 / Fma16's target-specific intrinsics sit directly in each
+// level's function (like KVD_SCORE_TILES_H_BODY).
+#define KVD_KEY_ROW_DOTS(LV, LOAD)                                                              \
+  for (size_t i = 0; i < n; ++i) {                                                              \
+    if (i + kAhead < n) {                                                                       \
+      const char* p = static_cast<const char*>(keys.Row(tokens[i + kAhead], h));                \
+      for (size_t b = 0; b < rowBytes; b += 64) __builtin_prefetch(p + b);                      \
+    }                                                                                           \
+    const auto* row = static_cast<const Elem*>(keys.Row(tokens[i], h));                         \
+    int j = 0;                                                                                  \
+    for (; j + 4 <= group; j += 4) {                                                            \
+      const float* q0 = q + size_t(j) * dim;                                                    \
+      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{};                                       \
+      int d = 0;                                                                                \
+      for (; d + 16 <= dim; d += 16) {                                                          \
+        const v16 r = LOAD(row + d);                                                            \
+        a0 = Fma16<LV>(Load16(q0 + d), r, a0);                                                  \
+        a1 = Fma16<LV>(Load16(q0 + dim + d), r, a1);                                            \
+        a2 = Fma16<LV>(Load16(q0 + 2 * dim + d), r, a2);                                        \
+        a3 = Fma16<LV>(Load16(q0 + 3 * dim + d), r, a3);                                        \
+      }                                                                                         \
+      if (d < dim) {                                                                            \
+        const v16 r = WidenTail(row + d, dim - d);                                              \
+        a0 = Fma16<LV>(LoadTail(q0 + d, dim - d), r, a0);                                       \
+        a1 = Fma16<LV>(LoadTail(q0 + dim + d, dim - d), r, a1);                                 \
+        a2 = Fma16<LV>(LoadTail(q0 + 2 * dim + d, dim - d), r, a2);                             \
+        a3 = Fma16<LV>(LoadTail(q0 + 3 * dim + d, dim - d), r, a3);                             \
+      }                                                                                         \
+      const v16 s = Reduce4x16(a0, a1, a2, a3);                                                 \
+      for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld + i] = s[4 * t];                      \
+    }                                                                                           \
+    for (; j < group; ++j) {                                                                    \
+      const float* qj = q + size_t(j) * dim;                                                    \
+      v16 a = v16{};                                                                            \
+      int d = 0;                                                                                \
+      for (; d + 16 <= dim; d += 16) a = Fma16<LV>(Load16(qj + d), LOAD(row + d), a);           \
+      if (d < dim) a = Fma16<LV>(LoadTail(qj + d, dim - d), WidenTail(row + d, dim - d), a);    \
+      out[size_t(j) * ld + i] = Reduce16(a);                                                    \
+    }                                                                                           \
+  }
+
+KVD_INLINE v16 LoadTail(const float* p, int m) {
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) v[t] = p[t];
+  return v;
+}
+KVD_INLINE v16 WidenTail(const float* p, int m) { return LoadTail(p, m); }
+KVD_INLINE v16 WidenTail(const uint16_t* p, int m) {  // f16 or bf16 by the caller's Elem: see below
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) v[t] = F16ToF32(p[t]);
+  return v;
+}
+struct Bf16Bits {
+  uint16_t bits;
+};
+KVD_INLINE v16 WidenTail(const Bf16Bits* p, int m) {
+  v16 v = v16{};
+  for (int t = 0; t < m; ++t) {
+    uint32_t u = uint32_t(p[t].bits) << 16;
+    std::memcpy(&v[0] + t, &u, 4);
+  }
+  return v;
+}
+
+#define KVD_SCORE_KEY_ROWS_BODY(LV)                                                             \
+  constexpr size_t kAhead = 16;                                                                 \
+  const int dim = keys.dim;                                                                     \
+  const size_t rowBytes = size_t(dim) * DtypeSize(keys.dtype);                                  \
+  if (keys.dtype == Dtype::F32) {                                                               \
+    using Elem = float;                                                                         \
+    KVD_KEY_ROW_DOTS(LV, Load16)                                                                \
+  } else if (keys.dtype == Dtype::F16) {                                                        \
+    using Elem = uint16_t;                                                                      \
+    KVD_KEY_ROW_DOTS(LV, LoadH16<LV>)                                                           \
+  } else {                                                                                      \
+    using Elem = Bf16Bits;                                                                      \
+    KVD_KEY_ROW_DOTS(LV, LoadBf16Elem)                                                          \
+  }
+
+KVD_INLINE v16 LoadBf16Elem(const Bf16Bits* p) { return LoadBf16(&p->bits); }
+
+// e^x for x <= 0 (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial), inputs
+// below -87 clamped there (e^-87 ~ 1.6e-38, still normal). Element-wise vector arithmetic only, so
+// every level gives the same bits. Relative error ~2 ulp.
+KVD_INLINE v16 ExpNeg(v16 x) {
+  const v16 lo = v16{} - 87.f;
+  x = x < lo ? lo : x;
+  v16 t = x * 1.44269504088896341f + 0.5f;
+  v16i n = __builtin_convertvector(t, v16i);  // truncation; floor for negative t below
+  v16 fn = __builtin_convertvector(n, v16);
+  n += fn > t ? v16i{} - 1 : v16i{};  // vector compare: -1 where true
+  fn = __builtin_convertvector(n, v16);
+  x = x - fn * 0.693359375f;
+  x = x - fn * -2.12194440e-4f;
+  const v16 z = x * x;
+  v16 y = x * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * z + x + 1.f;
+  v16i e = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return y * scale;
+}
+
+KVD_INLINE float ReduceMax16(v16 a) {
+  v16 b = __builtin_shuffle(a, v16i{8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3});
+  a = a > b ? a : b;
+  b = __builtin_shuffle(a, v16i{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});
+  a = a > b ? a : b;
+  return a[0];
+}
+
+// See GroupShares in index.h.
+KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale,
+                                   float* share) {
+  float invStack[64];  // 1 / z per query head
+  std::vector<float> invHeap(group > 64 ? size_t(group) : 0);
+  float* inv = group > 64 ? invHeap.data() : invStack;
+  const size_t full = n / 16 * 16;  // whole blocks; the partial block [full, n) is handled per lane
+  for (int j = 0; j < group; ++j) {
+    float* l = logits + size_t(j) * ld;
+    // The max of the raw logits: scale > 0 and rounding is monotonic, so scale * max is the max of
+    // the scaled logits. x * 0 is NaN exactly where x is NaN or +-Inf, so `nan` stays 0 (not NaN)
+    // while every logit is finite.
+    v16 mx = v16{} - std::numeric_limits<float>::infinity();
+    v16 nan = v16{};
+    for (size_t b = 0; b < full; b += 16) {
+      const v16 x = Load16(l + b);
+      nan += x * 0.f;
+      mx = x > mx ? x : mx;
+    }
+    float m = ReduceMax16(mx), tailNan = Reduce16(nan);
+    for (size_t i = full; i < n; ++i) {
+      tailNan += l[i] * 0.f;
+      m = l[i] > m ? l[i] : m;
+    }
+    if (!(tailNan == 0.f))
+      for (size_t i = 0; i < n; ++i)
+        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    m *= scale;
+    v16 z = v16{};
+    for (size_t b = 0; b < full; b += 16) {
+      const v16 e = ExpNeg(Load16(l + b) * scale - m);
+      z += e;
+      std::memcpy(l + b, &e, sizeof(e));
+    }
+    if (full < ld) {
+      v16 e = ExpNeg(Load16(l + full) * scale - m);
+      for (size_t t = n - full; t < 16; ++t) e[t] = 0.f;
+      z += e;
+      std::memcpy(l + full, &e, sizeof(e));
+    }
+    inv[j] = 1.f / Reduce16(z);
+  }
+  // share = sum over the group in head order, one pass.
+  for (size_t b = 0; b < nShare; b += 16) {
+    v16 s = Load16(logits + b) * inv[0];
+    for (int j = 1; j < group; ++j) s = s + Load16(logits + size_t(j) * ld + b) * inv[j];
+    std::memcpy(share + b, &s, sizeof(s));
+  }
+  return -1;
+}
+
+// Blocked nearest-centroid search. Centroids are transposed into tiles of 16 (ct: tiles x dim x 16,
+// zero-padded); R points share every centroid load and 16 centroids every point load. Output
+// (i, j) accumulates x_i[d] * c_j[d] sequentially over d, whatever R is, so every blocking gives
+// the same bits. R = 8 keeps 8 independent add chains in flight (AVX-512 has the registers).
+template <int R>
+KVD_INLINE void NearestBody(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm,
+                            size_t k, int dim, int32_t* best, float* dist) {
+  const size_t tiles = (k + 15) / 16;
+  for (size_t i0 = 0; i0 < n; i0 += R) {
+    const float* xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = x + (i0 + r < n ? i0 + r : i0) * size_t(dim);
+    float bestv[R];
+    int32_t besti[R];
+    for (int r = 0; r < R; ++r) bestv[r] = std::numeric_limits<float>::infinity(), besti[r] = 0;
+    for (size_t t = 0; t < tiles; ++t) {
+      const float* c = ct + t * size_t(dim) * 16;
+      v16 a[R];
+      for (int r = 0; r < R; ++r) a[r] = v16{};
+      for (int d = 0; d < dim; ++d) {
+        v16 cv = Load16(c + size_t(d) * 16);
+        for (int r = 0; r < R; ++r) a[r] += cv * xr[r][d];
+      }
+      const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+      for (int r = 0; r < R; ++r) {
+        v16 s = Load16(cnorm + t * 16) - a[r] * 2.f;
+        for (size_t l = 0; l < jn; ++l)
+          if (s[l] < bestv[r]) {
+            bestv[r] = s[l];
+            besti[r] = int32_t(t * 16 + l);
+          }
+      }
+    }
+    for (int r = 0; r < R && i0 + r < n; ++r) {
+      float dd = xnorm[i0 + r] + bestv[r];
+      best[i0 + r] = besti[r];
+      dist[i0 + r] = dd > 0.f ? dd : 0.f;
+    }
+  }
+}
+
+// ---- one instantiation per level ----
+
+struct Table {
+  float (*dot)(const float*, const float*, int);
+  void (*dotsMany)(const float*, size_t, int, const float*, float*);
+  void (*rowNorms)(const float*, size_t, int, float*);
+  void (*scoreRowsMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreRowsMaxGather)(const float*, int, const float*, const int32_t*, size_t, int, float*, const float*,
+                             const float*);
+  void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
+  void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
+  void (*scoreTilesMaxH)(const float*, int, const uint16_t*, size_t, int, float*, const float*, const float*);
+  void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
+  void (*scoreKeyRows)(const float*, int, const KvView&, int, const int64_t*, size_t, float*, size_t);
+  int64_t (*groupShares)(float*, int, size_t, size_t, size_t, float, float*);
+};
+
+#define KVD_INDEX_LEVEL(NAME, ATTR, ROWS, LV)                                                                           \
+  ATTR float Dot##NAME(const float* a, const float* b, int dim) { return DotBody(a, b, dim); }                  \
+  ATTR void DotsMany##NAME(const float* x, size_t n, int dim, const float* c, float* out) {                    \
+    DotsManyBody(x, n, dim, c, out);                                                                            \
+  }                                                                                                             \
+  ATTR void RowNorms##NAME(const float* x, size_t n, int dim, float* out) { RowNormsBody(x, n, dim, out); }     \
+  ATTR void ScoreRowsMax##NAME(const float* q, int g, const float* rows, size_t n, int dim, float* out,        \
+                                const float* var, const float* coef) {                                         \
+    ScoreRowsMaxBody(q, g, rows, n, dim, out, var, coef);                                                       \
+  }                                                                                                             \
+  ATTR void ScoreRowsMaxGather##NAME(const float* q, int g, const float* rows, const int32_t* ids, size_t n,   \
+                                     int dim, float* out, const float* var, const float* coef) {               \
+    ScoreRowsMaxGatherBody(q, g, rows, ids, n, dim, out, var, coef);                                            \
+  }                                                                                                             \
+  ATTR void ScoreMinMax##NAME(const float* q, int g, const float* mn, const float* mx, size_t n, int dim,      \
+                              float* out) {                                                                    \
+    ScoreMinMaxBody(q, g, mn, mx, n, dim, out);                                                                 \
+  }                                                                                                             \
+  ATTR void ScoreTilesMax##NAME(const float* q, int g, const float* ct, size_t k, int dim, float* out,         \
+                                 const float* var, const float* coef) {                                        \
+    ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);                                                        \
+  }                                                                                                             \
+  ATTR void ScoreTilesMaxH##NAME(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, \
+                                  const float* var, const float* coef) {                                       \
+    KVD_SCORE_TILES_H_BODY(LV)                                                                                  \
+  }                                                                                                             \
+  ATTR void Nearest##NAME(const float* x, const float* xn, size_t n, const float* ct, const float* cn, size_t k, \
+                          int dim, int32_t* best, float* dist) {                                               \
+    NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
+  }                                                                                                             \
+  ATTR void ScoreKeyRows##NAME(const float* q, int group, const KvView& keys, int h, const int64_t* tokens,     \
+                               size_t n, float* out, size_t ld) {                                              \
+    KVD_SCORE_KEY_ROWS_BODY(LV)                                                                                 \
+  }                                                                                                             \
+  ATTR int64_t GroupShares##NAME(float* l, int group, size_t n, size_t ld, size_t nShare, float scale,         \
+                                 float* share) {                                                               \
+    return GroupSharesBody(l, group, n, ld, nShare, scale, share);                                              \
+  }                                                                                                             \
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, ScoreTilesMaxH##NAME, \
+                           Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
+
+KVD_INDEX_LEVEL(Scalar, , 4, 0)
+KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c,fma"))), 4, 1)
+KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
+
+SimdLevel CpuMax() {
+  static const SimdLevel l = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return SimdLevel::Avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+      return SimdLevel::Avx2;
+    return SimdLevel::Scalar;
+  }();
+  return l;
+}
+
+SimdLevel EnvCap() {
+  static const SimdLevel l = [] {
+    const char* e = std::getenv("KVDRIVE_SIMD");
+    std::string s = e ? e : "";
+    if (s == "scalar") return SimdLevel::Scalar;
+    if (s == "avx2") return SimdLevel::Avx2;
+    return SimdLevel::Avx512;
+  }();
+  return l;
+}
+
+SimdLevel g_cap = SimdLevel::Avx512;
+
+SimdLevel Min(SimdLevel a, SimdLevel b) { return int(a) < int(b) ? a : b; }
+
+const Table& Active() {
+  switch (IndexKernelLevel()) {
+    case SimdLevel::Avx512: return kAvx512;
+    case SimdLevel::Avx2: return kAvx2;
+    default: return kScalar;
+  }
+}
+
+}  // namespace
+
+SimdLevel IndexKernelLevel() {
+  SimdLevel l = Min(Min(CpuMax(), EnvCap()), g_cap);
+  // Once the shared dispatch table offers vector levels, setSimdLevel() steers these kernels too.
+  if (SimdFor(SimdLevel::Avx2) || SimdFor(SimdLevel::Avx512)) l = Min(l, Simd().level);
+  return l;
+}
+void SetIndexKernelCap(SimdLevel cap) { g_cap = cap; }
+SimdLevel IndexKernelCap() { return g_cap; }
+
+float DotFixed(const float* a, const float* b, int dim) { return Active().dot(a, b, dim); }
+void DotsFixed(const float* x, size_t n, int dim, const float* c, float* out) { Active().dotsMany(x, n, dim, c, out); }
+void RowNormsFixed(const float* x, size_t n, int dim, float* out) { Active().rowNorms(x, n, dim, out); }
+
+void ScoreRowsMax(const float* q, int group, const float* rows, size_t n, int dim, float* out, const float* var,
+                  const float* coef) {
+  Active().scoreRowsMax(q, group, rows, n, dim, out, var, coef);
+}
+void ScoreRowsMaxGather(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim,
+                        float* out, const float* var, const float* coef) {
+  Active().scoreRowsMaxGather(q, group, rows, ids, n, dim, out, var, coef);
+}
+void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
+  Active().scoreMinMax(q, group, mn, mx, n, dim, out);
+}
+
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                  size_t ld) {
+  Active().scoreKeyRows(q, group, keys, h, tokens, n, out, ld);
+}
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share) {
+  return Active().groupShares(logits, group, n, ld, nShare, scale, share);
+}
+
+void TransposeTiles(const float* c, size_t k, int dim, float* ct) {
+  const size_t tiles = (k + 15) / 16;
+  std::fill(ct, ct + tiles * size_t(dim) * 16, 0.f);
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = c[j * dim + d];
+}
+
+void UntransposeTiles(const float* ct, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) c[j * dim + d] = ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)];
+}
+
+void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out, const float* var,
+                   const float* coef) {
+  Active().scoreTilesMax(q, group, ct, k, dim, out, var, coef);
+}
+
+void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, const float* var,
+                      const float* coef) {
+  Active().scoreTilesMaxH(q, group, ct, k, dim, out, var, coef);
+}
+
+void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct) {
+  std::fill(ct, ct + TileFloats(k, dim), uint16_t(0));
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = F32ToF16(c[j * dim + d]);
+}
+
+void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct) {
+  uint16_t* lane = ct + (j / 16) * size_t(dim) * 16 + (j % 16);
+  for (int d = 0; d < dim; ++d) lane[size_t(d) * 16] = F32ToF16(centroid[d]);
+}
+
+void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j)
+    for (int d = 0; d < dim; ++d) c[j * dim + d] = F16ToF32(ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)]);
+}
+
+void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,
+                      int dim, int32_t* best, float* dist) {
+  const size_t tiles = (k + 15) / 16;
+  std::vector<float> ct(tiles * size_t(dim) * 16);
+  TransposeTiles(c, k, dim, ct.data());
+  // The kernel reads centroid norms 16 at a time: pad them (the padded lanes are never compared).
+  std::vector<float> cn(tiles * 16, 0.f);
+  std::copy(cnorm, cnorm + k, cn.begin());
+  Active().nearest(x, xnorm, n, ct.data(), cn.data(), k, dim, best, dist);
+}
+
+}  // namespace kvd

@@ -1,0 +1,378 @@
+// Key sketch quantization and scoring (key_sketch.h). The scoring kernels (int8 and packed 4-bit)
+// have AVX-512BW, AVX2 and scalar bodies; all compute the same exact int32 dot products.
+#include "index/key_sketch.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "index/index.h"
+
+namespace kvd {
+namespace {
+
+bool HasF16c() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+
+// f16 -> f32 with F16C, 8 values per instruction (exact, like F16ToF32).
+__attribute__((target("avx,f16c"))) void WidenF16(const uint16_t* r, int dim, float* out) {
+  int d = 0;
+  for (; d + 8 <= dim; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d))));
+  for (; d < dim; ++d) out[d] = F16ToF32(r[d]);
+}
+
+// Widens row t of kv head h to f32 (one dtype branch per row).
+void LoadRow(const KvView& kv, int h, int64_t t, float* out) {
+  const void* row = kv.Row(t, h);
+  switch (kv.dtype) {
+    case Dtype::F32: std::memcpy(out, row, size_t(kv.dim) * 4); break;
+    case Dtype::F16: {
+      const uint16_t* r = static_cast<const uint16_t*>(row);
+      if (HasF16c()) {
+        WidenF16(r, kv.dim, out);
+        break;
+      }
+      for (int d = 0; d < kv.dim; ++d) out[d] = F16ToF32(r[d]);
+      break;
+    }
+    case Dtype::BF16: {
+      const uint16_t* r = static_cast<const uint16_t*>(row);
+      for (int d = 0; d < kv.dim; ++d) out[d] = Bf16ToF32(r[d]);
+      break;
+    }
+  }
+}
+
+// Round to nearest even for |x| < 2^22 without a libm call per element (no -ffast-math here, so
+// the compiler keeps the two operations).
+inline float RoundNearest(float x) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
+  return x >= 0.f ? (x + kMagic) - kMagic : -((-x + kMagic) - kMagic);
+}
+
+// invC: 1 / channel scale. Codes in [-levels, levels] (127 or 7) into codes[0, dim); false for a
+// non-finite row (codes 0, scale NaN: scored as NaN, so the re-rank reports the token, E_NONFINITE).
+bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int8_t* codes, float* scale) {
+  float m = 0.f;
+  bool finite = true;
+  for (int d = 0; d < dim; ++d) {
+    finite &= std::isfinite(k[d]);
+    m = std::max(m, std::fabs(k[d] * invC[d]));
+  }
+  if (!finite) {
+    std::fill(codes, codes + dim, int8_t(0));
+    *scale = NAN;
+    return false;
+  }
+  const float s = m / levels;
+  *scale = s;
+  if (s == 0.f) {
+    std::fill(codes, codes + dim, int8_t(0));
+    return true;
+  }
+  const float inv = 1.f / s;
+  for (int d = 0; d < dim; ++d) {
+    const float x = RoundNearest(k[d] * invC[d] * inv);
+    codes[d] = int8_t(std::max(-levels, std::min(levels, x)));
+  }
+  return true;
+}
+
+// 4-bit blocks (key_sketch.h): dims [d0, d0 + n) with n = min(64, dim - d0) sit in ceil(n / 2)
+// bytes from byte d0 / 2; byte i holds dim d0 + i (low nibble) and d0 + half + i (high).
+inline int Block4(int dim, int d0, int& half) {
+  const int n = std::min(64, dim - d0);
+  half = (n + 1) / 2;
+  return n;
+}
+
+// Packs int8 codes in [-7, 7] as u = code + 8 (8 = code 0 in the unused nibble of an odd block).
+void PackCodes4(const int8_t* codes, int dim, uint8_t* out) {
+  for (int d0 = 0; d0 < dim; d0 += 64) {
+    int half;
+    const int n = Block4(dim, d0, half);
+    uint8_t* o = out + d0 / 2;
+    for (int i = 0; i < half; ++i) {
+      const int lo = codes[d0 + i] + 8;
+      const int hi = half + i < n ? codes[d0 + half + i] + 8 : 8;
+      o[i] = uint8_t(lo | (hi << 4));
+    }
+  }
+}
+
+// sum_d q[d] * u[d] over the 4-bit block at d0 (scalar; the vector kernels' tail and reference).
+inline int32_t DotBlock4(const int16_t* q, const uint8_t* r, int dim, int d0) {
+  int half;
+  const int n = Block4(dim, d0, half);
+  const uint8_t* b = r + d0 / 2;
+  int32_t acc = 0;
+  for (int i = 0; i < half; ++i) {
+    acc += int32_t(q[d0 + i]) * int32_t(b[i] & 15);
+    if (half + i < n) acc += int32_t(q[d0 + half + i]) * int32_t(b[i] >> 4);
+  }
+  return acc;
+}
+
+// Largest |q16| such that dim * |q16| * (largest code magnitude: 127, or 15 for the unsigned 4-bit
+// u) fits in int32 (capped at int16).
+int QueryLevels(int dim, int bits) {
+  const int64_t lv = int64_t(INT32_MAX) / (int64_t(dim) * (bits == 4 ? 15 : 127));
+  return int(std::max<int64_t>(1, std::min<int64_t>(32767, lv)));
+}
+
+void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, const int64_t* tokens, size_t n,
+                 int32_t* dots, size_t ld) {
+  for (size_t i = 0; i < n; ++i) {
+    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);
+    for (int j = 0; j < group; ++j) {
+      const int16_t* qj = q + size_t(j) * dim;
+      int32_t acc = 0;
+      for (int d = 0; d < dim; ++d) acc += int32_t(qj[d]) * int32_t(r[d]);
+      dots[size_t(j) * ld + i] = acc;
+    }
+  }
+}
+
+constexpr size_t kAhead = 8;  // rows prefetched ahead (gathered rows are not consecutive)
+
+__attribute__((target("avx2"))) int32_t Hsum8(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One body for both vector levels (a macro, so each level's intrinsics sit in its own target
+// function): each row's codes are widened to int16 once and multiplied into four query heads'
+// int32 accumulators (madd: pairs of int16 products), then reduced; a dim tail runs scalar.
+// W: int16 lanes per vector; VEC / ZERO / LOADC (W codes widened) / LOADQ / MADD_ADD / HSUM.
+#define KVD_SKETCH_SCORE_BODY(W, VEC, ZERO, LOADC, LOADQ, MADD_ADD, HSUM)                       \
+  const int full = dim / (W) * (W);                                                            \
+  for (size_t i = 0; i < n; ++i) {                                                             \
+    if (i + kAhead < n) {                                                                      \
+      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * size_t(dim)); \
+      for (int b = 0; b < dim; b += 64) __builtin_prefetch(p + b);                             \
+    }                                                                                          \
+    const int8_t* r = codes + size_t(tokens[i]) * size_t(dim);                                 \
+    for (int j0 = 0; j0 < group; j0 += 4) {                                                    \
+      const int nj = std::min(4, group - j0);                                                  \
+      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                   \
+      for (int d = 0; d < full; d += (W)) {                                                    \
+        const VEC c = LOADC(r + d);                                                            \
+        for (int t = 0; t < nj; ++t) acc[t] = MADD_ADD(acc[t], c, LOADQ(q + size_t(j0 + t) * dim + d)); \
+      }                                                                                        \
+      for (int t = 0; t < nj; ++t) {                                                           \
+        int32_t s = HSUM(acc[t]);                                                              \
+        const int16_t* qj = q + size_t(j0 + t) * dim;                                          \
+        for (int d = full; d < dim; ++d) s += int32_t(qj[d]) * int32_t(r[d]);                  \
+        dots[size_t(j0 + t) * ld + i] = s;                                                     \
+      }                                                                                        \
+    }                                                                                          \
+  }
+
+#define KVD_LOADC2(p) _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))
+#define KVD_LOADQ2(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+#define KVD_MADD2(a, c, qv) _mm256_add_epi32(a, _mm256_madd_epi16(c, qv))
+__attribute__((target("avx2"))) void ScoreAvx2(const int16_t* q, int group, int dim, const int8_t* codes,
+                                               const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  KVD_SKETCH_SCORE_BODY(16, __m256i, _mm256_setzero_si256(), KVD_LOADC2, KVD_LOADQ2, KVD_MADD2, Hsum8)
+}
+
+#define KVD_LOADC5(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
+#define KVD_LOADQ5(p) _mm512_loadu_si512(p)
+#define KVD_MADD5(a, c, qv) _mm512_add_epi32(a, _mm512_madd_epi16(c, qv))
+__attribute__((target("avx512f,avx512bw"))) void ScoreAvx512(const int16_t* q, int group, int dim, const int8_t* codes,
+                                                             const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  KVD_SKETCH_SCORE_BODY(32, __m512i, _mm512_setzero_si512(), KVD_LOADC5, KVD_LOADQ5, KVD_MADD5, _mm512_reduce_add_epi32)
+}
+
+// 4-bit: dots[j * ld + i] = sum_d q_j[d] * u_{tokens[i]}[d] (unsigned codes; ScoreSketchRows
+// subtracts the offset). Full 64-dim blocks unpack into two runs of consecutive dims (key_sketch.h);
+// a last block of fewer dims runs scalar.
+void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, const int64_t* tokens, size_t n,
+                  int32_t* dots, size_t ld) {
+  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = codes + size_t(tokens[i]) * rb;
+    for (int j = 0; j < group; ++j) {
+      const int16_t* qj = q + size_t(j) * dim;
+      int32_t acc = 0;
+      for (int d0 = 0; d0 < dim; d0 += 64) acc += DotBlock4(qj, r, dim, d0);
+      dots[size_t(j) * ld + i] = acc;
+    }
+  }
+}
+
+// One body for both vector levels (as the int8 one): rows in the order given, the next rows
+// prefetched, up to four query heads per pass; BLOCK adds one full 64-dim block at d0 (r: the row's
+// bytes) into acc[0, nj), HSUM reduces; a last block of fewer dims runs scalar.
+#define KVD_SKETCH4_BODY(VEC, ZERO, BLOCK, HSUM)                                                 \
+  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));                                        \
+  const int full = dim / 64 * 64;                                                               \
+  for (size_t i = 0; i < n; ++i) {                                                              \
+    if (i + kAhead < n) {                                                                       \
+      const char* p = reinterpret_cast<const char*>(codes + size_t(tokens[i + kAhead]) * rb);   \
+      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);                            \
+    }                                                                                           \
+    const uint8_t* r = codes + size_t(tokens[i]) * rb;                                          \
+    for (int j0 = 0; j0 < group; j0 += 4) {                                                     \
+      const int nj = std::min(4, group - j0);                                                   \
+      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                    \
+      for (int d0 = 0; d0 < full; d0 += 64) { BLOCK }                                           \
+      for (int t = 0; t < nj; ++t) {                                                            \
+        const int16_t* qj = q + size_t(j0 + t) * dim;                                           \
+        dots[size_t(j0 + t) * ld + i] = HSUM(acc[t]) + (full < dim ? DotBlock4(qj, r, dim, full) : 0); \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+// AVX2 block: 16 bytes at a time (byte offset o): low nibbles are dims o..o+15, high nibbles dims
+// 32+o..32+o+15, widened to int16 lanes and multiplied into each query head's accumulator.
+#define KVD_BLOCK4_AVX2                                                                                   \
+  for (int o = 0; o < 32; o += 16) {                                                                      \
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d0 / 2 + o));                  \
+    const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, mask));                                      \
+    const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), mask));                  \
+    for (int t = 0; t < nj; ++t) {                                                                        \
+      const int16_t* qj = q + size_t(j0 + t) * dim + d0 + o;                                              \
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj)))); \
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj + 32)))); \
+    }                                                                                                     \
+  }
+__attribute__((target("avx2"))) void Score4Avx2(const int16_t* q, int group, int dim, const uint8_t* codes,
+                                                const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  const __m128i mask = _mm_set1_epi8(15);
+  KVD_SKETCH4_BODY(__m256i, _mm256_setzero_si256(), KVD_BLOCK4_AVX2, Hsum8)
+}
+
+// AVX-512 block: its 32 bytes unpack into dims d0..d0+31 (low nibbles) and d0+32..d0+63 (high).
+#define KVD_BLOCK4_AVX512                                                                      \
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));          \
+  const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, mask));                          \
+  const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask));    \
+  for (int t = 0; t < nj; ++t) {                                                               \
+    const int16_t* qj = q + size_t(j0 + t) * dim + d0;                                         \
+    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(lo, _mm512_loadu_si512(qj)));          \
+    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(hi, _mm512_loadu_si512(qj + 32)));     \
+  }
+__attribute__((target("avx512f,avx512bw"))) void Score4Avx512(const int16_t* q, int group, int dim, const uint8_t* codes,
+                                                              const int64_t* tokens, size_t n, int32_t* dots, size_t ld) {
+  const __m256i mask = _mm256_set1_epi8(15);
+  KVD_SKETCH4_BODY(__m512i, _mm512_setzero_si512(), KVD_BLOCK4_AVX512, _mm512_reduce_add_epi32)
+}
+
+bool HasAvx512Bw() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return ok;
+}
+
+}  // namespace
+
+void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s) {
+  const int dim = kv.dim;
+  s.dim = dim;
+  s.channelScale.assign(size_t(dim), 0.f);
+  std::vector<float> row(static_cast<size_t>(dim), 0.f);
+  for (int64_t t = 0; t < tokens; ++t) {
+    LoadRow(kv, h, t, row.data());
+    for (int d = 0; d < dim; ++d)
+      if (std::isfinite(row[d])) s.channelScale[d] = std::max(s.channelScale[d], std::fabs(row[d]));
+  }
+  for (float& c : s.channelScale)
+    if (!(c > 0.f)) c = 1.f;
+  s.calibratedAt = tokens;
+  s.codes.clear();
+  s.rowScale.clear();
+  // Room for the context to double before extend() reallocates (growing by one row would otherwise
+  // copy the whole sketch on the first decode step). Reserved pages are not touched until written:
+  // address space, not memory.
+  const size_t room = size_t(2 * tokens + 4096);
+  s.codes.reserve(room * size_t(s.RowBytes()));
+  s.rowScale.reserve(room);
+  AppendSketch(kv, h, tokens, s);
+}
+
+void AppendSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s, int64_t first) {
+  const int64_t t0 = s.tokens();
+  if (tokens <= t0) return;
+  const int dim = s.dim;
+  const size_t rb = size_t(s.RowBytes());
+  const bool packed = s.bits == 4;
+  s.codes.resize(size_t(tokens) * rb);
+  s.rowScale.resize(size_t(tokens));
+  std::vector<float> row(static_cast<size_t>(dim), 0.f), invC(static_cast<size_t>(dim), 0.f);
+  std::vector<int8_t> codes(packed ? size_t(dim) : 0);
+  for (int d = 0; d < dim; ++d) invC[d] = 1.f / s.channelScale[d];
+  for (int64_t t = t0; t < tokens; ++t) {
+    LoadRow(kv, h, t - first, row.data());  // kv holds tokens [first, first + kv.tokens), first <= t0
+    int8_t* dst = s.codes.data() + size_t(t) * rb;
+    QuantizeCodes(row.data(), invC.data(), dim, packed ? 7.f : 127.f, packed ? codes.data() : dst, &s.rowScale[size_t(t)]);
+    if (packed) PackCodes4(codes.data(), dim, reinterpret_cast<uint8_t*>(dst));
+  }
+}
+
+void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQuery& out) {
+  const int dim = s.dim;
+  const float levels = float(QueryLevels(dim, s.bits));
+  out.q.resize(size_t(group) * size_t(dim));
+  out.scale.resize(size_t(group));
+  out.offset.assign(size_t(group), 0);
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + size_t(j) * dim;
+    float m = 0.f;
+    for (int d = 0; d < dim; ++d) m = std::max(m, std::fabs(qj[d] * s.channelScale[d]));
+    const float qs = m > 0.f ? m / levels : 1.f;
+    const float inv = 1.f / qs;
+    out.scale[j] = qs;
+    for (int d = 0; d < dim; ++d) {
+      const float x = std::nearbyint(qj[d] * s.channelScale[d] * inv);
+      out.q[size_t(j) * dim + d] = int16_t(std::max(-levels, std::min(levels, x)));
+      if (s.bits == 4) out.offset[j] += 8 * int32_t(out.q[size_t(j) * dim + d]);
+    }
+  }
+}
+
+void ScoreSketchRows(const SketchQuery& q, int group, const KeySketch& s, const int64_t* tokens, size_t n, float* out,
+                     size_t ld) {
+  // Integer dots land in `out` reinterpreted, then become floats in place.
+  int32_t* dots = reinterpret_cast<int32_t*>(out);
+  const SimdLevel level = IndexKernelLevel();
+  const bool avx512 = level == SimdLevel::Avx512 && HasAvx512Bw();
+  if (s.bits == 4) {
+    const uint8_t* c = reinterpret_cast<const uint8_t*>(s.codes.data());
+    if (avx512) Score4Avx512(q.q.data(), group, s.dim, c, tokens, n, dots, ld);
+    else if (level != SimdLevel::Scalar) Score4Avx2(q.q.data(), group, s.dim, c, tokens, n, dots, ld);
+    else Score4Scalar(q.q.data(), group, s.dim, c, tokens, n, dots, ld);
+  } else if (avx512) {
+    ScoreAvx512(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  } else if (level != SimdLevel::Scalar) {
+    ScoreAvx2(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  } else {
+    ScoreScalar(q.q.data(), group, s.dim, s.codes.data(), tokens, n, dots, ld);
+  }
+  for (int j = 0; j < group; ++j) {
+    const float qs = q.scale[j];
+    const int32_t off = q.offset.empty() ? 0 : q.offset[j];
+    for (size_t i = 0; i < n; ++i) {
+      float* o = out + size_t(j) * ld + i;
+      int32_t v;
+      std::memcpy(&v, o, 4);
+      *o = float(v - off) * (qs * s.rowScale[size_t(tokens[i])]);
+    }
+  }
+}
+
+}  // namespace kvd

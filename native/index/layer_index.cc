@@ -1,0 +1,876 @@
+// LayerIndex: build / extend / select for the three selection policies (see layer_index.h).
+#include "index/layer_index.h"
+
+#include "common/thread_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace kvd {
+namespace {
+
+uint64_t Mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string Range(int64_t a, int64_t b) { return "[" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
+
+void RebuildCsr(Segment& seg) {
+  seg.offsets.assign(size_t(seg.k) + 1, 0);
+  for (int32_t a : seg.assign) ++seg.offsets[size_t(a) + 1];
+  for (int j = 0; j < seg.k; ++j) seg.offsets[j + 1] += seg.offsets[j];
+  seg.members.assign(seg.assign.size(), 0);
+  std::vector<int32_t> fill(seg.offsets.begin(), seg.offsets.end() - 1);
+  for (size_t i = 0; i < seg.assign.size(); ++i) seg.members[fill[seg.assign[i]]++] = int32_t(seg.c0 + int64_t(i));
+}
+
+// Ranking order: higher score first, then lower chunk id.
+inline bool Better(const Ranked& a, const Ranked& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }
+// Better as a function object: std::nth_element / std::sort inline it (a function pointer is an
+// indirect call per comparison).
+struct ByRank {
+  bool operator()(const Ranked& a, const Ranked& b) const { return Better(a, b); }
+};
+
+// Sortable bits of a score: a larger float gives a larger key (-0 folded into +0, as Better has them
+// equal; scores are never NaN).
+inline uint32_t ScoreKey(float s) {
+  if (s == 0.f) s = 0.f;
+  uint32_t b;
+  std::memcpy(&b, &s, 4);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
+// same set as std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit
+// digits, each a histogram pass and a partition), then ByRank over the entries that share the top
+// 22 bits.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& hist) {
+  if (k == 0 || k >= size_t(last - first)) return;
+  Ranked *lo = first, *hi = last;
+  size_t need = k;
+  for (int shift : {21, 10}) {
+    constexpr uint32_t mask = 0x7ff;
+    hist.assign(2048, 0);
+    for (auto it = lo; it != hi; ++it) ++hist[(ScoreKey(it->score) >> shift) & mask];
+    // Digit b: every entry with a higher digit is taken, need - (their count) come from b.
+    size_t above = 0;
+    uint32_t b = 2047;
+    for (;; --b) {
+      if (above + hist[b] >= need) break;
+      above += hist[b];
+    }
+    auto digit = [&](const Ranked& r) { return (ScoreKey(r.score) >> shift) & mask; };
+    auto mid = std::partition(lo, hi, [&](const Ranked& r) { return digit(r) > b; });
+    hi = std::partition(mid, hi, [&](const Ranked& r) { return digit(r) == b; });
+    lo = mid;
+    need -= above;
+    if (need == size_t(hi - lo)) return;  // the whole digit-b group is taken
+  }
+  std::nth_element(lo, lo + (need - 1), hi, ByRank());
+}
+void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
+  SelectBest(v.data(), v.data() + v.size(), k, hist);
+}
+
+// Sorts v[sorted, next) into final rank order, next >= sorted: a partial selection then a sort,
+// O(n + m log m). Elements before `sorted` are already final, so growing the prefix in steps gives
+// the same order as one full sort (ByRank is a strict total order).
+size_t ExtendSorted(std::vector<Ranked>& v, size_t sorted, size_t next, std::vector<uint32_t>& hist) {
+  next = std::min(next, v.size());
+  if (next <= sorted) return sorted;
+  SelectBest(v.data() + sorted, v.data() + v.size(), next - sorted, hist);
+  std::sort(v.begin() + sorted, v.begin() + next, ByRank());
+  return next;
+}
+
+// Marks in `chosen` (a bit set over cluster ids) the clusters that a walk over `clusters` in ByRank
+// order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
+// sorting every cluster and walking, without the sort. One pass bins the scores linearly between
+// their min and max (a monotonic map: a higher bin means a higher score) and sums each bin's tokens;
+// every cluster above the bin where the running sum reaches the target is taken, and only the
+// clusters from that bin up are sorted and walked.
+void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& ctoks, double target,
+                  std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
+  chosen.assign((ctoks.size() + 63) / 64, 0);
+  if (clusters.empty() || !(target > 0)) return;
+  float mn = clusters[0].score, mx = mn;
+  for (const Ranked& r : clusters) mn = std::min(mn, r.score), mx = std::max(mx, r.score);
+  constexpr int kBins = 4096;
+  const double inv = mx > mn ? kBins / (double(mx) - double(mn)) : 0.0;
+  // Scores may be +-inf (keys near the f32 range): then inv is 0 or t is NaN, and everything falls
+  // into bin 0 (sorted and walked in full), never an out-of-range bin (int(NaN) is undefined).
+  auto bin = [&](float s) {
+    const double t = (double(s) - double(mn)) * inv;
+    return t >= double(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0);
+  };
+  hist.assign(kBins, 0);
+  for (const Ranked& r : clusters) hist[size_t(bin(r.score))] += uint32_t(ctoks[size_t(r.id)]);
+  double above = 0;
+  int b = kBins - 1;
+  for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
+  // Clusters of bins >= b, best first; those above b are all taken (their tokens sum below target).
+  auto mid = std::partition(clusters.begin(), clusters.end(), [&](const Ranked& r) { return bin(r.score) >= b; });
+  std::sort(clusters.begin(), mid, ByRank());
+  double taken = 0;
+  for (auto it = clusters.begin(); it != mid && taken < target; ++it) {
+    chosen[size_t(it->id) >> 6] |= uint64_t(1) << (it->id & 63);
+    taken += ctoks[size_t(it->id)];
+  }
+}
+
+// Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
+// allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
+// carry over: every use clears or overwrites first.
+struct SelectScratch {
+  std::vector<Ranked> ranked, clusters, tok;
+  std::vector<int32_t> ids, rows, ctoks;
+  std::vector<uint64_t> chosen;
+  std::vector<float> scores, coef, extra, ones, logits, share;
+  std::vector<uint64_t> bits;
+  std::vector<uint32_t> hist;
+  std::vector<int64_t> toksAt;
+  SketchQuery sketchQuery;
+};
+SelectScratch& Scratch() {
+  thread_local SelectScratch s;
+  return s;
+}
+
+}  // namespace
+
+int64_t LayerIndex::SealedEnd(int64_t tokens) const {
+  const int64_t avail = tokens - cfg_.local;
+  const int64_t e = avail > 0 ? avail / cfg_.chunk : 0;
+  return std::max(firstChunk(), e);
+}
+
+int64_t LayerIndex::tailStart() const {
+  if (endChunk_ > firstChunk()) return endChunk_ * cfg_.chunk;
+  return sinkEnd();
+}
+
+int64_t LayerIndex::ChunkTokens(int64_t j) const {
+  return (j + 1) * cfg_.chunk - std::max<int64_t>(j * cfg_.chunk, cfg_.sinks);
+}
+
+void LayerIndex::CheckKv(const KvView& kv, int64_t tokens, const char* what) const {
+  if (tokens < 0) Throw("E_RANGE", std::string(what) + " tokens: expected >= 0, got " + std::to_string(tokens));
+  if (tokens > kv.tokens)
+    Throw("E_SHAPE", std::string(what) + " tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " +
+                         std::to_string(tokens));
+  if (built_ && (kv.heads != heads_ || kv.dim != dim_))
+    Throw("E_SHAPE", std::string(what) + " k: expected " + std::to_string(heads_) + " kv heads x dim " +
+                         std::to_string(dim_) + " as at build, got " + std::to_string(kv.heads) + " x " +
+                         std::to_string(kv.dim));
+}
+
+void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first) {
+  HeadIndex& H = heads_data_[h];
+  const int64_t r0 = H.repsFirst;  // rows hold chunks [r0, ...)
+  const size_t base = size_t(c0 - r0) * dim_, n = size_t(c1 - c0) * dim_;
+  H.reps.resize(base + n);
+  if (cfg_.policy == PolicyKind::Quest) {
+    H.maxs.resize(base + n);
+    ChunkMinMax(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, H.maxs.data() + base);
+  } else {
+    float* var = nullptr;
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      H.var.resize(size_t(c1 - r0));
+      var = H.var.data() + (c0 - r0);
+    }
+    ChunkMeans(kv, h, cfg_.chunk, -first, cfg_.sinks - first, c0, c1, H.reps.data() + base, var);
+    if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) {
+      // Outlier detection (ShadowKV): the key least aligned with its chunk's landmark.
+      H.minCos.resize(size_t(c1 - r0));
+      std::vector<float> row(static_cast<size_t>(dim_), 0.f);
+      for (int64_t j = c0; j < c1; ++j) {
+        const float* m = Rep(H, j);
+        double mm = 0;
+        for (int d = 0; d < dim_; ++d) mm += double(m[d]) * m[d];
+        double worst = 1.0;
+        for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) {
+          const void* r = kv.Row(t - first, h);  // kv holds tokens [first, ...)
+          double kk = 0, km = 0;
+          for (int d = 0; d < dim_; ++d) {
+            const double x = LoadElem(r, kv.dtype, size_t(d));
+            kk += x * x;
+            km += x * m[d];
+          }
+          const double den = std::sqrt(kk * mm);
+          worst = std::min(worst, den > 0 ? km / den : 1.0);
+        }
+        H.minCos[size_t(j - r0)] = std::isfinite(worst) ? float(worst) : 1.f;
+      }
+    }
+  }
+  // Keys feed every score; a NaN or Inf would silently corrupt rankings, so refuse it here.
+  for (int64_t j = c0; j < c1; ++j) {
+    const float* r = Rep(H, j);
+    const float* m = cfg_.policy == PolicyKind::Quest ? H.maxs.data() + size_t(j - r0) * dim_ : r;
+    for (int d = 0; d < dim_; ++d)
+      if (!std::isfinite(r[d]) || !std::isfinite(m[d]))
+        Throw("E_NONFINITE", "k: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) + ", tokens " +
+                                 Range(std::max<int64_t>(j * cfg_.chunk, cfg_.sinks), (j + 1) * cfg_.chunk));
+  }
+}
+
+void LayerIndex::ClusterSegment(int h, Segment& seg) const {
+  const HeadIndex& H = heads_data_[h];
+  const size_t n = size_t(seg.c1 - seg.c0);
+  int64_t toks = 0;
+  for (int64_t j = seg.c0; j < seg.c1; ++j) toks += ChunkTokens(j);
+  KMeansOptions o;
+  o.k = int(std::min<int64_t>(int64_t(n), std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster)));
+  o.maxIters = cfg_.kmeansIters;
+  o.trials = cfg_.kmeansTrials;
+  o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
+  KMeansResult r = KMeans(Rep(H, seg.c0), n, dim_, o);
+  seg.k = o.k;
+  seg.centroids = std::move(r.centroids);
+  seg.assign = std::move(r.assignments);
+  seg.inertia = r.inertia;
+  seg.counts.assign(seg.k, 0);
+  seg.sums.assign(size_t(seg.k) * dim_, 0.0);
+  seg.sumSq.assign(seg.k, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t j = seg.c0 + int64_t(i);
+    const float* p = Rep(H, j);
+    double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
+    double sq = double(ChunkVar(H, j)) * dim_;
+    for (int d = 0; d < dim_; ++d) s[d] += p[d], sq += double(p[d]) * p[d];
+    seg.sumSq[seg.assign[i]] += sq;
+    ++seg.counts[seg.assign[i]];
+  }
+  seg.var.assign(seg.k, 0.f);
+  for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
+  seg.radius.assign(seg.k, 0.f);
+  for (size_t i = 0; i < n; ++i) {
+    const int c = seg.assign[i];
+    const int64_t j = seg.c0 + int64_t(i);
+    seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
+  }
+  PickOutliers(h, seg);
+  seg.clusteredFull = seg.c1 == seg.cEnd;
+  seg.tiles.resize(TileFloats(seg.k, dim_));
+  TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  if (seg.clusteredFull) {
+    // A full segment never grows again: the running sums (k x dim doubles) and the row-major
+    // centroids are no longer needed (select reads the tiles).
+    std::vector<double>().swap(seg.sums);
+    std::vector<double>().swap(seg.sumSq);
+    std::vector<float>().swap(seg.centroids);
+  } else {
+    ReserveOpen(seg);
+  }
+  RebuildCsr(seg);
+}
+
+// An open segment grows by one chunk per sealed chunk and by one cluster per tokensPerCluster
+// tokens until it is full: room for the full segment up front, so decode-time Extend appends in
+// place. Otherwise the first chunk sealed after a build reallocated every head's centroids and
+// running sums (~0.4 MiB per head, fresh mmap'd blocks, munmap of the old ones): ~15-35 ms in one
+// decode step at 128K on this VM.
+void LayerIndex::ReserveOpen(Segment& seg) const {
+  const int64_t toks = seg.cEnd * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
+  const size_t kMax = size_t(std::max<int64_t>(1, (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster));
+  seg.centroids.reserve(kMax * size_t(dim_));
+  seg.sums.reserve(kMax * size_t(dim_));
+  seg.counts.reserve(kMax);
+  seg.sumSq.reserve(kMax);
+  seg.var.reserve(kMax);
+  seg.radius.reserve(kMax);
+  seg.assign.reserve(size_t(seg.cEnd - seg.c0));
+  seg.tiles.reserve(TileFloats(kMax, dim_));
+}
+
+void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
+  if (upTo <= H.repsFirst) return;
+  const size_t drop = size_t(upTo - H.repsFirst);
+  // The rows after upTo (chunks of the next segment added by the same extend) move to the front, and
+  // the memory goes back (shrink_to_fit: the next segment grows its rows anew), so Bytes() counting
+  // sizes counts what is held.
+  H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
+  H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
+  H.reps.shrink_to_fit();
+  H.var.shrink_to_fit();
+  H.repsFirst = upTo;
+}
+
+// The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
+// lower id), ascending by id.
+void LayerIndex::PickOutliers(int h, Segment& seg) const {
+  seg.outliers.clear();
+  const size_t n = size_t(seg.c1 - seg.c0);
+  const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
+  if (want == 0) return;
+  const float* var = heads_data_[h].var.data() + (seg.c0 - heads_data_[h].repsFirst);
+  std::vector<Ranked> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
+  std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
+  for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
+  std::sort(seg.outliers.begin(), seg.outliers.end());
+}
+
+// Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
+// (the chunk's own spread bounds any one token's distance from its mean).
+float LayerIndex::MemberRadius(int h, int64_t j, const float* c) const {
+  const HeadIndex& H = heads_data_[h];
+  const float* m = Rep(H, j);
+  double d2 = 0;
+  for (int d = 0; d < dim_; ++d) d2 += double(m[d] - c[d]) * double(m[d] - c[d]);
+  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(ChunkVar(H, j))));
+}
+
+// Variance of the member tokens around the centroid c, per dimension:
+// (E_members[mean_t |k_t|²] - 2 c·m + |c|²) / dim with m the mean of the member chunk means.
+void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
+  if (seg.counts[c] == 0) {
+    seg.var[c] = 0.f;
+    return;
+  }
+  const double n = seg.counts[c];
+  const float* cc = seg.centroids.data() + size_t(c) * dim_;
+  const double* s = seg.sums.data() + size_t(c) * dim_;
+  double v = seg.sumSq[c] / n;
+  for (int d = 0; d < dim_; ++d) v += double(cc[d]) * cc[d] - 2.0 * double(cc[d]) * (s[d] / n);
+  seg.var[c] = float(std::max(0.0, v) / dim_);
+}
+
+// Online step for a segment that is not full yet: the chunk opens a new cluster while the segment
+// has fewer than ceil(tokens / tokensPerCluster) clusters, else joins the nearest centroid, which
+// moves to the running mean of its members. A segment that fills up is re-clustered by k-means.
+void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
+  const HeadIndex& H = heads_data_[h];
+  const float* x = Rep(H, j);
+  // Tokens of chunks [c0, j]: one run [max(c0*chunk, sinks), (j+1)*chunk) (only firstChunk can
+  // hold sinks, and c0 >= firstChunk).
+  const int64_t toks = (j + 1) * cfg_.chunk - std::max<int64_t>(seg.c0 * cfg_.chunk, cfg_.sinks);
+  const int64_t want = (toks + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster;
+  int32_t c;
+  if (seg.k < want) {
+    c = seg.k++;
+    seg.centroids.insert(seg.centroids.end(), x, x + dim_);
+    seg.sums.resize(size_t(seg.k) * dim_, 0.0);
+    seg.counts.push_back(0);
+    seg.sumSq.push_back(0.0);
+    seg.var.push_back(0.f);
+  } else {
+    float best = 0;
+    c = -1;
+    for (int q = 0; q < seg.k; ++q) {
+      const float* cq = seg.centroids.data() + size_t(q) * dim_;
+      float s = DotFixed(cq, cq, dim_) - 2.f * DotFixed(x, cq, dim_);
+      if (c < 0 || s < best) best = s, c = q;
+    }
+  }
+  double* s = seg.sums.data() + size_t(c) * dim_;
+  double sq = double(ChunkVar(H, j)) * dim_;
+  for (int d = 0; d < dim_; ++d) s[d] += x[d], sq += double(x[d]) * x[d];
+  seg.sumSq[c] += sq;
+  ++seg.counts[c];
+  for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
+  ClusterVariance(h, seg, c);
+  if (seg.radius.size() < size_t(seg.k)) seg.radius.resize(seg.k, 0.f);
+  seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
+  seg.assign.push_back(c);
+  seg.c1 = j + 1;
+  PickOutliers(h, seg);
+  if (seg.c1 == seg.cEnd) {
+    ClusterSegment(h, seg);
+  } else {
+    // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
+    // sits at t*dim*16 whatever k is, and padding lanes are zero).
+    seg.tiles.resize(TileFloats(seg.k, dim_), 0);
+    SetTileF16(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data());
+    RebuildCsr(seg);
+  }
+}
+
+// Heads are independent: they run on the thread pool with at most cfg.threads workers. The
+// exception of the lowest failing head is rethrown once every head is done.
+void LayerIndex::ForEachHead(const std::function<void(int)>& fn) const {
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { fn(int(h)); }, std::max(1, cfg_.threads));
+}
+
+void LayerIndex::Build(const KvView& kv, int64_t tokens) {
+  if (cfg_.segmentTokens % cfg_.chunk != 0)
+    Throw("E_CONFIG", "segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) + ", got " +
+                          std::to_string(cfg_.segmentTokens));
+  if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
+    Throw("E_CONFIG", "releaseChunkMeans: expected the kvdrive policy with keySketch and rerankFactor > 0 (select then "
+                      "re-ranks every candidate), got " + std::string(cfg_.policy != PolicyKind::Kvdrive ? "another policy" : !cfg_.keySketch ? "keySketch false" : "rerankFactor 0"));
+  if (cfg_.sketchBits != 8 && cfg_.sketchBits != 4)
+    Throw("E_CONFIG", "sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
+  built_ = false;
+  CheckKv(kv, tokens, "build");
+  heads_ = kv.heads;
+  dim_ = kv.dim;
+  tokens_ = tokens;
+  heads_data_.assign(heads_, HeadIndex{});
+  const int64_t c0 = firstChunk(), c1 = SealedEnd(tokens);
+  const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+  const bool release = cfg_.releaseChunkMeans;
+
+  auto buildHead = [&](int h) {
+    // Room for the context to double before the per-chunk arrays reallocate: extend() then appends
+    // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
+    // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
+    // this costs address space, not memory.
+    // With releaseChunkMeans only the open segment's rows are ever held: room for one segment.
+    const size_t room = release ? size_t(segChunks) : size_t(2 * (c1 - c0) + segChunks);
+    HeadIndex& H = heads_data_[h];
+    H.repsFirst = c0;
+    H.reps.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Quest) H.maxs.reserve(room * dim_);
+    if (cfg_.policy == PolicyKind::Kvdrive) H.var.reserve(room);
+    if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) {
+      H.sketch.bits = cfg_.sketchBits;
+      UpdateSketch(kv, h, tokens);
+    }
+    if (cfg_.policy != PolicyKind::Kvdrive) {
+      ComputeReps(kv, h, c0, c1);
+      return;
+    }
+    // Segment by segment: means, k-means, and (releaseChunkMeans) the full segment's means dropped
+    // before the next one's are computed. Nothing sealed yet (a context shorter than sinks +
+    // local): no segment (a firstChunk > 0 would otherwise open an empty one and ask k-means for 0
+    // clusters).
+    if (c1 <= c0) return;
+    for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
+      Segment seg;
+      seg.c0 = std::max(c0, s * segChunks);
+      seg.c1 = std::min(c1, (s + 1) * segChunks);
+      seg.cEnd = (s + 1) * segChunks;
+      ComputeReps(kv, h, seg.c0, seg.c1);
+      ClusterSegment(h, seg);
+      if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
+      H.segments.push_back(std::move(seg));
+    }
+  };
+  ForEachHead(buildHead);
+  endChunk_ = c1;
+  built_ = true;
+}
+
+void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
+  if (!built_) Throw("E_CONFIG", "extend: expected build() to have completed first, got an index that was never built");
+  if (first < 0 || first > endChunk_ * cfg_.chunk)
+    Throw("E_RANGE", "extend first: expected a token in [0, " + std::to_string(endChunk_ * cfg_.chunk) +
+                         "] (k must hold every chunk not sealed yet), got " + std::to_string(first));
+  if (tokens - first > kv.tokens)
+    Throw("E_SHAPE", "extend tokens: expected at most first + k.tokens = " + std::to_string(first + kv.tokens) + ", got " +
+                         std::to_string(tokens));
+  CheckKv(kv, std::min(tokens, kv.tokens), "extend");
+  if (tokens < tokens_)
+    Throw("E_RANGE", "extend tokens: expected >= " + std::to_string(tokens_) + " (the context only grows), got " +
+                         std::to_string(tokens));
+  const int64_t c0 = endChunk_, c1 = SealedEnd(tokens);
+  if (c1 > c0) {
+    // Validate the new representatives for every head before changing any state.
+    for (int h = 0; h < heads_; ++h) {
+      try {
+        ComputeReps(kv, h, c0, c1, first);
+      } catch (...) {
+        for (int r = 0; r <= h; ++r) {
+          HeadIndex& R = heads_data_[r];
+          const size_t rows = size_t(c0 - R.repsFirst);
+          R.reps.resize(rows * dim_);
+          if (cfg_.policy == PolicyKind::Quest) R.maxs.resize(rows * dim_);
+          if (cfg_.policy == PolicyKind::Kvdrive) R.var.resize(rows);
+          if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0) R.minCos.resize(rows);
+        }
+        throw;
+      }
+    }
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+      // Usually one chunk per head; when a segment fills, its k-means runs here (heads split over
+      // threads like the build).
+      const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
+      auto extendHead = [&](int h) {
+        HeadIndex& H = heads_data_[h];
+        for (int64_t j = c0; j < c1; ++j) {
+          if (H.segments.empty() || H.segments.back().cEnd <= j) {
+            Segment seg;
+            seg.c0 = seg.c1 = j;
+            seg.cEnd = (j / segChunks + 1) * segChunks;
+            ReserveOpen(seg);
+            H.segments.push_back(std::move(seg));
+          }
+          Segment& seg = H.segments.back();
+          AddChunkOnline(h, seg, j);
+          if (cfg_.releaseChunkMeans && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
+        }
+      };
+      if (fills) ForEachHead(extendHead);
+      else
+        for (int h = 0; h < heads_; ++h) extendHead(h);
+    }
+    endChunk_ = c1;
+  }
+  if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch)
+    for (int h = 0; h < heads_; ++h) UpdateSketch(kv, h, tokens, first);
+  tokens_ = tokens;
+}
+
+void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first) {
+  KeySketch& s = heads_data_[h].sketch;
+  s.bits = cfg_.sketchBits;
+  // Channel scales are measured on the context at build; a build on a short context (a host that
+  // starts at position 0) re-measures them each time the context doubles, up to 4096 tokens, and
+  // keeps them from then on (per-row scales absorb what later tokens exceed).
+  constexpr int64_t kCalibrateUpTo = 4096;
+  // Re-measuring re-quantizes every token, so it needs the whole context in kv (first == 0); a
+  // caller that passes only its tail (first > 0, the runtime's offloaded sequences) only appends.
+  if (s.dim != kv.dim || (first == 0 && s.calibratedAt < kCalibrateUpTo && tokens >= std::max<int64_t>(64, 2 * s.calibratedAt)))
+    CalibrateSketch(kv, h, tokens, s);
+  else
+    AppendSketch(kv, h, tokens, s, first);
+}
+
+size_t LayerIndex::RerankChunks(int64_t budget) const {
+  // Without chunk means (released) there is no level 2 to pick the re-ranked chunks: all of them.
+  if (cfg_.releaseChunkMeans) return std::numeric_limits<size_t>::max();
+  return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
+}
+
+void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
+                             std::vector<Ranked>& ranked, SelectResult& out) const {
+  // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
+  // selection, unordered (they are re-scored below).
+  const size_t n = std::min(ranked.size(), RerankChunks(budget));
+  SelectScratch& sc = Scratch();
+  SelectBest(ranked, n, sc.hist);
+  const size_t sorted = n;
+  // The re-ranked chunks in ascending id order (a bit set over the indexed chunks, scanned), so the
+  // key gather below walks the cache forwards: neighbouring rows share pages and prefetch streams.
+  std::vector<uint64_t>& bits = sc.bits;
+  bits.assign(size_t(endChunk_ + 63) / 64, 0);
+  for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  std::vector<int64_t>& toksAt = sc.toksAt;
+  toksAt.clear();
+  size_t at = 0;
+  for (size_t w = 0; w < bits.size(); ++w)
+    for (uint64_t b = bits[w]; b; b &= b - 1) {
+      const int64_t j = int64_t(w * 64) + __builtin_ctzll(b);
+      ranked[at++].id = int32_t(j);  // ranked[0, n) now ascending by id (scores rewritten below)
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
+    }
+  const size_t nRe = toksAt.size();
+  // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
+  // Token-granular selections that the re-ranked tokens already fill never look at the rest.
+  const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
+  if (needRest) {
+    ExtendSorted(ranked, sorted, ranked.size(), sc.hist);
+    for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+  } else {
+    ranked.resize(n);
+  }
+
+  // The always attended sinks and tail only feed the normalisers.
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
+  const size_t nAll = toksAt.size();
+  // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
+  const size_t ld = (nAll + 15) / 16 * 16;
+  std::vector<float>& logits = sc.logits;
+  std::vector<float>& share = sc.share;
+  logits.resize(size_t(g) * ld);
+  share.resize((nRe + 15) / 16 * 16);
+  const bool useKeys = keys && !cfg_.preferSketch;
+  if (useKeys) {
+    ScoreKeyRows(qh, g, *keys, h, toksAt.data(), nAll, logits.data(), ld);
+  } else {
+    const KeySketch& sketch = heads_data_[h].sketch;
+    PrepareSketchQuery(qh, g, sketch, sc.sketchQuery);
+    ScoreSketchRows(sc.sketchQuery, g, sketch, toksAt.data(), nAll, logits.data(), ld);
+  }
+  // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
+  // — t's estimated share of that head's attention (z underestimates the true normaliser by the
+  // same factor for every token of the head); share = the sum over the group.
+  const int64_t bad = GroupShares(logits.data(), g, nAll, ld, nRe, float(1.0 / std::sqrt(double(dim_))), share.data());
+  if (bad >= 0)
+    Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
+                             ", token " + std::to_string(toksAt[size_t(bad) % ld]));
+  if (cfg_.tokenGranular) {
+    // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
+    // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
+    std::vector<Ranked>& tok = sc.tok;
+    tok.resize(nRe);
+    for (size_t i = 0; i < nRe; ++i) tok[i] = {share[i], int32_t(toksAt[i])};
+    for (size_t i = n; i < ranked.size(); ++i) {
+      const int64_t j = ranked[i].id;
+      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
+        tok.push_back({ranked[i].score, int32_t(t)});
+    }
+    ranked.swap(tok);
+  } else {
+    size_t t = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t len = ChunkTokens(ranked[i].id);
+      float mass = 0;
+      for (int64_t r = 0; r < len; ++r) mass += share[t++];
+      ranked[i].score = mass;
+    }
+  }
+  out.keysScored += int64_t(nAll);
+  out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : heads_data_[h].sketch.BytesPerToken());
+}
+
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
+  const int g = qHeads / heads_;
+  const int64_t want = std::max(budget, pool);
+  // Kv heads are independent: each selects into its own result on the thread pool (per-thread
+  // scratch), and the results are concatenated in head order, so the selection does not depend on
+  // the thread count.
+  struct HeadOut {
+    SelectResult r;
+    int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
+  };
+  std::vector<HeadOut> parts{size_t(heads_)};
+  auto selectHead = [&](int h) {
+    SelectResult& out = parts[size_t(h)].r;
+    int64_t& f16Vectors = parts[size_t(h)].f16Vectors;
+    out.chunk = cfg_.chunk;
+    SelectScratch& sc = Scratch();
+    std::vector<Ranked>& ranked = sc.ranked;
+    std::vector<int32_t>& ids = sc.ids;
+    std::vector<float>& scores = sc.scores;
+    const HeadIndex& H = heads_data_[h];
+    const float* qh = q + size_t(h) * g * dim_;
+    ranked.clear();
+    bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
+    if (cfg_.policy == PolicyKind::Kvdrive) {
+      // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
+      std::vector<float>& coef = sc.coef;
+      coef.resize(g);
+      for (int j = 0; j < g; ++j)
+        coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
+                        double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const bool useVar = cfg_.varianceWeight > 0;
+      const bool useRadius = cfg_.radiusWeight > 0;
+      double qMax2 = 0;
+      for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+      const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
+      const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
+      std::vector<float>& extra = sc.extra;
+      std::vector<float>& ones = sc.ones;
+      ones.assign(g, 1.f);
+      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
+      // over the head's segments (segment base + cluster): unique, so ties break deterministically.
+      std::vector<Ranked>& clusters = sc.clusters;
+      std::vector<int32_t>& ctoks = sc.ctoks;  // tokens per cluster id (0: empty)
+      clusters.clear();
+      ctoks.clear();
+      for (size_t s = 0; s < H.segments.size(); ++s) {
+        const Segment& seg = H.segments[s];
+        const int32_t base = int32_t(ctoks.size());
+        scores.resize(seg.k);
+        if (useRadius) {
+          // One spread term per cluster with the group's largest |q| (the max over the group is
+          // then taken over q_j·c + that term).
+          extra.resize(seg.k);
+          for (int c = 0; c < seg.k; ++c)
+            extra[c] = float(varCoefMax * (useVar ? seg.var[c] : 0.f) + radCoef * seg.radius[c]);
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
+        } else {
+          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(),
+                           useVar ? seg.var.data() : nullptr, coef.data());
+        }
+        out.vectorsScored += seg.k;
+        f16Vectors += seg.k;
+        for (int c = 0; c < seg.k; ++c) {
+          ctoks.push_back(seg.counts[c] * cfg_.chunk);
+          if (seg.counts[c] > 0) clusters.push_back({scores[c], base + c});
+        }
+      }
+      // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
+      if (!H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
+        ctoks[size_t(H.segments[0].assign[0])] -= int32_t(cfg_.chunk - ChunkTokens(firstChunk()));
+      // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
+      // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
+      // below, so the next level walks the cache forwards).
+      const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
+      std::vector<uint64_t>& chosen = sc.chosen;
+      TakeClusters(clusters, ctoks, target, sc.hist, chosen);
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(endChunk_ + 63) / 64, 0);
+      // Chunks of the taken clusters: one forward pass over each segment's assignments (rather than
+      // each taken cluster's member list, scattered over the segments' heap blocks).
+      for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
+        const Segment& seg = H.segments[s];
+        const int32_t* a = seg.assign.data();
+        const int64_t n = seg.c1 - seg.c0;
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t gid = base + size_t(a[i]);
+          if (chosen[gid >> 6] >> (gid & 63) & 1) {
+            const int64_t id = seg.c0 + i;
+            bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+          }
+        }
+      }
+      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
+      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
+      if (cfg_.outlierFraction > 0)
+        for (const Segment& seg : H.segments)
+          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+      ids.clear();
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
+      const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
+      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
+      if (rerank && RerankChunks(budget) >= ids.size()) {
+        // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
+        // chunk-mean scores would never be read.
+        for (int32_t id : ids) ranked.push_back({0.f, id});
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
+        reranked = true;
+        goto fill;
+      }
+      // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+      if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
+        Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
+      {
+      std::vector<int32_t>& rows = sc.rows;
+      rows.resize(ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - H.repsFirst);
+      scores.resize(ids.size());
+      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
+                         useVar ? H.var.data() : nullptr, coef.data());
+      out.vectorsScored += int64_t(ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
+      if (rerank) {
+        RerankExact(qh, g, h, keys, budget, want, ranked, out);
+        reranked = true;
+      }
+      }
+    } else {
+      const size_t n = size_t(endChunk_ - firstChunk());
+      scores.resize(n);
+      if (cfg_.policy == PolicyKind::Quest) {
+        ScoreMinMaxMax(qh, g, H.reps.data(), H.maxs.data(), n, dim_, scores.data());
+        out.vectorsScored += int64_t(2 * n);
+      } else {
+        ScoreRowsMax(qh, g, H.reps.data(), n, dim_, scores.data());
+        out.vectorsScored += int64_t(n);
+      }
+      for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
+      if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0 && n > 0) {
+        // The outlier chunks rank first (score +inf), inside the budget but never more than a
+        // quarter of its chunks (the paper's 48 at its budget 2048 / chunk 8 = 256 chunks).
+        std::vector<Ranked>& worst = sc.tok;
+        worst.resize(n);
+        for (size_t t = 0; t < n; ++t) worst[t] = {-H.minCos[t], int32_t(t)};
+        const size_t m = std::min({n, size_t(cfg_.outlierChunks), size_t(budget / cfg_.chunk / 4)});
+        SelectBest(worst, m, sc.hist);
+        for (size_t i = 0; i < m; ++i) ranked[size_t(worst[i].id)].score = INFINITY;
+      }
+    }
+  fill:
+    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
+    const bool tokens = reranked && cfg_.tokenGranular;
+    if (tokens) out.chunk = 1;
+    if (tokens && pool == 0) {
+      // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
+      // ranking order needed, the ids are returned ascending).
+      const size_t take = std::min(ranked.size(), size_t(budget));
+      SelectBest(ranked, take, sc.hist);
+      // Ascending through a bit set over the tokens (cheaper than sorting the ids).
+      std::vector<uint64_t>& bits = sc.bits;
+      bits.assign(size_t(tokens_ + 63) / 64, 0);
+      for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+      for (size_t w = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      return;
+    }
+    // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
+    // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
+    size_t sorted = 0;
+    const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
+    auto rankedAt = [&](size_t i) -> const Ranked& {
+      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), sc.hist);
+      return ranked[i];
+    };
+    const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
+    bool shortSeen = tokens;
+    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
+    int64_t used = 0, poolUsed = 0;
+    const size_t selBegin = out.ids.size();
+    for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
+      const Ranked& r = rankedAt(i);
+      const int64_t len = tokens ? 1 : ChunkTokens(r.id);
+      if (!tokens && r.id == firstChunk()) shortSeen = true;
+      if (used + len <= budget) {
+        used += len;
+        out.ids.push_back(r.id);
+      }
+      if (pool > 0 && poolUsed + len <= pool) {
+        poolUsed += len;
+        out.poolIds.push_back(r.id);
+        out.poolScores.push_back(r.score);
+      }
+    }
+    std::sort(out.ids.begin() + selBegin, out.ids.end());
+  };
+  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { selectHead(int(h)); }, std::max(1, cfg_.threads));
+
+  SelectResult out;
+  out.chunk = cfg_.chunk;
+  out.offsets.push_back(0);
+  if (pool > 0) out.poolOffsets.push_back(0);
+  int64_t f16Vectors = 0;
+  for (HeadOut& p : parts) {
+    const SelectResult& r = p.r;
+    if (r.chunk == 1) out.chunk = 1;
+    out.ids.insert(out.ids.end(), r.ids.begin(), r.ids.end());
+    out.offsets.push_back(int32_t(out.ids.size()));
+    if (pool > 0) {
+      out.poolIds.insert(out.poolIds.end(), r.poolIds.begin(), r.poolIds.end());
+      out.poolScores.insert(out.poolScores.end(), r.poolScores.begin(), r.poolScores.end());
+      out.poolOffsets.push_back(int32_t(out.poolIds.size()));
+    }
+    out.vectorsScored += r.vectorsScored;
+    out.keysScored += r.keysScored;
+    out.bytesScored += r.bytesScored;
+    f16Vectors += p.f16Vectors;
+  }
+  const int64_t vecBytes = int64_t(dim_) * 4;
+  // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
+  out.bytesScored += (out.vectorsScored - f16Vectors) * vecBytes + f16Vectors * int64_t(dim_) * 2;
+  out.vectorsScored += out.keysScored;
+  return out;
+}
+
+std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
+  if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
+  std::vector<float> c(size_t(seg.k) * dim_);
+  UntransposeTilesF16(seg.tiles.data(), seg.k, dim_, c.data());
+  return c;
+}
+
+int64_t LayerIndex::Bytes() const {
+  // Sizes, not capacities: build reserves room for the context to double, and untouched pages are
+  // address space only; released chunk means are given back (ReleaseChunkMeans).
+  int64_t b = int64_t(sizeof(*this)) + int64_t(heads_data_.size() * sizeof(HeadIndex));
+  for (const HeadIndex& H : heads_data_) {
+    b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
+         H.sketch.Bytes();
+    b += int64_t(H.segments.size() * sizeof(Segment));
+    for (const Segment& s : H.segments)
+      b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+           int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+  }
+  return b;
+}
+
+}  // namespace kvd

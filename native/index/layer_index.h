@@ -1,0 +1,221 @@
+// The selection index of one layer (all its kv heads) for one policy, and the selection it answers.
+//
+// Token geometry (shared with src/index/selection.ts): chunk j = tokens [j*chunk, (j+1)*chunk).
+// Tokens [0, sinks) are always attended, so chunk representatives leave them out; chunk j is
+// indexed ("sealed") once (j+1)*chunk <= tokens - local, i.e. once it left the local window.
+// Indexed chunks are [firstChunk, endChunk) with firstChunk = floor(sinks / chunk); the tail
+// [tailStart, tokens) = the local window plus the not-yet-sealed remainder is always attended.
+//
+// Policies:
+//  - kvdrive: chunk means (c = 4) clustered by k-means per segment of `segmentTokens` tokens
+//    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
+//    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
+//    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens. Both levels add
+//    the variance term of IndexConfig::varianceWeight. Given the keys (the host's KV, read in place),
+//    level 3 re-ranks the best level-2 chunks up to rerankFactor x K tokens by their estimated share
+//    of dense attention mass, summed over the GQA group: exact q·k of their tokens, each query head
+//    normalised over the scored tokens plus sinks and tail. A chunk mean averages a single strong
+//    key away; the exact scores do not (this is what finds needles and closes most of the gap to
+//    the token oracle). When rerankFactor x K covers every candidate (the defaults on the demo
+//    workload), level 2 is skipped. Level 3 reads each key row once for the whole group; with a
+//    token-major ('thd') cache its rows are 256 B scattered 2 KiB apart, and this gather dominates
+//    the select (memory-bound; a head-major 'htd' cache reads a chunk's rows contiguously).
+//  - shadowkv, as its paper selects (minus the low-rank pre-RoPE key compression): chunk means
+//    (c = 8) as landmarks, every landmark scored, best chunks up to K tokens; plus its static
+//    outlier chunks (outlierChunks, 48 in the paper's configuration), those whose keys have the
+//    lowest cosine similarity to their landmark, selected first within the K tokens (at most a
+//    quarter of them, so small budgets keep landmark-ranked chunks).
+//  - quest: pages (c = 16) with per-channel min / max, upper-bound score, best pages up to K.
+// Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
+// so selections are deterministic.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "index/index.h"
+#include "index/key_sketch.h"
+
+namespace kvd {
+
+enum class PolicyKind : int { Kvdrive = 0, Quest = 1, ShadowKV = 2 };
+
+struct IndexConfig {
+  PolicyKind policy = PolicyKind::Kvdrive;
+  int chunk = 4;
+  int tokensPerCluster = 16;
+  int64_t segmentTokens = 4096;  // multiple of chunk
+  int sinks = 4;
+  int local = 64;
+  int kmeansIters = 8;
+  // k-means++ draws per centre for segment clustering. Greedy seeding with 2 + ln k draws (what the
+  // kmeans() binding uses) costs ~7 Lloyd iterations at k = 256; 2 draws keep the build linear and
+  // cheap while avoiding most of plain k-means++'s bad seeds.
+  int kmeansTrials = 2;
+  uint64_t seed = 0;
+  double candidateFactor = 6.0;
+  // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
+  // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
+  // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
+  // It lifts chunks and clusters whose few strong keys the mean averages away. w = 1 is the Gaussian
+  // estimate; keys aligned with q are heavier-tailed than that, and 3 (src/index/options.ts default)
+  // met the recall target on the synthetic needle cases.
+  double varianceWeight = 3.0;
+  // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
+  // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
+  // 0 disables the re-rank. When it covers every level-2 candidate, level 2 is skipped.
+  double rerankFactor = 8.0;
+  // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
+  // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
+  // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).
+  double radiusWeight = 0.1;
+  // kvdrive: share of each segment's chunks, those with the highest key variance, that join the
+  // level-2 candidates whatever their cluster scores (0: none).
+  double outlierFraction = 0.03;
+  // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
+  // the best tokens of the re-ranked chunks first.
+  bool tokenGranular = true;
+  // kvdrive: keep a key sketch per kv head (key_sketch.h: int8, dim + 4 bytes per token, or 4-bit,
+  // ceil(dim / 2) + 4), built at Build / Extend, so the level-3 re-rank runs when Select is given
+  // no keys.
+  bool keySketch = false;
+  int sketchBits = 8;  // 8 or 4
+  // kvdrive: once a segment is full and clustered, drop its chunk means and per-chunk variances
+  // (dim x 4 + 4 bytes per chunk and kv head, the bulk of the index without a sketch): only the
+  // open segment keeps them (online adds, its k-means when it fills). Level 2 then cannot run, so
+  // level 3 re-ranks every candidate (RerankChunks is unbounded); this needs keySketch (keyless
+  // selects) and rerankFactor > 0, checked at construction.
+  bool releaseChunkMeans = false;
+  // kvdrive: re-rank with the sketch even when Select is given the keys (contiguous, half the
+  // bytes of f16 keys; scores approximate).
+  bool preferSketch = false;
+  // shadowkv: static outlier chunks selected first (the paper's configuration: 48).
+  int outlierChunks = 48;
+  int threads = 2;  // build and select split kv heads over this many pool workers
+};
+
+// The clusters of one segment of one kv head. Member lists hold absolute chunk ids.
+struct Segment {
+  int64_t c0 = 0, c1 = 0;  // chunks held now, [c0, c1)
+  int64_t cEnd = 0;        // where the segment ends once full
+  bool clusteredFull = false;  // k-means ran over the whole, full segment
+  int k = 0;
+  std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
+  std::vector<uint16_t> tiles;    // the centroids as f16 tiles (TileFloats(k, dim) values), what select
+                                  // scores: half the bytes of f32, widened exactly in the kernel
+  std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
+                                  // released once the segment is full
+  std::vector<int32_t> counts;    // k
+  std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
+  std::vector<int32_t> offsets;   // k + 1 CSR offsets
+  std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
+  std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
+                                  // released once the segment is full
+  std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
+  std::vector<int32_t> outliers;  // chunk ids with the highest key variance (outlierFraction), ascending
+  std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
+                                  // (max over member chunks of |mean - centroid| + chunk spread);
+                                  // for an open segment, measured against the centroid at insertion
+  double inertia = 0;             // of the last k-means run
+};
+
+struct HeadIndex {
+  // reps / var / maxs / minCos hold chunks [repsFirst, endChunk): repsFirst = firstChunk, except for
+  // kvdrive with releaseChunkMeans, where it is the first chunk of the open segment.
+  int64_t repsFirst = 0;
+  std::vector<float> reps;  // (endChunk - repsFirst) x dim: chunk means, or page minima for quest
+  std::vector<float> maxs;  // quest page maxima, same shape
+  std::vector<float> var;   // kvdrive: per-chunk key variance (see IndexConfig::varianceWeight)
+  std::vector<float> minCos;  // shadowkv: per chunk, the lowest cosine similarity of a key to the chunk mean
+  std::vector<Segment> segments;  // kvdrive only, ascending
+  KeySketch sketch;               // kvdrive with keySketch: every token [0, tokens) of the head
+};
+
+// One ranked chunk of a select: higher score first, then lower chunk id.
+struct Ranked {
+  float score;
+  int32_t id;
+};
+
+struct SelectResult {
+  int chunk = 0;                                  // tokens per id: cfg.chunk, or 1 (token-granular re-rank)
+  std::vector<int32_t> offsets, ids;              // per head, ascending ids
+  std::vector<int32_t> poolOffsets, poolIds;      // per head, best first (when pool > 0)
+  std::vector<float> poolScores;
+  int64_t vectorsScored = 0;  // index vectors + key rows
+  int64_t keysScored = 0;     // key rows read by the level-3 re-rank
+  int64_t bytesScored = 0;
+};
+
+class LayerIndex {
+ public:
+  explicit LayerIndex(const IndexConfig& cfg) : cfg_(cfg) {}
+
+  // Indexes tokens [0, tokens) of kv from scratch (replaces any previous state). Thread-safe with
+  // respect to other LayerIndex objects; runs kv heads on cfg.threads threads.
+  void Build(const KvView& kv, int64_t tokens);
+  // Seals the chunks that left the local window since the last Build/Extend (tokens must not shrink).
+  // kv holds tokens [first, first + kv.tokens) (first = 0: the whole context); only the newly sealed
+  // chunks' rows are read, so a caller that offloads older tokens passes just its in-memory tail
+  // (first <= the first token of the first chunk not sealed yet).
+  void Extend(const KvView& kv, int64_t tokens, int64_t first = 0);
+  // Selection for one decode position: q is qHeads x dim (qHeads a multiple of heads), budget K >= 1
+  // tokens per kv head, pool M >= K tokens (0: no pool).
+  // keys (optional): the layer's keys holding at least tokens() tokens, same heads and dim as at
+  // build, for kvdrive's exact level-3 re-rank.
+  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr) const;
+
+  const IndexConfig& config() const { return cfg_; }
+  bool built() const { return built_; }
+  int heads() const { return heads_; }
+  int dim() const { return dim_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t sinkEnd() const { return tokens_ < cfg_.sinks ? tokens_ : cfg_.sinks; }
+  int64_t tailStart() const;
+  int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
+  int64_t endChunk() const { return endChunk_; }
+  const HeadIndex& head(int h) const { return heads_data_[h]; }
+  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  std::vector<float> SegmentCentroids(const Segment& seg) const;
+  // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch and
+  // the containers themselves.
+  int64_t Bytes() const;
+
+ private:
+  int64_t SealedEnd(int64_t tokens) const;  // endChunk for a context of `tokens`
+  int64_t ChunkTokens(int64_t j) const;     // tokens of chunk j that are not sinks
+  void ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, int64_t first = 0);
+  // Row of chunk j in head h's reps (j >= repsFirst) and its variance.
+  const float* Rep(const HeadIndex& H, int64_t j) const { return H.reps.data() + size_t(j - H.repsFirst) * dim_; }
+  float ChunkVar(const HeadIndex& H, int64_t j) const { return H.var[size_t(j - H.repsFirst)]; }
+  // releaseChunkMeans: drops head h's chunk means and variances of chunks before `upTo` (a full,
+  // clustered segment's end).
+  void ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const;
+  void ClusterSegment(int h, Segment& seg) const;
+  void AddChunkOnline(int h, Segment& seg, int64_t j) const;
+  void ReserveOpen(Segment& seg) const;  // capacity for an open segment to fill without reallocating
+  void ClusterVariance(int h, Segment& seg, int c) const;
+  void PickOutliers(int h, Segment& seg) const;
+  float MemberRadius(int h, int64_t j, const float* c) const;
+  void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
+  void ForEachHead(const std::function<void(int)>& fn) const;
+  // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
+  size_t RerankChunks(int64_t budget) const;
+  // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
+  // want: max(budget, pool) tokens the caller will fill.
+  // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
+  void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
+                   std::vector<Ranked>& ranked, SelectResult& out) const;
+  // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
+  // is short, see Extend).
+  void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
+
+  IndexConfig cfg_;
+  bool built_ = false;
+  int heads_ = 0, dim_ = 0;
+  int64_t tokens_ = 0;
+  int64_t endChunk_ = 0;
+  std::vector<HeadIndex> heads_data_;
+};
+
+}  // namespace kvd
