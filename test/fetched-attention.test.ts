@@ -9,6 +9,7 @@ import type { Selection } from '../src/index/selection.js';
 import { native } from '../src/native.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { attendSparse } from '../src/attention/kernels.js';
+import { cpuFeatures, setSimdLevel } from '../src/index.js';
 import type { KvTensor } from '../src/types.js';
 import { randn } from './helpers.js';
 
@@ -124,12 +125,20 @@ describe('attendFetched', () => {
     const tail = { k: { ...k, tokens: TT - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: TT - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
     const q = randn(qHeads * D, 23);
     const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: pOff, fetchedIds: pIds };
-    const want = attendSparse({ q, qHeads, k, v, selection: sel });
-    for (const threads of [1, 2, 3, 8]) {
-      const got = attendFetched({ ...o, threads });
-      expect(bits(got.out)).toBe(bits(want.out));
-      expect(bits(got.lse)).toBe(bits(want.lse));
-      expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
+    // At every SIMD level the machine offers (scalar fallback included), against attendSparse at that level.
+    try {
+      for (const level of cpuFeatures().levels) {
+        expect(setSimdLevel(level)).toBe(level);
+        const want = attendSparse({ q, qHeads, k, v, selection: sel });
+        for (const threads of [1, 2, 3, 8]) {
+          const got = attendFetched({ ...o, threads });
+          expect(bits(got.out)).toBe(bits(want.out));
+          expect(bits(got.lse)).toBe(bits(want.lse));
+          expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
+        }
+      }
+    } finally {
+      setSimdLevel('best');
     }
     expect(() => attendFetched({ ...o, threads: 9 })).toThrow(/threads: expected an integer in \[1, 8\]/);
     // A NaN key in a page of head 1, token 19000 (in its second part): named by kv head, token and tier.
