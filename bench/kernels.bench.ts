@@ -5,18 +5,21 @@
  *   - sparse attention at budget 2048 (1.56% of 128K) plus 4 sinks and a 64-token tail: over a
  *     compact per-head arena (the hot tier's layout; 8.7 MB, cache-resident), scattered over the
  *     128K cache with the same selection every call (cache-resident, but every chunk on another
- *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM);
+ *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM); and the
+ *     runtime's attendFetched over the same tokens as page-first pages in a DRAM-tier arena;
  *   - centroid scoring as kvdrive's select runs it (f16 tiles, 8192 clusters x 8 kv heads, one thread).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
  * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's.
  *
  * Run: `npm run build && npm run bench:kernels` (node dist/bench/kernels.bench.js). Options via env:
- * KVD_BENCH_TIME_MS (per task, default 1500), KVD_BENCH_LEVEL (SIMD level, default best).
+ * KVD_BENCH_TIME_MS (per task, default 1500), KVD_BENCH_LEVEL (SIMD level, default best), KVD_BENCH_ONLY
+ * (a regular expression: only the tasks it matches).
  */
 import { cpus, loadavg } from 'node:os';
 import { Bench } from 'tinybench';
 import { attendDense, attendSparse, memoryRead } from '../src/attention/kernels.js';
+import { attendFetched } from '../src/storage/fetched-attention.js';
 import { cpuFeatures, setSimdLevel, type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
 import type { KvTensor } from '../src/types.js';
@@ -115,7 +118,10 @@ async function main(): Promise<void> {
   // Each call also accumulates process CPU time: on a shared, oversubscribed machine wall time
   // includes time the process was not running, CPU time does not.
   const cpu = new Map<string, { us: number; calls: number }>();
+  // KVD_BENCH_ONLY (a regular expression): only the tasks whose name matches (name their baselines too).
+  const only = process.env.KVD_BENCH_ONLY ? new RegExp(process.env.KVD_BENCH_ONLY) : undefined;
   const add = (row: Row, fn: () => unknown): void => {
+    if (only && !only.test(row.name)) return;
     rows.set(row.name, row);
     const acc = { us: 0, calls: 0 };
     cpu.set(row.name, acc);
@@ -229,6 +235,70 @@ async function main(): Promise<void> {
     );
   }
 
+  // The runtime's attention (attendFetched, src/pipeline/step.ts): the same 2048 single tokens per
+  // head read where the DRAM tier keeps them: page-first pages of 16-token chunks (K rows, then V
+  // rows, of one kv head) at shuffled slots of one 512 MiB arena (every chunk of the 128K context
+  // resident), sinks and the 64-token tail from their own token-major tensors. Only the pages
+  // holding a selected token are named, as the step names them. Baselines as above: the same
+  // selection every call (hot) and 16 selections in turn (cold).
+  {
+    const PAGE = 16;
+    const pageBytes = 2 * PAGE * ROW_BYTES;
+    const chunks = MAX_TOKENS / PAGE;
+    const arenaBytes = new Uint8Array(KV_HEADS * chunks * pageBytes);
+    fillF16(new Uint16Array(arenaBytes.buffer), 9);
+    // slot of (head, chunk): a fixed random permutation, as admissions over time leave them.
+    const slots = Int32Array.from({ length: KV_HEADS * chunks }, (_, i) => i);
+    const ns = xorshift(17);
+    for (let i = slots.length - 1; i > 0; i--) {
+      const j = ns() % (i + 1);
+      [slots[i], slots[j]] = [slots[j]!, slots[i]!];
+    }
+    const tok = (sel: Selection): Selection => {
+      const ids = new Int32Array(BUDGET * KV_HEADS);
+      const offsets = new Int32Array(KV_HEADS + 1);
+      let at = 0;
+      for (let h = 0; h < KV_HEADS; h++) {
+        for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) for (let t = sel.chunkIds[i]! * CHUNK; t < (sel.chunkIds[i]! + 1) * CHUNK; t++) ids[at++] = t;
+        offsets[h + 1] = at;
+      }
+      return { ...sel, chunkSize: 1, offsets, chunkIds: ids };
+    };
+    const tailBase = MAX_TOKENS - LOCAL; // a multiple of PAGE: pages cover [0, tailBase)
+    const rowsOf = (data: Uint16Array, from: number, n: number): KvTensor => ({ data: data.subarray(from * KV_HEADS * DIM, (from + n) * KV_HEADS * DIM), dtype: 'f16', tokens: n, heads: KV_HEADS, dim: DIM });
+    const sink = { k: rowsOf(kData, 0, SINKS), v: rowsOf(vData, 0, SINKS) };
+    const tail = { k: rowsOf(kData, tailBase, LOCAL), v: rowsOf(vData, tailBase, LOCAL) };
+    const fetchedArgs = (chunkSel: Selection) => {
+      const selection = tok(chunkSel);
+      const fetchedOffsets = new Int32Array(KV_HEADS + 1);
+      const ids: number[] = [];
+      for (let h = 0; h < KV_HEADS; h++) {
+        let last = -1;
+        for (let i = selection.offsets[h]!; i < selection.offsets[h + 1]!; i++) {
+          const c = Math.floor(selection.chunkIds[i]! / PAGE);
+          if (c !== last) ids.push((last = c));
+        }
+        fetchedOffsets[h + 1] = ids.length;
+      }
+      const fetchedAt = new Float64Array(ids.length);
+      for (let h = 0; h < KV_HEADS; h++) for (let i = fetchedOffsets[h]!; i < fetchedOffsets[h + 1]!; i++) fetchedAt[i] = slots[h * chunks + ids[i]!]! * pageBytes;
+      return { q, qHeads: Q_HEADS, sink, tail, tailBase, selection, pageChunkSize: PAGE, fetched: arenaBytes, fetchedOffsets, fetchedIds: Int32Array.from(ids), fetchedAt };
+    };
+    const hotArgs = fetchedArgs(hotSel);
+    const coldArgs = coldSels.map(fetchedArgs);
+    let coldF = 0;
+    for (const threads of [1, 2]) {
+      add(
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, hot (${threads}T)` },
+        () => attendFetched({ ...hotArgs, threads }),
+      );
+      add(
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        () => attendFetched({ ...coldArgs[coldF++ % 16]!, threads }),
+      );
+    }
+  }
+
   // Centroid scoring as kvdrive's select runs it: f16 tiles (the layout the index keeps), one
   // distinct 2 MiB tile array per kv head (16 MiB per layer-step at 128K, ~16 tokens per cluster:
   // streamed from DRAM, not re-read from cache), one call per kv head scoring its GQA group in one
@@ -279,8 +349,8 @@ async function main(): Promise<void> {
     const gbs = row.bytes / (row.minMs! * 1e6);
     const gflops = row.flops ? fmt(row.flops / (row.minMs! * 1e6)) : '';
     let vs = '';
-    if (row.baseline) {
-      const b = rows.get(row.baseline)!;
+    const b = row.baseline ? rows.get(row.baseline) : undefined;
+    if (b) {
       const bgbs = b.bytes / (b.minMs! * 1e6);
       vs = `${fmt(gbs / bgbs, 2)} (baseline ${fmt(bgbs)} GB/s, ${fmt(b.minMs!, 3)} ms)`;
     }

@@ -9,6 +9,7 @@ import type { Selection } from '../src/index/selection.js';
 import { native } from '../src/native.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { attendSparse } from '../src/attention/kernels.js';
+import { cpuFeatures, setSimdLevel } from '../src/index.js';
 import type { KvTensor } from '../src/types.js';
 import { randn } from './helpers.js';
 
@@ -89,6 +90,65 @@ describe('attendFetched', () => {
     expect(() => attendFetched({ ...o, fetchedIn: Uint8Array.from(inBuf, (b, i) => (i === 1 ? 2 : b)) })).toThrow(/fetchedIn\[1\]: expected a buffer index in \[0, 2\)/);
     expect(() => attendFetched({ q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: bufs[0]! })).toThrow(/fetchedOffsets: expected the page lists/);
     expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
+  });
+
+  it('on the thread pool: bit-identical at every thread count and to attendSparse, past one KV-length part per head; a NaN row is named in any part', () => {
+    // 2 kv heads x ~9000 selected tokens: more than kPartTokens (8192) per head, so each head is cut
+    // into KV-length parts attended on different workers and merged by log-sum-exp.
+    const TT = 20000;
+    const cs = 4;
+    const k: KvTensor = { data: randn(TT * kvHeads * D, 21), dtype: 'f32', tokens: TT, heads: kvHeads, dim: D };
+    const v: KvTensor = { ...k, data: randn(TT * kvHeads * D, 22) };
+    const sinkEnd = 4;
+    const tailBase = 19968;
+    const tailStart = 19984;
+    const offsets = new Int32Array(kvHeads + 1);
+    const ids: number[] = [];
+    for (let h = 0; h < kvHeads; h++) {
+      for (let t = sinkEnd; t < tailStart; t++) if ((t * 7 + h * 3) % 9 < 4) ids.push(t);
+      offsets[h + 1] = ids.length;
+    }
+    expect(offsets[1]!).toBeGreaterThan(8192);
+    const sel: Selection = { chunkSize: 1, tokens: TT, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(ids) };
+    // Every sealed chunk of each head as a page, packed in (head, chunk) order in one buffer.
+    const sealed = tailBase / cs;
+    const pb = 2 * cs * D * 4;
+    const buf = new Uint8Array(kvHeads * sealed * pb);
+    const pOff = Int32Array.of(0, sealed, 2 * sealed);
+    const pIds = new Int32Array(kvHeads * sealed);
+    for (let h = 0; h < kvHeads; h++)
+      for (let c = 0; c < sealed; c++) {
+        buf.set(page(k, v, h, c, cs), (h * sealed + c) * pb);
+        pIds[h * sealed + c] = c;
+      }
+    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+    const tail = { k: { ...k, tokens: TT - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: TT - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+    const q = randn(qHeads * D, 23);
+    const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: pOff, fetchedIds: pIds };
+    // At every SIMD level the machine offers (scalar fallback included), against attendSparse at that level.
+    try {
+      for (const level of cpuFeatures().levels) {
+        expect(setSimdLevel(level)).toBe(level);
+        const want = attendSparse({ q, qHeads, k, v, selection: sel });
+        for (const threads of [1, 2, 3, 8]) {
+          const got = attendFetched({ ...o, threads });
+          expect(bits(got.out)).toBe(bits(want.out));
+          expect(bits(got.lse)).toBe(bits(want.lse));
+          expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
+        }
+      }
+    } finally {
+      setSimdLevel('best');
+    }
+    expect(() => attendFetched({ ...o, threads: 9 })).toThrow(/threads: expected an integer in \[1, 8\]/);
+    // A NaN key in a page of head 1, token 19000 (in its second part): named by kv head, token and tier.
+    const bad = buf.slice();
+    const f = new Float32Array(bad.buffer);
+    f[((1 * sealed + Math.floor(19000 / cs)) * pb + (19000 % cs) * D * 4) / 4] = NaN;
+    const badIds = ids.slice(offsets[1]!);
+    expect(badIds).toContain(19000);
+    for (const threads of [1, 2])
+      expect(() => attendFetched({ ...o, fetched: bad, threads })).toThrow(/k: kv head 1, token 19000 \(fetched chunk\): NaN\/Inf in the key row/);
   });
 
   it('rejects a staged buffer or selection that does not match the tensors', () => {

@@ -22,6 +22,7 @@
 #include "common/args.h"
 #include "common/async_work.h"
 #include "attention/attention.h"
+#include "attention/attention_split.h"
 #include "common/errors.h"
 #include "cache/hot_tier.h"
 #include "storage/page_spans.h"
@@ -32,6 +33,8 @@ namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
 constexpr size_t kMaxPageBuffers = 16;
+// Most workers one call may use (the `threads` option), as attendSparse's.
+constexpr int kMaxThreads = 8;
 
 struct FetchedJob {
   std::string what;
@@ -39,6 +42,7 @@ struct FetchedJob {
   int qHeads = 0, kvHeads = 0, group = 0, dim = 0;
   Dtype dtype = Dtype::F32;
   float scale = 1.f;
+  int threads = 1;  // workers of the thread pool (AttendSplit: split by kv head and KV length)
   KvView sinkK, sinkV;  // tokens [0, sink.tokens), sink.tokens >= sinkEnd
   KvView tailK, tailV;  // tokens [tailBase, tailBase + tail.tokens)
   int64_t tailBase = 0;
@@ -72,7 +76,6 @@ void Run(const FetchedJob& job) {
   const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
-  hot::PagedChunks pages{job.fetchedOffsets, job.fetchedIds, job.pagePtrs.data()};
   std::vector<std::vector<Span>> spans(size_t(job.kvHeads));
   std::vector<std::vector<Where>> where(size_t(job.kvHeads));
   std::vector<std::vector<float>> mass(size_t(job.kvHeads));
@@ -81,6 +84,13 @@ void Run(const FetchedJob& job) {
   for (int h = 0; h < job.kvHeads; ++h) {
     auto& s = spans[size_t(h)];
     auto& w = where[size_t(h)];
+    const size_t nSpans = size_t(job.offsets[h + 1] - job.offsets[h]) + 2;
+    s.reserve(nSpans);
+    w.reserve(nSpans);
+    // Units ascend, so the pages holding them do too: one cursor over this head's ascending page
+    // ids finds each unit's page (hot-tier residents are simply not among them).
+    const int32_t* pageAt = job.fetchedIds + job.fetchedOffsets[h];
+    const int32_t* const pageEnd = job.fetchedIds + job.fetchedOffsets[h + 1];
     if (job.sinkEnd > 0) {
       s.push_back(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride});
       w.push_back(Where{0, 0});
@@ -116,7 +126,8 @@ void Run(const FetchedJob& job) {
           continue;
         }
       }
-      const uint8_t* page = pages.Page(h, c);
+      while (pageAt != pageEnd && *pageAt < c) ++pageAt;
+      const uint8_t* page = pageAt != pageEnd && *pageAt == c ? job.pagePtrs[size_t(pageAt - job.fetchedIds)] : nullptr;
       if (!page)
         Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
                              " is selected but neither fetched nor resident in the hot tier (chunks of " + std::to_string(pc) +
@@ -134,9 +145,10 @@ void Run(const FetchedJob& job) {
     heads[size_t(h)] = HeadAttn{job.q + size_t(h) * headOut, s.data(), s.size(), job.out + size_t(h) * headOut,
                                 job.lse + size_t(h) * size_t(job.group), mass[size_t(h)].data()};
   }
-  AttnScratch scratch;
   try {
-    AttendHeadsSpans(heads.data(), heads.size(), job.group, job.dim, job.dtype, job.scale, scratch);
+    // Heads of at most kPartTokens attended tokens are one part each: bit-identical to
+    // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way).
+    AttendSplit(heads.data(), heads.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
   } catch (const NonFiniteRowError& e) {
     const Where& w = where[e.head][e.span];
     static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot"};
@@ -285,6 +297,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   keep.push_back(q.object);
   job.scale = GetScaleArg(o, job.dim, what);
   job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
+  job.threads = int(GetIntOr(o, "threads", what, 1, kMaxThreads, 1));
 
   SelectionRules rules;
   rules.kvHeads = job.kvHeads;

@@ -17,6 +17,7 @@
  * function (pipelined: micro-batches of different sequences overlap, I/O and attention off the JS
  * thread), so their outputs are bit-identical.
  */
+import { availableParallelism } from 'node:os';
 import { KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
@@ -43,6 +44,13 @@ export interface EntryStepStats {
   computeMs: number;
 }
 
+/**
+ * Workers of the addon's pool one entry's attention may use: every core this process may run on
+ * (at most attendFetched's 8). The output does not depend on it (bit-identical at any count); in the
+ * pipelined mode concurrent entries share the pool, each caller working on its own entry too.
+ */
+const ATTEND_THREADS = Math.min(8, availableParallelism());
+
 /** Widens a token-granular selection to the store's chunks (the tiers hold whole chunks). */
 function toChunks(sel: Selection, chunkSize: number, heads: number): Selection {
   if (sel.chunkSize === chunkSize) return sel;
@@ -50,16 +58,18 @@ function toChunks(sel: Selection, chunkSize: number, heads: number): Selection {
     throw new KvdriveError('E_INTERNAL', `step: expected a selection chunk size dividing ${chunkSize}, got ${sel.chunkSize}`);
   const f = chunkSize / sel.chunkSize;
   const offsets = new Int32Array(heads + 1);
-  const ids: number[] = [];
+  // At most one chunk per selected unit: filled in place, then trimmed (a view, no copy).
+  const ids = new Int32Array(sel.chunkIds.length);
+  let n = 0;
   for (let h = 0; h < heads; h++) {
     let last = -1;
     for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) {
       const c = Math.floor(sel.chunkIds[i]! / f);
-      if (c !== last && c * chunkSize < sel.tailStart) ids.push((last = c));
+      if (c !== last && c * chunkSize < sel.tailStart) ids[n++] = last = c;
     }
-    offsets[h + 1] = ids.length;
+    offsets[h + 1] = n;
   }
-  return { chunkSize, tokens: sel.tokens, sinkEnd: sel.sinkEnd, tailStart: sel.tailStart, offsets, chunkIds: Int32Array.from(ids) };
+  return { chunkSize, tokens: sel.tokens, sinkEnd: sel.sinkEnd, tailStart: sel.tailStart, offsets, chunkIds: ids.subarray(0, n) };
 }
 
 /**
@@ -107,35 +117,46 @@ export async function attendEntry(
   const t1 = performance.now();
 
   // Per kv head the selected chunks that are sealed and not resident in the hot tier: fetched
-  // through the tiers (ascending per head). Chunks still in the tail are read there in place.
+  // through the tiers (ascending per head). Chunks still in the tail are read there in place. One
+  // pass over the chunk selection into preallocated typed arrays (no per-chunk allocation).
   const sealedChunks = lk.sealed / cs;
+  const nSel = sel.chunkIds.length;
   const tierOff = new Int32Array(H + 1);
-  const tierIds: number[] = [];
-  const tierSel: number[] = []; // chunk-selection entry of each tier entry
+  const tierIdsAll = new Int32Array(nSel);
+  const tierSelAll = mem.ssd ? new Int32Array(nSel) : undefined; // chunk-selection entry of each tier entry
+  let nTier = 0;
   let hotChunks = 0;
   let tailChunks = 0;
   for (let h = 0; h < H; h++) {
     const res = hot ? hot.residents(layer, h, seq) : undefined;
-    let r = 0;
-    for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) {
-      const c = sel.chunkIds[i]!;
-      if (res) {
+    const end = sel.offsets[h + 1]!;
+    let i = sel.offsets[h]!;
+    if (res && res.length) {
+      let r = 0;
+      for (; i < end; i++) {
+        const c = sel.chunkIds[i]!;
         while (r < res.length && res[r]! < c) r++;
-        if (r < res.length && res[r] === c) {
-          hotChunks++;
-          continue;
+        if (r < res.length && res[r] === c) hotChunks++;
+        else if (c >= sealedChunks) tailChunks++;
+        else {
+          if (tierSelAll) tierSelAll[nTier] = i;
+          tierIdsAll[nTier++] = c;
         }
       }
-      if (c >= sealedChunks) {
-        tailChunks++;
-        continue;
+    } else {
+      for (; i < end; i++) {
+        const c = sel.chunkIds[i]!;
+        if (c >= sealedChunks) tailChunks++;
+        else {
+          if (tierSelAll) tierSelAll[nTier] = i;
+          tierIdsAll[nTier++] = c;
+        }
       }
-      tierIds.push(c);
-      tierSel.push(i);
     }
-    tierOff[h + 1] = tierIds.length;
+    tierOff[h + 1] = nTier;
   }
-  const tierReq = { layer: 0, offsets: tierOff, chunkIds: Int32Array.from(tierIds), chunkSize: cs };
+  const tierIds = tierIdsAll.subarray(0, nTier);
+  const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
   const stats: EntryStepStats = {
     chunks: sel.chunkIds.length,
     hotChunks,
@@ -199,6 +220,7 @@ export async function attendEntry(
       fetchedAt: pages.at,
       fetchedIn: pages.source,
       ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+      threads: ATTEND_THREADS,
     };
     const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
     const t3 = performance.now();
@@ -206,7 +228,7 @@ export async function attendEntry(
     // beats the least important resident (resident ones get their score refreshed).
     if (placement && mem.ssd) {
       const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-      const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
+      const scores = Float32Array.from(tierSelAll!.subarray(0, nTier), (i) => chunkMass[i]!);
       stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
     }
     stats.fetchMs = t2 - t1;

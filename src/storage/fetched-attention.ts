@@ -53,6 +53,12 @@ export interface AttendFetchedOptions {
   hot?: { handle: number; sequence?: number; layer: number };
   /** Softmax scale, default 1/sqrt(dim). */
   scale?: number;
+  /**
+   * Workers of the addon's thread pool, 1 to 8 (default 1): kv heads (and, past 8192 attended tokens
+   * per head, KV-length parts merged by log-sum-exp) are spread over them. Outputs are bit-identical
+   * at every thread count.
+   */
+  threads?: number;
 }
 
 /** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */

@@ -289,13 +289,16 @@ export class TieredKv {
     const mine = [...this.prefetches.values()].filter((p) => p.layer === layer && (p.state === 'reading' || p.state === 'ready'));
     const stagedIdx = mine.map(() => [] as number[]);
     const st = TieredKv.zeroStats();
-    const dramSlots: number[] = [];
-    const dramDest: number[] = [];
+    // DRAM hits: slot and byte offset of the entry in dest (entry order), typed arrays filled in
+    // one pass (this runs per chunk of every decode step).
+    const dramSlotsAll = new Int32Array(n);
+    const dramDestAll = new Float64Array(n);
+    let nDram = 0;
     const missIdx: number[] = [];
     const placement: FetchPlacement | undefined = inPlace
       ? { source: new Uint8Array(n), at: new Float64Array(n), arena: this.dram ? this.dram.arena : new Uint8Array(0), inDest: 0, release: () => undefined }
       : undefined;
-    let pinned: number[] | undefined;
+    let pinned: Int32Array | undefined;
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
     const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
@@ -320,8 +323,8 @@ export class TieredKv {
           if (staged) continue;
           const slot = this.dramSlot(layer, h, g);
           if (slot >= 0) {
-            dramSlots.push(slot);
-            dramDest.push(i * cb);
+            dramSlotsAll[nDram] = slot;
+            dramDestAll[nDram++] = i * cb;
             if (placement) {
               placement.source[i] = 1;
               placement.at[i] = slot * cb;
@@ -332,6 +335,8 @@ export class TieredKv {
           missIdx.push(i);
         }
       }
+      const dramSlots = dramSlotsAll.subarray(0, nDram);
+      const dramDest = dramDestAll.subarray(0, nDram);
       if (placement) {
         // Entries not left in the arena are packed into dest in entry order.
         let k = 0;
@@ -347,7 +352,7 @@ export class TieredKv {
       const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (dramSlots.length) {
-        if (!placement) this.dram!.copyOut(Int32Array.from(dramSlots), dest, Float64Array.from(dramDest));
+        if (!placement) this.dram!.copyOut(dramSlots, dest, dramDest);
         st.dramChunks = dramSlots.length;
         if (req.scores) {
           // Decode attention mass refreshes the importance of resident chunks.
