@@ -636,10 +636,12 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
   std::vector<int64_t>& toksAt = sc.toksAt;
   std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
-  toksAt.clear();
-  rowsAt.clear();
-  size_t at = 0;
   const int64_t chunk = cfg_.chunk;
+  // Sized once for the most tokens (n whole chunks, sinks, tail) and written by index.
+  const size_t most = n * size_t(chunk) + size_t(sinkEnd()) + size_t(tokens_ - tailStart());
+  toksAt.resize(most);
+  rowsAt.resize(useKeys ? 0 : most);
+  size_t at = 0, m = 0;
   // ChunkOfSlot for ascending slots: the segment is found by walking forwards.
   size_t segAt = 0;
   auto chunkOf = [&](int64_t slot) -> int64_t {
@@ -653,12 +655,12 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
       const int64_t slot = int64_t(w * 64) + __builtin_ctzll(b);
       const int64_t j = chunkOf(slot);
       ranked[at++].id = int32_t(j);  // ranked[0, n) now chunk ids in slot order (scores rewritten below)
-      for (int64_t t = std::max<int64_t>(j * chunk, cfg_.sinks); t < (j + 1) * chunk; ++t) {
-        toksAt.push_back(t);
-        if (!useKeys) rowsAt.push_back(slot * chunk + (t - j * chunk));
+      for (int64_t t = std::max<int64_t>(j * chunk, cfg_.sinks); t < (j + 1) * chunk; ++t, ++m) {
+        toksAt[m] = t;
+        if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
       }
     }
-  const size_t nRe = toksAt.size();
+  const size_t nRe = m;
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
   const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
@@ -670,11 +672,11 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   }
 
   // The always attended sinks and tail only feed the normalisers.
-  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
-  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
-  const size_t nAll = toksAt.size();
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt[m++] = t;
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt[m++] = t;
+  const size_t nAll = m;
   if (!useKeys)
-    for (size_t i = nRe; i < nAll; ++i) rowsAt.push_back(SketchRow(h, toksAt[i]));
+    for (size_t i = nRe; i < nAll; ++i) rowsAt[i] = SketchRow(h, toksAt[i]);
   // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
   const size_t ld = (nAll + 15) / 16 * 16;
   std::vector<float>& logits = sc.logits;
@@ -834,9 +836,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         for (const Segment& seg : H.segments)
           for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
       // ids: the candidate slots, ascending (level 3 reads their sketch rows forwards).
-      ids.clear();
-      for (size_t w = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      size_t nIds = 0;
+      for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
+      ids.resize(nIds);
+      for (size_t w = 0, at = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
       const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
       const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
