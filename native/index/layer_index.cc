@@ -134,7 +134,6 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   }
 }
 
-
 }  // namespace
 
 // Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
