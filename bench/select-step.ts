@@ -1,9 +1,12 @@
 /**
  * Focused decode-step driver for kvdrive's select + sparse attention on the `kvdrive demo` workload
  * (Llama-3-8B-shaped synthetic trace: 32/8 heads, dim 128, f16 KV, planted needles): builds one
- * layer's index once, then per decode step extends it and times select (with the keys) and sparse
- * attention `REPS` times (wall min / median and process CPU per call), beside recall / oracle. For
- * profiling (`perf record -g node dist/bench/select-step.js ...`) and A/B of option sets in one run.
+ * layer's index once, then per decode step extends it and times select and sparse attention `REPS`
+ * times (wall min / median and process CPU per call), beside recall / oracle. For profiling
+ * (`perf record -g node dist/bench/select-step.js ...`) and A/B of option sets in one run.
+ * Each option set is what the runtime uses by default: passed through `offloadedPolicyOptions` and
+ * selected without the keys (the offloaded re-rank on the key sketch); `"keyed": true` in a set
+ * passes the options as given and selects with the keys (the host's in-place KV).
  *
  *   npm run build:ts && node dist/bench/select-step.js [context=131072] [budget=2048] [steps=4] [seed=3] \
  *     [reps=10] ['[{}, {"candidateFactor":4}]']
@@ -14,7 +17,7 @@ import { prefixView, traceNeedles } from '../src/eval/replay.js';
 import { attendedMask, massRecall, oracleMask } from '../src/eval/metrics.js';
 import { attendSparse, attentionWeights } from '../src/attention/kernels.js';
 import { createPolicy } from '../src/index/policy.js';
-import type { PolicyOptions } from '../src/index/options.js';
+import { offloadedPolicyOptions, type PolicyOptions } from '../src/index/options.js';
 import type { PolicyName } from '../src/index/selection.js';
 import os from 'node:os';
 
@@ -23,7 +26,7 @@ const BUDGET = Number(process.argv[3] ?? 2048);
 const STEPS = Number(process.argv[4] ?? 4);
 const SEED = Number(process.argv[5] ?? 3);
 const REPS = Number(process.argv[6] ?? 10);
-const SETS: (PolicyOptions & { policy?: PolicyName })[] = process.argv[7] ? JSON.parse(process.argv[7]) : [{}];
+const SETS: (PolicyOptions & { policy?: PolicyName; keyed?: boolean })[] = process.argv[7] ? JSON.parse(process.argv[7]) : [{}];
 const THREADS = 2;
 const cpuMs = (c: NodeJS.CpuUsage) => (c.user + c.system) / 1000;
 
@@ -46,7 +49,8 @@ for (let s = 0; s < STEPS; s++) {
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps x ${REPS} reps, ${THREADS} threads; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 for (const set of SETS) {
-  const { policy: name = 'kvdrive', ...opts } = set;
+  const { policy: name = 'kvdrive', keyed = false, ...given } = set;
+  const opts = keyed ? given : offloadedPolicyOptions(name, given);
   const p = createPolicy(name, { threads: THREADS, ...opts, qHeads, kvHeads: k.heads, headDim: dim });
   await p.build(prefixView(k, T), T);
   const selWall: number[] = [], attWall: number[] = [];
@@ -58,11 +62,12 @@ for (const set of SETS) {
     const te = performance.now();
     p.extend(kv, st.tokens);
     extMs += performance.now() - te;
-    let sel = p.select(st.q, BUDGET, { keys: kv });
+    const selOpts = keyed ? { keys: kv } : {};
+    let sel = p.select(st.q, BUDGET, selOpts);
     const c0 = process.cpuUsage();
     for (let r = 0; r < REPS; r++) {
       const t = performance.now();
-      sel = p.select(st.q, BUDGET, { keys: kv });
+      sel = p.select(st.q, BUDGET, selOpts);
       selWall.push(performance.now() - t);
     }
     selCpu += cpuMs(process.cpuUsage(c0));

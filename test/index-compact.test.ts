@@ -149,6 +149,33 @@ describe('kvdrive compact index', () => {
     for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(64);
   });
 
+  it('full segments hold their sketch rows cluster by cluster: every token scores as in token order', () => {
+    // Small segments fill (their rows move into slot order) and large ones never do; both calibrate
+    // on the same tokens, so each token's sketch score must be the same bits. Grown from a short
+    // build, the channel scales are re-measured as the context doubles (every row rewritten in token
+    // order, full segments reordered again).
+    const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };
+    const D = shape.headDim;
+    const T = 3000;
+    const k = randomKeys(T, shape.kvHeads, D, 5);
+    const all = Int32Array.from({ length: T }, (_, i) => i);
+    for (const bits of [4, 8] as const) {
+      const [ordered, plain] = [128, 8192].map((segmentTokens) => sketchPolicy({ sketchBits: bits, segmentTokens }, shape));
+      const [grown, grownPlain] = [128, 8192].map((segmentTokens) => sketchPolicy({ sketchBits: bits, segmentTokens, releaseChunkMeans: true }, shape));
+      for (const p of [ordered, plain]) p.buildSync(k, T);
+      for (const p of [grown, grownPlain]) {
+        p.buildSync(prefixView(k, 40), 40);
+        for (let t = 41; t <= T; t += 37) p.extend(prefixView(k, t), t);
+        p.extend(k, T);
+      }
+      for (let h = 0; h < shape.kvHeads; h++) {
+        const q = randomQuery(4 * D, 9 + h);
+        expect(Array.from(ordered.sketchScores(q, h, all)), `${bits} bits, head ${h}, built`).toEqual(Array.from(plain.sketchScores(q, h, all)));
+        expect(Array.from(grown.sketchScores(q, h, all)), `${bits} bits, head ${h}, grown`).toEqual(Array.from(grownPlain.sketchScores(q, h, all)));
+      }
+    }
+  });
+
   it('refuses options that would leave select without a re-rank, and bad sketch widths', () => {
     expectKvdError(() => createPolicy('kvdrive', { releaseChunkMeans: true }), 'E_CONFIG', /releaseChunkMeans: expected keySketch true.*got keySketch false/);
     expectKvdError(() => createPolicy('kvdrive', { releaseChunkMeans: true, keySketch: true, rerankFactor: 0 }), 'E_CONFIG', /got rerankFactor 0/);

@@ -10,8 +10,10 @@
 // range only costs that row some precision (s_t grows). The rounding error of one code is at most
 // s_t / 2 in normalised units, so |q.k_t - score| <= s_t / 2 * sum_d |q[d] c[d]| plus the query's
 // own rounding (test/index-sketch.test.ts checks that bound).
-// Layout: rows in token order, contiguous per head (a chunk's rows are one read), RowBytes() bytes
-// of codes plus one f32 scale per token: dim + 4 bytes per token and kv head at 8 bits (132 B at
+// Layout: rows contiguous per head, appended in token order (a chunk's rows are one read); the
+// index then reorders each full segment's rows cluster by cluster (LayerIndex::OrderSketchRows,
+// LayerIndex::SketchRow maps a token to its row). RowBytes() bytes of codes plus one f32 scale per
+// row: dim + 4 bytes per token and kv head at 8 bits (132 B at
 // dim 128, vs 256 B of f16 keys), ceil(dim / 2) + 4 at 4 bits (68 B).
 // 4-bit packing: codes are stored as u = code + 8 in [1, 15], two per byte, in blocks of 64 dims
 // (the last block: the remaining n < 64 dims): with half = ceil(n / 2), byte i of a block holds dim
@@ -60,13 +62,14 @@ struct SketchQuery {
   std::vector<int16_t> q;
   std::vector<float> scale;
   std::vector<int32_t> offset;
+  std::vector<float> rowScale;  // ScoreSketchRows' scratch (the scored rows' scales)
 };
 void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQuery& out);
 
-// out[j * ld + i] = approximate q_j . k_{tokens[i]} for j < group, i < n (see the header comment).
-// Rows are gathered in the order given (ascending tokens read the sketch forwards). Tokens must be
-// < s.tokens(). A non-finite row scale (a NaN/Inf key) gives a non-finite score.
-void ScoreSketchRows(const SketchQuery& q, int group, const KeySketch& s, const int64_t* tokens, size_t n, float* out,
+// out[j * ld + i] = approximate q_j . (the key of sketch row rows[i]) for j < group, i < n (see
+// the header comment). Rows are read in the order given (ascending runs read the sketch forwards).
+// Rows must be < s.tokens(). A non-finite row scale (a NaN/Inf key) gives a non-finite score.
+void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_t* rows, size_t n, float* out,
                      size_t ld);
 
 }  // namespace kvd

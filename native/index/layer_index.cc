@@ -92,6 +92,13 @@ size_t ExtendSorted(std::vector<Ranked>& v, size_t sorted, size_t next, std::vec
   return next;
 }
 
+// Sets bits [a, b) of a bit set.
+void SetBits(std::vector<uint64_t>& bits, int64_t a, int64_t b) {
+  for (; a < b && (a & 63); ++a) bits[size_t(a) >> 6] |= uint64_t(1) << (a & 63);
+  for (; a + 64 <= b; a += 64) bits[size_t(a) >> 6] = ~uint64_t(0);
+  for (; a < b; ++a) bits[size_t(a) >> 6] |= uint64_t(1) << (a & 63);
+}
+
 // Marks in `chosen` (a bit set over cluster ids) the clusters that a walk over `clusters` in ByRank
 // order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
 // sorting every cluster and walking, without the sort. One pass bins the scores linearly between
@@ -127,6 +134,8 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   }
 }
 
+}  // namespace
+
 // Per-thread scratch of Select: the vectors keep their capacity between decode steps, so a step
 // allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
 // carry over: every use clears or overwrites first.
@@ -137,15 +146,15 @@ struct SelectScratch {
   std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
-  std::vector<int64_t> toksAt;
+  std::vector<int64_t> toksAt, rowsAt;
   SketchQuery sketchQuery;
 };
-SelectScratch& Scratch() {
+// Looked up once per head task and passed down: a thread_local access from a dlopen'ed addon
+// is a __tls_get_addr call, which perf showed at ~4% of a select on this VM when made per call.
+static SelectScratch& Scratch() {
   thread_local SelectScratch s;
   return s;
 }
-
-}  // namespace
 
 int64_t LayerIndex::SealedEnd(int64_t tokens) const {
   const int64_t avail = tokens - cfg_.local;
@@ -452,6 +461,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       seg.cEnd = (s + 1) * segChunks;
       ComputeReps(kv, h, seg.c0, seg.c1);
       ClusterSegment(h, seg);
+      if (cfg_.keySketch && seg.clusteredFull) OrderSketchRows(H, seg);
       if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
       H.segments.push_back(std::move(seg));
     }
@@ -498,6 +508,8 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
       const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
       auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
+        // The sketch first: a segment that fills below orders its rows, so they must be there.
+        if (cfg_.keySketch) UpdateSketch(kv, h, tokens, first);
         for (int64_t j = c0; j < c1; ++j) {
           if (H.segments.empty() || H.segments.back().cEnd <= j) {
             Segment seg;
@@ -508,6 +520,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
           }
           Segment& seg = H.segments.back();
           AddChunkOnline(h, seg, j);
+          if (cfg_.keySketch && seg.clusteredFull && !seg.slotOrder) OrderSketchRows(H, seg);
           if (cfg_.releaseChunkMeans && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
         }
       };
@@ -516,9 +529,9 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
         for (int h = 0; h < heads_; ++h) extendHead(h);
     }
     endChunk_ = c1;
-  }
-  if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch)
+  } else if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) {
     for (int h = 0; h < heads_; ++h) UpdateSketch(kv, h, tokens, first);
+  }
   tokens_ = tokens;
 }
 
@@ -531,10 +544,71 @@ void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t f
   constexpr int64_t kCalibrateUpTo = 4096;
   // Re-measuring re-quantizes every token, so it needs the whole context in kv (first == 0); a
   // caller that passes only its tail (first > 0, the runtime's offloaded sequences) only appends.
-  if (s.dim != kv.dim || (first == 0 && s.calibratedAt < kCalibrateUpTo && tokens >= std::max<int64_t>(64, 2 * s.calibratedAt)))
+  if (s.dim != kv.dim || (first == 0 && s.calibratedAt < kCalibrateUpTo && tokens >= std::max<int64_t>(64, 2 * s.calibratedAt))) {
     CalibrateSketch(kv, h, tokens, s);
-  else
+    // Every row was rewritten in token order: the slot-ordered segments reorder theirs again.
+    for (Segment& seg : heads_data_[h].segments)
+      if (seg.slotOrder) OrderSketchRows(heads_data_[h], seg);
+  } else {
     AppendSketch(kv, h, tokens, s, first);
+  }
+}
+
+const Segment* LayerIndex::SegmentOf(const HeadIndex& H, int64_t j) const {
+  // Segment i covers chunks [max(firstChunk, (b + i) x segChunks), (b + i + 1) x segChunks) with
+  // b = firstChunk / segChunks (segments are consecutive from the first indexed chunk).
+  const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+  if (j < firstChunk()) return nullptr;
+  const int64_t i = j / segChunks - firstChunk() / segChunks;
+  if (i >= int64_t(H.segments.size())) return nullptr;
+  const Segment& seg = H.segments[size_t(i)];
+  return j >= seg.c0 && j < seg.c1 ? &seg : nullptr;
+}
+
+int64_t LayerIndex::SlotOf(const HeadIndex& H, int64_t j) const {
+  const Segment* seg = SegmentOf(H, j);
+  if (!seg || !seg->slotOrder) return j;
+  // Members of a cluster are ascending: j's position among its cluster's members.
+  const int c = seg->assign[size_t(j - seg->c0)];
+  const int32_t* b = seg->members.data() + seg->offsets[size_t(c)];
+  const int32_t* e = seg->members.data() + seg->offsets[size_t(c) + 1];
+  return seg->c0 + (std::lower_bound(b, e, int32_t(j)) - seg->members.data());
+}
+
+int64_t LayerIndex::ChunkOfSlot(const HeadIndex& H, int64_t s) const {
+  const Segment* seg = SegmentOf(H, s);  // a segment's slots are its chunk range
+  return seg && seg->slotOrder ? seg->members[size_t(s - seg->c0)] : s;
+}
+
+int64_t LayerIndex::SketchRow(int h, int64_t t) const {
+  const int64_t j = t / cfg_.chunk;
+  return SlotOf(heads_data_[size_t(h)], j) * cfg_.chunk + (t - j * cfg_.chunk);
+}
+
+void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
+  KeySketch& sk = H.sketch;
+  const int64_t chunk = cfg_.chunk, n = seg.c1 - seg.c0;
+  if (sk.tokens() < seg.c1 * chunk)
+    Throw("E_INTERNAL", "sketch: expected rows up to token " + std::to_string(seg.c1 * chunk) + " before ordering a segment, got " +
+                            std::to_string(sk.tokens()));
+  // Whole chunks move (a first chunk that holds sinks too: its sink rows move with it, SketchRow
+  // finds them). The segment's rows are copied out once (256 KiB at 4096 tokens, 4 bits).
+  const size_t rb = size_t(sk.RowBytes()), r0 = size_t(seg.c0 * chunk), rows = size_t(n * chunk);
+  std::vector<int8_t> codes(sk.codes.begin() + std::ptrdiff_t(r0 * rb), sk.codes.begin() + std::ptrdiff_t((r0 + rows) * rb));
+  std::vector<float> scales(sk.rowScale.begin() + std::ptrdiff_t(r0), sk.rowScale.begin() + std::ptrdiff_t(r0 + rows));
+  for (int64_t p = 0; p < n; ++p) {
+    const size_t from = size_t((seg.members[size_t(p)] - seg.c0) * chunk), to = size_t(p * chunk);
+    std::memcpy(sk.codes.data() + (r0 + to) * rb, codes.data() + from * rb, size_t(chunk) * rb);
+    std::memcpy(sk.rowScale.data() + r0 + to, scales.data() + from, size_t(chunk) * 4);
+  }
+  if (!seg.slotOrder) {
+    // (The segment may not be in H.segments yet: its slots come from its own members.)
+    std::vector<int32_t> slot(static_cast<size_t>(n), 0);
+    for (int64_t p = 0; p < n; ++p) slot[size_t(seg.members[size_t(p)] - seg.c0)] = int32_t(seg.c0 + p);
+    for (int32_t& id : seg.outliers) id = slot[size_t(id - seg.c0)];
+    std::sort(seg.outliers.begin(), seg.outliers.end());
+    seg.slotOrder = true;
+  }
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
@@ -544,55 +618,76 @@ size_t LayerIndex::RerankChunks(int64_t budget) const {
 }
 
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                             std::vector<Ranked>& ranked, SelectResult& out) const {
+                             std::vector<Ranked>& ranked, SelectResult& out, SelectScratch& sc) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
   const size_t n = std::min(ranked.size(), RerankChunks(budget));
-  SelectScratch& sc = Scratch();
   SelectBest(ranked, n, sc.hist);
   const size_t sorted = n;
   // The re-ranked chunks in ascending id order (a bit set over the indexed chunks, scanned), so the
   // key gather below walks the cache forwards: neighbouring rows share pages and prefetch streams.
+  // ranked ids are slots (Segment::slotOrder): in ascending slot order a slot-ordered segment's
+  // sketch rows are read as runs, one per taken cluster.
+  const HeadIndex& H = heads_data_[size_t(h)];
+  const bool useKeys = keys && !cfg_.preferSketch;
   std::vector<uint64_t>& bits = sc.bits;
   bits.assign(size_t(endChunk_ + 63) / 64, 0);
   for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
   std::vector<int64_t>& toksAt = sc.toksAt;
-  toksAt.clear();
-  size_t at = 0;
+  std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
+  const int64_t chunk = cfg_.chunk;
+  // Sized once for the most tokens (n whole chunks, sinks, tail) and written by index.
+  const size_t most = n * size_t(chunk) + size_t(sinkEnd()) + size_t(tokens_ - tailStart());
+  toksAt.resize(most);
+  rowsAt.resize(useKeys ? 0 : most);
+  size_t at = 0, m = 0;
+  // ChunkOfSlot for ascending slots: the segment is found by walking forwards.
+  size_t segAt = 0;
+  auto chunkOf = [&](int64_t slot) -> int64_t {
+    while (segAt < H.segments.size() && H.segments[segAt].c1 <= slot) ++segAt;
+    if (segAt == H.segments.size()) return slot;
+    const Segment& seg = H.segments[segAt];
+    return seg.slotOrder && slot >= seg.c0 ? seg.members[size_t(slot - seg.c0)] : slot;
+  };
   for (size_t w = 0; w < bits.size(); ++w)
     for (uint64_t b = bits[w]; b; b &= b - 1) {
-      const int64_t j = int64_t(w * 64) + __builtin_ctzll(b);
-      ranked[at++].id = int32_t(j);  // ranked[0, n) now ascending by id (scores rewritten below)
-      for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t) toksAt.push_back(t);
+      const int64_t slot = int64_t(w * 64) + __builtin_ctzll(b);
+      const int64_t j = chunkOf(slot);
+      ranked[at++].id = int32_t(j);  // ranked[0, n) now chunk ids in slot order (scores rewritten below)
+      for (int64_t t = std::max<int64_t>(j * chunk, cfg_.sinks); t < (j + 1) * chunk; ++t, ++m) {
+        toksAt[m] = t;
+        if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
+      }
     }
-  const size_t nRe = toksAt.size();
+  const size_t nRe = m;
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
   const bool needRest = !cfg_.tokenGranular || want > int64_t(nRe);
   if (needRest) {
     ExtendSorted(ranked, sorted, ranked.size(), sc.hist);
-    for (size_t i = n; i < ranked.size(); ++i) ranked[i].score = -float(1 + (i - n));
+    for (size_t i = n; i < ranked.size(); ++i) ranked[i] = {-float(1 + (i - n)), int32_t(ChunkOfSlot(H, ranked[i].id))};
   } else {
     ranked.resize(n);
   }
 
   // The always attended sinks and tail only feed the normalisers.
-  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt.push_back(t);
-  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt.push_back(t);
-  const size_t nAll = toksAt.size();
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt[m++] = t;
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt[m++] = t;
+  const size_t nAll = m;
+  if (!useKeys)
+    for (size_t i = nRe; i < nAll; ++i) rowsAt[i] = SketchRow(h, toksAt[i]);
   // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
   const size_t ld = (nAll + 15) / 16 * 16;
   std::vector<float>& logits = sc.logits;
   std::vector<float>& share = sc.share;
   logits.resize(size_t(g) * ld);
   share.resize((nRe + 15) / 16 * 16);
-  const bool useKeys = keys && !cfg_.preferSketch;
   if (useKeys) {
     ScoreKeyRows(qh, g, *keys, h, toksAt.data(), nAll, logits.data(), ld);
   } else {
-    const KeySketch& sketch = heads_data_[h].sketch;
+    const KeySketch& sketch = H.sketch;
     PrepareSketchQuery(qh, g, sketch, sc.sketchQuery);
-    ScoreSketchRows(sc.sketchQuery, g, sketch, toksAt.data(), nAll, logits.data(), ld);
+    ScoreSketchRows(sc.sketchQuery, g, sketch, rowsAt.data(), nAll, logits.data(), ld);
   }
   // Per query head: w_t = exp(s·q·k_t - m) / z with m the max and z the sum over everything scored
   // — t's estimated share of that head's attention (z underestimates the true normaliser by the
@@ -669,11 +764,15 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // over the head's segments (segment base + cluster): unique, so ties break deterministically.
       std::vector<Ranked>& clusters = sc.clusters;
       std::vector<int32_t>& ctoks = sc.ctoks;  // tokens per cluster id (0: empty)
-      clusters.clear();
-      ctoks.clear();
-      for (size_t s = 0; s < H.segments.size(); ++s) {
+      size_t totalK = 0;
+      for (const Segment& seg : H.segments) totalK += size_t(seg.k);
+      // Written by index (no push_back per cluster); empty clusters are dropped branch-free.
+      clusters.resize(totalK);
+      ctoks.resize(totalK);
+      size_t nc = 0;
+      for (size_t s = 0, at = 0; s < H.segments.size(); at += size_t(H.segments[s].k), ++s) {
         const Segment& seg = H.segments[s];
-        const int32_t base = int32_t(ctoks.size());
+        const int32_t base = int32_t(at);
         scores.resize(seg.k);
         if (useRadius) {
           // One spread term per cluster with the group's largest |q| (the max over the group is
@@ -689,10 +788,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         out.vectorsScored += seg.k;
         f16Vectors += seg.k;
         for (int c = 0; c < seg.k; ++c) {
-          ctoks.push_back(seg.counts[c] * cfg_.chunk);
-          if (seg.counts[c] > 0) clusters.push_back({scores[c], base + c});
+          ctoks[size_t(base + c)] = seg.counts[c] * cfg_.chunk;
+          clusters[nc] = {scores[c], base + c};
+          nc += seg.counts[c] > 0;
         }
       }
+      clusters.resize(nc);
       // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
       if (!H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
         ctoks[size_t(H.segments[0].assign[0])] -= int32_t(cfg_.chunk - ChunkTokens(firstChunk()));
@@ -702,12 +803,22 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
       TakeClusters(clusters, ctoks, target, sc.hist, chosen);
+      // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(endChunk_ + 63) / 64, 0);
-      // Chunks of the taken clusters: one forward pass over each segment's assignments (rather than
-      // each taken cluster's member list, scattered over the segments' heap blocks).
       for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
         const Segment& seg = H.segments[s];
+        if (seg.slotOrder) {
+          // A taken cluster's chunks are one run of slots.
+          for (int c = 0; c < seg.k; ++c) {
+            const size_t gid = base + size_t(c);
+            if (chosen[gid >> 6] >> (gid & 63) & 1)
+              SetBits(bits, seg.c0 + seg.offsets[size_t(c)], seg.c0 + seg.offsets[size_t(c) + 1]);
+          }
+          continue;
+        }
+        // Chunks of the taken clusters: one forward pass over the segment's assignments (rather
+        // than each taken cluster's member list).
         const int32_t* a = seg.assign.data();
         const int64_t n = seg.c1 - seg.c0;
         for (int64_t i = 0; i < n; ++i) {
@@ -723,9 +834,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       if (cfg_.outlierFraction > 0)
         for (const Segment& seg : H.segments)
           for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-      ids.clear();
-      for (size_t w = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+      // ids: the candidate slots, ascending (level 3 reads their sketch rows forwards).
+      size_t nIds = 0;
+      for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
+      ids.resize(nIds);
+      for (size_t w = 0, at = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
       const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
       const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
@@ -733,7 +847,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
         // chunk-mean scores would never be read.
         for (int32_t id : ids) ranked.push_back({0.f, id});
-        RerankExact(qh, g, h, keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
         reranked = true;
         goto fill;
       }
@@ -743,15 +857,17 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       {
       std::vector<int32_t>& rows = sc.rows;
       rows.resize(ids.size());
-      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ids[t] - H.repsFirst);
+      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ChunkOfSlot(H, ids[t]) - H.repsFirst);
       scores.resize(ids.size());
       ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
                          useVar ? H.var.data() : nullptr, coef.data());
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, keys, budget, want, ranked, out);
+        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
         reranked = true;
+      } else {
+        for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
       }
       }
     } else {

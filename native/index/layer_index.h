@@ -38,6 +38,8 @@
 
 namespace kvd {
 
+struct SelectScratch;  // per-thread scratch of Select (layer_index.cc)
+
 enum class PolicyKind : int { Kvdrive = 0, Quest = 1, ShadowKV = 2 };
 
 struct IndexConfig {
@@ -112,7 +114,14 @@ struct Segment {
   std::vector<double> sumSq;      // k: sum over member chunks of mean_t |k_t|² (= dim*var + |mean|²);
                                   // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
-  std::vector<int32_t> outliers;  // chunk ids with the highest key variance (outlierFraction), ascending
+  std::vector<int32_t> outliers;  // chunks with the highest key variance (outlierFraction): their chunk
+                                  // ids, or with slotOrder their slots; ascending
+  // The head's key sketch holds this (full) segment's rows in slot order: slot c0 + p is the chunk
+  // members[p], so cluster c's chunks are slots [c0 + offsets[c], c0 + offsets[c + 1]) and their
+  // sketch rows one contiguous run (rows slot x chunk ...). The keyless re-rank then reads the
+  // chosen clusters' rows as a few long runs, not one scattered run per chunk. Set for full
+  // segments of an index with keySketch; otherwise slots are chunk ids.
+  bool slotOrder = false;
   std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
                                   // (max over member chunks of |mean - centroid| + chunk spread);
                                   // for an open segment, measured against the centroid at insertion
@@ -174,6 +183,8 @@ class LayerIndex {
   int64_t tailStart() const;
   int64_t firstChunk() const { return cfg_.sinks / cfg_.chunk; }
   int64_t endChunk() const { return endChunk_; }
+  // Row of token t (< tokens()) in head h's key sketch (slot order inside full segments).
+  int64_t SketchRow(int h, int64_t t) const;
   const HeadIndex& head(int h) const { return heads_data_[h]; }
   // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
@@ -201,14 +212,24 @@ class LayerIndex {
   void ForEachHead(const std::function<void(int)>& fn) const;
   // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
   size_t RerankChunks(int64_t budget) const;
-  // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output.
+  // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output,
+  // ids as slots (Segment::slotOrder); on return its ids are chunk ids (token ids with
+  // tokenGranular).
   // want: max(budget, pool) tokens the caller will fill.
   // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
   void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                   std::vector<Ranked>& ranked, SelectResult& out) const;
+                   std::vector<Ranked>& ranked, SelectResult& out, SelectScratch& sc) const;
   // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
   // is short, see Extend).
   void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
+  // Slots (see Segment::slotOrder): the segment holding chunk j (null outside every segment), the
+  // slot of chunk j and the chunk of slot s (identities outside slot-ordered segments).
+  const Segment* SegmentOf(const HeadIndex& H, int64_t j) const;
+  int64_t SlotOf(const HeadIndex& H, int64_t j) const;
+  int64_t ChunkOfSlot(const HeadIndex& H, int64_t s) const;
+  // Puts a full segment's sketch rows, now in token order, into slot order; the first time also
+  // turns its outlier chunk ids into slots and sets slotOrder.
+  void OrderSketchRows(HeadIndex& H, Segment& seg) const;
 
   IndexConfig cfg_;
   bool built_ = false;
