@@ -58,8 +58,8 @@ export class MemoryRuntime {
   readonly time = { selectionMs: 0, fetchMs: 0, computeMs: 0, warmedChunks: 0 };
   /** Most micro-batches of one attend() that ran at once (1 sequentially). */
   maxInFlight = 0;
-  /** Micro-batches submitted again to the select stage after its worker died holding them. */
-  selectRetries = 0;
+  /** Pipelined select stage: entries selected on the worker / on this thread (fallback), micro-batches submitted again after their worker died. */
+  readonly selectCounts = { onWorker: 0, inline: 0, retries: 0 };
   /**
    * @internal Pipelined: the select stage (one piscina worker) and the slots micro-batches travel
    * in (one per runner). Undefined in sequential mode.
@@ -254,7 +254,7 @@ export class MemoryRuntime {
         break;
       } catch (e) {
         if (!(e instanceof KvdriveError && e.code === 'E_WORKER') || attempt >= MAX_SELECT_RETRIES) throw e;
-        this.selectRetries++;
+        this.selectCounts.retries++;
       }
     }
     const outs: EntryResult[] = [];
@@ -263,7 +263,12 @@ export class MemoryRuntime {
       const a = appended[i]!;
       // Not selected on the worker (it threw, or the selection outgrew the slot): the same select
       // here, which returns the selection or throws its typed error.
-      const s = arena.take(slot, i) ?? selectEntry(a.handle, e.q, budget);
+      let s = arena.take(slot, i);
+      if (s) this.selectCounts.onWorker++;
+      else {
+        s = selectEntry(a.handle, e.q, budget);
+        this.selectCounts.inline++;
+      }
       outs.push(await fetchAttendEntry(this.memory, this.hot, e.seq, layer, a, e.q, s, true));
     }
     return outs;
