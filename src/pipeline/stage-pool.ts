@@ -1,7 +1,8 @@
 /**
  * A pipeline stage: a piscina pool of worker threads, each running ONE long-lived task that loops
  * "pop descriptor from the input ring → run the stage function on shared memory → push to the
- * output ring" until it is stopped.
+ * output ring" until it is stopped. The pipelined runtime runs its select stage on one
+ * (select-stage.ts; memory-runtime.ts submits micro-batches through a Pipeline).
  *
  * Why piscina fits although its unit of work is a task (one postMessage and one promise each):
  * here a task is a worker's whole life, not a micro-batch, so piscina costs one message per worker
