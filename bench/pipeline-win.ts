@@ -146,7 +146,7 @@ console.log(
 const seq = await setup('sequential');
 const pip = await setup('pipelined');
 console.log(`# setup (prefill + SSD seal of ${MAXB} sequences x 2 runtimes): ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
-console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | median ms per layer step seq / pip | CPU ms per layer step seq / pip | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | hot-tier hit rate | load | cores available before / after |');
+console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | median ms per layer step seq / pip | CPU ms per layer step seq / pip | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step, payload / read: seq; pip | hot-tier hit rate | load | cores available before / after |');
 console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
 const rows: unknown[] = [];
 for (const batch of BATCHES) {
@@ -189,7 +189,7 @@ for (const batch of BATCHES) {
     `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.medianMs[0]!.toFixed(1)} / ${row.medianMs[1]!.toFixed(1)} | ` +
       `${row.cpuMs[0]!.toFixed(1)} / ${row.cpuMs[1]!.toFixed(1)} | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
       `${per(s.sel, s.steps)} / ${per(s.fetch, s.steps)} / ${per(s.comp, s.steps)} | ${per(p.sel, p.steps)} / ${per(p.fetch, p.steps)} / ${per(p.comp, p.steps)} | ` +
-      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} | ${cap[0]!.toFixed(2)} / ${cap[1]!.toFixed(2)} |`,
+      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)}; ${per(p.ssdMiB, p.steps)} / ${per(p.readMiB, p.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} | ${cap[0]!.toFixed(2)} / ${cap[1]!.toFixed(2)} |`,
   );
 }
 const stage = (await pip.rt.stats()).selectStage;
