@@ -128,9 +128,11 @@ describe('pipelined runtime: select stage on a piscina worker', () => {
 });
 
 describe('SelectionIndex by handle (native selectIndex)', () => {
+  // Small segments: extends keep closing segments (re-clustering, growing the segment list), the
+  // mutations a select racing them without the lock would see half done.
   const build = async () => {
-    const p = createPolicy('kvdrive', { qHeads: 4, kvHeads: 2, headDim: 16 });
-    const T = 600;
+    const p = createPolicy('kvdrive', { qHeads: 4, kvHeads: 2, headDim: 16, segmentTokens: 64 });
+    const T = 2400;
     const k = kvt(randn(T * row, 77), T);
     await p.build(kvt(k.data.subarray(0, 400 * row), 400), 400);
     return { p, k };
@@ -149,43 +151,41 @@ describe('SelectionIndex by handle (native selectIndex)', () => {
     await expectKvdError(() => native.selectIndex(p.handle(), q, 0), 'E_BUDGET', /budget/);
   });
 
-  it('a worker thread selecting by handle while the owner extends: every selection is whole (read/write lock)', async () => {
+  it('a worker thread selecting by handle while the owner extends: every selection is one the index gives before or after some extend (read/write lock)', async () => {
     const { p, k } = await build();
     const handle = p.handle();
     const stop = new SharedArrayBuffer(4);
+    const q = Float32Array.from({ length: 64 }, (_, i) => Math.sin(i));
+    const key = (r: { tokens: number; offsets: Int32Array; chunkIds: Int32Array }) => `${r.tokens}|${r.offsets.join(',')}|${r.chunkIds.join(',')}`;
     const src = `
       const { workerData, parentPort } = require('node:worker_threads');
       const m = require(${JSON.stringify(process.cwd() + '/build/Release/kvdrive.node')});
       const stop = new Int32Array(workerData.stop);
-      const q = new Float32Array(64).map((_, i) => Math.sin(i));
-      let n = 0, bad = 0;
+      const seen = new Set();
+      let n = 0;
       while (Atomics.load(stop, 0) === 0) {
-        const r = m.selectIndex(workerData.handle, q, 24);
-        // whole: offsets cover the ids, ids ascending per head, inside [sinkEnd, tailStart)
-        if (r.offsets[2] !== r.chunkIds.length) bad++;
-        for (let h = 0; h < 2; h++)
-          for (let i = r.offsets[h]; i < r.offsets[h + 1]; i++) {
-            const c = r.chunkIds[i];
-            if ((i > r.offsets[h] && c <= r.chunkIds[i - 1]) || c * r.chunkSize >= r.tailStart) bad++;
-          }
+        const r = m.selectIndex(workerData.handle, workerData.q, 24);
+        seen.add(r.tokens + '|' + r.offsets.join(',') + '|' + r.chunkIds.join(','));
         if (n++ === 0) parentPort.postMessage('selecting');
       }
-      parentPort.postMessage({ n, bad });`;
-    const w = new Worker(src, { eval: true, workerData: { handle, stop } });
-    const messages: unknown[] = [];
+      parentPort.postMessage({ n, seen: [...seen] });`;
+    const w = new Worker(src, { eval: true, workerData: { handle, stop, q } });
     const next = () => new Promise<unknown>((res, rej) => (w.once('message', res), w.once('error', rej)));
-    messages.push(await next()); // the worker is selecting
-    const result = next() as Promise<{ n: number; bad: number }>;
-    for (let T = 401; T <= 600; T++) {
+    const first = next();
+    // What a select may see: the index's selection at each context length the owner passes through.
+    const states = new Set([key(p.select(q, 24))]);
+    expect(await first).toBe('selecting');
+    const result = next() as Promise<{ n: number; seen: string[] }>;
+    for (let T = 401; T <= 2400; T++) {
       p.extend(kvt(k.data.subarray(0, T * row), T), T);
+      states.add(key(p.select(q, 24)));
       if (T % 5 === 0) await new Promise((r) => setImmediate(r));
     }
-    expect(messages).toEqual(['selecting']);
     Atomics.store(new Int32Array(stop), 0, 1);
-    const { n, bad } = await result;
+    const { n, seen } = await result;
     await w.terminate();
-    expect(n).toBeGreaterThan(0);
-    expect(bad).toBe(0);
-    expect(p.select(randn(64, 1), 24).tokens).toBe(600);
+    expect(n).toBeGreaterThan(10);
+    expect(seen.length).toBeGreaterThan(1); // it selected on more than one state
+    expect(seen.filter((s) => !states.has(s))).toEqual([]);
   }, 30_000);
 });
