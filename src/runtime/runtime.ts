@@ -498,7 +498,7 @@ export class Runtime {
       stallMs: Math.max(0, c.wallMs - c.computeMs),
       maxInFlight: this.memory.maxInFlight,
       ...(this.memory.select
-        ? { selectStage: { ...this.memory.selectCounts, restarts: (await this.memory.select.pipeline.stats()).stages[0]!.restarts } }
+        ? { selectStage: { ...this.memory.selectCounts, restarts: this.memory.select.pipeline.restarts(0) } }
         : {}),
       recentSteps: this.recent.map((r) => ({ ...r })),
       memory: m,
