@@ -6,12 +6,13 @@
  * default) on the same inputs:
  *   sequential: the calling thread does selection, the fetch (waiting for the I/O) and compute in
  *               turn, entry after entry;
- *   pipelined:  micro-batches overlap: selection on the JS thread ∥ SSD reads on the I/O engine's
- *               threads ∥ attention off the JS thread.
- * (Figures in bench/pipeline.md were measured on the earlier all-f32 store with stage workers.)
+ *   pipelined:  micro-batches overlap: selection on the select stage's piscina worker ∥ SSD reads
+ *               on the I/O engine's threads ∥ attention off the JS thread (the JS thread appends
+ *               and extends the indexes, and dispatches).
  * Modes alternate round by round so load drifts hit both alike. Throughput = sequence-layer steps
  * per second (batch entries / wall time of attend); the figure is pipelined / sequential from the
- * same run. Stall fraction = share of attend() wall time during which attention compute was not
+ * same run; the median wall ms per layer step and the process CPU ms per layer step (all threads,
+ * process.cpuUsage: less sensitive to the machine's load than wall time) are given beside it. Stall fraction = share of attend() wall time during which attention compute was not
  * running (RuntimeStats.stallMs / wallMs). `--batches 1,2,4,8` sweeps the batch size (paper Fig. 24).
  *
  * Run: npm run build:ts && node dist/bench/pipeline-win.js [--context 32768] [--budget 1024]
@@ -101,8 +102,8 @@ async function setup(mode: 'sequential' | 'pipelined'): Promise<{ rt: Runtime; s
   return { rt, seqs };
 }
 
-/** Decode steps over every layer for the first `batch` sequences; returns the wall ms of each attend. */
-async function run(rt: Runtime, seqs: number[], batch: number, steps: number, seed: number): Promise<number[]> {
+/** Decode steps over every layer for the first `batch` sequences; returns the wall ms of each attend (and its process CPU ms into `cpu`). */
+async function run(rt: Runtime, seqs: number[], batch: number, steps: number, seed: number, cpu: number[] = []): Promise<number[]> {
   const times: number[] = [];
   for (let t = 0; t < steps; t++)
     for (let l = 0; l < LAYERS; l++) {
@@ -112,14 +113,18 @@ async function run(rt: Runtime, seqs: number[], batch: number, steps: number, se
         kNew: uniform(ROW, seed + t * 89 + i * 7 + l),
         vNew: uniform(ROW, seed + t * 83 + i * 5 + l),
       }));
+      const c0 = process.cpuUsage();
       const t0 = performance.now();
       await rt.attend(l, entries);
       times.push(performance.now() - t0);
+      const c = process.cpuUsage(c0);
+      cpu.push((c.user + c.system) / 1000);
     }
   return times;
 }
 
 const sum = (x: number[]) => x.reduce((a, b) => a + b, 0);
+const median = (x: number[]) => [...x].sort((a, b) => a - b)[x.length >> 1]!;
 const diff = (b: RuntimeStats, a: RuntimeStats) => ({
   wall: b.wallMs - a.wallMs,
   sel: b.selectionMs - a.selectionMs,
@@ -141,8 +146,8 @@ console.log(
 const seq = await setup('sequential');
 const pip = await setup('pipelined');
 console.log(`# setup (prefill + SSD seal of ${MAXB} sequences x 2 runtimes): ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
-console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step (payload / read) | hot-tier hit rate | load | cores available before / after |');
-console.log('|---|---|---|---|---|---|---|---|---|---|---|');
+console.log('| batch | sequential steps/s | pipelined steps/s | throughput ratio pip/seq | median ms per layer step seq / pip | CPU ms per layer step seq / pip | stall fraction seq / pip | sequential selection / fetch / compute ms per layer step | pipelined selection / fetch / compute ms per layer step | SSD MiB per layer step, payload / read: seq; pip | hot-tier hit rate | load | cores available before / after |');
+console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
 const rows: unknown[] = [];
 for (const batch of BATCHES) {
   await run(seq.rt, seq.seqs, batch, 1, 1); // warm-up
@@ -152,10 +157,12 @@ for (const batch of BATCHES) {
   const p0 = await pip.rt.stats();
   const ts: number[] = [];
   const tp: number[] = [];
+  const cs: number[] = [];
+  const cp: number[] = [];
   for (let r = 0; r < ROUNDS; r++) {
     // alternate which mode goes first so a load change inside a round does not favour one
     const order = r % 2 === 0 ? ([seq, pip] as const) : ([pip, seq] as const);
-    for (const m of order) (m === seq ? ts : tp).push(...(await run(m.rt, m.seqs, batch, STEPS, 1000 + r * 31)));
+    for (const m of order) (m === seq ? ts : tp).push(...(await run(m.rt, m.seqs, batch, STEPS, 1000 + r * 31, m === seq ? cs : cp)));
   }
   const s = diff(await seq.rt.stats(), s0);
   const p = diff(await pip.rt.stats(), p0);
@@ -168,6 +175,8 @@ for (const batch of BATCHES) {
     seqStepsPerS: thrS,
     pipStepsPerS: thrP,
     ratio: thrP / thrS,
+    medianMs: [median(ts), median(tp)],
+    cpuMs: [sum(cs) / cs.length, sum(cp) / cp.length],
     stallSeq: s.stall / s.wall,
     stallPip: p.stall / p.wall,
     seq: s,
@@ -177,11 +186,14 @@ for (const batch of BATCHES) {
   };
   rows.push(row);
   console.log(
-    `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
+    `| ${batch} | ${thrS.toFixed(1)} | ${thrP.toFixed(1)} | **${row.ratio.toFixed(2)}×** | ${row.medianMs[0]!.toFixed(1)} / ${row.medianMs[1]!.toFixed(1)} | ` +
+      `${row.cpuMs[0]!.toFixed(1)} / ${row.cpuMs[1]!.toFixed(1)} | ${row.stallSeq.toFixed(2)} / ${row.stallPip.toFixed(2)} | ` +
       `${per(s.sel, s.steps)} / ${per(s.fetch, s.steps)} / ${per(s.comp, s.steps)} | ${per(p.sel, p.steps)} / ${per(p.fetch, p.steps)} / ${per(p.comp, p.steps)} | ` +
-      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} | ${cap[0]!.toFixed(2)} / ${cap[1]!.toFixed(2)} |`,
+      `${per(s.ssdMiB, s.steps)} / ${per(s.readMiB, s.steps)}; ${per(p.ssdMiB, p.steps)} / ${per(p.readMiB, p.steps)} | ${s.hitRate.toFixed(2)} | ${loadavg()[0]!.toFixed(1)} | ${cap[0]!.toFixed(2)} / ${cap[1]!.toFixed(2)} |`,
   );
 }
+const stage = (await pip.rt.stats()).selectStage;
+if (stage) console.log(`\n# pipelined select stage: ${stage.onWorker} entries selected on the worker, ${stage.inline} inline, ${stage.retries} retries, ${stage.restarts} restarts`);
 await seq.rt.close();
 await pip.rt.close();
 rmSync(root, { recursive: true, force: true });

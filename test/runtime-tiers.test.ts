@@ -71,9 +71,9 @@ describe('Runtime decode from the tiers', () => {
     }
   });
 
-  it('a corrupt extent fails only the sequence that reads it, on every retry; the other decodes on; repaired, it continues as a clean run', async () => {
-    const opts: RuntimeOptions = { ...base, dramBudget: SMALL };
-    const clean = await openRuntime({ ...opts, ssd: { dir: tmp() } });
+  it.each(['sequential', 'pipelined'] as const)('a corrupt extent fails only the sequence that reads it, on every retry; the other decodes on; repaired, it continues as a clean run (%s)', async (mode) => {
+    const opts: RuntimeOptions = { ...base, dramBudget: SMALL, mode };
+    const clean = await openRuntime({ ...opts, mode: 'sequential', ssd: { dir: tmp() } });
     const want = await decodeAll(clean, 2);
     await clean.close();
     const dir = tmp();

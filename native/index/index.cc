@@ -1,5 +1,13 @@
-// Bindings of the centroid index: chunkMeans, kmeans, scoreCentroids, indexKernelLevel and the
-// SelectionIndex class (one layer's index for one policy; build runs in a PromiseWorker).
+// Bindings of the centroid index: chunkMeans, kmeans, scoreCentroids, indexKernelLevel, the
+// SelectionIndex class (one layer's index for one policy; build runs in a PromiseWorker) and
+// selectIndex(handle, ...), the same select reached by handle from any worker thread.
+//
+// Threading invariant: a SelectionIndex's LayerIndex lives in a SharedIndex that is also reachable
+// through a process-global handle registry (SelectionIndex.handle()), so a pipeline stage worker
+// can select on it while the owning (main) thread keeps mutating it. Every mutation (build's swap,
+// buildSync, extend) holds the SharedIndex's lock exclusively; select and every inspection hold it
+// shared. A select on a worker therefore sees the index either before or after a mutation, never in
+// between. A build() in progress (busy) refuses every other call from any thread.
 //
 // Every input is validated here, on the JS thread, with typed errors naming what was expected and
 // what was given; the kernels behind (index_*.cc, layer_index.cc) assume valid input.
@@ -8,11 +16,14 @@
 #include <atomic>
 #include <cmath>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include "common/args.h"
 #include "common/async_work.h"
 #include "common/errors.h"
+#include "common/handles.h"
 #include "index/index.h"
 #include "index/layer_index.h"
 #include "common/registry.h"
@@ -196,6 +207,86 @@ Napi::Value IndexKernelLevelJs(const Napi::CallbackInfo& info) {
   });
 }
 
+// One layer's index as shared by its owner and the worker threads selecting on it (see the top).
+struct SharedIndex {
+  IndexConfig cfg;
+  std::shared_mutex mu;               // exclusive: build's swap, buildSync, extend; shared: the rest
+  std::unique_ptr<LayerIndex> index;  // guarded by mu
+  std::atomic<bool> busy{false};      // a build() is in progress (owner thread sets and clears it)
+
+  void NotBusy(const char* what) const {
+    if (busy.load(std::memory_order_acquire))
+      Throw("E_CONFIG", std::string(what) + ": expected no build() in progress, got a call while the index is being built (await build() first)");
+  }
+};
+
+HandleRegistry<SharedIndex>& IndexHandles() {
+  static HandleRegistry<SharedIndex> registry("selection index");
+  return registry;
+}
+
+// select(q, budget, pool = 0, keys?) on `s` with the arguments starting at info[at], on the calling
+// thread (the owner's or a worker's): the one select both SelectionIndex.select and selectIndex run.
+// -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?, tokens, sinkEnd, tailStart, chunkSize,
+//      vectorsScored, bytesScored }
+Napi::Value SelectOn(const Napi::CallbackInfo& info, size_t at, SharedIndex& s) {
+  s.NotBusy("select");
+  std::shared_lock<std::shared_mutex> lock(s.mu);
+  const LayerIndex& index = *s.index;
+  if (!index.built()) Throw("E_CONFIG", "select: expected build() to have completed first, got an index that was never built");
+  auto q = GetF32(info[at], "select q");
+  const int dim = index.dim(), heads = index.heads();
+  if (q.length == 0 || q.length % (size_t(heads) * dim) != 0)
+    Throw("E_SHAPE", "select q: expected qHeads*dim elements with qHeads a multiple of kvHeads " + std::to_string(heads) +
+                         " and dim " + std::to_string(dim) + ", got " + std::to_string(q.length) + " elements");
+  CheckFinite(q.data, q.length, "select q");
+  const int64_t budget = ArgInt(info, at + 1, "select budget (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+  int64_t pool = 0;
+  if (info.Length() > at + 2 && !info[at + 2].IsUndefined()) {
+    pool = ArgInt(info, at + 2, "select pool (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
+    if (pool < budget)
+      Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
+  }
+  // keys: the layer's keys, read in place on this thread (kvdrive's exact level-3 re-rank).
+  KvView keys;
+  const bool haveKeys = info.Length() > at + 3 && !info[at + 3].IsUndefined();
+  if (haveKeys) {
+    keys = GetKvView(info[at + 3], "select keys");
+    if (keys.heads != heads || keys.dim != dim)
+      Throw("E_SHAPE", "select keys: expected " + std::to_string(heads) + " kv heads x dim " + std::to_string(dim) +
+                           " as at build, got " + std::to_string(keys.heads) + " x " + std::to_string(keys.dim));
+    if (keys.tokens < index.tokens())
+      Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index.tokens()) +
+                           " tokens, got " + std::to_string(keys.tokens));
+  }
+  SelectResult r = index.Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("chunkSize", r.chunk);
+  o.Set("tokens", Napi::Number::New(env, double(index.tokens())));
+  o.Set("sinkEnd", Napi::Number::New(env, double(index.sinkEnd())));
+  o.Set("tailStart", Napi::Number::New(env, double(index.tailStart())));
+  o.Set("offsets", ToJs(env, r.offsets));
+  o.Set("chunkIds", ToJs(env, r.ids));
+  if (pool > 0) {
+    o.Set("poolOffsets", ToJs(env, r.poolOffsets));
+    o.Set("poolIds", ToJs(env, r.poolIds));
+    o.Set("poolScores", ToJs(env, r.poolScores));
+  }
+  o.Set("vectorsScored", Napi::Number::New(env, double(r.vectorsScored)));
+  o.Set("bytesScored", Napi::Number::New(env, double(r.bytesScored)));
+  return o;
+}
+
+// selectIndex(handle, q, budget, pool?, keys?): SelectionIndex.select on the index registered as
+// `handle` (SelectionIndex.handle()), from any thread. E_CLOSED once the owner was collected.
+Napi::Value SelectIndexJs(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    std::shared_ptr<SharedIndex> s = IndexHandles().Get(ArgInt(info, 0, "selectIndex handle", 1, INT32_MAX, "E_CLOSED"));
+    return SelectOn(info, 1, *s);
+  });
+}
+
 class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
  public:
   static Napi::Function Define(Napi::Env env) {
@@ -205,96 +296,99 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
                         InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
                         InstanceMethod("scoreSketch", &SelectionIndex::ScoreSketch),
-                        InstanceMethod("geometry", &SelectionIndex::Geometry)});
+                        InstanceMethod("geometry", &SelectionIndex::Geometry),
+                        InstanceMethod("handle", &SelectionIndex::Handle)});
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
   //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
   //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
   //   releaseChunkMeans, outlierChunks })
-  explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info) {
+  explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info), s_(std::make_shared<SharedIndex>()) {
+    IndexConfig& cfg = s_->cfg;
     try {
       if (!info[0].IsObject()) Throw("E_TYPE", "SelectionIndex config: expected an object");
       Napi::Object o = info[0].As<Napi::Object>();
       const std::string what = "SelectionIndex config";
       Napi::Value p = o.Get("policy");
       std::string name = p.IsString() ? std::string(p.As<Napi::String>()) : "";
-      if (name == "kvdrive") cfg_.policy = PolicyKind::Kvdrive;
-      else if (name == "quest") cfg_.policy = PolicyKind::Quest;
-      else if (name == "shadowkv") cfg_.policy = PolicyKind::ShadowKV;
+      if (name == "kvdrive") cfg.policy = PolicyKind::Kvdrive;
+      else if (name == "quest") cfg.policy = PolicyKind::Quest;
+      else if (name == "shadowkv") cfg.policy = PolicyKind::ShadowKV;
       else Throw("E_POLICY", what + ".policy: expected 'kvdrive', 'quest' or 'shadowkv', got " + (name.empty() ? "a non-string" : "'" + name + "'"));
-      cfg_.chunk = int(GetInt(o, "chunkSize", what, 1, 1 << 16));
-      cfg_.tokensPerCluster = int(GetIntOr(o, "tokensPerCluster", what, 1, 1 << 20, 16));
-      cfg_.segmentTokens = GetIntOr(o, "segmentTokens", what, 1, int64_t(1) << 30, 4096);
-      cfg_.sinks = int(GetIntOr(o, "sinks", what, 0, 1 << 20, 4));
-      cfg_.local = int(GetIntOr(o, "local", what, 0, 1 << 24, 64));
-      cfg_.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
-      cfg_.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
-      cfg_.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
-      cfg_.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
+      cfg.chunk = int(GetInt(o, "chunkSize", what, 1, 1 << 16));
+      cfg.tokensPerCluster = int(GetIntOr(o, "tokensPerCluster", what, 1, 1 << 20, 16));
+      cfg.segmentTokens = GetIntOr(o, "segmentTokens", what, 1, int64_t(1) << 30, 4096);
+      cfg.sinks = int(GetIntOr(o, "sinks", what, 0, 1 << 20, 4));
+      cfg.local = int(GetIntOr(o, "local", what, 0, 1 << 24, 64));
+      cfg.kmeansIters = int(GetIntOr(o, "kmeansIters", what, 0, 1000, 8));
+      cfg.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
+      cfg.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
+      cfg.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
       Napi::Value cf = o.Get("candidateFactor");
       if (!cf.IsUndefined()) {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
-        cfg_.candidateFactor = v;
+        cfg.candidateFactor = v;
       }
       Napi::Value vw = o.Get("varianceWeight");
       if (!vw.IsUndefined()) {
         double v = vw.IsNumber() ? vw.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".varianceWeight: expected a number in [0, 1000], got " + (vw.IsNumber() ? Num(v) : "a non-number"));
-        cfg_.varianceWeight = v;
+        cfg.varianceWeight = v;
       }
       Napi::Value rf = o.Get("rerankFactor");
       if (!rf.IsUndefined()) {
         double v = rf.IsNumber() ? rf.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".rerankFactor: expected a number in [0, 1e6], got " + (rf.IsNumber() ? Num(v) : "a non-number"));
-        cfg_.rerankFactor = v;
+        cfg.rerankFactor = v;
       }
       Napi::Value rw = o.Get("radiusWeight");
       if (!rw.IsUndefined()) {
         double v = rw.IsNumber() ? rw.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1e3)) Throw("E_CONFIG", what + ".radiusWeight: expected a number in [0, 1000], got " + (rw.IsNumber() ? Num(v) : "a non-number"));
-        cfg_.radiusWeight = v;
+        cfg.radiusWeight = v;
       }
       Napi::Value of = o.Get("outlierFraction");
       if (!of.IsUndefined()) {
         double v = of.IsNumber() ? of.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".outlierFraction: expected a number in [0, 1], got " + (of.IsNumber() ? Num(v) : "a non-number"));
-        cfg_.outlierFraction = v;
+        cfg.outlierFraction = v;
       }
       Napi::Value tg = o.Get("tokenGranular");
       if (!tg.IsUndefined()) {
         if (!tg.IsBoolean()) Throw("E_CONFIG", what + ".tokenGranular: expected a boolean, got a " + (tg.IsNumber() ? "number" : "non-boolean"));
-        cfg_.tokenGranular = tg.As<Napi::Boolean>().Value();
+        cfg.tokenGranular = tg.As<Napi::Boolean>().Value();
       }
-      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg_.keySketch}, {"preferSketch", &cfg_.preferSketch},
-                                {"releaseChunkMeans", &cfg_.releaseChunkMeans}}) {
+      for (auto [key, field] : {std::pair<const char*, bool*>{"keySketch", &cfg.keySketch}, {"preferSketch", &cfg.preferSketch},
+                                {"releaseChunkMeans", &cfg.releaseChunkMeans}}) {
         Napi::Value b = o.Get(key);
         if (b.IsUndefined()) continue;
         if (!b.IsBoolean()) Throw("E_CONFIG", what + "." + key + ": expected a boolean, got a non-boolean");
         *field = b.As<Napi::Boolean>().Value();
       }
-      cfg_.sketchBits = int(GetIntOr(o, "sketchBits", what, 4, 8, 8));
-      if (cfg_.sketchBits != 4 && cfg_.sketchBits != 8)
-        Throw("E_CONFIG", what + ".sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
-      if (cfg_.releaseChunkMeans && (cfg_.policy != PolicyKind::Kvdrive || !cfg_.keySketch || !(cfg_.rerankFactor > 0)))
+      cfg.sketchBits = int(GetIntOr(o, "sketchBits", what, 4, 8, 8));
+      if (cfg.sketchBits != 4 && cfg.sketchBits != 8)
+        Throw("E_CONFIG", what + ".sketchBits: expected 4 or 8, got " + std::to_string(cfg.sketchBits));
+      if (cfg.releaseChunkMeans && (cfg.policy != PolicyKind::Kvdrive || !cfg.keySketch || !(cfg.rerankFactor > 0)))
         Throw("E_CONFIG", what + ".releaseChunkMeans: expected the kvdrive policy with keySketch true and rerankFactor > 0 "
                                  "(select then re-ranks every candidate), got " +
-                              (cfg_.policy != PolicyKind::Kvdrive ? std::string("policy '") + name + "'" : !cfg_.keySketch ? std::string("keySketch false") : std::string("rerankFactor 0")));
-      if (cfg_.segmentTokens % cfg_.chunk != 0)
-        Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg_.chunk) +
-                              ", got " + std::to_string(cfg_.segmentTokens));
-      index_ = std::make_unique<LayerIndex>(cfg_);
+                              (cfg.policy != PolicyKind::Kvdrive ? std::string("policy '") + name + "'" : !cfg.keySketch ? std::string("keySketch false") : std::string("rerankFactor 0")));
+      if (cfg.segmentTokens % cfg.chunk != 0)
+        Throw("E_CONFIG", what + ".segmentTokens: expected a multiple of chunkSize " + std::to_string(cfg.chunk) +
+                              ", got " + std::to_string(cfg.segmentTokens));
+      s_->index = std::make_unique<LayerIndex>(cfg);
     } catch (const Error& e) {
       throw ToJsError(info.Env(), e.code, e.what());
     }
   }
 
- private:
-  void NotBusy(const char* what) const {
-    if (busy_)
-      Throw("E_CONFIG", std::string(what) + ": expected no build() in progress, got a call while the index is being built (await build() first)");
+  ~SelectionIndex() override {
+    if (handle_ != 0) IndexHandles().Remove(handle_);
   }
+
+ private:
+  void NotBusy(const char* what) const { s_->NotBusy(what); }
 
   Napi::Value Build(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
@@ -303,21 +397,25 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       const int64_t tokens = ArgInt(info, 1, "build tokens", 0, int64_t(1) << 40);
       if (tokens > kv.tokens)
         Throw("E_SHAPE", "build tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
-      // The new index is built off the JS thread into `next` and replaces index_ only on success;
-      // busy_ blocks every other method until the promise settles. The worker keeps the key array
+      // The new index is built off the JS thread into `next` and replaces the shared index only on success;
+      // busy blocks every other method until the promise settles. The worker keeps the key array
       // and this object alive; its copy of the view drops the JS handle (used on the pool thread).
-      auto next = std::make_shared<std::unique_ptr<LayerIndex>>(std::make_unique<LayerIndex>(cfg_));
+      auto next = std::make_shared<std::unique_ptr<LayerIndex>>(std::make_unique<LayerIndex>(s_->cfg));
       KvView view = kv;
       view.array = Napi::Object();
       Napi::Promise p = PromiseWorker::Start(
           info.Env(), [next, view, tokens] { (*next)->Build(view, tokens); },
           [this, next](Napi::Env env) -> Napi::Value {
-            index_ = std::move(*next);
-            busy_ = false;
+            {
+              std::unique_lock<std::shared_mutex> lock(s_->mu);
+              s_->index = std::move(*next);
+            }
+            s_->busy.store(false, std::memory_order_release);
             return env.Undefined();
           },
-          {kv.array, Value()}, WorkerLabels{"kvdrive:index-build", "index build: ", "the index"}, [this] { busy_ = false; });
-      busy_ = true;  // the worker's callbacks run on this thread, after this call returns
+          {kv.array, Value()}, WorkerLabels{"kvdrive:index-build", "index build: ", "the index"},
+          [this] { s_->busy.store(false, std::memory_order_release); });
+      s_->busy.store(true, std::memory_order_release);  // the worker's callbacks run on this thread, after this call returns
       return p;
     });
   }
@@ -333,9 +431,10 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       const int64_t tokens = ArgInt(info, 1, "buildSync tokens", 0, int64_t(1) << 40);
       if (tokens > kv.tokens)
         Throw("E_SHAPE", "buildSync tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " + std::to_string(tokens));
-      auto next = std::make_unique<LayerIndex>(cfg_);
+      auto next = std::make_unique<LayerIndex>(s_->cfg);
       next->Build(kv, tokens);
-      index_ = std::move(next);
+      std::unique_lock<std::shared_mutex> lock(s_->mu);
+      s_->index = std::move(next);
       return info.Env().Undefined();
     });
   }
@@ -346,79 +445,48 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       KvView kv = GetKvView(info[0], "extend k");
       const int64_t tokens = ArgInt(info, 1, "extend tokens", 0, int64_t(1) << 40);
       const int64_t first = info.Length() > 2 && !info[2].IsUndefined() ? ArgInt(info, 2, "extend first", 0, int64_t(1) << 40) : 0;
-      index_->Extend(kv, tokens, first);
+      std::unique_lock<std::shared_mutex> lock(s_->mu);
+      s_->index->Extend(kv, tokens, first);
       return info.Env().Undefined();
     });
   }
 
-  // select(q, budget, pool = 0, keys?) -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?,
-  //   tokens, sinkEnd, tailStart, chunkSize, vectorsScored, bytesScored }
+  // select(q, budget, pool = 0, keys?): see SelectOn.
   Napi::Value Select(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value { return SelectOn(info, 0, *s_); });
+  }
+
+  // handle() -> the index's handle for selectIndex (registered on first call, released when this
+  // object is collected; a select running on a worker keeps the index alive until it returns).
+  Napi::Value Handle(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
-      NotBusy("select");
-      if (!index_->built()) Throw("E_CONFIG", "select: expected build() to have completed first, got an index that was never built");
-      auto q = GetF32(info[0], "select q");
-      const int dim = index_->dim(), heads = index_->heads();
-      if (q.length == 0 || q.length % (size_t(heads) * dim) != 0)
-        Throw("E_SHAPE", "select q: expected qHeads*dim elements with qHeads a multiple of kvHeads " + std::to_string(heads) +
-                             " and dim " + std::to_string(dim) + ", got " + std::to_string(q.length) + " elements");
-      CheckFinite(q.data, q.length, "select q");
-      const int64_t budget = ArgInt(info, 1, "select budget (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
-      int64_t pool = 0;
-      if (info.Length() > 2 && !info[2].IsUndefined()) {
-        pool = ArgInt(info, 2, "select pool (tokens per kv head)", 1, int64_t(1) << 40, "E_BUDGET");
-        if (pool < budget)
-          Throw("E_BUDGET", "select pool: expected at least the budget " + std::to_string(budget) + " tokens, got " + std::to_string(pool));
-      }
-      // keys: the layer's keys, read in place on this thread (kvdrive's exact level-3 re-rank).
-      KvView keys;
-      const bool haveKeys = info.Length() > 3 && !info[3].IsUndefined();
-      if (haveKeys) {
-        keys = GetKvView(info[3], "select keys");
-        if (keys.heads != heads || keys.dim != dim)
-          Throw("E_SHAPE", "select keys: expected " + std::to_string(heads) + " kv heads x dim " + std::to_string(dim) +
-                               " as at build, got " + std::to_string(keys.heads) + " x " + std::to_string(keys.dim));
-        if (keys.tokens < index_->tokens())
-          Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index_->tokens()) +
-                               " tokens, got " + std::to_string(keys.tokens));
-      }
-      SelectResult r = index_->Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
-      Napi::Env env = info.Env();
-      Napi::Object o = Napi::Object::New(env);
-      o.Set("chunkSize", r.chunk);
-      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
-      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
-      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
-      o.Set("offsets", ToJs(env, r.offsets));
-      o.Set("chunkIds", ToJs(env, r.ids));
-      if (pool > 0) {
-        o.Set("poolOffsets", ToJs(env, r.poolOffsets));
-        o.Set("poolIds", ToJs(env, r.poolIds));
-        o.Set("poolScores", ToJs(env, r.poolScores));
-      }
-      o.Set("vectorsScored", Napi::Number::New(env, double(r.vectorsScored)));
-      o.Set("bytesScored", Napi::Number::New(env, double(r.bytesScored)));
-      return o;
+      if (handle_ == 0) handle_ = IndexHandles().Add(s_);
+      return Napi::Number::New(info.Env(), handle_);
     });
   }
 
   Napi::Value Bytes(const Napi::CallbackInfo& info) {
-    return Guard(info, [&]() -> Napi::Value { return Napi::Number::New(info.Env(), double(index_->Bytes())); });
+    return Guard(info, [&]() -> Napi::Value {
+      std::shared_lock<std::shared_mutex> lock(s_->mu);
+      return Napi::Number::New(info.Env(), double(s_->index->Bytes()));
+    });
   }
 
   // geometry() -> { tokens, sinkEnd, tailStart, firstChunk, endChunk, heads, dim }
   Napi::Value Geometry(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
+      std::shared_lock<std::shared_mutex> lock(s_->mu);
+      const LayerIndex& index = *s_->index;
       Napi::Env env = info.Env();
       Napi::Object o = Napi::Object::New(env);
-      o.Set("built", index_->built());
-      o.Set("tokens", Napi::Number::New(env, double(index_->tokens())));
-      o.Set("sinkEnd", Napi::Number::New(env, double(index_->sinkEnd())));
-      o.Set("tailStart", Napi::Number::New(env, double(index_->tailStart())));
-      o.Set("firstChunk", Napi::Number::New(env, double(index_->firstChunk())));
-      o.Set("endChunk", Napi::Number::New(env, double(index_->endChunk())));
-      o.Set("heads", index_->heads());
-      o.Set("dim", index_->dim());
+      o.Set("built", index.built());
+      o.Set("tokens", Napi::Number::New(env, double(index.tokens())));
+      o.Set("sinkEnd", Napi::Number::New(env, double(index.sinkEnd())));
+      o.Set("tailStart", Napi::Number::New(env, double(index.tailStart())));
+      o.Set("firstChunk", Napi::Number::New(env, double(index.firstChunk())));
+      o.Set("endChunk", Napi::Number::New(env, double(index.endChunk())));
+      o.Set("heads", index.heads());
+      o.Set("dim", index.dim());
       return o;
     });
   }
@@ -428,10 +496,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   Napi::Value Clusters(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
       NotBusy("clusters");
-      if (!index_->built()) Throw("E_CONFIG", "clusters: expected build() to have completed first, got an index that was never built");
-      const int h = int(ArgInt(info, 0, "clusters head", 0, index_->heads() - 1));
+      std::shared_lock<std::shared_mutex> lock(s_->mu);
+      const LayerIndex& index = *s_->index;
+      if (!index.built()) Throw("E_CONFIG", "clusters: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 0, "clusters head", 0, index.heads() - 1));
       Napi::Env env = info.Env();
-      const auto& segs = index_->head(h).segments;
+      const auto& segs = index.head(h).segments;
       Napi::Array arr = Napi::Array::New(env, segs.size());
       for (size_t s = 0; s < segs.size(); ++s) {
         Napi::Object o = Napi::Object::New(env);
@@ -439,7 +509,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         o.Set("endChunk", Napi::Number::New(env, double(segs[s].c1)));
         o.Set("full", segs[s].clusteredFull);
         o.Set("k", segs[s].k);
-        o.Set("centroids", ToJs(env, index_->SegmentCentroids(segs[s])));
+        o.Set("centroids", ToJs(env, index.SegmentCentroids(segs[s])));
         o.Set("offsets", ToJs(env, segs[s].offsets));
         o.Set("members", ToJs(env, segs[s].members));
         o.Set("inertia", Napi::Number::New(env, segs[s].inertia));
@@ -455,13 +525,15 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   Napi::Value ScoreSketch(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
       NotBusy("scoreSketch");
-      if (!index_->built()) Throw("E_CONFIG", "scoreSketch: expected build() to have completed first, got an index that was never built");
-      const int h = int(ArgInt(info, 1, "scoreSketch head", 0, index_->heads() - 1));
-      const KeySketch& sk = index_->head(h).sketch;
-      if (!index_->config().keySketch || sk.dim == 0)
+      std::shared_lock<std::shared_mutex> lock(s_->mu);
+      const LayerIndex& index = *s_->index;
+      if (!index.built()) Throw("E_CONFIG", "scoreSketch: expected build() to have completed first, got an index that was never built");
+      const int h = int(ArgInt(info, 1, "scoreSketch head", 0, index.heads() - 1));
+      const KeySketch& sk = index.head(h).sketch;
+      if (!index.config().keySketch || sk.dim == 0)
         Throw("E_CONFIG", "scoreSketch: expected an index built with keySketch, got one without a sketch");
       auto q = GetF32(info[0], "scoreSketch q");
-      const int dim = index_->dim();
+      const int dim = index.dim();
       if (q.length == 0 || q.length % size_t(dim) != 0 || q.length / dim > 4096)
         Throw("E_SHAPE", "scoreSketch q: expected group*dim elements (dim " + std::to_string(dim) + ", group <= 4096), got " + std::to_string(q.length));
       CheckFinite(q.data, q.length, "scoreSketch q");
@@ -482,9 +554,9 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
     });
   }
 
-  IndexConfig cfg_;
-  std::unique_ptr<LayerIndex> index_;
-  bool busy_ = false;
+  // Shared with the handle registry (worker threads); guarded as the top of this file says.
+  std::shared_ptr<SharedIndex> s_;
+  int32_t handle_ = 0;  // 0: not registered yet
 };
 
 void InitIndex(Napi::Env env, Napi::Object exports) {
@@ -494,6 +566,7 @@ void InitIndex(Napi::Env env, Napi::Object exports) {
   exports.Set("centroidTiles", Napi::Function::New(env, CentroidTilesJs));
   exports.Set("indexKernelLevel", Napi::Function::New(env, IndexKernelLevelJs));
   exports.Set("SelectionIndex", SelectionIndex::Define(env));
+  exports.Set("selectIndex", Napi::Function::New(env, SelectIndexJs));
 }
 
 }  // namespace

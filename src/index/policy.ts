@@ -72,6 +72,13 @@ export interface SelectionPolicy {
   indexBytes(): number;
   /** Vectors and bytes scored by, and wall time of, the last select. */
   lastSelectStats(): SelectStats;
+  /**
+   * The index's process-global handle: `native.selectIndex(handle, q, budget)` runs this policy's
+   * select on any thread (a pipeline stage worker) while this object stays alive. Mutations
+   * (build, extend) stay on the owning thread; the native index is read/write locked, so a select
+   * elsewhere sees it before or after a mutation, never in between.
+   */
+  handle(): number;
 }
 
 /** One k-means segment of one kv head (kvdrive introspection). */
@@ -99,6 +106,7 @@ interface NativeIndex {
   extend(k: KvTensor, tokens: number, first?: number): void;
   select(q: Float32Array, budget: number, pool?: number, keys?: KvTensor): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
+  handle(): number;
   clusters(head: number): SegmentClusters[];
   scoreSketch(q: Float32Array, head: number, tokens: Int32Array): Float32Array;
 }
@@ -198,6 +206,10 @@ export class NativeSelectionPolicy implements SelectionPolicy {
 
   indexBytes(): number {
     return call(() => this.index.bytes());
+  }
+
+  handle(): number {
+    return call(() => this.index.handle());
   }
 
   lastSelectStats(): SelectStats {

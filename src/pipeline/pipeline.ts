@@ -136,6 +136,13 @@ export class Pipeline {
     return done;
   }
 
+  /** Workers of stage `stage` (index) replaced after dying since start; read locally, works after a fatal error too. */
+  restarts(stage: number): number {
+    const pool = this.pools[stage];
+    if (!pool) fail('E_RANGE', 'pipeline restarts stage', `an index in [0, ${this.pools.length})`, stage);
+    return pool.restartCount;
+  }
+
   /** Per-stage counters over the control plane. */
   async stats(): Promise<PipelineStats> {
     if (this.closed) throw new KvdriveError('E_CLOSED', 'pipeline stats: expected an open pipeline, got one that was closed');

@@ -1,7 +1,8 @@
 /**
  * A pipeline stage: a piscina pool of worker threads, each running ONE long-lived task that loops
  * "pop descriptor from the input ring → run the stage function on shared memory → push to the
- * output ring" until it is stopped.
+ * output ring" until it is stopped. The pipelined runtime runs its select stage on one
+ * (select-stage.ts; memory-runtime.ts submits micro-batches through a Pipeline).
  *
  * Why piscina fits although its unit of work is a task (one postMessage and one promise each):
  * here a task is a worker's whole life, not a micro-batch, so piscina costs one message per worker
@@ -100,18 +101,22 @@ export interface StageStats extends Omit<StageWorkerStats, 'worker'> {
   workers: StageWorkerStats[];
 }
 
-/** Compiled worker entry: beside this file when running from dist/, else under <root>/dist/. */
-function stageWorkerPath(): string {
+/**
+ * Path of a compiled module of src/pipeline/ (e.g. 'stage-worker.js', the worker entry, or a stage
+ * module): beside this file when running from dist/, else under <root>/dist/ (tests run the
+ * TypeScript sources; workers can only load compiled JavaScript).
+ */
+export function compiledPipelineModule(file: string): string {
   const here = dirname(fileURLToPath(import.meta.url));
-  const sibling = join(here, 'stage-worker.js');
+  const sibling = join(here, file);
   if (existsSync(sibling)) return sibling;
   let dir = here;
   for (let i = 0; i < 4; i++) {
     dir = dirname(dir);
-    const p = join(dir, 'dist', 'src', 'pipeline', 'stage-worker.js');
+    const p = join(dir, 'dist', 'src', 'pipeline', file);
     if (existsSync(p)) return p;
   }
-  throw new KvdriveError('E_NOT_FOUND', `stage worker: expected compiled dist/src/pipeline/stage-worker.js, got none near ${here}; run \`npm run build:ts\``);
+  throw new KvdriveError('E_NOT_FOUND', `stage module: expected compiled dist/src/pipeline/${file}, got none near ${here}; run \`npm run build:ts\``);
 }
 
 function checkResourceLimits(name: string, r: unknown): void {
@@ -162,7 +167,7 @@ export class StagePool {
     for (let i = 0; i < threads; i++) this.records.push(new HandoffRecord(this.ctrl, workerRecord(i, words) + CW_HANDOFF, words));
     this.moduleUrl = opts.module.startsWith('file:') ? opts.module : pathToFileURL(opts.module).href;
     this.piscina = new Piscina<StageTask, StageTaskEnd>({
-      filename: stageWorkerPath(),
+      filename: compiledPipelineModule('stage-worker.js'),
       name: 'default',
       minThreads: threads,
       maxThreads: threads,

@@ -13,9 +13,10 @@
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
  * The token count advances only after attention succeeded, so a failed step retried with the same
- * input gives the output of a clean run. The sequential and the pipelined runtime both run this
- * function (pipelined: micro-batches of different sequences overlap, I/O and attention off the JS
- * thread), so their outputs are bit-identical.
+ * input gives the output of a clean run. The stages are separate functions: appendEntry (main
+ * thread: it mutates tail and index), selectEntry (select-stage.ts: inline in sequential mode, on a
+ * piscina stage worker in pipelined mode) and fetchAttendEntry. Both runtime modes run the same
+ * three, so their outputs are bit-identical.
  */
 import { availableParallelism } from 'node:os';
 import { KvdriveError } from '../errors.js';
@@ -24,7 +25,9 @@ import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
 import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/fetched-attention.js';
 import type { FetchPlacement } from '../storage/tiered-kv.js';
-import type { KvMemory } from '../runtime/kv-memory.js';
+import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
+import type { KvTensor } from '../types.js';
+import { selectEntry, type EntrySelection } from './select-stage.js';
 
 /** Traffic and time of one step of one entry. */
 export interface EntryStepStats {
@@ -72,34 +75,41 @@ function toChunks(sel: Selection, chunkSize: number, heads: number): Selection {
   return { chunkSize, tokens: sel.tokens, sinkEnd: sel.sinkEnd, tailStart: sel.tailStart, offsets, chunkIds: ids.subarray(0, n) };
 }
 
+/** An entry after its append stage: the new token is in the open tail and the index extended. */
+export interface AppendedEntry {
+  lk: LayerKv;
+  /** Context length with the new token. */
+  T: number;
+  tailK: KvTensor;
+  tailV: KvTensor;
+  /** The layer index's handle: what the select stage selects on (any thread). */
+  handle: number;
+  /** Wall time of the index extend, milliseconds. */
+  extendMs: number;
+}
+
 /**
- * Attends entry (seq, layer) for query q with the new token's kRow / vRow (host dtype, kvHeads x
- * headDim). `offThread`: I/O and attention run off the JS thread (pipelined). Nothing is committed:
- * the caller calls `commit()` once every entry of the step succeeded (the token count advances and
- * the seal this made due starts), so a failed step leaves every sequence where it was.
+ * Append stage of entry (seq, layer), on the thread owning the memory (it mutates the tail and the
+ * index): waits for a pending seal, appends the new token's kRow / vRow (host dtype, kvHeads x
+ * headDim) to the open tail, sinks too while the context is short, and extends the index. Nothing
+ * is committed (the token count stays): a failed step retried rewrites the same rows.
  */
-export async function attendEntry(
+export async function appendEntry(
   mem: KvMemory,
-  hot: HotTier | undefined,
   seq: number,
   layer: number,
-  q: Float32Array,
   kRow: Float32Array | Uint16Array,
   vRow: Float32Array | Uint16Array,
-  offThread: boolean,
-): Promise<{ out: Float32Array; lse: Float32Array; selection: Selection; bytesScored: number; stats: EntryStepStats; commit: () => void }> {
+): Promise<AppendedEntry> {
   const lk = mem.layer(seq, layer);
-  const { shape, policyOptions: p, budget, maxTokens } = mem.config;
-  const { kvHeads: H, headDim: D, qHeads } = shape;
-  const cs = p.chunkSize;
-  const row = H * D;
+  const { shape, policyOptions: p, maxTokens } = mem.config;
+  const row = shape.kvHeads * shape.headDim;
   await mem.settleSeal(seq, layer, lk);
   const at = lk.tokens;
   const T = at + 1;
   if (T > maxTokens) throw new KvdriveError('E_BUDGET', `attend seq ${seq} layer ${layer} context: expected at most maxTokens = ${maxTokens} tokens, got ${T}`);
   const slot = at - lk.sealed;
   if (slot >= mem.tailCapacity) throw new KvdriveError('E_INTERNAL', `step: expected the tail to hold token ${at} (capacity ${mem.tailCapacity} from ${lk.sealed}), got it full`);
-  // Append (not committed: a failed step leaves tokens unchanged and a retry rewrites the same rows).
   lk.tailK.set(kRow, slot * row);
   lk.tailV.set(vRow, slot * row);
   if (at < p.sinks) {
@@ -110,9 +120,62 @@ export async function attendEntry(
   const tailK = mem.tensor(lk.tailK, T - lk.sealed);
   const tailV = mem.tensor(lk.tailV, T - lk.sealed);
   lk.policy!.extend(tailK, T, lk.sealed);
+  return { lk, T, tailK, tailV, handle: lk.policy!.handle(), extendMs: performance.now() - t0 };
+}
+
+/** Result of one entry's step; `commit()` once every entry of the step succeeded. */
+export interface EntryResult {
+  out: Float32Array;
+  lse: Float32Array;
+  selection: Selection;
+  bytesScored: number;
+  stats: EntryStepStats;
+  commit: () => void;
+}
+
+/**
+ * Attends entry (seq, layer) for query q with the new token's kRow / vRow, every stage on this
+ * thread's turn: append, select inline (selectEntry), fetch + compute. `offThread`: I/O and
+ * attention run off the JS thread.
+ */
+export async function attendEntry(
+  mem: KvMemory,
+  hot: HotTier | undefined,
+  seq: number,
+  layer: number,
+  q: Float32Array,
+  kRow: Float32Array | Uint16Array,
+  vRow: Float32Array | Uint16Array,
+  offThread: boolean,
+): Promise<EntryResult> {
+  const a = await appendEntry(mem, seq, layer, kRow, vRow);
+  return fetchAttendEntry(mem, hot, seq, layer, a, q, selectEntry(a.handle, q, mem.config.budget), offThread);
+}
+
+/**
+ * Fetch and compute stages of entry (seq, layer) once appended (`a`) and selected (`s`, by
+ * selectEntry, inline or on a stage worker): the selected chunks are fetched through the tiers and
+ * attended with q. `offThread`: I/O and attention run off the JS thread (pipelined). Nothing is
+ * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
+ * advances and the seal this made due starts), so a failed step leaves every sequence where it was.
+ */
+export async function fetchAttendEntry(
+  mem: KvMemory,
+  hot: HotTier | undefined,
+  seq: number,
+  layer: number,
+  a: AppendedEntry,
+  q: Float32Array,
+  s: EntrySelection,
+  offThread: boolean,
+): Promise<EntryResult> {
+  const { lk, T, tailK, tailV } = a;
+  const { shape, policyOptions: p } = mem.config;
+  const { kvHeads: H, qHeads } = shape;
+  const cs = p.chunkSize;
   // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
-  const tokSel = lk.policy!.select(q, budget);
-  const bytesScored = lk.policy!.lastSelectStats().bytesScored;
+  const tokSel = s.selection;
+  const bytesScored = s.bytesScored;
   const sel = toChunks(tokSel, cs, H);
   const t1 = performance.now();
 
@@ -166,7 +229,7 @@ export async function attendEntry(
     ssdReadBytes: 0,
     hotAdmitted: 0,
     dramAdmitted: 0,
-    selectMs: t1 - t0,
+    selectMs: a.extendMs + s.ms,
     fetchMs: 0,
     computeMs: 0,
   };

@@ -1,10 +1,16 @@
 /**
  * The runtime over the memory model (kv-memory.ts): what `openRuntime` runs. It
  * owns the tiers (DRAM tier, optional SSD store, optional hot tier), the sequences' indexes, and
- * runs each attend() entry through step.ts. 'sequential' runs the entries one after another on the
- * calling thread; 'pipelined' runs micro-batches concurrently — selection of one micro-batch on the
- * JS thread while the SSD reads (I/O engine threads) and the attention (off-thread native work) of
- * others proceed. Both run the same step, so outputs are bit-identical.
+ * runs each attend() entry through the stages of step.ts (append → select → fetch + compute).
+ * 'sequential' runs the entries one after another on the calling thread, select inline.
+ * 'pipelined' runs up to `concurrency` micro-batches at once: the JS thread appends a micro-batch
+ * (tail + index extend: every mutation stays on this thread), writes its queries and index handles
+ * into a SharedArrayBuffer slot and pushes the slot on the select pipeline's ring; a piscina stage
+ * worker (stage-pool.ts) selects on the indexes by handle and writes the selections into the slot;
+ * the JS thread then fetches (I/O engine threads) and attends (native, off-thread) while the worker
+ * selects the next micro-batch. Both modes run the same stage functions, so outputs are
+ * bit-identical. A worker that dies mid-batch is replaced by the pool and the micro-batch's select
+ * (pure: it only reads the index) is submitted again.
  */
 import { KvdriveError, fail } from '../errors.js';
 import { createPolicy } from '../index/policy.js';
@@ -16,7 +22,10 @@ import { fromF32 } from '../util/f16.js';
 import type { Dtype, KvTensor } from '../types.js';
 import type { Selection } from '../index/selection.js';
 import { KvMemory, type KvMemoryConfig, type MemoryStats } from './kv-memory.js';
-import { attendEntry, type EntryStepStats } from '../pipeline/step.js';
+import { appendEntry, attendEntry, fetchAttendEntry, type EntryResult, type EntryStepStats } from '../pipeline/step.js';
+import { SelectArena, selectEntry } from '../pipeline/select-stage.js';
+import { Pipeline } from '../pipeline/pipeline.js';
+import { compiledPipelineModule } from '../pipeline/stage-pool.js';
 
 /** Tier traffic summed over attend() calls (chunks by where they came from, SSD device bytes, admissions). */
 export type MemoryTraffic = Omit<EntryStepStats, 'selectMs' | 'fetchMs' | 'computeMs'>;
@@ -37,6 +46,9 @@ export interface MemoryEntry {
   vNew: Float32Array | Uint16Array;
 }
 
+/** Times one micro-batch is submitted again after its select worker died holding it. */
+const MAX_SELECT_RETRIES = 3;
+
 export class MemoryRuntime {
   readonly memory: KvMemory;
   readonly hot: HotTier | undefined;
@@ -46,14 +58,28 @@ export class MemoryRuntime {
   readonly time = { selectionMs: 0, fetchMs: 0, computeMs: 0, warmedChunks: 0 };
   /** Most micro-batches of one attend() that ran at once (1 sequentially). */
   maxInFlight = 0;
+  /** Pipelined select stage: entries selected on the worker / on this thread (fallback), micro-batches submitted again after their worker died. */
+  readonly selectCounts = { onWorker: 0, inline: 0, retries: 0 };
+  /**
+   * @internal Pipelined: the select stage (one piscina worker) and the slots micro-batches travel
+   * in (one per runner). Undefined in sequential mode.
+   */
+  readonly select: { pipeline: Pipeline; arena: SelectArena } | undefined;
   private readonly ownsSsd: SsdStore | undefined;
 
-  private constructor(memory: KvMemory, hot: HotTier | undefined, init: MemoryRuntimeInit, ssd: SsdStore | undefined) {
+  private constructor(
+    memory: KvMemory,
+    hot: HotTier | undefined,
+    init: MemoryRuntimeInit,
+    ssd: SsdStore | undefined,
+    select: { pipeline: Pipeline; arena: SelectArena } | undefined,
+  ) {
     this.memory = memory;
     this.hot = hot;
     this.mode = init.mode;
     this.microBatch = init.microBatch;
     this.ownsSsd = ssd;
+    this.select = select;
   }
 
   static async open(init: MemoryRuntimeInit): Promise<MemoryRuntime> {
@@ -71,11 +97,23 @@ export class MemoryRuntime {
         })
       : undefined;
     let hot: HotTier | undefined;
+    let pipeline: Pipeline | undefined;
     try {
       const memory = KvMemory.open({ ...config, ssd });
       hot = init.hotTier ? new HotTier(init.hotTier) : undefined;
-      return new MemoryRuntime(memory, hot, init, ssd);
+      let select: { pipeline: Pipeline; arena: SelectArena } | undefined;
+      if (init.mode === 'pipelined') {
+        const arena = new SelectArena(concurrency, init.microBatch, shape.qHeads * shape.headDim, shape.kvHeads, init.budget);
+        pipeline = await Pipeline.start({
+          stages: [{ name: 'select', module: compiledPipelineModule('select-stage.js'), init: arena.init, threads: 1 }],
+          words: 2, // [slot, entries]
+          capacity: 8, // >= concurrency: a runner never waits for ring space
+        });
+        select = { pipeline, arena };
+      }
+      return new MemoryRuntime(memory, hot, init, ssd, select);
     } catch (e) {
+      await pipeline?.close();
       hot?.destroy();
       await ssd?.close();
       throw e;
@@ -156,36 +194,33 @@ export class MemoryRuntime {
    * seals) only when every entry succeeded: a failed step can be retried as a whole.
    */
   async attend(layer: number, entries: MemoryEntry[]): Promise<{ out: Float32Array; selection: Selection; bytesScored: number }[]> {
-    type Done = Awaited<ReturnType<typeof attendEntry>>;
-    const run = (e: MemoryEntry, offThread: boolean) => attendEntry(this.memory, this.hot, e.seq, layer, e.q, e.kNew, e.vNew, offThread);
-    let done: Done[];
+    let done: EntryResult[];
     if (this.mode === 'sequential') {
       this.maxInFlight = Math.max(this.maxInFlight, 1);
       done = [];
-      for (const e of entries) done.push(await run(e, false));
+      for (const e of entries) done.push(await attendEntry(this.memory, this.hot, e.seq, layer, e.q, e.kNew, e.vNew, false));
     } else {
       // Pipelined: micro-batches overlap (each entry is a different sequence: disjoint state), at
-      // most `concurrency` at once — the fetch buffers the budget counts; later ones wait for a
-      // runner (back-pressure, nothing dropped). Outputs keep entry order.
+      // most `concurrency` at once — the fetch buffers the budget counts, and runner r owns arena
+      // slot r; later ones wait for a runner (back-pressure, nothing dropped). Outputs keep entry order.
       const parts: MemoryEntry[][] = [];
       for (let i = 0; i < entries.length; i += this.microBatch) parts.push(entries.slice(i, i + this.microBatch));
-      const results: Done[][] = new Array<Done[]>(parts.length);
+      const results: EntryResult[][] = new Array<EntryResult[]>(parts.length);
       let next = 0;
       let running = 0;
-      const runner = async () => {
+      const runner = async (slot: number) => {
         while (next < parts.length) {
           const p = next++;
           this.maxInFlight = Math.max(this.maxInFlight, ++running);
           try {
-            const outs: Done[] = [];
-            for (const e of parts[p]!) outs.push(await run(e, true));
-            results[p] = outs;
+            results[p] = await this.runMicroBatch(layer, parts[p]!, slot);
           } finally {
             running--;
           }
         }
       };
-      const settled = await Promise.allSettled(Array.from({ length: Math.min(this.memory.config.concurrency, parts.length) }, runner));
+      const n = Math.min(this.memory.config.concurrency, parts.length);
+      const settled = await Promise.allSettled(Array.from({ length: n }, (_, slot) => runner(slot)));
       const failed = settled.find((s): s is PromiseRejectedResult => s.status === 'rejected');
       if (failed) throw failed.reason;
       done = results.flat();
@@ -195,6 +230,48 @@ export class MemoryRuntime {
       this.count(d.stats);
     }
     return done.map((d) => ({ out: d.out, selection: d.selection, bytesScored: d.bytesScored }));
+  }
+
+  /**
+   * One micro-batch, pipelined: append on this thread, select on the stage worker (through arena
+   * slot `slot`), then fetch + attend off-thread, entry by entry.
+   */
+  private async runMicroBatch(layer: number, part: MemoryEntry[], slot: number): Promise<EntryResult[]> {
+    const { pipeline, arena } = this.select!;
+    const budget = this.memory.config.budget;
+    const appended = [];
+    for (let i = 0; i < part.length; i++) {
+      const e = part[i]!;
+      const a = await appendEntry(this.memory, e.seq, layer, e.kNew, e.vNew);
+      arena.put(slot, i, a.handle, budget, e.q);
+      appended.push(a);
+    }
+    // A worker that dies holding the batch rejects it with E_WORKER (the stage function itself
+    // never throws: see select-stage.ts) and is replaced; select only reads, so submit again.
+    for (let attempt = 0; ; attempt++) {
+      try {
+        await pipeline.submit([slot, part.length]);
+        break;
+      } catch (e) {
+        if (!(e instanceof KvdriveError && e.code === 'E_WORKER') || attempt >= MAX_SELECT_RETRIES) throw e;
+        this.selectCounts.retries++;
+      }
+    }
+    const outs: EntryResult[] = [];
+    for (let i = 0; i < part.length; i++) {
+      const e = part[i]!;
+      const a = appended[i]!;
+      // Not selected on the worker (it threw, or the selection outgrew the slot): the same select
+      // here, which returns the selection or throws its typed error.
+      let s = arena.take(slot, i);
+      if (s) this.selectCounts.onWorker++;
+      else {
+        s = selectEntry(a.handle, e.q, budget);
+        this.selectCounts.inline++;
+      }
+      outs.push(await fetchAttendEntry(this.memory, this.hot, e.seq, layer, a, e.q, s, true));
+    }
+    return outs;
   }
 
   private count(s: EntryStepStats): void {
@@ -208,9 +285,10 @@ export class MemoryRuntime {
     return { ...this.memory.stats(), traffic: { ...this.traffic } };
   }
 
-  /** Closes every open sequence (given), the hot tier and the SSD store this runtime opened. */
+  /** Closes every open sequence (given), the select stage (its worker threads joined), the hot tier and the SSD store this runtime opened. */
   async close(openSeqs: number[]): Promise<void> {
     let error: unknown;
+    await this.select?.pipeline.close().catch((e: unknown) => (error ??= e));
     for (const s of openSeqs) await this.memory.closeSequence(s).catch((e: unknown) => (error ??= e));
     this.hot?.destroy();
     await this.ownsSsd?.close();

@@ -3,9 +3,10 @@
  * of sequences, over the memory model (src/runtime/): sinks and the open tail of every (sequence,
  * layer) in DRAM in the host's dtype, sealed segments in the DRAM tier (and on SSD when `ssd` is
  * given), a hot tier in front when `hotTier` is given. Every attend() entry runs the one decode
- * step of src/pipeline/step.ts (select → fetch → compute), sequentially on the calling thread or
- * pipelined (micro-batches of different sequences overlap: selection on the JS thread while I/O
- * and attention of others run off it); both modes give bit-identical outputs.
+ * step of src/pipeline/step.ts (append → select → fetch → compute), sequentially on the calling
+ * thread or pipelined (micro-batches of different sequences overlap: selection on a piscina stage
+ * worker while I/O and attention of others run off the JS thread); both modes give bit-identical
+ * outputs.
  *
  *   attend(layer, batch) ─ validate, narrow k/v to the host dtype ─▶ MemoryRuntime.attend ─▶ outputs
  */
@@ -34,9 +35,12 @@ export interface RuntimeOptions {
   policyOptions?: Omit<PolicyOptions, 'qHeads' | 'kvHeads' | 'headDim'>;
   /**
    * 'sequential' (default): the entries of an attend() one after another on the calling thread.
-   * 'pipelined': micro-batches of `microBatch` entries run concurrently — selection of one on the
-   * JS thread while the SSD reads (I/O engine threads) and the attention (native work off the JS
-   * thread) of others proceed. Outputs are bit-identical to 'sequential'.
+   * 'pipelined': micro-batches of `microBatch` entries run concurrently (up to 4) — the selection
+   * of one on a stage worker thread (one piscina worker, started at open, joined at close; the
+   * micro-batch travels in a SharedArrayBuffer slot) while the SSD reads (I/O engine threads) and
+   * the attention (native work off the JS thread) of others proceed. Appending the new tokens and
+   * extending the indexes stay on the calling thread. A worker that dies is replaced and its
+   * micro-batch selected again. Outputs are bit-identical to 'sequential'.
    */
   mode?: 'sequential' | 'pipelined';
   /** Batch entries per micro-batch (default 1, at most 256). */
@@ -122,6 +126,13 @@ export interface TracedOutput {
 /** Time breakdown since open (ms). */
 export interface RuntimeStats {
   mode: 'sequential' | 'pipelined';
+  /**
+   * Pipelined mode's select stage (absent sequentially): entries selected on its piscina worker,
+   * entries selected on the calling thread instead (the worker's select threw, or its selection
+   * outgrew the arena slot: the same select runs here), micro-batches submitted again after their
+   * worker died holding them, and workers replaced since open.
+   */
+  selectStage?: { onWorker: number; inline: number; retries: number; restarts: number };
   attendCalls: number;
   entries: number;
   microBatches: number;
@@ -486,6 +497,9 @@ export class Runtime {
       warmedChunks: this.memory.time.warmedChunks,
       stallMs: Math.max(0, c.wallMs - c.computeMs),
       maxInFlight: this.memory.maxInFlight,
+      ...(this.memory.select
+        ? { selectStage: { ...this.memory.selectCounts, restarts: this.memory.select.pipeline.restarts(0) } }
+        : {}),
       recentSteps: this.recent.map((r) => ({ ...r })),
       memory: m,
     };
