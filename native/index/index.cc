@@ -542,7 +542,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       for (size_t i = 0; i < t.length; ++i) {
         if (t.data[i] < 0 || t.data[i] >= sk.tokens())
           Throw("E_RANGE", "scoreSketch tokens[" + std::to_string(i) + "]: expected a token in [0, " + std::to_string(sk.tokens()) + "), got " + std::to_string(t.data[i]));
-        toks[i] = index_->SketchRow(h, t.data[i]);
+        toks[i] = index.SketchRow(h, t.data[i]);
       }
       const int g = int(q.length / dim);
       SketchQuery sq;
