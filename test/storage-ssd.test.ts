@@ -80,7 +80,7 @@ describe.each(engines)('SSD store, engine $kind', ({ kind }) => {
 });
 
 describe('SSD store integrity and errors', () => {
-  it('coalesces neighbouring extents into one read and keeps separate runs apart', async () => {
+  it('coalesces neighbouring chunks into one read and keeps separate runs apart', async () => {
     const dir = tempDir('coalesce');
     const store = await openStore({ dir, shape, kind: 'pread', maxIoBytes: 1 << 20 });
     await store.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 }); // 16 extents per region
@@ -88,14 +88,49 @@ describe('SSD store integrity and errors', () => {
     const st = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
     expect(st.extents).toBe(16);
     expect(st.runs).toBe(1);
+    // 128-byte chunks: the whole region is one 4 KiB page, so chunks with gaps still share one read
+    // (a page alignment reads anyway).
     const sparse = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: [0, 1, 2, 3, 20, 21, 30] }], new Uint8Array(7 * store.chunkBytes));
     expect(sparse.extents).toBe(4); // extents 0, 1, 10, 15
-    expect(sparse.runs).toBe(3);
+    expect(sparse.runs).toBe(1);
     const off = await openStore({ dir: tempDir('nocoalesce'), shape, kind: 'pread', coalesce: false });
     await off.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 });
     const st2 = await off.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
-    expect(st2.runs).toBe(16);
+    expect(st2.runs).toBe(32); // one read per chunk
   });
+
+  for (const direct of [false, true])
+    it(`reads only the requested page-sized chunks of an extent, each verified (direct=${direct})`, async () => {
+      // f16, head dim 256, 4 tokens: 4096-byte chunks, so every chunk is one aligned page.
+      const big: StoreShape = { layers: 1, kvHeads: 2, headDim: 256, dtype: 'f16', chunkSize: 4 };
+      const dir = tempDir('partial');
+      const store = await openStore({ dir, shape: big, kind: 'pread', direct });
+      expect(store.chunkBytes).toBe(4096);
+      const data = segmentKv(big, 128, 11); // 32 chunks per region
+      await store.writeSegment('p', { ...data, extentChunks: 8 }); // 4 extents of 8 chunks
+      const ids = [1, 2, 6, 17, 31];
+      const dest = new Uint8Array(ids.length * 4096);
+      const st = await store.readBatch([{ segment: 'p', layer: 0, kvHead: 1, chunkIds: ids }], dest);
+      ids.forEach((j, k) => expect(dest.subarray(k * 4096, (k + 1) * 4096)).toEqual(expectedChunk(big, data, 0, 1, j)));
+      expect(st.extents).toBe(3);
+      expect(st.extentBytes).toBe(3 * 8 * 4096); // what whole-extent reads would have transferred
+      expect(st.runs).toBe(4); // [1, 2], [6], [17], [31]
+      expect(st.bytesRead).toBe(ids.length * 4096); // only the requested pages
+      // A flipped byte in chunk 6 fails reads of chunk 6 only; its extent neighbours stay readable.
+      const ext = store.extents('p', 0, 1);
+      const fd = openSync(join(dir, 'p.kvseg'), 'r+');
+      const at = ext.offsets[0]! + 6 * 4096 + 100;
+      const b = Buffer.alloc(1);
+      const { readSync } = await import('node:fs');
+      readSync(fd, b, 0, 1, at);
+      b[0] = b[0]! ^ 0x01;
+      writeSync(fd, b, 0, 1, at);
+      closeSync(fd);
+      expect(await store.readChunks('p', 0, 1, [5, 7])).toEqual(new Uint8Array([...expectedChunk(big, data, 0, 1, 5), ...expectedChunk(big, data, 0, 1, 7)]));
+      const out = new Uint8Array(2 * 4096);
+      await expectKvdError(() => store.readChunks('p', 0, 1, [6, 7], out), 'E_CORRUPT', /p\.kvseg: chunk checksum mismatch in layer 0, kv head 1, extent 0, chunk 6 /);
+      expect(out.subarray(0, 4096).every((x) => x === 0)).toBe(true); // the corrupt chunk was never copied out
+    });
 
   for (const kind of ['pread', 'mmap'] as const)
     it(`detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable (${kind}${kind === 'mmap' ? ': checksums verified on the mapped bytes' : ''})`, async () => {
@@ -157,7 +192,7 @@ describe('SSD store integrity and errors', () => {
       // mmap: map the file first (a read of it), then truncate under the mapping.
       expect((await s.readChunks('t', 0, 0, [0])).length).toBe(s.chunkBytes);
       truncateSync(join(dir, 't.kvseg'), 10);
-      await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
+      await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: chunk 7 of layer 1, kv head 1 .* is truncated: short read/);
     });
 
 
@@ -168,7 +203,7 @@ describe('SSD store integrity and errors', () => {
     await s.close();
     const m = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
     writeFileSync(join(dir, 'manifest.json'), JSON.stringify({ ...m, version: 99 }));
-    await expectKvdError(() => SsdStore.open({ dir }), 'E_VERSION', /expected manifest version 1, got 99/);
+    await expectKvdError(() => SsdStore.open({ dir }), 'E_VERSION', /expected manifest version 2, got 99/);
     writeFileSync(join(dir, 'manifest.json'), JSON.stringify(m));
     // Patch the segment footer's version field (bytes 8..11 of the 64-byte footer).
     const path = join(dir, 'v.kvseg');
@@ -180,7 +215,14 @@ describe('SSD store integrity and errors', () => {
     closeSync(fd);
     const r = await openStore({ dir });
     expect(r.segments()[0]!.status).toBe('corrupt');
-    await expectKvdError(() => r.readChunks('v', 0, 0, [0]), 'E_VERSION', /expected segment format version 1, got 7/);
+    await expectKvdError(() => r.readChunks('v', 0, 0, [0]), 'E_VERSION', /expected segment format version 2, got 7/);
+    // A version-1 segment (one checksum per extent) is refused with the reason.
+    const fd1 = openSync(path, 'r+');
+    v.writeUInt32LE(1);
+    writeSync(fd1, v, 0, 4, size - 64 + 8);
+    closeSync(fd1);
+    const r1 = await openStore({ dir });
+    await expectKvdError(() => r1.readChunks('v', 0, 0, [0]), 'E_VERSION', /got 1 \(version 1 kept one checksum per extent.*re-create the store/);
   });
 
   it('rejects bad input with typed errors', async () => {

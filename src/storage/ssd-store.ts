@@ -17,8 +17,12 @@ import { native } from '../native.js';
 import type { Dtype, KvTensor } from '../types.js';
 import { IoEngine, type IoEngineInfo, ioEngineOptionsSchema, type IoEngineOptions, parseOptions } from './io-engine.js';
 
-/** Store manifest format version; a manifest of another version is refused with E_VERSION. */
-export const SSD_MANIFEST_VERSION = 1;
+/**
+ * Store manifest format version; a manifest of another version is refused with E_VERSION. Version 2
+ * stores hold segments of format 2 (a checksum per chunk, so reads fetch only the chunks asked for);
+ * version 1 stores (one checksum per extent) must be re-created.
+ */
+export const SSD_MANIFEST_VERSION = 2;
 const MANIFEST = 'manifest.json';
 const SEGMENT_EXT = '.kvseg';
 
@@ -113,10 +117,11 @@ export interface SsdReadStats {
   chunks: number;
   /** Bytes of requested chunks. */
   payloadBytes: number;
-  /** Whole extents read (checksums cover whole extents). */
+  /** Extents (clusters) the requested chunks lie in. */
   extents: number;
+  /** Bytes of those whole extents: what reading whole extents would transfer (only the chunks are read). */
   extentBytes: number;
-  /** Sequential reads after coalescing neighbouring extents. */
+  /** Sequential reads after merging neighbouring chunks. */
   runs: number;
   /** Physical I/Os submitted and bytes transferred (alignment included). */
   ios: number;
@@ -165,7 +170,7 @@ async function fsyncDir(dir: string): Promise<void> {
 
 /**
  * The SSD extent store. Open with {@link SsdStore.open}; all reads are batched, asynchronous and
- * verified (crc32c per extent). Native objects (engine, segments) are reachable by integer handle
+ * verified (crc32c per chunk: only requested chunks are read). Native objects (engine, segments) are reachable by integer handle
  * from worker threads: see {@link SsdStore.engineHandle} and {@link SsdStore.segmentHandle}.
  */
 export class SsdStore {
@@ -255,7 +260,10 @@ export class SsdStore {
     if (!obj || typeof obj !== 'object' || obj.format !== 'kvdrive-ssd-store')
       throw new KvdriveError('E_CORRUPT', `${path}: expected a kvdrive SSD store manifest (format 'kvdrive-ssd-store'), got format ${describeValue(obj?.format)}`);
     if (obj.version !== SSD_MANIFEST_VERSION)
-      throw new KvdriveError('E_VERSION', `${path}: expected manifest version ${SSD_MANIFEST_VERSION}, got ${describeValue(obj.version)}`);
+      throw new KvdriveError(
+        'E_VERSION',
+        `${path}: expected manifest version ${SSD_MANIFEST_VERSION}, got ${describeValue(obj.version)}${obj.version === 1 ? ' (a version 1 store checksums whole extents, which chunk-granular reads cannot verify: delete the directory and re-create the store)' : ''}`,
+      );
     // A segment's file is always `<id><ext>` inside the store directory: anything else (a path
     // with '/' or '..') would let a damaged or crafted manifest point reads and deletes outside it.
     const entry = z
@@ -438,8 +446,9 @@ export class SsdStore {
   }
 
   /**
-   * Reads chunks of several (segment, layer, kv head) items in one batch: whole extents are read
-   * (neighbours coalesced), checksums verified, and chunk k of the concatenated request is written
+   * Reads chunks of several (segment, layer, kv head) items in one batch: only the requested chunks
+   * are read (neighbours in the file merged into one read), each chunk's checksum verified before
+   * its bytes are used (E_CORRUPT otherwise), and chunk k of the concatenated request is written
    * page-first at `dest[destOffsets[k]]` (default: back to back from 0).
    */
   async readBatch(items: readonly ChunkReadItem[], dest: Uint8Array, destOffsets?: Float64Array, cancelFlag?: number): Promise<SsdReadStats> {
