@@ -31,7 +31,7 @@ namespace kvd {
 namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
-constexpr size_t kMaxPageBuffers = 16;
+constexpr size_t kMaxPageBuffers = 256;  // buffer indices are Uint8Array entries
 
 struct FetchedJob {
   std::string what;
