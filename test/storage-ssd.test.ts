@@ -1,4 +1,4 @@
-import { appendFileSync, readFileSync, readdirSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
+import { appendFileSync, readFileSync, readdirSync, readSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
@@ -13,6 +13,19 @@ const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f16', chu
 const uring = ioUringAvailable();
 const engines = [{ kind: 'pread' as const }, { kind: 'mmap' as const }, ...(uring.usable ? [{ kind: 'uring' as const }] : [])];
 if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring store tests skipped`);
+
+/** XORs the byte at `at` of the file with `mask` (a corruption the checksums must catch). */
+function flipByte(path: string, at: number, mask: number): void {
+  const fd = openSync(path, 'r+');
+  try {
+    const b = Buffer.alloc(1);
+    readSync(fd, b, 0, 1, at);
+    b[0] = b[0]! ^ mask;
+    writeSync(fd, b, 0, 1, at);
+  } finally {
+    closeSync(fd);
+  }
+}
 
 const stores: SsdStore[] = [];
 afterEach(async () => {
@@ -118,14 +131,7 @@ describe('SSD store integrity and errors', () => {
       expect(st.bytesRead).toBe(ids.length * 4096); // only the requested pages
       // A flipped byte in chunk 6 fails reads of chunk 6 only; its extent neighbours stay readable.
       const ext = store.extents('p', 0, 1);
-      const fd = openSync(join(dir, 'p.kvseg'), 'r+');
-      const at = ext.offsets[0]! + 6 * 4096 + 100;
-      const b = Buffer.alloc(1);
-      const { readSync } = await import('node:fs');
-      readSync(fd, b, 0, 1, at);
-      b[0] = b[0]! ^ 0x01;
-      writeSync(fd, b, 0, 1, at);
-      closeSync(fd);
+      flipByte(join(dir, 'p.kvseg'), ext.offsets[0]! + 6 * 4096 + 100, 0x01);
       expect(await store.readChunks('p', 0, 1, [5, 7])).toEqual(new Uint8Array([...expectedChunk(big, data, 0, 1, 5), ...expectedChunk(big, data, 0, 1, 7)]));
       const out = new Uint8Array(2 * 4096);
       await expectKvdError(() => store.readChunks('p', 0, 1, [6, 7], out), 'E_CORRUPT', /p\.kvseg: chunk checksum mismatch in layer 0, kv head 1, extent 0, chunk 6 /);
@@ -141,14 +147,7 @@ describe('SSD store integrity and errors', () => {
       await store.writeSegment('bad', segmentKv(shape, 32, 6));
       await store.writeSegment('good', good);
       const ext = store.extents('bad', 1, 0);
-      const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
-      const at = ext.offsets[1]! + 5;
-      const b = Buffer.alloc(1);
-      const { readSync } = await import('node:fs');
-      readSync(fd, b, 0, 1, at);
-      b[0] = b[0]! ^ 0xff;
-      writeSync(fd, b, 0, 1, at);
-      closeSync(fd);
+      flipByte(join(dir, 'bad.kvseg'), ext.offsets[1]! + 5, 0xff);
       // Chunks of extent 0 are fine; extent 1 is not.
       await store.readChunks('bad', 1, 0, [ext.order[0]!]);
       await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
