@@ -117,7 +117,7 @@ describe('SSD store integrity and errors', () => {
       // f16, head dim 256, 4 tokens: 4096-byte chunks, so every chunk is one aligned page.
       const big: StoreShape = { layers: 1, kvHeads: 2, headDim: 256, dtype: 'f16', chunkSize: 4 };
       const dir = tempDir('partial');
-      const store = await openStore({ dir, shape: big, kind: 'pread', direct });
+      const store = await openStore({ dir, shape: big, kind: 'pread', direct, coalesceGapBytes: 0 });
       expect(store.chunkBytes).toBe(4096);
       const data = segmentKv(big, 128, 11); // 32 chunks per region
       await store.writeSegment('p', { ...data, extentChunks: 8 }); // 4 extents of 8 chunks
@@ -129,6 +129,11 @@ describe('SSD store integrity and errors', () => {
       expect(st.extentBytes).toBe(3 * 8 * 4096); // what whole-extent reads would have transferred
       expect(st.runs).toBe(4); // [1, 2], [6], [17], [31]
       expect(st.bytesRead).toBe(ids.length * 4096); // only the requested pages
+      // The store's default gap (32 KiB) reads 2 -> 6 (3 pages apart) as one I/O, not 6 -> 17 (10 pages).
+      const gapped = await openStore({ dir, kind: 'pread', direct });
+      const g = await gapped.readBatch([{ segment: 'p', layer: 0, kvHead: 1, chunkIds: ids }], new Uint8Array(ids.length * 4096));
+      expect([g.runs, g.bytesRead]).toEqual([3, (6 + 1 + 1) * 4096]);
+      await gapped.close();
       // A flipped byte in chunk 6 fails reads of chunk 6 only; its extent neighbours stay readable.
       const ext = store.extents('p', 0, 1);
       flipByte(join(dir, 'p.kvseg'), ext.offsets[0]! + 6 * 4096 + 100, 0x01);

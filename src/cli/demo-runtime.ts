@@ -10,6 +10,7 @@
  * alternating every step), so both see the same machine load; outputs must be bit-identical to each
  * other and to the main run's.
  */
+import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { bytes, ms, table } from '../eval/format.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../runtime/runtime.js';
@@ -167,12 +168,14 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
     R === L ? o.dramBudget : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes;
   const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const runtimes: Runtime[] = [];
+  // A scratch store inside the demo's directory, deleted afterwards (the demo leaves only its manifest).
+  const ratioDir = join(o.dir, '.ratio-scratch');
   const ms2 = [0, 0];
   const cpu2 = [0, 0];
   const stages2: Stages[] = [];
   let identical = true;
   try {
-    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: join(o.dir, 'ratio'), direct: true } }));
+    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: ratioDir, direct: true } }));
     runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget }));
     const seqs = runtimes.map((r) => r.createSequence());
     for (let k = 0; k < 2; k++) await streamPrefill(runtimes[k]!, seqs[k]!, trace, R, inputs, () => undefined);
@@ -199,6 +202,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
     }
   } finally {
     for (const r of runtimes) await r.close();
+    await rm(ratioDir, { recursive: true, force: true });
   }
   const n = Math.max(1, R * (S - 1));
   const per = (x: Stages): Stages => ({ select: x.select / n, fetch: x.fetch / n, compute: x.compute / n });
