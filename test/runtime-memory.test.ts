@@ -169,8 +169,13 @@ describe('Runtime memory model', () => {
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 1 * MiB }), 'E_BUDGET', /no SSD store.*at least \d+ bytes/);
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 4096, ssd: { dir: tmp() } }), 'E_BUDGET');
     await expectKvdError(() => openRuntime({ ...base, sealTokens: 30 }), 'E_CONFIG', /sealTokens/);
-    // Everything declared in DRAM past the largest DRAM tier arena: a clear E_BUDGET saying what to do.
-    await expectKvdError(() => openRuntime({ ...base, maxTokens: 2 ** 24 }), 'E_BUDGET', /DRAM tier of at most \d+ chunks.*give an ssd store/);
+    // Everything declared in DRAM past the largest DRAM tier (255 arena blocks of 1 GiB; 4 TiB of f32
+    // KV here): a clear E_BUDGET saying what to do, before anything is allocated.
+    await expectKvdError(
+      () => openRuntime({ ...base, shape: { layers: 32, qHeads: 8, kvHeads: 8, headDim: 128 }, maxSequences: 1, maxTokens: 2 ** 24 }),
+      'E_BUDGET',
+      /DRAM tier of at most \d+ chunks \(255 arena blocks of 1073741824 bytes\).*give an ssd store/,
+    );
     // Without dramBudget: exactly what holds everything declared (f16 halves the DRAM tier's part).
     const plan = async (o: RuntimeOptions) => {
       const rt = await openRuntime(o);

@@ -43,10 +43,14 @@ describe('slot heap (lazy increases)', () => {
 });
 
 describe('DRAM store', () => {
-  it('never exceeds its budget and keeps the most important chunks', () => {
+  // One arena block (the default 1 GiB), and blocks of 7 chunks (+ 100 bytes left unused in each):
+  // every slot lies whole in one block and reads back what was put.
+  it.each([{ blockBytes: undefined, blocks: 1 }, { blockBytes: 7 * 256 + 100, blocks: 6 }])('never exceeds its budget and keeps the most important chunks (blockBytes $blockBytes)', ({ blockBytes, blocks }) => {
     const budget = 40 * (256 + DramStore.metadataBytesPerSlot) + 100;
-    const d = new DramStore({ budgetBytes: budget, shape });
+    const d = new DramStore({ budgetBytes: budget, shape, ...(blockBytes ? { blockBytes } : {}) });
     expect(d.capacityChunks).toBe(40);
+    expect(d.arenas.length).toBe(blocks);
+    expect(d.arenas.reduce((n, a) => n + a.length, 0)).toBe(40 * 256);
     d.addSegment('s', 4 * 64); // 64 chunks per (layer, head), 256 in all
     const r = rng(5);
     const scores = new Map<number, number>();
@@ -70,8 +74,12 @@ describe('DRAM store', () => {
     const minResident = Math.min(...resident.map((k) => d.scoreOf(d.lookup('s', k >> 7, (k >> 6) & 1, k & 63))));
     const st = d.stats();
     expect(st.evicted + st.rejected).toBeGreaterThan(0);
-    // The bytes of each resident chunk are the ones put.
+    // The bytes of each resident chunk are the ones put, in place and gathered by copyOut.
     for (const k of resident) expect(d.chunk(d.lookup('s', k >> 7, (k >> 6) & 1, k & 63))).toEqual(page(256, k));
+    const slots = Int32Array.from(resident, (k) => d.lookup('s', k >> 7, (k >> 6) & 1, k & 63));
+    const out = new Uint8Array(resident.length * 256);
+    d.copyOut(slots, out, Float64Array.from(resident, (_, i) => i * 256));
+    resident.forEach((k, i) => expect(out.subarray(i * 256, (i + 1) * 256)).toEqual(page(256, k)));
     // A newcomer scoring below the least important resident chunk is rejected, above it admitted.
     const outside = [...Array(256).keys()].find((k) => !resident.includes(k))!;
     expect(d.put('s', outside >> 7, (outside >> 6) & 1, [outside & 63], [minResident - 1], page(256, 0), [0])).toBe(0);
@@ -141,9 +149,10 @@ describe('DRAM store', () => {
     const d = new DramStore({ budgetBytes: 1 << 16, shape });
     d.addSegment('s', 16);
     await expectKvdError(() => new DramStore({ budgetBytes: 100, shape }), 'E_BUDGET', /at least one chunk/);
-    // An arena past one typed array's limit (4 GiB on Node 20) is refused before anything is
-    // allocated (V8 would throw an untyped RangeError).
-    await expectKvdError(() => new DramStore({ budgetBytes: 2 * DramStore.maxArenaBytes, shape }), 'E_BUDGET', new RegExp(`arena of at most ${DramStore.maxArenaBytes} bytes`));
+    // More arena blocks than pages can be addressed through is refused before anything is allocated.
+    await expectKvdError(() => new DramStore({ budgetBytes: 300 * (256 + DramStore.metadataBytesPerSlot), shape, blockBytes: 256 }), 'E_BUDGET', /at most 255 arena blocks of 256 bytes \(255 chunks\)/);
+    await expectKvdError(() => new DramStore({ budgetBytes: 1 << 16, shape, blockBytes: 255 }), 'E_CONFIG', /blockBytes: expected at least one chunk \(256 bytes\)/);
+    await expectKvdError(() => new DramStore({ budgetBytes: 1 << 16, shape, blockBytes: 2 * DramStore.maxBlockBytes }), 'E_CONFIG', /blockBytes/);
     await expectKvdError(() => new DramStore({ budgetBytes: -1, shape }), 'E_CONFIG', /budgetBytes/);
     await expectKvdError(() => new DramStore({ budgetBytes: 1 << 20, shape: { ...shape, dtype: 'f8' as never } }), 'E_CONFIG', /shape\.dtype/);
     await expectKvdError(() => d.lookup('nope', 0, 0, 0), 'E_NOT_FOUND', /unknown id/);

@@ -1,4 +1,4 @@
-import { appendFileSync, readFileSync, readdirSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
+import { appendFileSync, readFileSync, readdirSync, readSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
@@ -13,6 +13,19 @@ const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 8, dtype: 'f16', chu
 const uring = ioUringAvailable();
 const engines = [{ kind: 'pread' as const }, { kind: 'mmap' as const }, ...(uring.usable ? [{ kind: 'uring' as const }] : [])];
 if (!uring.usable) console.warn(`NOTICE: io_uring unavailable (${uring.reason}); io_uring store tests skipped`);
+
+/** XORs the byte at `at` of the file with `mask` (a corruption the checksums must catch). */
+function flipByte(path: string, at: number, mask: number): void {
+  const fd = openSync(path, 'r+');
+  try {
+    const b = Buffer.alloc(1);
+    readSync(fd, b, 0, 1, at);
+    b[0] = b[0]! ^ mask;
+    writeSync(fd, b, 0, 1, at);
+  } finally {
+    closeSync(fd);
+  }
+}
 
 const stores: SsdStore[] = [];
 afterEach(async () => {
@@ -80,7 +93,7 @@ describe.each(engines)('SSD store, engine $kind', ({ kind }) => {
 });
 
 describe('SSD store integrity and errors', () => {
-  it('coalesces neighbouring extents into one read and keeps separate runs apart', async () => {
+  it('coalesces neighbouring chunks into one read and keeps separate runs apart', async () => {
     const dir = tempDir('coalesce');
     const store = await openStore({ dir, shape, kind: 'pread', maxIoBytes: 1 << 20 });
     await store.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 }); // 16 extents per region
@@ -88,14 +101,47 @@ describe('SSD store integrity and errors', () => {
     const st = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
     expect(st.extents).toBe(16);
     expect(st.runs).toBe(1);
+    // 128-byte chunks: the whole region is one 4 KiB page, so chunks with gaps still share one read
+    // (a page alignment reads anyway).
     const sparse = await store.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: [0, 1, 2, 3, 20, 21, 30] }], new Uint8Array(7 * store.chunkBytes));
     expect(sparse.extents).toBe(4); // extents 0, 1, 10, 15
-    expect(sparse.runs).toBe(3);
+    expect(sparse.runs).toBe(1);
     const off = await openStore({ dir: tempDir('nocoalesce'), shape, kind: 'pread', coalesce: false });
     await off.writeSegment('s', { ...segmentKv(shape, 128, 4), extentChunks: 2 });
     const st2 = await off.readBatch([{ segment: 's', layer: 0, kvHead: 0, chunkIds: all }], new Uint8Array(32 * store.chunkBytes));
-    expect(st2.runs).toBe(16);
+    expect(st2.runs).toBe(32); // one read per chunk
   });
+
+  for (const direct of [false, true])
+    it(`reads only the requested page-sized chunks of an extent, each verified (direct=${direct})`, async () => {
+      // f16, head dim 256, 4 tokens: 4096-byte chunks, so every chunk is one aligned page.
+      const big: StoreShape = { layers: 1, kvHeads: 2, headDim: 256, dtype: 'f16', chunkSize: 4 };
+      const dir = tempDir('partial');
+      const store = await openStore({ dir, shape: big, kind: 'pread', direct, coalesceGapBytes: 0 });
+      expect(store.chunkBytes).toBe(4096);
+      const data = segmentKv(big, 128, 11); // 32 chunks per region
+      await store.writeSegment('p', { ...data, extentChunks: 8 }); // 4 extents of 8 chunks
+      const ids = [1, 2, 6, 17, 31];
+      const dest = new Uint8Array(ids.length * 4096);
+      const st = await store.readBatch([{ segment: 'p', layer: 0, kvHead: 1, chunkIds: ids }], dest);
+      ids.forEach((j, k) => expect(dest.subarray(k * 4096, (k + 1) * 4096)).toEqual(expectedChunk(big, data, 0, 1, j)));
+      expect(st.extents).toBe(3);
+      expect(st.extentBytes).toBe(3 * 8 * 4096); // what whole-extent reads would have transferred
+      expect(st.runs).toBe(4); // [1, 2], [6], [17], [31]
+      expect(st.bytesRead).toBe(ids.length * 4096); // only the requested pages
+      // The store's default gap (32 KiB) reads 2 -> 6 (3 pages apart) as one I/O, not 6 -> 17 (10 pages).
+      const gapped = await openStore({ dir, kind: 'pread', direct });
+      const g = await gapped.readBatch([{ segment: 'p', layer: 0, kvHead: 1, chunkIds: ids }], new Uint8Array(ids.length * 4096));
+      expect([g.runs, g.bytesRead]).toEqual([3, (6 + 1 + 1) * 4096]);
+      await gapped.close();
+      // A flipped byte in chunk 6 fails reads of chunk 6 only; its extent neighbours stay readable.
+      const ext = store.extents('p', 0, 1);
+      flipByte(join(dir, 'p.kvseg'), ext.offsets[0]! + 6 * 4096 + 100, 0x01);
+      expect(await store.readChunks('p', 0, 1, [5, 7])).toEqual(new Uint8Array([...expectedChunk(big, data, 0, 1, 5), ...expectedChunk(big, data, 0, 1, 7)]));
+      const out = new Uint8Array(2 * 4096);
+      await expectKvdError(() => store.readChunks('p', 0, 1, [6, 7], out), 'E_CORRUPT', /p\.kvseg: chunk checksum mismatch in layer 0, kv head 1, extent 0, chunk 6 /);
+      expect(out.subarray(0, 4096).every((x) => x === 0)).toBe(true); // the corrupt chunk was never copied out
+    });
 
   for (const kind of ['pread', 'mmap'] as const)
     it(`detects a flipped byte (E_CORRUPT naming file and extent), other segments stay readable (${kind}${kind === 'mmap' ? ': checksums verified on the mapped bytes' : ''})`, async () => {
@@ -106,14 +152,7 @@ describe('SSD store integrity and errors', () => {
       await store.writeSegment('bad', segmentKv(shape, 32, 6));
       await store.writeSegment('good', good);
       const ext = store.extents('bad', 1, 0);
-      const fd = openSync(join(dir, 'bad.kvseg'), 'r+');
-      const at = ext.offsets[1]! + 5;
-      const b = Buffer.alloc(1);
-      const { readSync } = await import('node:fs');
-      readSync(fd, b, 0, 1, at);
-      b[0] = b[0]! ^ 0xff;
-      writeSync(fd, b, 0, 1, at);
-      closeSync(fd);
+      flipByte(join(dir, 'bad.kvseg'), ext.offsets[1]! + 5, 0xff);
       // Chunks of extent 0 are fine; extent 1 is not.
       await store.readChunks('bad', 1, 0, [ext.order[0]!]);
       await expectKvdError(() => store.readChunks('bad', 1, 0, [ext.order[ext.firstPos[1]!]!]), 'E_CORRUPT', /bad\.kvseg.*layer 1, kv head 0, extent 1/);
@@ -157,7 +196,7 @@ describe('SSD store integrity and errors', () => {
       // mmap: map the file first (a read of it), then truncate under the mapping.
       expect((await s.readChunks('t', 0, 0, [0])).length).toBe(s.chunkBytes);
       truncateSync(join(dir, 't.kvseg'), 10);
-      await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: extent \d+ of layer 1, kv head 1 .* is truncated: short read/);
+      await expectKvdError(() => s.readChunks('t', 1, 1, [7]), 'E_CORRUPT', /t\.kvseg: chunk 7 of layer 1, kv head 1 .* is truncated: short read/);
     });
 
 
@@ -168,7 +207,7 @@ describe('SSD store integrity and errors', () => {
     await s.close();
     const m = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
     writeFileSync(join(dir, 'manifest.json'), JSON.stringify({ ...m, version: 99 }));
-    await expectKvdError(() => SsdStore.open({ dir }), 'E_VERSION', /expected manifest version 1, got 99/);
+    await expectKvdError(() => SsdStore.open({ dir }), 'E_VERSION', /expected manifest version 2, got 99/);
     writeFileSync(join(dir, 'manifest.json'), JSON.stringify(m));
     // Patch the segment footer's version field (bytes 8..11 of the 64-byte footer).
     const path = join(dir, 'v.kvseg');
@@ -180,7 +219,14 @@ describe('SSD store integrity and errors', () => {
     closeSync(fd);
     const r = await openStore({ dir });
     expect(r.segments()[0]!.status).toBe('corrupt');
-    await expectKvdError(() => r.readChunks('v', 0, 0, [0]), 'E_VERSION', /expected segment format version 1, got 7/);
+    await expectKvdError(() => r.readChunks('v', 0, 0, [0]), 'E_VERSION', /expected segment format version 2, got 7/);
+    // A version-1 segment (one checksum per extent) is refused with the reason.
+    const fd1 = openSync(path, 'r+');
+    v.writeUInt32LE(1);
+    writeSync(fd1, v, 0, 4, size - 64 + 8);
+    closeSync(fd1);
+    const r1 = await openStore({ dir });
+    await expectKvdError(() => r1.readChunks('v', 0, 0, [0]), 'E_VERSION', /got 1 \(version 1 kept one checksum per extent.*re-create the store/);
   });
 
   it('rejects bad input with typed errors', async () => {

@@ -6,7 +6,9 @@ import { DramStore } from '../src/storage/dram-store.js';
 import { native } from '../src/native.js';
 import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
 import { chunkRows, TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
-import { expectKvdError, rng } from './helpers.js';
+import { attendSparse } from '../src/attention/kernels.js';
+import { attendFetched } from '../src/storage/fetched-attention.js';
+import { expectKvdError, randn, rng } from './helpers.js';
 import { expectedChunk, randomClusters, segmentKv, removeTempDirs, tempDir } from './storage-kv.js';
 
 afterAll(removeTempDirs);
@@ -60,7 +62,8 @@ describe('tiered KV fetch', () => {
     for (let h = 0, i = 0; h < shape.kvHeads; h++)
       for (; i < req.offsets[h + 1]!; i++) {
         const g = req.chunkIds[i]!;
-        const buf = again.placement.source[i] === 1 ? again.placement.arena : dest;
+        const src = again.placement.source[i]!;
+        const buf = src >= 1 ? again.placement.arenas[src - 1]! : dest;
         const at = again.placement.at[i]!;
         expect(Buffer.compare(buf.subarray(at, at + cb), expectedChunk(shape, data[Math.floor(g / 16)]!, 0, h, g % 16)), `entry ${i}`).toBe(0);
       }
@@ -76,6 +79,68 @@ describe('tiered KV fetch', () => {
     expect(dram!.put('b', 1, 1, [10], [200], new Uint8Array(cb), [0])).toBe(1);
     expect(dram!.lookup('a', 0, 0, 0)).toBe(-1);
     await expectKvdError(() => kv.fetchInPlace(req, new Uint8Array(cb)), 'E_SHAPE', /at least \d chunks/);
+  });
+
+  it('a DRAM tier in several arena blocks: pages addressed by (block, offset), attention over them equals attendSparse bit for bit', async () => {
+    const { ssd, data } = await setup();
+    const cb = ssd.chunkBytes;
+    // 3 slots per block (the block size need not be a multiple of the chunk), 20 slots: 7 blocks.
+    const dram = new DramStore({ budgetBytes: 20 * (cb + DramStore.metadataBytesPerSlot), shape, blockBytes: 3 * cb + 17 });
+    expect(dram.arenas.map((a) => a.length)).toEqual([...Array(6).fill(3 * cb), 2 * cb]);
+    const kv = new TieredKv({ ssd, dram, segments: ['a'] });
+    // Layer 1's chunks warmed first (scores above layer 0's): spread over every block.
+    dram.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i >= 32 ? 1 + ((i * 7) % 11) : 0)));
+    const layer = 1;
+    const { k, v } = data[0]!.layers[layer]!;
+    const T = segTokens;
+    const sinkEnd = 4;
+    const tailBase = 60; // tokens [60, 64) are the tail, read from memory
+    const perHead = [
+      [5, 6, 9, 13, 22, 30, 41, 42, 57],
+      [4, 17, 18, 19, 33, 50, 51, 59],
+    ];
+    const offsets = new Int32Array(3);
+    perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
+    const selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart: tailBase, offsets, chunkIds: Int32Array.from(perHead.flat()) };
+    const chunksPerHead = perHead.map((l) => [...new Set(l.map((t) => Math.floor(t / 4)))]);
+    const req = request(layer, chunksPerHead, chunksPerHead.flat().map((_, i) => 1 + i));
+    const q = randn(4 * shape.headDim, 21);
+    const want = attendSparse({ q, qHeads: 4, k, v, selection });
+    const slice = (t: typeof k, from: number, to: number) => ({ ...t, tokens: to - from, data: t.data.subarray(from * 2 * 8, to * 2 * 8) });
+    const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
+    const blocksSeen = new Set<number>();
+    for (let round = 0; round < 3; round++) {
+      let dest = new Uint8Array(0);
+      const { stats, placement } = await kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)));
+      for (const s of placement.source) blocksSeen.add(s);
+      if (round === 0) expect(stats.ssdChunks).toBeGreaterThan(0);
+      try {
+        const got = attendFetched({
+          q,
+          qHeads: 4,
+          sink: { k: slice(k, 0, sinkEnd), v: slice(v, 0, sinkEnd) },
+          tail: { k: slice(k, tailBase, T), v: slice(v, tailBase, T) },
+          tailBase,
+          selection,
+          pageChunkSize: 4,
+          fetched: [dest, ...placement.arenas],
+          fetchedOffsets: req.offsets,
+          fetchedIds: req.chunkIds,
+          fetchedAt: placement.at,
+          fetchedIn: placement.source,
+        });
+        expect(bits(got.out), `round ${round}`).toBe(bits(want.out));
+        expect(bits(got.lse)).toBe(bits(want.lse));
+      } finally {
+        placement.release();
+      }
+    }
+    expect(blocksSeen.size).toBeGreaterThanOrEqual(4); // the fetch buffer and at least three arena blocks
+    // copyOut (fetch without placement) gathers across blocks as well.
+    const dest = new Uint8Array(req.chunkIds.length * cb);
+    const st = await kv.fetch(req, dest);
+    expect(st.dramChunks).toBeGreaterThan(0);
+    expectFetched(dest, req, data, cb);
   });
 
   it('serves DRAM hits and SSD misses exactly, promotes misses, reports bytes per tier', async () => {

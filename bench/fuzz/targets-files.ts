@@ -13,7 +13,7 @@ import { createBackend } from '../../src/model/backends.js';
 import { readGguf } from '../../src/model/gguf/reader.js';
 import { MODEL_SHAPES, writeRandomModel, type RandomWeightType } from '../../src/model/gguf/random-model.js';
 import { native } from '../../src/native.js';
-import { SsdStore } from '../../src/storage/ssd-store.js';
+import { SSD_MANIFEST_VERSION, SsdStore } from '../../src/storage/ssd-store.js';
 import { openSafetensors, writeSafetensors } from '../../src/trace/safetensors.js';
 import { generateSyntheticTrace } from '../../src/trace/synthetic.js';
 import { openTrace } from '../../src/trace/trace.js';
@@ -356,7 +356,7 @@ let ssdBaseOf: (() => Promise<Record<string, Uint8Array>>) | undefined;
 
 const MANIFEST_SKELETON = {
   format: 'kvdrive-ssd-store',
-  version: 1,
+  version: SSD_MANIFEST_VERSION,
   shape: SSD_SHAPE,
   segments: [{ id: 's0', file: 's0.kvseg', tokens: 32, chunks: 8, bytes: 0, extents: 12, status: 'ok' }],
 };

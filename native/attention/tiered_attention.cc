@@ -32,7 +32,7 @@ namespace kvd {
 namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
-constexpr size_t kMaxPageBuffers = 16;
+constexpr size_t kMaxPageBuffers = 256;  // buffer indices are Uint8Array entries
 // Most workers one call may use (the `threads` option), as attendSparse's.
 constexpr int kMaxThreads = 8;
 

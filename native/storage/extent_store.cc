@@ -141,20 +141,24 @@ void RunWrite(WriteJob& job) {
         Put<uint64_t>(index, regionOffset);
         Put<uint32_t>(index, uint32_t(nExt));
         Put<uint32_t>(index, uint32_t(nChunks));
+        std::vector<uint32_t> crcs;  // per chunk, layout order
+        crcs.reserve(size_t(nChunks));
         for (size_t e = 0; e < nExt; ++e) {
           uint8_t* extStart = w;
           for (int32_t p = cl.offsets[e]; p < cl.offsets[e + 1]; ++p) {
             int64_t j = cl.chunkIds[size_t(p)];
+            uint8_t* chunkStart = w;
             for (int t = 0; t < c; ++t, w += rowBytes) std::memcpy(w, job.k[l].Row(j * c + t, h), rowBytes);
             for (int t = 0; t < c; ++t, w += rowBytes) std::memcpy(w, job.v[l].Row(j * c + t, h), rowBytes);
+            crcs.push_back(Crc32c(0, chunkStart, chunkBytes));
           }
           uint32_t bytes = uint32_t(w - extStart);
           Put<uint64_t>(index, regionOffset + uint64_t(extStart - buf.data()));
           Put<uint32_t>(index, bytes);
           Put<uint32_t>(index, uint32_t(cl.offsets[e]));
           Put<uint32_t>(index, uint32_t(cl.offsets[e + 1] - cl.offsets[e]));
-          Put<uint32_t>(index, Crc32c(0, extStart, bytes));
         }
+        for (uint32_t x : crcs) Put<uint32_t>(index, x);
         for (int32_t id : cl.chunkIds) Put<int32_t>(index, id);
         job.extents += nExt;
         WriteAll(fd, buf.data(), size_t(w - buf.data()), at, written, tmp);
@@ -298,11 +302,12 @@ Napi::Value SegmentWrite(const Napi::CallbackInfo& info) {
 
 struct Extent {
   uint64_t offset;
-  uint32_t bytes, firstPos, chunks, crc;
+  uint32_t bytes, firstPos, chunks;
 };
 struct Region {
   uint64_t offset = 0;
   std::vector<Extent> extents;
+  std::vector<uint32_t> crcs;      // layout position -> crc32c of that chunk's bytes
   std::vector<int32_t> order;      // layout position -> chunk id
   std::vector<int32_t> posOf;      // chunk id -> layout position
   std::vector<uint32_t> extentOf;  // layout position -> extent index
@@ -365,7 +370,11 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
   const uint8_t* p = foot + 8;
   uint32_t version = Get<uint32_t>(p);
   if (version != kSegmentVersion)
-    Throw("E_VERSION", "segment " + path + ": expected segment format version " + std::to_string(kSegmentVersion) + ", got " + std::to_string(version));
+    Throw("E_VERSION", "segment " + path + ": expected segment format version " + std::to_string(kSegmentVersion) + ", got " +
+                           std::to_string(version) +
+                           (version == 1 ? " (version 1 kept one checksum per extent, so a partial read could not be verified; "
+                                           "re-create the store: segments are rebuilt from the KV by prefill)"
+                                         : ""));
   uint32_t dt = Get<uint32_t>(p);
   s->layers = int(Get<uint32_t>(p));
   s->heads = int(Get<uint32_t>(p));
@@ -400,7 +409,7 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
     if (end - p < 16) Corrupt(path, "index ends early");
     g.offset = Get<uint64_t>(p);
     uint32_t nExt = Get<uint32_t>(p), nCh = Get<uint32_t>(p);
-    if (nCh != uint64_t(s->chunks) || uint64_t(end - p) < uint64_t(nExt) * 24 + uint64_t(nCh) * 4) Corrupt(path, "index region sizes inconsistent");
+    if (nCh != uint64_t(s->chunks) || uint64_t(end - p) < uint64_t(nExt) * 20 + uint64_t(nCh) * 8) Corrupt(path, "index region sizes inconsistent");
     g.extents.resize(nExt);
     // Every layout position lies in exactly one extent (reads compute offsets inside it).
     g.extentOf.assign(nCh, UINT32_MAX);
@@ -410,7 +419,6 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
       x.bytes = Get<uint32_t>(p);
       x.firstPos = Get<uint32_t>(p);
       x.chunks = Get<uint32_t>(p);
-      x.crc = Get<uint32_t>(p);
       if (x.firstPos + uint64_t(x.chunks) > nCh || uint64_t(x.bytes) != uint64_t(x.chunks) * s->chunkBytes ||
           x.offset > indexOffset || x.bytes > indexOffset - x.offset)
         Corrupt(path, "index extent " + std::to_string(e) + " of region " + std::to_string(r) + " out of range");
@@ -424,6 +432,8 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
     for (uint32_t q = 0; q < nCh; ++q)
       if (g.extentOf[q] == UINT32_MAX)
         Corrupt(path, "index region " + std::to_string(r) + ": chunk position " + std::to_string(q) + " lies in no extent");
+    g.crcs.resize(nCh);
+    for (uint32_t q = 0; q < nCh; ++q) g.crcs[q] = Get<uint32_t>(p);
     g.order.resize(nCh);
     g.posOf.assign(nCh, -1);
     for (uint32_t q = 0; q < nCh; ++q) {
@@ -438,7 +448,7 @@ std::shared_ptr<Segment> OpenSegment(std::shared_ptr<IoEngine> engine, const std
   return s;
 }
 
-// Reusable per-thread staging memory for whole extents (reads run on libuv pool threads; reusing
+// Reusable per-thread staging memory for runs larger than maxIoBytes (reads run on libuv pool threads; reusing
 // avoids page-faulting fresh memory on every step). Grows to the largest step seen on the thread.
 struct Staging {
   uint8_t* p = nullptr;
@@ -470,102 +480,107 @@ struct ReadItem {
 
 struct ReadResult {
   IoStats io;
+  // extents/extentBytes: the whole extents the requested chunks lie in (what a whole-extent read
+  // would transfer; kept to show what chunk-granular reads save). runs: reads after coalescing.
   uint64_t extents = 0, extentBytes = 0, chunks = 0, payloadBytes = 0, runs = 0;
 };
 
+// Reads only the requested chunks: each distinct (segment, region, layout position) once, sorted
+// by file offset, neighbours merged into one run when no whole untouched 4 KiB page (plus the
+// engine's coalesceGapBytes) lies between them, so O_DIRECT's page alignment never reads a page
+// twice. Every chunk is verified against its own crc32c before any of its bytes are copied out.
 void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, ReadResult& res) {
-  // Unique extents needed, keyed by (item's segment pointer, region, extent).
   struct Need {
     Segment* seg;
     int region;
-    uint32_t ext;
-    uint64_t stage = 0;  // byte offset of the extent inside its run
+    uint32_t pos;        // layout position of the chunk in its region
+    uint64_t offset;     // file offset of the chunk
+    uint64_t stage = 0;  // byte offset of the chunk inside its run
   };
   std::vector<Need> needs;
   std::vector<uint32_t> needOfChunk;  // per requested chunk (items concatenated)
-  // Extent -> need index within one item, via a per-thread mark array (entries reset after each
-  // item). Items naming the same (segment, layer, head) twice read shared extents twice: correct,
-  // merely redundant (TieredKv sends one item per (segment, head)).
+  // Layout position -> need index within one item, via per-thread mark arrays (entries reset after
+  // each item). Items naming the same (segment, layer, head) twice read shared chunks twice:
+  // correct, merely redundant (TieredKv sends one item per (segment, head)).
   thread_local std::vector<int32_t> mark;
+  thread_local std::vector<uint8_t> extSeen;
   for (size_t i = 0; i < items.size(); ++i) {
     ReadItem& it = items[i];
     Region& g = it.seg->regions[size_t(it.region)];
-    if (mark.size() < g.extents.size()) mark.assign(g.extents.size(), -1);
+    if (mark.size() < g.order.size()) mark.assign(g.order.size(), -1);
+    if (extSeen.size() < g.extents.size()) extSeen.assign(g.extents.size(), 0);
     const size_t firstNeed = needs.size();
     for (size_t j = 0; j < it.n; ++j) {
-      uint32_t e = g.extentOf[size_t(g.posOf[size_t(it.ids[j])])];
-      if (mark[e] < 0) {
-        mark[e] = int32_t(needs.size());
-        needs.push_back(Need{it.seg.get(), it.region, e});
+      const uint32_t q = uint32_t(g.posOf[size_t(it.ids[j])]);
+      if (mark[q] < 0) {
+        mark[q] = int32_t(needs.size());
+        const uint32_t e = g.extentOf[q];
+        const Extent& x = g.extents[e];
+        needs.push_back(Need{it.seg.get(), it.region, q, x.offset + uint64_t(q - x.firstPos) * it.seg->chunkBytes});
+        if (!extSeen[e]) {
+          extSeen[e] = 1;
+          res.extents++;
+          res.extentBytes += x.bytes;
+        }
       }
-      needOfChunk.push_back(uint32_t(mark[e]));
+      needOfChunk.push_back(uint32_t(mark[q]));
     }
-    for (size_t q = firstNeed; q < needs.size(); ++q) mark[needs[q].ext] = -1;
+    for (size_t q = firstNeed; q < needs.size(); ++q) {
+      mark[needs[q].pos] = -1;
+      extSeen[g.extentOf[needs[q].pos]] = 0;
+    }
     res.chunks += it.n;
     res.payloadBytes += it.n * it.seg->chunkBytes;
   }
   if (needs.empty()) return;
-  // Chunk copies grouped by extent (CSR): destination and byte offset inside the extent.
+  // Destinations grouped by need (CSR): a chunk requested twice is read once and copied twice.
   std::vector<uint32_t> copyStart(needs.size() + 1, 0);
   for (uint32_t n : needOfChunk) copyStart[n + 1]++;
   for (size_t n = 0; n < needs.size(); ++n) copyStart[n + 1] += copyStart[n];
   std::vector<uint8_t*> copyDest(needOfChunk.size());
-  std::vector<uint64_t> copySrc(needOfChunk.size());
   {
     std::vector<uint32_t> fill(copyStart.begin(), copyStart.end() - 1);
     size_t k = 0;
-    for (ReadItem& it : items) {
-      Region& g = it.seg->regions[size_t(it.region)];
-      const uint64_t cb = it.seg->chunkBytes;
-      for (size_t j = 0; j < it.n; ++j, ++k) {
-        uint32_t n = needOfChunk[k];
-        const Extent& x = g.extents[needs[n].ext];
-        uint32_t at = fill[n]++;
-        copyDest[at] = it.dest + uint64_t(it.destOfs[j]);
-        copySrc[at] = (uint64_t(g.posOf[size_t(it.ids[j])]) - x.firstPos) * cb;
-      }
-    }
+    for (ReadItem& it : items)
+      for (size_t j = 0; j < it.n; ++j, ++k) copyDest[fill[needOfChunk[k]]++] = it.dest + uint64_t(it.destOfs[j]);
   }
-  // Sort by file position and group neighbours into runs; each run is one read into staging.
+  // Sort by file position and group neighbours into runs; each run is one read.
   std::vector<uint32_t> ord(needs.size());
   for (uint32_t i = 0; i < ord.size(); ++i) ord[i] = i;
-  auto ext = [&](const Need& n) -> const Extent& { return n.seg->regions[size_t(n.region)].extents[n.ext]; };
   std::sort(ord.begin(), ord.end(), [&](uint32_t a, uint32_t b) {
     if (needs[a].seg != needs[b].seg) return needs[a].seg < needs[b].seg;
-    return ext(needs[a]).offset < ext(needs[b]).offset;
+    return needs[a].offset < needs[b].offset;
   });
   IoEngine& eng = *items[0].seg->engine;
   const uint64_t maxIo = eng.Options().maxIoBytes, gap = eng.Options().coalesceGapBytes;
   const bool coalesce = eng.Options().coalesce;
   struct Run {
     Segment* seg;
-    uint64_t start, end;  // file span of the run's extents (the engine aligns O_DIRECT reads)
+    uint64_t start, end;  // file span of the run's chunks (the engine aligns O_DIRECT reads)
     size_t first, last;   // range in ord
   };
   std::vector<Run> runs;
   for (size_t i = 0; i < ord.size();) {
     Need& a = needs[ord[i]];
-    uint64_t s = ext(a).offset, e = s + ext(a).bytes;
+    const uint64_t cb = a.seg->chunkBytes;
+    uint64_t s = a.offset, e = s + cb;
     size_t j = i + 1;
     while (coalesce && j < ord.size() && needs[ord[j]].seg == a.seg) {
-      const Extent& eb = ext(needs[ord[j]]);
-      if (eb.offset > e + gap || eb.offset + eb.bytes - s > maxIo) break;
-      e = std::max<uint64_t>(e, eb.offset + eb.bytes);
+      const Need& b = needs[ord[j]];
+      // Same or next page (nothing skipped that alignment would not read anyway), or within the gap.
+      const bool near = (b.offset & ~(kIoAlign - 1)) <= AlignUp(e) || b.offset <= e + gap;
+      if (!near || b.offset + cb - s > maxIo) break;
+      e = b.offset + cb;
       ++j;
     }
-    for (size_t q = i; q < j; ++q) {
-      Need& n = needs[ord[q]];
-      n.stage = ext(n).offset - s;  // offset of the extent inside its run
-      res.extentBytes += ext(n).bytes;
-    }
+    for (size_t q = i; q < j; ++q) needs[ord[q]].stage = needs[ord[q]].offset - s;
     runs.push_back(Run{a.seg, s, e, i, j});
     i = j;
   }
-  res.extents = needs.size();
   res.runs = runs.size();
   // In-place delivery: each run is read into a registered bounce slot of the engine and verified
-  // and scattered from there (no staging copy). A single extent larger than maxIoBytes is read
-  // into thread-local staging instead.
+  // and scattered from there (no staging copy). A run is at most maxIoBytes unless one chunk alone
+  // is larger; such a run is read into thread-local staging instead.
   uint64_t bigTotal = 0;
   for (const Run& r : runs)
     if (r.end - r.start > maxIo) bigTotal += AlignUp(r.end - r.start);
@@ -583,8 +598,8 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     runDest[r] = d;
     reqs.push_back(ReadReq{runs[r].seg->file, runs[r].start, runs[r].end - runs[r].start, d});
   }
-  // As each run lands: verify its extents' checksums and scatter their chunks (overlaps the
-  // remaining I/O). The first corruption is kept and thrown after the batch drained.
+  // As each run lands: verify its chunks' checksums and scatter them (overlaps the remaining I/O).
+  // The first corruption is kept and thrown after the batch drained; a corrupt chunk is never copied.
   std::mutex errMu;
   std::unique_ptr<Error> corrupt;
   IoEngine::DoneFn onDone = [&](size_t r, const uint8_t* data) {
@@ -592,38 +607,39 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     for (size_t q = runs[r].first; q < runs[r].last; ++q) {
       uint32_t ni = ord[q];
       const Need& n = needs[ni];
-      const Extent& x = ext(n);
+      const Region& g = n.seg->regions[size_t(n.region)];
+      const uint64_t cb = n.seg->chunkBytes;
       const uint8_t* src = base + n.stage;
-      uint32_t got = Crc32c(0, src, x.bytes);
-      if (got != x.crc) {
-        std::lock_guard<std::mutex> g(errMu);
+      const uint32_t want = g.crcs[n.pos], got = Crc32c(0, src, cb);
+      if (got != want) {
+        std::lock_guard<std::mutex> lk(errMu);
         if (!corrupt) {
           char buf[96];
-          std::snprintf(buf, sizeof buf, "stored crc32c %08x, computed %08x", x.crc, got);
+          std::snprintf(buf, sizeof buf, "stored crc32c %08x, computed %08x", want, got);
           corrupt = std::make_unique<Error>(
-              "E_CORRUPT", "segment " + n.seg->path + ": extent checksum mismatch in layer " + std::to_string(n.region / n.seg->heads) +
-                               ", kv head " + std::to_string(n.region % n.seg->heads) + ", extent " + std::to_string(n.ext) + " (bytes " +
-                               std::to_string(x.offset) + ".." + std::to_string(x.offset + x.bytes) + "): " + buf);
+              "E_CORRUPT", "segment " + n.seg->path + ": chunk checksum mismatch in layer " + std::to_string(n.region / n.seg->heads) +
+                               ", kv head " + std::to_string(n.region % n.seg->heads) + ", extent " + std::to_string(g.extentOf[n.pos]) +
+                               ", chunk " + std::to_string(g.order[n.pos]) + " (bytes " + std::to_string(n.offset) + ".." +
+                               std::to_string(n.offset + cb) + "): " + buf);
         }
         continue;
       }
-      const uint64_t cb = n.seg->chunkBytes;
-      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src + copySrc[c], cb);
+      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src, cb);
     }
   };
   try {
     res.io = eng.ReadBatch(reqs, cancel, &onDone);
   } catch (const Error& e) {
     if (e.code != "E_CORRUPT") throw;
-    // A short read: name the first requested extent that lies beyond the file's current end.
+    // A short read: name the first requested chunk that lies beyond the file's current end.
     for (uint32_t ni : ord) {
       const Need& n = needs[ni];
-      const Extent& x = ext(n);
+      const uint64_t cb = n.seg->chunkBytes;
       struct stat st;
-      if (::stat(n.seg->path.c_str(), &st) == 0 && x.offset + x.bytes > uint64_t(st.st_size))
-        Throw("E_CORRUPT", "segment " + n.seg->path + ": extent " + std::to_string(n.ext) + " of layer " + std::to_string(n.region / n.seg->heads) +
-                               ", kv head " + std::to_string(n.region % n.seg->heads) + " (bytes " + std::to_string(x.offset) + ".." +
-                               std::to_string(x.offset + x.bytes) + ") is truncated: " + e.what());
+      if (::stat(n.seg->path.c_str(), &st) == 0 && n.offset + cb > uint64_t(st.st_size))
+        Throw("E_CORRUPT", "segment " + n.seg->path + ": chunk " + std::to_string(n.seg->regions[size_t(n.region)].order[n.pos]) + " of layer " +
+                               std::to_string(n.region / n.seg->heads) + ", kv head " + std::to_string(n.region % n.seg->heads) + " (bytes " +
+                               std::to_string(n.offset) + ".." + std::to_string(n.offset + cb) + ") is truncated: " + e.what());
     }
     throw;
   }

@@ -4,9 +4,14 @@
  * prefilled (index built, sealed to SSD, the DRAM tier filled up to its budget) and dropped before
  * the next, so the process never holds the whole KV. Then every decode step runs over all layers.
  * Printed: bytes per tier per step, time per layer-step, the peak resident set (VmHWM) against the
- * budget plus the stated overhead, and — on the first layers, in the same run — the DRAM-only
- * runtime's time and outputs (bit-identical expected) for the DRAM+SSD / DRAM-only ratio.
+ * budget plus the stated overhead, and — on the first layers, in the same run — the DRAM+SSD /
+ * DRAM-only throughput ratio: after the main run closed (its peak RSS read), a DRAM+SSD runtime and
+ * a DRAM-only one are opened side by side on those layers and their steps interleaved (the order
+ * alternating every step), so both see the same machine load; outputs must be bit-identical to each
+ * other and to the main run's.
  */
+import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
 import { bytes, ms, table } from '../eval/format.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../runtime/runtime.js';
 import { checkMemory, formatMemoryCheck, processMemory, type MemoryCheck } from '../runtime/process-memory.js';
@@ -46,14 +51,35 @@ export interface RuntimeDemoResult {
   steps: StepRow[];
   chunkBytes: number;
   prefillMs: number;
-  /** ms per layer-step on the first ratioLayers layers: DRAM+SSD and DRAM-only. */
+  /** ms per layer-step on the first ratioLayers layers, interleaved: DRAM+SSD and DRAM-only. */
   tieredMs: number;
   dramOnlyMs: number;
+  /** The same layer-steps: process CPU ms (all threads) and select / fetch / compute ms. */
+  tieredCpuMs: number;
+  dramOnlyCpuMs: number;
+  tieredStages: Stages;
+  dramOnlyStages: Stages;
+  /** dramOnlyMs / tieredMs. */
   ratio: number;
+  /** The ratio phase's DRAM+SSD runtime budget (o.dramBudget when ratioLayers = layers). */
+  ratioDramBudget: number;
   identical: boolean;
   ratioLayers: number;
   memory: MemoryCheck;
   stats: RuntimeStats;
+}
+
+/** Per layer-step ms of the runtime's stages (RuntimeStats' selectionMs, fetchMs, computeMs). */
+interface Stages {
+  select: number;
+  fetch: number;
+  compute: number;
+}
+const stagesOf = (s: RuntimeStats): Stages => ({ select: s.selectionMs, fetch: s.fetchMs, compute: s.computeMs });
+/** Process CPU time (user + system, every thread), ms. */
+function cpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
 }
 
 type Inputs = { q: Float32Array[]; kNew: (Float32Array | Uint16Array)[]; vNew: (Float32Array | Uint16Array)[] };
@@ -96,7 +122,6 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   let stats: RuntimeStats;
   let prefillMs: number;
   const R = Math.min(L, o.ratioLayers ?? 2);
-  let tieredMs = 0;
   try {
     const seq = rt.createSequence();
     const p0 = performance.now();
@@ -109,7 +134,6 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
       for (let l = 0; l < L; l++) {
         const a = performance.now();
         const [out] = await rt.attend(l, [{ seq, q: inputs[l]!.q[s]!, kNew: toF32(inputs[l]!.kNew[s]!, trace.dtype), vNew: toF32(inputs[l]!.vNew[s]!, trace.dtype) }]);
-        if (l < R && s > 0) tieredMs += performance.now() - a; // the first step warms caches
         stepOuts.push(out!);
         bar.tick(`step ${s} layer ${l}`);
       }
@@ -137,34 +161,64 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
     after?.peakRssBytes,
   );
 
-  // DRAM-only, first R layers, same inputs: its outputs must equal the tiered run's bit for bit.
+  // The ratio: DRAM+SSD and DRAM-only runtimes on the first R layers, side by side, steps
+  // interleaved. With R < L the DRAM+SSD runtime keeps the main run's DRAM tier per layer (its
+  // fixed parts: hot tier and fetch buffers whole, tails and index per layer).
+  const ratioDramBudget =
+    R === L ? o.dramBudget : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes;
   const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
-  const dr = await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget });
-  let dramOnlyMs = 0;
+  const runtimes: Runtime[] = [];
+  // A scratch store inside the demo's directory, deleted afterwards (the demo leaves only its manifest).
+  const ratioDir = join(o.dir, '.ratio-scratch');
+  const ms2 = [0, 0];
+  const cpu2 = [0, 0];
+  const stages2: Stages[] = [];
   let identical = true;
   try {
-    const seq = dr.createSequence();
-    await streamPrefill(dr, seq, trace, R, inputs, () => undefined);
-    for (let s = 0; s < S; s++)
-      for (let l = 0; l < R; l++) {
-        const a = performance.now();
-        const [out] = await dr.attend(l, [{ seq, q: inputs[l]!.q[s]!, kNew: toF32(inputs[l]!.kNew[s]!, trace.dtype), vNew: toF32(inputs[l]!.vNew[s]!, trace.dtype) }]);
-        if (s > 0) dramOnlyMs += performance.now() - a;
-        const want = outs[s]![l]!;
-        if (Buffer.compare(Buffer.from(out!.buffer, out!.byteOffset, out!.byteLength), Buffer.from(want.buffer, want.byteOffset, want.byteLength)) !== 0) identical = false;
-      }
+    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: ratioDir, direct: true } }));
+    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget }));
+    const seqs = runtimes.map((r) => r.createSequence());
+    for (let k = 0; k < 2; k++) await streamPrefill(runtimes[k]!, seqs[k]!, trace, R, inputs, () => undefined);
+    const st0: Stages[] = [];
+    for (let s = 0; s < S; s++) {
+      if (s === 1) for (const r of runtimes) st0.push(stagesOf(await r.stats())); // the first step warms caches
+      for (let l = 0; l < R; l++)
+        for (const k of s % 2 ? [1, 0] : [0, 1]) {
+          const c = cpuMs();
+          const a = performance.now();
+          const [out] = await runtimes[k]!.attend(l, [{ seq: seqs[k]!, q: inputs[l]!.q[s]!, kNew: toF32(inputs[l]!.kNew[s]!, trace.dtype), vNew: toF32(inputs[l]!.vNew[s]!, trace.dtype) }]);
+          if (s > 0) {
+            ms2[k]! += performance.now() - a;
+            cpu2[k]! += cpuMs() - c;
+          }
+          const want = outs[s]![l]!;
+          if (Buffer.compare(Buffer.from(out!.buffer, out!.byteOffset, out!.byteLength), Buffer.from(want.buffer, want.byteOffset, want.byteLength)) !== 0) identical = false;
+        }
+    }
+    for (let k = 0; k < 2; k++) {
+      const e = stagesOf(await runtimes[k]!.stats());
+      const b0 = st0[k] ?? e;
+      stages2.push({ select: e.select - b0.select, fetch: e.fetch - b0.fetch, compute: e.compute - b0.compute });
+    }
   } finally {
-    await dr.close();
+    for (const r of runtimes) await r.close();
+    await rm(ratioDir, { recursive: true, force: true });
   }
   const n = Math.max(1, R * (S - 1));
+  const per = (x: Stages): Stages => ({ select: x.select / n, fetch: x.fetch / n, compute: x.compute / n });
   return {
     kvBytes: L * layerKv,
     steps: rows,
     chunkBytes: 2 * 4 * D * es,
     prefillMs,
-    tieredMs: tieredMs / n,
-    dramOnlyMs: dramOnlyMs / n,
-    ratio: dramOnlyMs / Math.max(1e-9, tieredMs),
+    tieredMs: ms2[0]! / n,
+    dramOnlyMs: ms2[1]! / n,
+    tieredCpuMs: cpu2[0]! / n,
+    dramOnlyCpuMs: cpu2[1]! / n,
+    tieredStages: per(stages2[0]!),
+    dramOnlyStages: per(stages2[1]!),
+    ratio: ms2[1]! / Math.max(1e-9, ms2[0]!),
+    ratioDramBudget,
     identical,
     ratioLayers: R,
     memory,
@@ -187,7 +241,9 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     table(rows),
     '',
     `prefill (generate + index + SSD write + DRAM fill, all layers): ${(r.prefillMs / 1000).toFixed(1)} s; index in use ${bytes(m.indexBytes)}`,
-    `DRAM+SSD vs DRAM-only throughput (first ${r.ratioLayers} layers, steps after the first, same run): ${r.ratio.toFixed(3)} (${ms(r.tieredMs)} vs ${ms(r.dramOnlyMs)} per layer-step); outputs ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}`,
+    `DRAM+SSD vs DRAM-only throughput (first ${r.ratioLayers} layers, steps after the first, the two runtimes' steps interleaved in one run; DRAM+SSD budget ${bytes(r.ratioDramBudget)}): ${r.ratio.toFixed(3)} (${ms(r.tieredMs)} vs ${ms(r.dramOnlyMs)} per layer-step); outputs ${r.identical ? 'bit-identical' : 'DIFFERENT (a bug: please report)'}`,
+    `  per layer-step, DRAM+SSD vs DRAM-only: process CPU ${ms(r.tieredCpuMs)} vs ${ms(r.dramOnlyCpuMs)} (ratio ${(r.dramOnlyCpuMs / Math.max(1e-9, r.tieredCpuMs)).toFixed(3)}); ` +
+      `select ${ms(r.tieredStages.select)} vs ${ms(r.dramOnlyStages.select)}, fetch ${ms(r.tieredStages.fetch)} vs ${ms(r.dramOnlyStages.fetch)}, compute ${ms(r.tieredStages.compute)} vs ${ms(r.dramOnlyStages.compute)}`,
     `peak RSS (VmHWM) against the budget: ${formatMemoryCheck(r.memory)}`,
   ].join('\n');
 }

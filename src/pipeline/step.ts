@@ -37,7 +37,7 @@ export interface EntryStepStats {
   dramChunks: number;
   ssdChunks: number;
   tailChunks: number;
-  /** Bytes the device transferred for the SSD reads (whole extents). */
+  /** Bytes the device transferred for the SSD reads (the chunks read, page-aligned). */
   ssdReadBytes: number;
   /** Chunks admitted into the hot tier / DRAM tier. */
   hotAdmitted: number;
@@ -246,7 +246,7 @@ export async function fetchAttendEntry(
   }
   try {
     const pages = {
-      buffers: [readBuf, placement ? placement.arena : readBuf],
+      buffers: [readBuf, ...(placement ? placement.arenas : [])],
       offsets: tierOff,
       ids: tierReq.chunkIds,
       at: placement ? placement.at : new Float64Array(0),

@@ -83,8 +83,8 @@ export interface MemoryPlan {
   /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
   fetchBytes: number;
   /**
-   * What is left for the DRAM tier (arena + slot metadata), at most DramStore.maxArenaBytes worth of
-   * chunks (its arena is one typed array); budget beyond that stays unused.
+   * What is left for the DRAM tier (arena + slot metadata), at most DramStore.maxChunks worth of
+   * chunks (255 arena blocks of 1 GiB); budget beyond that stays unused.
    */
   dramTierBytes: number;
   /** K + V bytes per token of one layer in the host dtype. */
@@ -377,8 +377,8 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
   const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
   let dramBudget = c.dramBudget;
-  // The DRAM tier's arena is one typed array (DramStore.maxArenaBytes, 4 GiB on Node 20).
-  const maxTierChunks = Math.floor(DramStore.maxArenaBytes / chunkBytes);
+  // The DRAM tier's arena is at most DramStore.maxBlocks blocks of 1 GiB.
+  const maxTierChunks = DramStore.maxChunks(chunkBytes);
   if (!c.ssd) {
     const chunks = slotsPerLayer * kvHeads * Math.ceil(c.maxTokens / cs);
     const need = fixed + chunks * perChunk;
@@ -389,7 +389,7 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
       fail(
         'E_BUDGET',
         'memory model without an SSD store',
-        `a DRAM tier of at most ${maxTierChunks} chunks (${DramStore.maxArenaBytes} arena bytes, one typed array in this version): give an ssd store and a dramBudget (the DRAM tier then caches part of the sealed KV), or fewer maxSequences x maxTokens x layers`,
+        `a DRAM tier of at most ${maxTierChunks} chunks (${DramStore.maxBlocks} arena blocks of ${DramStore.defaultBlockBytes} bytes): give an ssd store and a dramBudget (the DRAM tier then caches part of the sealed KV), or fewer maxSequences x maxTokens x layers`,
         `${chunks} chunks of ${chunkBytes} B to hold every declared token`,
       );
   } else if (dramBudget === undefined) {

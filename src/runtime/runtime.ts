@@ -146,7 +146,7 @@ export interface RuntimeStats {
   computeMs: number;
   /** Fetch (hot tier, DRAM tier, SSD reads incl. I/O wait, tail staging), summed over entries. */
   fetchMs: number;
-  /** Selected chunks served from SSD, their payload bytes, and the bytes the device transferred (whole extents). */
+  /** Selected chunks served from SSD, their payload bytes, and the bytes the device transferred (those chunks, page-aligned). */
   ssdChunks: number;
   ssdBytes: number;
   ssdReadBytes: number;

@@ -5,8 +5,11 @@
  * caller (warm-up attention mass from the observation window, decode attention mass later).
  *
  * Memory (all allocated once at construction, never grown):
- *  - arena: capacity x chunkBytes (a SharedArrayBuffer by default, so pipeline workers can read
- *    resident chunks by slot offset);
+ *  - arena: capacity x chunkBytes in blocks of at most `blockBytes` (1 GiB by default; each block
+ *    one typed array, a SharedArrayBuffer by default so pipeline workers can read resident chunks).
+ *    Slot s lives in block floor(s / slotsPerBlock) at byte (s % slotsPerBlock) x chunkBytes: a
+ *    slot never straddles blocks, so a chunk is addressed by (block, byte offset). Blocks lift the
+ *    one-typed-array limit (buffer.constants.MAX_LENGTH, 4 GiB on Node 20) off the tier's size;
  *  - per-slot metadata: {@link DramStore.metadataBytesPerSlot} bytes (owner segment, key, heap);
  *  capacity = floor(budgetBytes / (chunkBytes + metadataBytesPerSlot)), so arena + metadata never
  *  exceed budgetBytes. Outside the budget, stated: a slot map of 4 bytes per (layer, kv head, chunk)
@@ -30,6 +33,11 @@ export interface DramStoreOptions {
   shape: StoreShape;
   /** Back the arena with a SharedArrayBuffer (default true) so worker threads can read it. */
   shared?: boolean;
+  /**
+   * Bytes per arena block (default 1 GiB; at least one chunk, at most {@link DramStore.maxBlockBytes});
+   * rounded down to whole chunks. At most {@link DramStore.maxBlocks} blocks.
+   */
+  blockBytes?: number;
 }
 
 const dramOptionsSchema = z
@@ -37,6 +45,7 @@ const dramOptionsSchema = z
     budgetBytes: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
     shape: storeShapeSchema,
     shared: z.boolean().optional(),
+    blockBytes: z.number().int().min(1).max(bufferConstants.MAX_LENGTH).optional(),
   })
   .strict();
 
@@ -75,8 +84,13 @@ export class DramStore {
   readonly chunkBytes: number;
   readonly budgetBytes: number;
   readonly capacityChunks: number;
-  /** Resident chunk data; slot s occupies bytes [s * chunkBytes, (s + 1) * chunkBytes). */
-  readonly arena: Uint8Array;
+  /**
+   * Resident chunk data, in blocks: slot s occupies bytes [o, o + chunkBytes) of
+   * arenas[{@link blockOf}(s)], o = {@link offsetOf}(s).
+   */
+  readonly arenas: readonly Uint8Array[];
+  /** Slots per arena block (every block but the last holds exactly this many). */
+  readonly slotsPerBlock: number;
 
   private readonly slotOwner: Int32Array; // segment ordinal, -1 when free
   private readonly slotKey: Int32Array;
@@ -90,8 +104,20 @@ export class DramStore {
   private nextOrdinal = 0;
   private counters = { admitted: 0, evicted: 0, rejected: 0 };
 
-  /** Largest arena in bytes (one typed array: Node's buffer.constants.MAX_LENGTH, 4 GiB on Node 20). */
-  static readonly maxArenaBytes: number = bufferConstants.MAX_LENGTH;
+  /** Largest arena block in bytes (one typed array: Node's buffer.constants.MAX_LENGTH, 4 GiB on Node 20). */
+  static readonly maxBlockBytes: number = bufferConstants.MAX_LENGTH;
+  /** Default arena block size: 1 GiB. */
+  static readonly defaultBlockBytes = 2 ** 30;
+  /**
+   * Most arena blocks: a fetch hands attention its pages in up to 256 buffers addressed by a
+   * Uint8Array index (native/attention/tiered_attention.cc), one of them the SSD read buffer.
+   */
+  static readonly maxBlocks = 255;
+
+  /** Most chunks of `chunkBytes` a DRAM tier can hold with blocks of `blockBytes` (the default 1 GiB). */
+  static maxChunks(chunkBytes: number, blockBytes: number = DramStore.defaultBlockBytes): number {
+    return DramStore.maxBlocks * Math.floor(blockBytes / chunkBytes);
+  }
 
   constructor(options: DramStoreOptions) {
     const o = parseOptions(dramOptionsSchema, options, 'DramStore options');
@@ -102,14 +128,21 @@ export class DramStore {
     if (cap < 1)
       fail('E_BUDGET', 'DramStore options.budgetBytes', `at least one chunk plus metadata (${this.chunkBytes + DramStore.metadataBytesPerSlot} bytes)`, o.budgetBytes);
     if (cap > 0x7fffffff) fail('E_BUDGET', 'DramStore options.budgetBytes', 'fewer than 2^31 chunks', o.budgetBytes);
-    const bytes = cap * this.chunkBytes;
-    // The arena is one typed array, and Node 20 caps a typed array at buffer.constants.MAX_LENGTH
-    // bytes (4 GiB); past it V8 throws an untyped RangeError. Splitting the arena into blocks is
-    // the way past this limit; until then, a clear error before anything is allocated.
-    if (bytes > DramStore.maxArenaBytes)
-      fail('E_BUDGET', 'DramStore options.budgetBytes', `a DRAM tier arena of at most ${DramStore.maxArenaBytes} bytes (${Math.floor(DramStore.maxArenaBytes / this.chunkBytes)} chunks of ${this.chunkBytes} B: one typed array)`, `${o.budgetBytes} (${cap} chunks, ${bytes} arena bytes)`);
+    const blockBytes = o.blockBytes ?? DramStore.defaultBlockBytes;
+    const perBlock = Math.floor(blockBytes / this.chunkBytes);
+    if (perBlock < 1) fail('E_CONFIG', 'DramStore options.blockBytes', `at least one chunk (${this.chunkBytes} bytes)`, blockBytes);
+    const nBlocks = Math.ceil(cap / perBlock);
+    // Checked before anything is allocated.
+    if (nBlocks > DramStore.maxBlocks)
+      fail('E_BUDGET', 'DramStore options.budgetBytes', `a DRAM tier of at most ${DramStore.maxBlocks} arena blocks of ${perBlock * this.chunkBytes} bytes (${DramStore.maxBlocks * perBlock} chunks)`, `${o.budgetBytes} (${cap} chunks, ${nBlocks} blocks)`);
     this.capacityChunks = cap;
-    this.arena = new Uint8Array(o.shared === false ? new ArrayBuffer(bytes) : new SharedArrayBuffer(bytes));
+    this.slotsPerBlock = perBlock;
+    const arenas: Uint8Array[] = [];
+    for (let b = 0; b < nBlocks; b++) {
+      const bytes = Math.min(perBlock, cap - b * perBlock) * this.chunkBytes;
+      arenas.push(new Uint8Array(o.shared === false ? new ArrayBuffer(bytes) : new SharedArrayBuffer(bytes)));
+    }
+    this.arenas = arenas;
     this.slotOwner = new Int32Array(cap).fill(-1);
     this.slotKey = new Int32Array(cap);
     this.heap = new SlotHeap(cap);
@@ -159,7 +192,7 @@ export class DramStore {
 
   /**
    * The slot map of a segment for hot loops: index (layer * kvHeads + head) * chunks + chunk gives
-   * the slot (bytes at slot * chunkBytes in {@link arena}) or -1. Read-only for callers.
+   * the slot (its bytes: {@link chunk}, or {@link blockOf} / {@link offsetOf} in {@link arenas}) or -1. Read-only for callers.
    */
   slotMap(id: string): { slots: Int32Array; chunks: number } {
     const e = this.entry(id);
@@ -172,9 +205,49 @@ export class DramStore {
     return e.slots[this.key(e, id, layer, head, chunk)]!;
   }
 
+  /** Arena block of a slot (index into {@link arenas}). */
+  blockOf(slot: number): number {
+    return Math.floor(slot / this.slotsPerBlock);
+  }
+
+  /** Byte offset of a slot inside its arena block. */
+  offsetOf(slot: number): number {
+    return (slot % this.slotsPerBlock) * this.chunkBytes;
+  }
+
   /** View of a resident chunk's page-first bytes (valid until it is evicted). */
   chunk(slot: number): Uint8Array {
-    return this.arena.subarray(slot * this.chunkBytes, (slot + 1) * this.chunkBytes);
+    const at = this.offsetOf(slot);
+    return this.arenas[this.blockOf(slot)]!.subarray(at, at + this.chunkBytes);
+  }
+
+  /**
+   * Copies chunks between `buf` (at byte offsets `bufAt`) and slots, block by block (one native
+   * memcpy loop per block touched): into the slots when `into`, else out of them.
+   */
+  private moveChunks(into: boolean, slots: ArrayLike<number>, buf: Uint8Array, bufAt: ArrayLike<number>): void {
+    const n = slots.length;
+    if (!n) return;
+    const blocks = this.arenas.length;
+    const count = new Int32Array(blocks + 1);
+    for (let i = 0; i < n; i++) count[this.blockOf(slots[i]!) + 1]!++;
+    for (let b = 0; b < blocks; b++) count[b + 1]! += count[b]!;
+    const slotAt = new Float64Array(n);
+    const other = new Float64Array(n);
+    const fill = count.slice(0, blocks);
+    for (let i = 0; i < n; i++) {
+      const b = this.blockOf(slots[i]!);
+      const k = fill[b]!++;
+      slotAt[k] = this.offsetOf(slots[i]!);
+      other[k] = bufAt[i]!;
+    }
+    for (let b = 0; b < blocks; b++) {
+      const a = count[b]!;
+      const e = count[b + 1]!;
+      if (a === e) continue;
+      if (into) native.copyChunks(buf, other.subarray(a, e), this.arenas[b]!, slotAt.subarray(a, e), this.chunkBytes);
+      else native.copyChunks(this.arenas[b]!, slotAt.subarray(a, e), buf, other.subarray(a, e), this.chunkBytes);
+    }
   }
 
   /**
@@ -196,7 +269,7 @@ export class DramStore {
         fail('E_RANGE', `DramStore.put srcOffsets[${i}]`, `an offset with offset + ${this.chunkBytes} <= src.length ${src.length}`, o);
     }
     const from: number[] = [];
-    const to: number[] = [];
+    const to: number[] = []; // slots
     for (let i = 0; i < ids.length; i++) {
       const k = this.key(e, id, layer, head, ids[i]!);
       const score = scores[i]!;
@@ -215,10 +288,10 @@ export class DramStore {
       e.slots[k] = slot;
       this.heap.insert(slot, score);
       from.push(srcOffsets[i]!);
-      to.push(slot * this.chunkBytes);
+      to.push(slot);
       this.counters.admitted++;
     }
-    if (from.length) native.copyChunks(src, Float64Array.from(from), this.arena, Float64Array.from(to), this.chunkBytes);
+    this.moveChunks(true, to, src, from);
     return from.length;
   }
 
@@ -340,13 +413,11 @@ export class DramStore {
   /** Gathers resident chunks by slot into `dest` at byte offsets (one native memcpy loop). */
   copyOut(slots: Int32Array, dest: Uint8Array, destOffsets: Float64Array): void {
     if (destOffsets.length !== slots.length) fail('E_SHAPE', 'DramStore.copyOut destOffsets', `${slots.length} entries`, destOffsets.length);
-    const src = new Float64Array(slots.length);
     for (let i = 0; i < slots.length; i++) {
       const s = slots[i]!;
       if (s < 0 || s >= this.capacityChunks || this.slotOwner[s] === -1) fail('E_RANGE', `DramStore.copyOut slot`, 'a resident slot', s);
-      src[i] = s * this.chunkBytes;
     }
-    native.copyChunks(this.arena, src, dest, destOffsets, this.chunkBytes);
+    this.moveChunks(false, slots, dest, destOffsets);
   }
 
   stats(): DramStats {

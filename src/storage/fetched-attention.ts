@@ -32,7 +32,7 @@ export interface AttendFetchedOptions {
   pageChunkSize?: number;
   /**
    * Page-first pages of pageChunkSize tokens: one buffer (entry i at i x page bytes, unless
-   * fetchedAt) or up to 16 buffers (with fetchedAt / fetchedIn).
+   * fetchedAt) or up to 256 buffers (with fetchedAt / fetchedIn; the DRAM tier passes its arena blocks).
    */
   fetched: Uint8Array | Uint8Array[];
   /**

@@ -17,8 +17,12 @@ import { native } from '../native.js';
 import type { Dtype, KvTensor } from '../types.js';
 import { IoEngine, type IoEngineInfo, ioEngineOptionsSchema, type IoEngineOptions, parseOptions } from './io-engine.js';
 
-/** Store manifest format version; a manifest of another version is refused with E_VERSION. */
-export const SSD_MANIFEST_VERSION = 1;
+/**
+ * Store manifest format version; a manifest of another version is refused with E_VERSION. Version 2
+ * stores hold segments of format 2 (a checksum per chunk, so reads fetch only the chunks asked for);
+ * version 1 stores (one checksum per extent) must be re-created.
+ */
+export const SSD_MANIFEST_VERSION = 2;
 const MANIFEST = 'manifest.json';
 const SEGMENT_EXT = '.kvseg';
 
@@ -58,7 +62,21 @@ export interface SsdStoreOptions extends IoEngineOptions {
   create?: boolean;
   /** Open segment files with O_DIRECT (default false; aligned bounce reads, no page cache; ignored by kind 'mmap'). */
   direct?: boolean;
+  /**
+   * Chunks of one read separated by at most this many bytes in the file are read as one I/O
+   * (default for a store: {@link SSD_DEFAULT_GAP_BYTES}, at most maxIoBytes).
+   */
+  coalesceGapBytes?: number;
 }
+
+/**
+ * A store's default read gap, 32 KiB: requested chunks at most this far apart in a file are read in
+ * one I/O, the pages between them included. On the development VM's virtio disk one more 4 KiB I/O
+ * cost ~20 us of CPU (200 random O_DIRECT reads: 4 ms of process CPU) and queue time, a 4 KiB page
+ * inside a larger read ~2 us of transfer; in the 128K demo this gap cut the DRAM+SSD run's extra
+ * CPU per layer-step from 5.9 to 3.4 ms (bench/runtime-memory.md).
+ */
+export const SSD_DEFAULT_GAP_BYTES = 32 << 10;
 
 const ssdStoreOptionsSchema = ioEngineOptionsSchema.extend({
   dir: z.string().min(1),
@@ -113,10 +131,11 @@ export interface SsdReadStats {
   chunks: number;
   /** Bytes of requested chunks. */
   payloadBytes: number;
-  /** Whole extents read (checksums cover whole extents). */
+  /** Extents (clusters) the requested chunks lie in. */
   extents: number;
+  /** Bytes of those whole extents: what reading whole extents would transfer (only the chunks are read). */
   extentBytes: number;
-  /** Sequential reads after coalescing neighbouring extents. */
+  /** Sequential reads after merging neighbouring chunks. */
   runs: number;
   /** Physical I/Os submitted and bytes transferred (alignment included). */
   ios: number;
@@ -165,7 +184,7 @@ async function fsyncDir(dir: string): Promise<void> {
 
 /**
  * The SSD extent store. Open with {@link SsdStore.open}; all reads are batched, asynchronous and
- * verified (crc32c per extent). Native objects (engine, segments) are reachable by integer handle
+ * verified (crc32c per chunk: only requested chunks are read). Native objects (engine, segments) are reachable by integer handle
  * from worker threads: see {@link SsdStore.engineHandle} and {@link SsdStore.segmentHandle}.
  */
 export class SsdStore {
@@ -220,7 +239,8 @@ export class SsdStore {
         if (a !== b) fail('E_CONFIG', `SsdStore options.shape for ${dir}`, `the stored shape ${a}`, b);
       }
     }
-    const engine = new IoEngine(engineOptions);
+    const gap = engineOptions.coalesceGapBytes ?? Math.min(SSD_DEFAULT_GAP_BYTES, engineOptions.maxIoBytes ?? 256 << 10);
+    const engine = new IoEngine({ ...engineOptions, coalesceGapBytes: gap });
     const store = new SsdStore(dir, manifest.shape, engine, direct);
     // Remove leftovers of interrupted writes (not listed => never sealed).
     const listed = new Set(manifest.segments.map((s) => s.file));
@@ -255,7 +275,10 @@ export class SsdStore {
     if (!obj || typeof obj !== 'object' || obj.format !== 'kvdrive-ssd-store')
       throw new KvdriveError('E_CORRUPT', `${path}: expected a kvdrive SSD store manifest (format 'kvdrive-ssd-store'), got format ${describeValue(obj?.format)}`);
     if (obj.version !== SSD_MANIFEST_VERSION)
-      throw new KvdriveError('E_VERSION', `${path}: expected manifest version ${SSD_MANIFEST_VERSION}, got ${describeValue(obj.version)}`);
+      throw new KvdriveError(
+        'E_VERSION',
+        `${path}: expected manifest version ${SSD_MANIFEST_VERSION}, got ${describeValue(obj.version)}${obj.version === 1 ? ' (a version 1 store checksums whole extents, which chunk-granular reads cannot verify: delete the directory and re-create the store)' : ''}`,
+      );
     // A segment's file is always `<id><ext>` inside the store directory: anything else (a path
     // with '/' or '..') would let a damaged or crafted manifest point reads and deletes outside it.
     const entry = z
@@ -438,8 +461,9 @@ export class SsdStore {
   }
 
   /**
-   * Reads chunks of several (segment, layer, kv head) items in one batch: whole extents are read
-   * (neighbours coalesced), checksums verified, and chunk k of the concatenated request is written
+   * Reads chunks of several (segment, layer, kv head) items in one batch: only the requested chunks
+   * are read (neighbours in the file merged into one read), each chunk's checksum verified before
+   * its bytes are used (E_CORRUPT otherwise), and chunk k of the concatenated request is written
    * page-first at `dest[destOffsets[k]]` (default: back to back from 0).
    */
   async readBatch(items: readonly ChunkReadItem[], dest: Uint8Array, destOffsets?: Float64Array, cancelFlag?: number): Promise<SsdReadStats> {

@@ -1,7 +1,7 @@
 /**
  * Sparse synchronization (kvdrive §7.3): per decode step and layer, fetch only the selected chunks
- * of a sequence's segment chain — from the DRAM tier when resident, else from SSD extents (whole
- * clusters, neighbours coalesced, checksums verified) — into a caller-provided contiguous buffer.
+ * of a sequence's segment chain — from the DRAM tier when resident, else from SSD (only the missing
+ * chunks, file neighbours merged into one read, each chunk's checksum verified) — into a caller-provided buffer.
  * Chunks fetched from SSD are promoted into DRAM by importance. A prefetch API issues the SSD reads
  * for the next step's likely chunks early into a preallocated staging pool and can cancel them.
  *
@@ -75,8 +75,9 @@ export interface FetchStats {
   ssdChunks: number;
   /** Requested chunk bytes read from SSD in this call. */
   ssdBytes: number;
-  /** Bytes the device transferred in this call (whole extents, alignment). */
+  /** Bytes the device transferred in this call (the chunks read, page alignment included). */
   ssdReadBytes: number;
+  /** Extents (clusters) the SSD-read chunks lie in. */
   ssdExtents: number;
   ssdRuns: number;
   /** Chunks newly admitted into DRAM. */
@@ -91,7 +92,7 @@ export interface PrefetchTotals {
   issued: number;
   /** Chunks they staged (whether or not a fetch used them). */
   chunks: number;
-  /** Bytes the device transferred for them (whole extents, alignment; cancelled reads count what was read). */
+  /** Bytes the device transferred for them (page alignment included; cancelled reads count what was read). */
   readBytes: number;
   /** Prefetches cancelled before a fetch consumed them. */
   cancelled: number;
@@ -110,12 +111,12 @@ export interface PrefetchHandle {
 
 /** Where {@link TieredKv.fetchInPlace} left each entry of the request. */
 export interface FetchPlacement {
-  /** Where entry i's page is: 0 the caller's `dest`, 1 the DRAM tier's {@link arena}. */
+  /** Where entry i's page is: 0 the caller's `dest`, 1 + b block b of the DRAM tier's {@link arenas}. */
   source: Uint8Array;
   /** Byte offset of entry i's page in its buffer. */
   at: Float64Array;
-  /** The DRAM tier's arena (pages of entries with buffer 1); empty without a DRAM tier. */
-  arena: Uint8Array;
+  /** The DRAM tier's arena blocks (pages of entries with source >= 1); empty without a DRAM tier. */
+  arenas: readonly Uint8Array[];
   /** Entries read into `dest` (SSD reads, prefetches). */
   inDest: number;
   /** Unpins the DRAM slots this fetch left in place; call once, after the last read of them. */
@@ -296,7 +297,7 @@ export class TieredKv {
     let nDram = 0;
     const missIdx: number[] = [];
     const placement: FetchPlacement | undefined = inPlace
-      ? { source: new Uint8Array(n), at: new Float64Array(n), arena: this.dram ? this.dram.arena : new Uint8Array(0), inDest: 0, release: () => undefined }
+      ? { source: new Uint8Array(n), at: new Float64Array(n), arenas: this.dram ? this.dram.arenas : [], inDest: 0, release: () => undefined }
       : undefined;
     let pinned: Int32Array | undefined;
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
@@ -326,8 +327,8 @@ export class TieredKv {
             dramSlotsAll[nDram] = slot;
             dramDestAll[nDram++] = i * cb;
             if (placement) {
-              placement.source[i] = 1;
-              placement.at[i] = slot * cb;
+              placement.source[i] = 1 + this.dram!.blockOf(slot);
+              placement.at[i] = this.dram!.offsetOf(slot);
             }
             continue;
           }
@@ -494,7 +495,7 @@ export class TieredKv {
       for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
         const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
         if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
-        else if (srcAt?.source[i] === 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
+        else if (srcAt && srcAt.source[i]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
         else missing.push(i);
       }
     const srcOf = srcAt ? (i: number) => srcAt.at[i]! : (i: number) => i * this.chunkBytes;
