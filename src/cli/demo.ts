@@ -116,7 +116,8 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
     ...(runtimeRows.length
       ? [
           `kvdrive (runtime, mode): openRuntime as a host embeds it (memory model, DRAM only: ${bytes(runtimeRows[0]!.dramBudgetBytes)} default budget, f16 KV); time = whole attend() ` +
-            `(select: index extend + select on its key sketch; fetch: DRAM tier + tail staging; attend: attention); the modes' outputs are bit-identical (checked).`,
+            `(select: index extend + select on its key sketch; fetch: DRAM tier + tail staging; attend: attention); the modes' outputs are bit-identical (checked). ` +
+            `One sequence is one micro-batch, so pipelined has nothing to overlap and runs it as sequential does; \`--batch N\` shows the overlap across sequences.`,
         ]
       : []),
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens (the runtime's own);`,

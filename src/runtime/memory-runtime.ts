@@ -195,7 +195,9 @@ export class MemoryRuntime {
    */
   async attend(layer: number, entries: MemoryEntry[]): Promise<{ out: Float32Array; selection: Selection; bytesScored: number }[]> {
     let done: EntryResult[];
-    if (this.mode === 'sequential') {
+    // One micro-batch has nothing to overlap with: the hop to the select worker and back would be
+    // pure latency, so it runs as the sequential mode does (same stage functions, same output).
+    if (this.mode === 'sequential' || entries.length <= this.microBatch) {
       this.maxInFlight = Math.max(this.maxInFlight, 1);
       done = [];
       for (const e of entries) done.push(await attendEntry(this.memory, this.hot, e.seq, layer, e.q, e.kNew, e.vNew, false));
