@@ -23,6 +23,7 @@
 #include "common/async_work.h"
 #include "attention/attention.h"
 #include "attention/attention_split.h"
+#include "attention/span_lists.h"
 #include "common/errors.h"
 #include "cache/hot_tier.h"
 #include "storage/page_spans.h"
@@ -68,49 +69,18 @@ struct FetchedJob {
 // Where a span's rows live, for error messages.
 enum SpanKind : uint8_t { kSink, kFetched, kTail, kHot };
 
-// Per-thread storage of Run's span lists, reused across calls. A call lists one span per selected
-// unit (2048+ per kv head at a token-granular budget); allocating those lists afresh every call
-// cost more than the attention itself (fresh heap pages: a page fault per 4 KiB written, as glibc
-// trims the freed top of the heap between calls). Only ever grows; never shared between threads
-// (Run runs on the JS thread or on one libuv worker per async call).
-struct RunScratch {
-  std::vector<Span> spans;       // every head's spans, head h at [start[h], start[h + 1])
-  std::vector<uint8_t> kind;     // SpanKind per span
-  std::vector<int64_t> first;    // first token per span
-  std::vector<float> mass;       // attention mass per span
-  std::vector<size_t> start;     // kvHeads + 1
-  std::vector<HeadAttn> heads;
-};
-
-RunScratch& ThreadRunScratch() {
-  thread_local RunScratch s;
-  return s;
-}
-
-// Grows v to at least n elements (contents are overwritten by the caller).
-template <typename T>
-void Reserve(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-}
-
 void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
   const size_t es = DtypeSize(job.dtype);
   const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
-  RunScratch& rs = ThreadRunScratch();
+  SpanLists& rs = ThreadSpanLists();
   const size_t kvHeads = size_t(job.kvHeads);
   // At most the units plus a sink and a tail span per head.
-  const size_t cap = size_t(job.offsets[job.kvHeads] - job.offsets[0]) + 2 * kvHeads;
-  Reserve(rs.spans, cap);
-  Reserve(rs.kind, cap);
-  Reserve(rs.first, cap);
-  Reserve(rs.mass, cap);
-  Reserve(rs.start, kvHeads + 1);
-  Reserve(rs.heads, kvHeads);
+  rs.Reserve(size_t(job.offsets[job.kvHeads] - job.offsets[0]) + 2 * kvHeads, kvHeads);
   Span* const spans = rs.spans.data();
-  uint8_t* const kind = rs.kind.data();
+  uint8_t* const kind = rs.source.data();
   int64_t* const firstToken = rs.first.data();
   size_t n = 0;
   auto add = [&](const Span& sp, SpanKind k, int64_t first) {
