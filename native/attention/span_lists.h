@@ -16,6 +16,8 @@
 namespace kvd {
 
 struct SpanLists {
+  static constexpr size_t kKeepSpans = size_t(1) << 18;  // ~14 MB of lists (a budget of 32K units x 8 heads)
+
   std::vector<Span> spans;      // head h's spans at [start[h], start[h + 1])
   std::vector<int64_t> first;   // first token of each span
   std::vector<uint8_t> source;  // caller-defined source of each span (which tensor / tier)
@@ -24,7 +26,10 @@ struct SpanLists {
   std::vector<HeadAttn> heads;  // nHeads
 
   // Room for `spanCap` spans over `nHeads` kv heads (contents are left to the caller to write).
+  // Storage grown past kKeepSpans by one huge call is given back at the next smaller call, so a
+  // thread does not hold it for good.
   void Reserve(size_t spanCap, size_t nHeads) {
+    if (spans.size() > kKeepSpans && spanCap <= kKeepSpans) *this = SpanLists();
     Grow(spans, spanCap);
     Grow(first, spanCap);
     Grow(source, spanCap);
