@@ -43,6 +43,27 @@ describe('attention split by KV length', () => {
     }
   });
 
+  it('span lists past their per-thread keep size (2^18 spans), then a small call, then a large one again: each equals dense bit for bit', () => {
+    // Every token its own span: 2 x 140000 spans > kKeepSpans (native/attention/span_lists.h), so the
+    // small call in between gives the grown storage back and the last call grows it again.
+    const big = 140000;
+    const bk = randomKv(big, kvHeads, dim, 'f16', 81);
+    const bv = randomKv(big, kvHeads, dim, 'f16', 82);
+    const bigDense = attendDense({ q, qHeads, k: bk.tensor, v: bv.tensor, threads: 2 });
+    const bigSel = allChunks(big, kvHeads, 1, 4, big - 64);
+    const small = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, threads: 2 });
+    const smallSel = allChunks(tokens, kvHeads, 16, 4, tokens - 64);
+    for (const [kk, vv, sel, want] of [
+      [bk, bv, bigSel, bigDense],
+      [k, v, smallSel, small],
+      [bk, bv, bigSel, bigDense],
+    ] as const) {
+      const s = attendSparse({ q, qHeads, k: kk.tensor, v: vv.tensor, selection: sel, threads: 2 });
+      expect(bits(s.out)).toBe(bits(want.out));
+      expect(bits(s.lse)).toBe(bits(want.lse));
+    }
+  });
+
   it('a NaN in a later part names its kv head and token, at every thread count', async () => {
     const data = Uint16Array.from(k.tensor.data as Uint16Array);
     data[(12000 * kvHeads + 1) * dim + 5] = 0x7e00; // f16 NaN: token 12000 (second part), kv head 1

@@ -151,6 +151,39 @@ describe('attendFetched', () => {
       expect(() => attendFetched({ ...o, fetched: bad, threads })).toThrow(/k: kv head 1, token 19000 \(fetched chunk\): NaN\/Inf in the key row/);
   });
 
+  it('an output that overflows f32 from finite values is an E_NONFINITE error naming the kv head, not a crash', () => {
+    // q = 0: every logit is 0, so each selected token has weight 1 and the weighted sum of value
+    // rows of 3e38 overflows to Inf although no row holds a NaN/Inf (there is no row to name).
+    const TT = 64;
+    const cs = 4;
+    const k: KvTensor = { data: randn(TT * kvHeads * D, 31), dtype: 'f32', tokens: TT, heads: kvHeads, dim: D };
+    const v: KvTensor = { ...k, data: new Float32Array(TT * kvHeads * D).fill(3e38) };
+    const sinkEnd = 4;
+    const tailBase = 48;
+    const ids = [8, 9, 10, 11, 20, 21, 30];
+    const offsets = Int32Array.of(0, ids.length, 2 * ids.length);
+    const sel: Selection = { chunkSize: 1, tokens: TT, sinkEnd, tailStart: tailBase, offsets, chunkIds: Int32Array.from([...ids, ...ids]) };
+    const pages = [2, 5, 7];
+    const pb = 2 * cs * D * 4;
+    const buf = new Uint8Array(kvHeads * pages.length * pb);
+    pages.forEach((c, i) => {
+      for (let h = 0; h < kvHeads; h++) buf.set(page(k, v, h, c, cs), (h * pages.length + i) * pb);
+    });
+    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+    const tail = { k: { ...k, tokens: TT - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: TT - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+    const o = { q: new Float32Array(qHeads * D), qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: Int32Array.of(0, 3, 6), fetchedIds: Int32Array.from([...pages, ...pages]) };
+    for (const threads of [1, 2]) {
+      let err: unknown;
+      try {
+        attendFetched({ ...o, threads });
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toMatchObject({ code: 'E_NONFINITE' });
+      expect(String(err)).toMatch(/v: kv head 0: attention output overflowed f32/);
+    }
+  });
+
   it('rejects a staged buffer or selection that does not match the tensors', () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 1), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 2) };

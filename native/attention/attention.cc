@@ -26,7 +26,7 @@
 namespace kvd {
 namespace {
 
-constexpr size_t kTileRows = 32;  // rows per kernel call (32 x 256 B f16 rows stay in L1)
+constexpr size_t kTileRows = 16;  // rows per kernel call (16 x 256 B f16 rows stay in L1)
 
 int64_t TotalTokens(const Span* spans, size_t nSpans) {
   int64_t total = 0;
@@ -85,8 +85,13 @@ size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / i
 // (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
 // same positions are read together. Row pointers are collected kLookahead calls ahead and passed as
 // aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
-// heads) are requested well before they are used.
-constexpr size_t kLookahead = 4;
+// heads, token-granular selections) are requested before they are used.
+//
+// The distance is kLookahead * kTileRows = 16 rows (64 lines of 256-byte f16 rows): enough to cover
+// DRAM latency at the rate rows are consumed, few enough that the prefetches fit the core's miss
+// buffers. It used to be 4 x 32 = 128 rows (512 lines requested ahead), and the logits kernel's
+// samples sat almost all on its prefetch instructions; 16 rows measured faster (bench/RESULTS.md).
+constexpr size_t kLookahead = 1;
 
 template <typename Kernel>
 void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,

@@ -17,6 +17,7 @@
 #include "common/async_work.h"
 #include "attention/attention.h"
 #include "attention/attention_split.h"
+#include "attention/span_lists.h"
 #include "common/errors.h"
 #include "common/registry.h"
 
@@ -47,61 +48,49 @@ struct AttnJob {
 
 // ---- running ----
 
-// The spans one kv head attends, in token order, with each span's first token.
-struct HeadSpans {
-  std::vector<Span> spans;
-  std::vector<int64_t> start;
-  size_t firstChunkSpan = 0;  // spans[firstChunkSpan + i] is chunkIds[offsets[h] + i] (sparse)
-};
-
-HeadSpans BuildSpans(const AttnJob& job, int h) {
-  HeadSpans hs;
-  auto add = [&](int64_t a, int64_t b) {
-    const int64_t len = b > a ? b - a : 0;
-    const int64_t at = len ? a : 0;  // empty spans point at a valid row; nothing is read
-    hs.spans.push_back(Span{job.k.Row(at, h), job.v.Row(at, h), len, job.k.tokenStride, job.v.tokenStride});
-    hs.start.push_back(at);
-  };
-  if (!job.sparse) {
-    add(0, job.tokens);
-    return hs;
-  }
-  const size_t n = size_t(job.offsets[h + 1] - job.offsets[h]) + 2;
-  hs.spans.reserve(n);
-  hs.start.reserve(n);
-  if (job.sinkEnd > 0) add(0, job.sinkEnd);
-  hs.firstChunkSpan = hs.spans.size();
-  for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
-    const int64_t c = job.chunkIds[i];
-    add(std::max(c * job.chunkSize, job.sinkEnd), std::min((c + 1) * job.chunkSize, job.tailStart));
-  }
-  if (job.tokens > job.tailStart) add(job.tailStart, job.tokens);
-  return hs;
-}
-
 // Runs every kv head through AttendSplit (the thread pool, split by head and by KV length; the
-// result does not depend on the thread count). NaN/Inf errors name the kv head and token.
+// result does not depend on the thread count). NaN/Inf errors name the kv head and token. Each
+// head's spans, in token order: sinks, each selected chunk clipped to [sinkEnd, tailStart), the
+// tail (sparse), or the whole cache (dense).
 void RunJob(const AttnJob& job) {
   const size_t n = size_t(job.kvHeads);
-  std::vector<HeadSpans> hs;
-  hs.reserve(n);
-  std::vector<std::vector<float>> mass(n);
-  std::vector<HeadAttn> heads(n);
+  SpanLists& ls = ThreadSpanLists();
+  ls.Reserve(job.sparse ? size_t(job.offsets[n] - job.offsets[0]) + 2 * n : n, n);
+  size_t at = 0;
+  auto add = [&](int h, int64_t a, int64_t b) {
+    const int64_t len = b > a ? b - a : 0;
+    const int64_t first = len ? a : 0;  // empty spans point at a valid row; nothing is read
+    ls.spans[at] = Span{job.k.Row(first, h), job.v.Row(first, h), len, job.k.tokenStride, job.v.tokenStride};
+    ls.first[at] = first;
+    ++at;
+  };
+  const size_t firstChunkSpan = job.sparse && job.sinkEnd > 0 ? 1 : 0;  // span of chunkIds[offsets[h]] in head h
   const size_t headOut = size_t(job.group) * size_t(job.dim);
   for (size_t h = 0; h < n; ++h) {
-    hs.push_back(BuildSpans(job, int(h)));
-    if (job.sparse) mass[h].resize(hs[h].spans.size());
+    ls.start[h] = at;
+    const int hi = int(h);
+    if (!job.sparse) {
+      add(hi, 0, job.tokens);
+    } else {
+      if (job.sinkEnd > 0) add(hi, 0, job.sinkEnd);
+      for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+        const int64_t c = job.chunkIds[i];
+        add(hi, std::max(c * job.chunkSize, job.sinkEnd), std::min((c + 1) * job.chunkSize, job.tailStart));
+      }
+      if (job.tokens > job.tailStart) add(hi, job.tailStart, job.tokens);
+    }
     const size_t qOff = h * size_t(job.group);
-    heads[h] = HeadAttn{job.q + qOff * size_t(job.dim), hs[h].spans.data(), hs[h].spans.size(), job.out + h * headOut,
-                        job.lse + qOff, job.sparse ? mass[h].data() : nullptr};
+    ls.heads[h] = HeadAttn{job.q + qOff * size_t(job.dim), ls.spans.data() + ls.start[h], at - ls.start[h],
+                           job.out + h * headOut, job.lse + qOff, job.sparse ? ls.mass.data() + ls.start[h] : nullptr};
   }
+  ls.start[n] = at;
   try {
-    AttendSplit(heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, job.threads);
+    AttendSplit(ls.heads.data(), n, job.group, job.dim, job.k.dtype, job.scale, job.threads);
   } catch (const NonFiniteRowError& e) {
     const int h = int(e.head);
-    const HeadSpans& bad = hs[e.head];
-    if (e.span >= bad.spans.size()) Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
-    const int64_t token = bad.start[e.span] + e.row;
+    if (e.span >= ls.heads[e.head].nSpans)
+      Throw("E_NONFINITE", job.what + ": kv head " + std::to_string(h) + ": " + e.what());
+    const int64_t token = ls.first[ls.start[e.head] + e.span] + e.row;
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(h) + ", token " +
                              std::to_string(token) + ": NaN/Inf in the " + (e.inValue ? "value" : "key") +
                              " row (attention " + (e.inValue ? "output" : "logit") + " is not finite)");
@@ -109,7 +98,7 @@ void RunJob(const AttnJob& job) {
   if (job.sparse) {
     for (size_t h = 0; h < n; ++h)
       for (int32_t c = job.offsets[h]; c < job.offsets[h + 1]; ++c)
-        job.chunkMass[c] = mass[h][hs[h].firstChunkSpan + size_t(c - job.offsets[h])];
+        job.chunkMass[c] = ls.mass[ls.start[h] + firstChunkSpan + size_t(c - job.offsets[h])];
   }
 }
 

@@ -23,6 +23,7 @@
 #include "common/async_work.h"
 #include "attention/attention.h"
 #include "attention/attention_split.h"
+#include "attention/span_lists.h"
 #include "common/errors.h"
 #include "cache/hot_tier.h"
 #include "storage/page_spans.h"
@@ -65,10 +66,8 @@ struct FetchedJob {
   float* chunkMass = nullptr;
 };
 
-struct Where {
-  int kind;  // 0 sink tensor, 1 fetched chunk, 2 tail tensor, 3 hot-tier slot
-  int64_t firstToken;
-};
+// Where a span's rows live, for error messages.
+enum SpanKind : uint8_t { kSink, kFetched, kTail, kHot };
 
 void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
@@ -76,39 +75,42 @@ void Run(const FetchedJob& job) {
   const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
-  std::vector<std::vector<Span>> spans(size_t(job.kvHeads));
-  std::vector<std::vector<Where>> where(size_t(job.kvHeads));
-  std::vector<std::vector<float>> mass(size_t(job.kvHeads));
-  std::vector<HeadAttn> heads(size_t(job.kvHeads));
+  SpanLists& rs = ThreadSpanLists();
+  const size_t kvHeads = size_t(job.kvHeads);
+  // At most the units plus a sink and a tail span per head.
+  rs.Reserve(size_t(job.offsets[job.kvHeads] - job.offsets[0]) + 2 * kvHeads, kvHeads);
+  Span* const spans = rs.spans.data();
+  uint8_t* const kind = rs.source.data();
+  int64_t* const firstToken = rs.first.data();
+  size_t n = 0;
+  auto add = [&](const Span& sp, SpanKind k, int64_t first) {
+    spans[n] = sp;
+    kind[n] = k;
+    firstToken[n] = first;
+    ++n;
+  };
   const size_t headOut = size_t(job.group) * size_t(job.dim);
   for (int h = 0; h < job.kvHeads; ++h) {
-    auto& s = spans[size_t(h)];
-    auto& w = where[size_t(h)];
-    const size_t nSpans = size_t(job.offsets[h + 1] - job.offsets[h]) + 2;
-    s.reserve(nSpans);
-    w.reserve(nSpans);
+    rs.start[size_t(h)] = n;
     // Units ascend, so the pages holding them do too: one cursor over this head's ascending page
     // ids finds each unit's page (hot-tier residents are simply not among them).
     const int32_t* pageAt = job.fetchedIds + job.fetchedOffsets[h];
     const int32_t* const pageEnd = job.fetchedIds + job.fetchedOffsets[h + 1];
-    if (job.sinkEnd > 0) {
-      s.push_back(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride});
-      w.push_back(Where{0, 0});
-    }
+    if (job.sinkEnd > 0)
+      add(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride}, kSink, 0);
     hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
       const int64_t u = job.chunkIds[i];
       const int64_t a = std::max(u * sc, job.sinkEnd);
       const int64_t b = std::min((u + 1) * sc, job.tailStart);
       if (b <= a) {  // clipped away entirely: an empty span keeps chunkMass aligned (mass 0)
-        s.push_back(Span{job.sinkK.data, job.sinkV.data, 0, job.dim, job.dim});
-        w.push_back(Where{1, 0});
+        add(Span{job.sinkK.data, job.sinkV.data, 0, job.dim, job.dim}, kFetched, 0);
         continue;
       }
       if (a >= job.tailBase) {  // still in the open tail: read in place
-        s.push_back(Span{job.tailK.Row(a - job.tailBase, h), job.tailV.Row(a - job.tailBase, h), b - a, job.tailK.tokenStride,
-                         job.tailV.tokenStride});
-        w.push_back(Where{2, a});
+        add(Span{job.tailK.Row(a - job.tailBase, h), job.tailV.Row(a - job.tailBase, h), b - a, job.tailK.tokenStride,
+                 job.tailV.tokenStride},
+            kTail, a);
         continue;
       }
       if (b > job.tailBase)
@@ -121,8 +123,7 @@ void Run(const FetchedJob& job) {
         const int32_t slot = pair->Find(c);
         if (slot >= 0 && pair->slotRows[size_t(slot)] >= skip + (b - a)) {
           const size_t off = (size_t(slot) * job.tier->chunkElems() + size_t(skip) * size_t(job.dim)) * es;
-          s.push_back(Span{pair->k + off, pair->v + off, b - a, job.dim, job.dim});
-          w.push_back(Where{3, a});
+          add(Span{pair->k + off, pair->v + off, b - a, job.dim, job.dim}, kHot, a);
           continue;
         }
       }
@@ -132,28 +133,32 @@ void Run(const FetchedJob& job) {
         Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
                              " is selected but neither fetched nor resident in the hot tier (chunks of " + std::to_string(pc) +
                              " tokens)");
-      s.push_back(Span{page + size_t(skip) * rowBytes, page + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim});
-      w.push_back(Where{1, a});
+      add(Span{page + size_t(skip) * rowBytes, page + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim}, kFetched, a);
     }
     if (job.tokens > job.tailStart) {
       const int64_t at = job.tailStart - job.tailBase;
-      s.push_back(Span{job.tailK.Row(at, h), job.tailV.Row(at, h), job.tokens - job.tailStart, job.tailK.tokenStride,
-                       job.tailV.tokenStride});
-      w.push_back(Where{2, job.tailStart});
+      add(Span{job.tailK.Row(at, h), job.tailV.Row(at, h), job.tokens - job.tailStart, job.tailK.tokenStride,
+               job.tailV.tokenStride},
+          kTail, job.tailStart);
     }
-    mass[size_t(h)].resize(s.size());
-    heads[size_t(h)] = HeadAttn{job.q + size_t(h) * headOut, s.data(), s.size(), job.out + size_t(h) * headOut,
-                                job.lse + size_t(h) * size_t(job.group), mass[size_t(h)].data()};
+  }
+  rs.start[kvHeads] = n;
+  for (size_t h = 0; h < kvHeads; ++h) {
+    const size_t s0 = rs.start[h], ns = rs.start[h + 1] - s0;
+    rs.heads[h] = HeadAttn{job.q + h * headOut, spans + s0, ns, job.out + h * headOut, job.lse + h * size_t(job.group),
+                           rs.mass.data() + s0};
   }
   try {
     // Heads of at most kPartTokens attended tokens are one part each: bit-identical to
     // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way).
-    AttendSplit(heads.data(), heads.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
+    AttendSplit(rs.heads.data(), kvHeads, job.group, job.dim, job.dtype, job.scale, job.threads);
   } catch (const NonFiniteRowError& e) {
-    const Where& w = where[e.head][e.span];
+    const size_t at = rs.start[e.head] + e.span;
+    if (at >= rs.start[e.head + 1])  // no row to name: every value finite, the weighted sum overflowed f32
+      Throw("E_NONFINITE", job.what + ": v: kv head " + std::to_string(e.head) + ": " + e.what());
     static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot"};
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(e.head) + ", token " +
-                             std::to_string(w.firstToken + e.row) + " (" + from[w.kind] + "): NaN/Inf in the " +
+                             std::to_string(firstToken[at] + e.row) + " (" + from[kind[at]] + "): NaN/Inf in the " +
                              (e.inValue ? "value" : "key") + " row");
   }
   std::vector<int32_t> pageIds;
@@ -161,7 +166,7 @@ void Run(const FetchedJob& job) {
   for (int h = 0; h < job.kvHeads; ++h) {
     const size_t first = job.sinkEnd > 0 ? 1 : 0;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
-      job.chunkMass[i] = mass[size_t(h)][first + size_t(i - job.offsets[h])];
+      job.chunkMass[i] = rs.mass[rs.start[size_t(h)] + first + size_t(i - job.offsets[h])];
     if (!job.tier) continue;
     // Lookahead eviction ranks hot-tier residents by the mass they just received: per page, the
     // sum over the units selected in it.

@@ -239,10 +239,10 @@ KVD_AVX512 float ExpSum(float* x, size_t n, float m) {
 }
 
 // Requests the rows of a tile the caller runs later, one row per row processed here, so misses
-// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L2
-// (prefetcht1): the tile is used a few kernel calls later, and L2 tracks more misses than L1.
+// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L1
+// (prefetcht0): the tile is the caller's next call (attention.cc: kLookahead), 16 rows away.
 inline void PrefetchRowBytes(const void* row, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 2);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 3);
 }
 
 // Horizontal sums of four vectors at once: [sum a, sum b, sum c, sum d] (one shuffle tree instead
