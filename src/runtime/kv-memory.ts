@@ -156,6 +156,9 @@ export class KvMemory {
   private writes: Promise<unknown> = Promise.resolve();
   private ssdSegments = 0;
   private ssdWrittenBytes = 0;
+  /** Fetch buffers not in use; `fetchBuffers` exist (at most config.concurrency), plan.fetchBytes / concurrency bytes each. */
+  private readonly fetchPool: Uint8Array[] = [];
+  private fetchBuffers = 0;
 
   private constructor(config: KvMemoryConfig, plan: MemoryPlan) {
     this.config = config;
@@ -206,6 +209,28 @@ export class KvMemory {
       }
     }
     if (error !== undefined) throw error;
+  }
+
+  /**
+   * A fetch buffer (the SSD reads of one entry, packed; the plan's fetch buffers) of at least
+   * `bytes`, reused across steps: a step allocates, zeroes and leaves to the GC no buffer of its
+   * own. Each of the config.concurrency buffers is allocated on first use (its pages touched only
+   * as reads land). Give it back with {@link releaseFetchBuffer} after the entry's last read of it.
+   * More entries in flight than the plan counts get a transient buffer (never pooled).
+   */
+  acquireFetchBuffer(bytes: number): Uint8Array {
+    const cap = this.plan.fetchBytes / this.config.concurrency;
+    if (!(bytes >= 0 && bytes <= cap)) fail('E_INTERNAL', 'KvMemory fetch buffer', `at most ${cap} bytes (kvHeads x maxChunksPerHead chunks)`, bytes);
+    const pooled = this.fetchPool.pop();
+    if (pooled) return pooled;
+    if (this.fetchBuffers >= this.config.concurrency) return new Uint8Array(bytes);
+    this.fetchBuffers++;
+    return new Uint8Array(cap);
+  }
+
+  /** Returns a buffer of {@link acquireFetchBuffer} (a transient one is dropped). */
+  releaseFetchBuffer(buf: Uint8Array): void {
+    if (buf.length === this.plan.fetchBytes / this.config.concurrency && this.fetchPool.length < this.fetchBuffers) this.fetchPool.push(buf);
   }
 
   /** A view of `tokens` tokens of a thd array (host dtype). */
