@@ -159,6 +159,7 @@ export class KvMemory {
   /** Fetch buffers not in use; `fetchBuffers` exist (at most config.concurrency), plan.fetchBytes / concurrency bytes each. */
   private readonly fetchPool: Uint8Array[] = [];
   private fetchBuffers = 0;
+  private readonly fetchBufferBytes: number;
 
   private constructor(config: KvMemoryConfig, plan: MemoryPlan) {
     this.config = config;
@@ -167,6 +168,7 @@ export class KvMemory {
     this.storeShape = { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype, chunkSize: p.chunkSize };
     this.chunkBytes = chunkBytesOf(this.storeShape);
     this.tailCapacity = tailCapacity(config);
+    this.fetchBufferBytes = plan.fetchBytes / config.concurrency;
     this.ssd = config.ssd;
     this.dram = new DramStore({ budgetBytes: plan.dramTierBytes, shape: this.storeShape, shared: false });
     this.layers = new Array<LayerKv | undefined>(config.maxSequences * shape.layers);
@@ -219,7 +221,7 @@ export class KvMemory {
    * More entries in flight than the plan counts get a transient buffer (never pooled).
    */
   acquireFetchBuffer(bytes: number): Uint8Array {
-    const cap = this.plan.fetchBytes / this.config.concurrency;
+    const cap = this.fetchBufferBytes;
     if (!(bytes >= 0 && bytes <= cap)) fail('E_INTERNAL', 'KvMemory fetch buffer', `at most ${cap} bytes (kvHeads x maxChunksPerHead chunks)`, bytes);
     const pooled = this.fetchPool.pop();
     if (pooled) return pooled;
@@ -230,7 +232,7 @@ export class KvMemory {
 
   /** Returns a buffer of {@link acquireFetchBuffer} (a transient one is dropped). */
   releaseFetchBuffer(buf: Uint8Array): void {
-    if (buf.length === this.plan.fetchBytes / this.config.concurrency && this.fetchPool.length < this.fetchBuffers) this.fetchPool.push(buf);
+    if (buf.length === this.fetchBufferBytes && this.fetchPool.length < this.fetchBuffers) this.fetchPool.push(buf);
   }
 
   /** A view of `tokens` tokens of a thd array (host dtype). */
