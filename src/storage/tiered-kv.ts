@@ -119,8 +119,6 @@ export interface FetchPlacement {
   arenas: readonly Uint8Array[];
   /** Entries read into `dest` (SSD reads, prefetches). */
   inDest: number;
-  /** DRAM-tier slot of entry i when left in the arena (pinned until release), else -1. */
-  slot: Int32Array;
   /** Unpins the DRAM slots this fetch left in place; call once, after the last read of them. */
   release: () => void;
 }
@@ -299,7 +297,7 @@ export class TieredKv {
     let nDram = 0;
     const missIdx: number[] = [];
     const placement: FetchPlacement | undefined = inPlace
-      ? { source: new Uint8Array(n), at: new Float64Array(n), slot: new Int32Array(n).fill(-1), arenas: this.dram ? this.dram.arenas : [], inDest: 0, release: () => undefined }
+      ? { source: new Uint8Array(n), at: new Float64Array(n), arenas: this.dram ? this.dram.arenas : [], inDest: 0, release: () => undefined }
       : undefined;
     let pinned: Int32Array | undefined;
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
@@ -331,7 +329,6 @@ export class TieredKv {
             if (placement) {
               placement.source[i] = 1 + this.dram!.blockOf(slot);
               placement.at[i] = this.dram!.offsetOf(slot);
-              placement.slot[i] = slot;
             }
             continue;
           }
@@ -515,16 +512,13 @@ export class TieredKv {
     if (!(src instanceof Uint8Array) || src.length < need * this.chunkBytes)
       fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${need} chunks x ${this.chunkBytes} bytes`, src);
     if (!this.dram || !req.chunkIds.length) return 0;
-    // Entries a placement left in the arena are resident (pinned) in the slot it names; the others
-    // (read into src) are looked up, since another entry may have admitted the same chunk since.
     const missing = new Int32Array(req.chunkIds.length);
     let nMissing = 0;
     for (let h = 0; h < this.shape.kvHeads; h++)
       for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
-        const pinned = srcAt ? srcAt.slot[i]! : -1;
-        if (srcAt && srcAt.source[i]! >= 1 && pinned < 0) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} of a placement left in the arena with its slot`, 'no slot');
-        const slot = pinned >= 0 ? pinned : this.dramSlot(req.layer, h, req.chunkIds[i]!);
+        const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
         if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
+        else if (srcAt && srcAt.source[i]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
         else missing[nMissing++] = i;
       }
     return nMissing ? this.promoteFrom(req.layer, req, missing.subarray(0, nMissing), src, srcAt ? srcAt.at : undefined) : 0;
