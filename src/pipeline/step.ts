@@ -233,79 +233,86 @@ export async function fetchAttendEntry(
     fetchMs: 0,
     computeMs: 0,
   };
-  // SSD reads land in `readBuf` (sized for them alone); DRAM-tier chunks stay in the arena, pinned
-  // until released below.
-  let readBuf = new Uint8Array(0);
+  // SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused across steps,
+  // returned below); DRAM-tier chunks stay in the arena, pinned until released below.
+  let readBuf: Uint8Array = NO_READS;
   let placement: FetchPlacement | undefined;
-  if (tierIds.length) {
-    const f = await lk.tiers!.fetchInPlace(tierReq, (bytes) => (readBuf = new Uint8Array(bytes)));
-    stats.dramChunks = f.stats.dramChunks;
-    stats.ssdChunks = f.stats.ssdChunks;
-    stats.ssdReadBytes = f.stats.ssdReadBytes;
-    placement = f.placement;
-  }
   try {
-    const pages = {
-      buffers: [readBuf, ...(placement ? placement.arenas : [])],
-      offsets: tierOff,
-      ids: tierReq.chunkIds,
-      at: placement ? placement.at : new Float64Array(0),
-      source: placement ? placement.source : new Uint8Array(0),
-    };
-    const tail = { k: tailK, v: tailV };
-    if (hot) {
-      const r = native.hotTierAdmitPages({
-        hot: { handle: hot.handle, sequence: seq, layer },
-        selection: sel,
-        tokens: T,
-        pages: pages.buffers,
-        pageOffsets: pages.offsets,
-        pageIds: pages.ids,
-        pageAt: pages.at,
-        pageIn: pages.source,
+    if (tierIds.length) {
+      const f = await lk.tiers!.fetchInPlace(tierReq, (bytes) => (readBuf = mem.acquireFetchBuffer(bytes)));
+      stats.dramChunks = f.stats.dramChunks;
+      stats.ssdChunks = f.stats.ssdChunks;
+      stats.ssdReadBytes = f.stats.ssdReadBytes;
+      placement = f.placement;
+    }
+    try {
+      const pages = {
+        buffers: [readBuf, ...(placement ? placement.arenas : [])],
+        offsets: tierOff,
+        ids: tierReq.chunkIds,
+        at: placement ? placement.at : new Float64Array(0),
+        source: placement ? placement.source : new Uint8Array(0),
+      };
+      const tail = { k: tailK, v: tailV };
+      if (hot) {
+        const r = native.hotTierAdmitPages({
+          hot: { handle: hot.handle, sequence: seq, layer },
+          selection: sel,
+          tokens: T,
+          pages: pages.buffers,
+          pageOffsets: pages.offsets,
+          pageIds: pages.ids,
+          pageAt: pages.at,
+          pageIn: pages.source,
+          tail,
+          tailBase: lk.sealed,
+        }) as { admitted: number };
+        stats.hotAdmitted = r.admitted;
+      }
+      const t2 = performance.now();
+      const args = {
+        q,
+        qHeads,
+        sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
         tail,
         tailBase: lk.sealed,
-      }) as { admitted: number };
-      stats.hotAdmitted = r.admitted;
+        selection: tokSel,
+        pageChunkSize: cs,
+        fetched: pages.buffers,
+        fetchedOffsets: pages.offsets,
+        fetchedIds: pages.ids,
+        fetchedAt: pages.at,
+        fetchedIn: pages.source,
+        ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+        threads: ATTEND_THREADS,
+      };
+      const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+      const t3 = performance.now();
+      // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
+      // beats the least important resident (resident ones get their score refreshed).
+      if (placement && mem.ssd) {
+        const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
+        const scores = Float32Array.from(tierSelAll!.subarray(0, nTier), (i) => chunkMass[i]!);
+        stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
+      }
+      stats.fetchMs = t2 - t1;
+      stats.computeMs = t3 - t2;
+      const commit = () => {
+        lk.tokens = T;
+        mem.startSeal(seq, layer, lk);
+      };
+      // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
+      return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
+    } finally {
+      placement?.release();
     }
-    const t2 = performance.now();
-    const args = {
-      q,
-      qHeads,
-      sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
-      tail,
-      tailBase: lk.sealed,
-      selection: tokSel,
-      pageChunkSize: cs,
-      fetched: pages.buffers,
-      fetchedOffsets: pages.offsets,
-      fetchedIds: pages.ids,
-      fetchedAt: pages.at,
-      fetchedIn: pages.source,
-      ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
-      threads: ATTEND_THREADS,
-    };
-    const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
-    const t3 = performance.now();
-    // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
-    // beats the least important resident (resident ones get their score refreshed).
-    if (placement && mem.ssd) {
-      const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-      const scores = Float32Array.from(tierSelAll!.subarray(0, nTier), (i) => chunkMass[i]!);
-      stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
-    }
-    stats.fetchMs = t2 - t1;
-    stats.computeMs = t3 - t2;
-    const commit = () => {
-      lk.tokens = T;
-      mem.startSeal(seq, layer, lk);
-    };
-    // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
   } finally {
-    placement?.release();
+    if (readBuf !== NO_READS) mem.releaseFetchBuffer(readBuf);
   }
 }
+
+/** The fetch buffer of an entry that read nothing from SSD. */
+const NO_READS = new Uint8Array(0);
 
 /** Attention mass of each entry of the chunk selection `sel`: the sum over the tokens of `tokSel` in that chunk. */
 function massPerChunk(tokSel: Selection, tokMass: Float32Array, sel: Selection, chunkSize: number, heads: number): Float32Array {

@@ -156,6 +156,10 @@ export class KvMemory {
   private writes: Promise<unknown> = Promise.resolve();
   private ssdSegments = 0;
   private ssdWrittenBytes = 0;
+  /** Fetch buffers not in use; `fetchBuffers` exist (at most config.concurrency), plan.fetchBytes / concurrency bytes each. */
+  private readonly fetchPool: Uint8Array[] = [];
+  private fetchBuffers = 0;
+  private readonly fetchBufferBytes: number;
 
   private constructor(config: KvMemoryConfig, plan: MemoryPlan) {
     this.config = config;
@@ -164,6 +168,7 @@ export class KvMemory {
     this.storeShape = { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype, chunkSize: p.chunkSize };
     this.chunkBytes = chunkBytesOf(this.storeShape);
     this.tailCapacity = tailCapacity(config);
+    this.fetchBufferBytes = plan.fetchBytes / config.concurrency;
     this.ssd = config.ssd;
     this.dram = new DramStore({ budgetBytes: plan.dramTierBytes, shape: this.storeShape, shared: false });
     this.layers = new Array<LayerKv | undefined>(config.maxSequences * shape.layers);
@@ -206,6 +211,28 @@ export class KvMemory {
       }
     }
     if (error !== undefined) throw error;
+  }
+
+  /**
+   * A fetch buffer (the SSD reads of one entry, packed; the plan's fetch buffers) of at least
+   * `bytes`, reused across steps: a step allocates, zeroes and leaves to the GC no buffer of its
+   * own. Each of the config.concurrency buffers is allocated on first use (its pages touched only
+   * as reads land). Give it back with {@link releaseFetchBuffer} after the entry's last read of it.
+   * More entries in flight than the plan counts get a transient buffer (never pooled).
+   */
+  acquireFetchBuffer(bytes: number): Uint8Array {
+    const cap = this.fetchBufferBytes;
+    if (!(bytes >= 0 && bytes <= cap)) fail('E_INTERNAL', 'KvMemory fetch buffer', `at most ${cap} bytes (kvHeads x maxChunksPerHead chunks)`, bytes);
+    const pooled = this.fetchPool.pop();
+    if (pooled) return pooled;
+    if (this.fetchBuffers >= this.config.concurrency) return new Uint8Array(bytes);
+    this.fetchBuffers++;
+    return new Uint8Array(cap);
+  }
+
+  /** Returns a buffer of {@link acquireFetchBuffer} (a transient one is dropped). */
+  releaseFetchBuffer(buf: Uint8Array): void {
+    if (buf.length === this.fetchBufferBytes && this.fetchPool.length < this.fetchBuffers) this.fetchPool.push(buf);
   }
 
   /** A view of `tokens` tokens of a thd array (host dtype). */

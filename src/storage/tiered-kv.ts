@@ -388,7 +388,7 @@ export class TieredKv {
         st.ssdExtents += r.extents;
         st.ssdRuns += r.runs;
       }
-      if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, missIdx, dest, destOf);
+      if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, Int32Array.from(missIdx), dest, placement?.at);
     } catch (e) {
       if (pinned) this.dram!.unpin(pinned);
       throw e;
@@ -449,25 +449,47 @@ export class TieredKv {
     return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets }, flag);
   }
 
-  /** Admits entries `idx` of req into DRAM; entry i's page at src[srcOf(i)]. */
-  private promoteFrom(layer: number, req: FetchRequest, idx: number[], src: Uint8Array, srcOf: (i: number) => number): number {
+  /**
+   * Admits entries `idx` of req into DRAM, one DramStore.put per (segment, kv head); entry i's page
+   * at src[at[i]] (default i * chunkBytes). Typed arrays throughout: this runs every layer-step.
+   */
+  private promoteFrom(layer: number, req: FetchRequest, idx: Int32Array, src: Uint8Array, at?: Float64Array): number {
     const H = this.shape.kvHeads;
-    let admitted = 0;
-    // Group by (segment, head) for DramStore.put.
-    const byKey = new Map<number, number[]>();
+    const cb = this.chunkBytes;
+    const n = idx.length;
+    // Entries in ascending order are head-major, so group keys (segment * H + head) usually come out
+    // non-decreasing (ids ascending per head); otherwise a stable sort by key groups them.
+    let ent = Int32Array.from(idx).sort();
+    let key = new Int32Array(n);
+    let sorted = true;
     let h = 0;
-    for (const i of idx.sort((a, b) => a - b)) {
+    for (let k = 0; k < n; k++) {
+      const i = ent[k]!;
       while (i >= req.offsets[h + 1]!) h++;
-      const gk = this.chunkSeg[req.chunkIds[i]!]! * H + h;
-      let l = byKey.get(gk);
-      if (!l) byKey.set(gk, (l = []));
-      l.push(i);
+      key[k] = this.chunkSeg[req.chunkIds[i]!]! * H + h;
+      if (k > 0 && key[k]! < key[k - 1]!) sorted = false;
     }
-    for (const [gk, list] of byKey) {
-      const s = Math.floor(gk / H);
-      const ids = list.map((i) => req.chunkIds[i]! - this.segStart[s]!);
-      const scores = list.map((i) => (req.scores ? req.scores[i]! : 0));
-      admitted += this.dram!.put(this.segments[s]!, layer, gk % H, ids, scores, src, list.map(srcOf));
+    if (!sorted) {
+      const perm = Int32Array.from({ length: n }, (_, k) => k).sort((a, b) => key[a]! - key[b]! || a - b);
+      ent = Int32Array.from(perm, (k) => ent[k]!);
+      key = Int32Array.from(perm, (k) => key[k]!);
+    }
+    const ids = new Int32Array(n);
+    const scores = new Float32Array(n);
+    const offs = new Float64Array(n);
+    for (let k = 0; k < n; k++) {
+      const i = ent[k]!;
+      ids[k] = req.chunkIds[i]! - this.segStart[Math.floor(key[k]! / H)]!;
+      scores[k] = req.scores ? req.scores[i]! : 0;
+      offs[k] = at ? at[i]! : i * cb;
+    }
+    let admitted = 0;
+    for (let a = 0; a < n; ) {
+      let b = a + 1;
+      while (b < n && key[b] === key[a]) b++;
+      const s = Math.floor(key[a]! / H);
+      admitted += this.dram!.put(this.segments[s]!, layer, key[a]! % H, ids.subarray(a, b), scores.subarray(a, b), src, offs.subarray(a, b));
+      a = b;
     }
     return admitted;
   }
@@ -490,16 +512,16 @@ export class TieredKv {
     if (!(src instanceof Uint8Array) || src.length < need * this.chunkBytes)
       fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${need} chunks x ${this.chunkBytes} bytes`, src);
     if (!this.dram || !req.chunkIds.length) return 0;
-    const missing: number[] = [];
+    const missing = new Int32Array(req.chunkIds.length);
+    let nMissing = 0;
     for (let h = 0; h < this.shape.kvHeads; h++)
       for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
         const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
         if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
         else if (srcAt && srcAt.source[i]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
-        else missing.push(i);
+        else missing[nMissing++] = i;
       }
-    const srcOf = srcAt ? (i: number) => srcAt.at[i]! : (i: number) => i * this.chunkBytes;
-    return missing.length ? this.promoteFrom(req.layer, req, missing, src, srcOf) : 0;
+    return nMissing ? this.promoteFrom(req.layer, req, missing.subarray(0, nMissing), src, srcAt ? srcAt.at : undefined) : 0;
   }
 
   /**

@@ -1,0 +1,55 @@
+/**
+ * The memory model's fetch buffers (KvMemory.acquireFetchBuffer): the `concurrency` buffers the
+ * plan counts are reused across steps, so a decode step allocates no buffer for its SSD reads.
+ */
+import { describe, expect, it } from 'vitest';
+import { KvMemory } from '../src/runtime/kv-memory.js';
+import { resolvePolicyOptions } from '../src/index/options.js';
+import { expectKvdError } from './helpers.js';
+
+function memory(concurrency: number): KvMemory {
+  const shape = { layers: 1, qHeads: 4, kvHeads: 2, headDim: 16 };
+  const policyInput = { qHeads: 4, kvHeads: 2, headDim: 16 };
+  return KvMemory.open({
+    shape,
+    dtype: 'f16',
+    policy: 'kvdrive',
+    policyOptions: resolvePolicyOptions('kvdrive', policyInput),
+    policyInput,
+    budget: 64,
+    maxSequences: 1,
+    maxTokens: 1024,
+    sealTokens: 256,
+    hotTierBytes: 0,
+    concurrency,
+    maxChunksPerHead: 16,
+  });
+}
+
+describe('KvMemory fetch buffers', () => {
+  it('hands out the planned buffers, reuses them after release, and never pools a transient one', () => {
+    const mem = memory(2);
+    const cap = mem.plan.fetchBytes / 2;
+    expect(cap).toBe(2 * 16 * mem.chunkBytes);
+    const a = mem.acquireFetchBuffer(3 * mem.chunkBytes);
+    const b = mem.acquireFetchBuffer(cap);
+    expect(a).not.toBe(b);
+    expect([a.length, b.length]).toEqual([cap, cap]);
+    // A third entry in flight (more than the plan counts) gets a buffer of its own, sized to ask.
+    const c = mem.acquireFetchBuffer(mem.chunkBytes);
+    expect(c.length).toBe(mem.chunkBytes);
+    mem.releaseFetchBuffer(c);
+    mem.releaseFetchBuffer(a);
+    expect(mem.acquireFetchBuffer(0)).toBe(a);
+    mem.releaseFetchBuffer(b);
+    mem.releaseFetchBuffer(a);
+    const again = [mem.acquireFetchBuffer(cap), mem.acquireFetchBuffer(cap)];
+    expect(new Set(again)).toEqual(new Set([a, b]));
+  });
+
+  it('a request beyond the planned size is E_INTERNAL', () => {
+    const mem = memory(1);
+    expectKvdError(() => mem.acquireFetchBuffer(mem.plan.fetchBytes + 1), 'E_INTERNAL');
+    expectKvdError(() => mem.acquireFetchBuffer(-1), 'E_INTERNAL');
+  });
+});
