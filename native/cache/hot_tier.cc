@@ -161,15 +161,21 @@ Tier::Tier(const TierConfig& c) : cfg_(c) {
 }
 
 Tier::LayerLock::LayerLock(Tier& t, int seq, int layer, Wait wait) : flag_(&t.busy_[size_t(seq) * t.cfg_.layers + layer]) {
-  uint8_t expected = 0;
-  while (wait == Wait::kYes && !flag_->compare_exchange_weak(expected, 1, std::memory_order_acquire)) {
-    expected = 0;
+  // busy_ values: 0 free, 1 held by an operation (a layer step), 2 held by a reader (stats,
+  // residents, check). A reader waits for whoever holds the pair. An operation waits out a reader
+  // (it holds the pair for a few microseconds, and must not make a step fail), but finding another
+  // operation there is a caller error: two steps of one (sequence, layer) at once.
+  const uint8_t mine = wait == Wait::kYes ? 2 : 1;
+  for (;;) {
+    uint8_t expected = 0;
+    if (flag_->compare_exchange_weak(expected, mine, std::memory_order_acquire)) return;
+    if (wait == Wait::kNo && expected == 1)
+      Throw("E_CONFIG", "hot tier: sequence " + std::to_string(seq) + ", layer " + std::to_string(layer) +
+                            " is in use by another thread; expected one operation per (sequence, layer) at a time");
     std::this_thread::yield();
   }
-  if (wait == Wait::kNo && !flag_->compare_exchange_strong(expected, 1, std::memory_order_acquire))
-    Throw("E_CONFIG", "hot tier: sequence " + std::to_string(seq) + ", layer " + std::to_string(layer) +
-                          " is in use by another thread; expected one operation per (sequence, layer) at a time");
 }
+
 Tier::LayerLock::~LayerLock() { flag_->store(0, std::memory_order_release); }
 
 void Tier::ResetSequence(int seq) {

@@ -156,8 +156,8 @@ class Tier {
   void RecordMass(int seq, int layer, int head, const int32_t* ids, const float* mass, int32_t n);
 
   // Exclusive use of one (sequence, layer) for the duration of an operation. An operation that
-  // finds the pair busy throws E_CONFIG; a reader (stats, residents, check) passes `wait` and
-  // yields until the running operation (one layer step) releases it.
+  // finds another operation on the pair throws E_CONFIG, and waits out a reader; a reader (stats,
+  // residents, check) passes `wait` and yields until whoever holds the pair releases it.
   enum class Wait { kNo, kYes };
   class LayerLock {
    public:
