@@ -22,6 +22,7 @@ function memory(concurrency: number): KvMemory {
     sealTokens: 256,
     hotTierBytes: 0,
     concurrency,
+    selectArenaBytes: 0,
     maxChunksPerHead: 16,
   });
 }

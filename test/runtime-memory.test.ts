@@ -94,7 +94,7 @@ describe('Runtime memory model', () => {
       expect(m.sealedTokens, name).toBe(SEQS * shape.layers * (236 + SEAL));
       expect(m.tokens, name).toBe(SEQS * shape.layers * (PROMPT + STEPS));
       expect(m.indexBytes, name).toBeGreaterThan(0);
-      expect(m.plan.residentBytes + m.plan.indexBytes + m.plan.hotTierBytes + m.plan.fetchBytes + m.plan.dramTierBytes).toBe(opts.dramBudget);
+      expect(m.plan.residentBytes + m.plan.indexBytes + m.plan.hotTierBytes + m.plan.fetchBytes + m.plan.selectArenaBytes + m.plan.dramTierBytes).toBe(opts.dramBudget);
       expect(m.dram.reservedBytes).toBeLessThanOrEqual(m.plan.dramTierBytes);
       const t = m.traffic;
       expect(t.chunks).toBe(t.hotChunks + t.dramChunks + t.ssdChunks + t.tailChunks);

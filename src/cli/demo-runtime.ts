@@ -165,7 +165,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   // interleaved. With R < L the DRAM+SSD runtime keeps the main run's DRAM tier per layer (its
   // fixed parts: hot tier and fetch buffers whole, tails and index per layer).
   const ratioDramBudget =
-    R === L ? o.dramBudget : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes;
+    R === L ? o.dramBudget : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes + plan.selectArenaBytes;
   const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const runtimes: Runtime[] = [];
   // A scratch store inside the demo's directory, deleted afterwards (the demo leaves only its manifest).
@@ -236,7 +236,7 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     '',
     '',
     `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
-      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)}${p.selectArenaBytes ? ` + select arena ${bytes(p.selectArenaBytes)}` : ''} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
     '',
     table(rows),
     '',

@@ -22,7 +22,7 @@
  */
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
-import { SharedArena, type ArenaLayout } from './shared-arena.js';
+import { SharedArena, planArena, type ArenaLayout } from './shared-arena.js';
 import type { StageFn } from './stage-contract.js';
 
 /** A selection and what it cost. */
@@ -83,6 +83,12 @@ export class SelectArena {
     const cap = heads * (budget + 1);
     this.arena = SharedArena.create(slots, regions(microBatch, qLen, heads, cap));
     this.init = { buffer: this.arena.buffer, layout: this.arena.layout, microBatch, qLen, heads, cap };
+  }
+
+  /** Bytes the arena of these arguments takes (the same layout the constructor allocates), for the memory plan. */
+  static bytes(slots: number, microBatch: number, qLen: number, heads: number, budget: number): number {
+    const layout = planArena(slots, regions(microBatch, qLen, heads, heads * (budget + 1)));
+    return layout.slots * layout.slotBytes;
   }
 
   /** Writes entry i of slot `slot` (status reset: not selected yet). */

@@ -58,6 +58,8 @@ export interface KvMemoryConfig {
   concurrency: number;
   /** Chunks per kv head a selection may touch at most (fetch buffer size). */
   maxChunksPerHead: number;
+  /** The pipelined select stage's shared arena (queries in, selections out), bytes; 0 sequentially. */
+  selectArenaBytes: number;
   ssd?: SsdStore;
 }
 
@@ -82,6 +84,8 @@ export interface MemoryPlan {
   hotTierBytes: number;
   /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
   fetchBytes: number;
+  /** The pipelined select stage's shared arena (SharedArrayBuffer slots: queries, selections); 0 sequentially. */
+  selectArenaBytes: number;
   /**
    * What is left for the DRAM tier (arena + slot metadata), at most DramStore.maxChunks worth of
    * chunks (255 arena blocks of 1 GiB); budget beyond that stays unused.
@@ -400,9 +404,9 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const indexBytes = (indexFixed + perToken * c.maxTokens) * slotsPerLayer;
   const chunkBytes = 2 * cs * headDim * es;
   const fetchBytes = c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes;
-  const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes;
+  const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes + c.selectArenaBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
-  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes}`;
+  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes} + select arena ${c.selectArenaBytes}`;
   let dramBudget = c.dramBudget;
   // The DRAM tier's arena is at most DramStore.maxBlocks blocks of 1 GiB.
   const maxTierChunks = DramStore.maxChunks(chunkBytes);
@@ -432,6 +436,7 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
     indexFixedBytes: indexFixed,
     hotTierBytes: c.hotTierBytes,
     fetchBytes,
+    selectArenaBytes: c.selectArenaBytes,
     // With an SSD store the tier takes the rest of the budget, up to the largest arena.
     dramTierBytes: Math.min(dramBudget - fixed, maxTierChunks * perChunk),
     kvBytesPerTokenLayer: 2 * row,

@@ -31,7 +31,7 @@ import { compiledPipelineModule } from '../pipeline/stage-pool.js';
 export type MemoryTraffic = Omit<EntryStepStats, 'selectMs' | 'fetchMs' | 'computeMs'>;
 
 /** What openRuntime needs to build a memory runtime. */
-export interface MemoryRuntimeInit extends Omit<KvMemoryConfig, 'ssd' | 'concurrency' | 'hotTierBytes'> {
+export interface MemoryRuntimeInit extends Omit<KvMemoryConfig, 'ssd' | 'concurrency' | 'hotTierBytes' | 'selectArenaBytes'> {
   mode: 'sequential' | 'pipelined';
   microBatch: number;
   hotTier?: ConstructorParameters<typeof HotTier>[0];
@@ -87,7 +87,9 @@ export class MemoryRuntime {
     const { mode: _m, microBatch: _b, hotTier: _h, ssd: _s, ...rest } = init;
     // Micro-batches in flight at once (pipelined): each holds a fetch buffer.
     const concurrency = init.mode === 'pipelined' ? 4 : 1;
-    const config: Omit<KvMemoryConfig, 'ssd'> = { ...rest, concurrency, hotTierBytes: init.hotTier?.maxBytes ?? 0 };
+    const qLen = shape.qHeads * shape.headDim;
+    const selectArenaBytes = init.mode === 'pipelined' ? SelectArena.bytes(concurrency, init.microBatch, qLen, shape.kvHeads, init.budget) : 0;
+    const config: Omit<KvMemoryConfig, 'ssd'> = { ...rest, concurrency, hotTierBytes: init.hotTier?.maxBytes ?? 0, selectArenaBytes };
     const ssd = init.ssd
       ? await SsdStore.open({
           ...(init.ssd.io ?? {}),
@@ -103,7 +105,7 @@ export class MemoryRuntime {
       hot = init.hotTier ? new HotTier(init.hotTier) : undefined;
       let select: { pipeline: Pipeline; arena: SelectArena } | undefined;
       if (init.mode === 'pipelined') {
-        const arena = new SelectArena(concurrency, init.microBatch, shape.qHeads * shape.headDim, shape.kvHeads, init.budget);
+        const arena = new SelectArena(concurrency, init.microBatch, qLen, shape.kvHeads, init.budget); // plan.selectArenaBytes
         pipeline = await Pipeline.start({
           stages: [{ name: 'select', module: compiledPipelineModule('select-stage.js'), init: arena.init, threads: 1 }],
           words: 2, // [slot, entries]
