@@ -17,14 +17,13 @@
 #include "common/async_work.h"
 #include "attention/attention.h"
 #include "attention/attention_split.h"
+#include "attention/query_args.h"
 #include "attention/span_lists.h"
 #include "common/errors.h"
 #include "common/registry.h"
 
 namespace kvd {
 namespace {
-
-constexpr int kMaxThreads = 8;
 
 // One attention call, fully validated, with raw pointers into JS memory (kept alive by the caller).
 struct AttnJob {
@@ -129,13 +128,12 @@ void ParseCommon(const Napi::Object& o, AttnJob& job, bool withValues, std::vect
     keep.push_back(job.v.array);
   }
   keep.push_back(job.k.array);
-  job.qHeads = GetQHeads(o, job.kvHeads, what);
-  job.group = job.qHeads / job.kvHeads;
-  auto q = GetQuery(o, job.qHeads, job.dim, what);
-  job.q = q.data;
-  keep.push_back(q.object);
-  job.scale = GetScaleArg(o, job.dim, what);
-  job.threads = int(GetIntOr(o, "threads", what, 1, kMaxThreads, 1));
+  const QueryArgs qa = GetQueryArgs(o, job.kvHeads, job.dim, what, keep);
+  job.qHeads = qa.qHeads;
+  job.group = qa.group;
+  job.q = qa.q;
+  job.scale = qa.scale;
+  job.threads = qa.threads;
 }
 
 void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Object>& keep) {

@@ -23,6 +23,7 @@
 #include "common/async_work.h"
 #include "attention/attention.h"
 #include "attention/attention_split.h"
+#include "attention/query_args.h"
 #include "attention/span_lists.h"
 #include "common/errors.h"
 #include "cache/hot_tier.h"
@@ -34,8 +35,6 @@ namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
 constexpr size_t kMaxPageBuffers = 256;  // buffer indices are Uint8Array entries
-// Most workers one call may use (the `threads` option), as attendSparse's.
-constexpr int kMaxThreads = 8;
 
 struct FetchedJob {
   std::string what;
@@ -295,14 +294,13 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   job.kvHeads = job.sinkK.heads;
   job.dim = job.sinkK.dim;
   job.dtype = job.sinkK.dtype;
-  job.qHeads = GetQHeads(o, job.kvHeads, what);
-  job.group = job.qHeads / job.kvHeads;
-  auto q = GetQuery(o, job.qHeads, job.dim, what);
-  job.q = q.data;
-  keep.push_back(q.object);
-  job.scale = GetScaleArg(o, job.dim, what);
+  const QueryArgs qa = GetQueryArgs(o, job.kvHeads, job.dim, what, keep);
+  job.qHeads = qa.qHeads;
+  job.group = qa.group;
+  job.q = qa.q;
+  job.scale = qa.scale;
+  job.threads = qa.threads;
   job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
-  job.threads = int(GetIntOr(o, "threads", what, 1, kMaxThreads, 1));
 
   SelectionRules rules;
   rules.kvHeads = job.kvHeads;

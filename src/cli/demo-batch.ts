@@ -7,6 +7,7 @@
  */
 import { openRuntime, type RuntimeStats, type StepBreakdown } from '../runtime/runtime.js';
 import { ms, table } from '../eval/format.js';
+import { uniform } from '../util/uniform.js';
 
 export interface BatchDemoOptions {
   batch: number;
@@ -21,17 +22,6 @@ export interface BatchDemoOptions {
 }
 
 const SHAPE = { qHeads: 32, kvHeads: 8, headDim: 128 };
-
-/** Deterministic values in [-1, 1) for the synthetic workload. */
-function uniform(n: number, seed: number): Float32Array {
-  let s = (seed * 2654435761) >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s / 2147483648 - 1;
-  }
-  return out;
-}
 
 interface ModeRun {
   mode: 'sequential' | 'pipelined';

@@ -16,6 +16,7 @@ import { z } from 'zod';
 import { KvdriveError, describe } from '../errors.js';
 import type { RuntimeOptions, RuntimeStats } from './runtime.js';
 import type { openRuntime as OpenRuntime } from './runtime.js';
+import { uniform } from '../util/uniform.js';
 
 /** What to sweep and how long each trial runs. */
 export interface CalibrateOptions {
@@ -79,17 +80,6 @@ const schema = z
     seed: z.number().int().min(0).optional(),
   })
   .strict();
-
-/** Deterministic values in [-1, 1) (synthetic KV and queries; not a quality RNG). */
-function uniform(n: number, seed: number): Float32Array {
-  let s = (seed * 2654435761) >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s / 2147483648 - 1;
-  }
-  return out;
-}
 
 /** Keys with cluster structure (16 directions plus noise) so selection work is realistic. */
 function structuredKeys(tokens: number, row: number, seed: number): Float32Array {
