@@ -128,12 +128,7 @@ void ParseCommon(const Napi::Object& o, AttnJob& job, bool withValues, std::vect
     keep.push_back(job.v.array);
   }
   keep.push_back(job.k.array);
-  const QueryArgs qa = GetQueryArgs(o, job.kvHeads, job.dim, what, keep);
-  job.qHeads = qa.qHeads;
-  job.group = qa.group;
-  job.q = qa.q;
-  job.scale = qa.scale;
-  job.threads = qa.threads;
+  ReadQueryArgs(o, job, what, keep);
 }
 
 void ParseSelection(const Napi::Object& o, AttnJob& job, std::vector<Napi::Object>& keep) {

@@ -36,4 +36,16 @@ inline QueryArgs GetQueryArgs(const Napi::Object& o, int kvHeads, int dim, const
   return a;
 }
 
+// The same into an attention job's fields (qHeads, group, q, scale, threads), kvHeads and dim
+// already set on it.
+template <typename Job>
+void ReadQueryArgs(const Napi::Object& o, Job& job, const std::string& what, std::vector<Napi::Object>& keep) {
+  const QueryArgs a = GetQueryArgs(o, job.kvHeads, job.dim, what, keep);
+  job.qHeads = a.qHeads;
+  job.group = a.group;
+  job.q = a.q;
+  job.scale = a.scale;
+  job.threads = a.threads;
+}
+
 }  // namespace kvd

@@ -294,12 +294,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   job.kvHeads = job.sinkK.heads;
   job.dim = job.sinkK.dim;
   job.dtype = job.sinkK.dtype;
-  const QueryArgs qa = GetQueryArgs(o, job.kvHeads, job.dim, what, keep);
-  job.qHeads = qa.qHeads;
-  job.group = qa.group;
-  job.q = qa.q;
-  job.scale = qa.scale;
-  job.threads = qa.threads;
+  ReadQueryArgs(o, job, what, keep);
   job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
 
   SelectionRules rules;
