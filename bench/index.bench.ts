@@ -12,7 +12,7 @@
  *
  *   npm run build:ts && node dist/bench/index.bench.js [tokens=32768]
  */
-import { createPolicy } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { centroidTiles, indexKernelLevel, kmeans, scoreCentroids } from '../src/index/kernels.js';
 import { blobPoints, meanMs, uniform } from './bench-util.js';
 

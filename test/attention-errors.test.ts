@@ -1,7 +1,6 @@
 import { describe, it } from 'vitest';
-import { attendDense, attendSparse, mergeAttention, type KvTensor } from '../src/index.js';
-import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../src/attention/kernels.js';
-import { memoryRead } from '../src/attention/kernels.js';
+import { type KvTensor } from '../src/index.js';
+import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights, memoryRead } from '../src/attention/kernels.js';
 import { expectKvdError, randn } from './helpers.js';
 import { allChunks, randomKv, selectionOf } from './attention-reference.js';
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { attendDense, attendSparse, mergeAttention, type Dtype } from '../src/index.js';
-import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../src/attention/kernels.js';
+import { type Dtype } from '../src/index.js';
+import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights } from '../src/attention/kernels.js';
 import { randn } from './helpers.js';
 import {
   allChunks,

@@ -4,9 +4,9 @@
  * scalar fallback itself is exercised through setSimdLevel('scalar').
  */
 import { afterAll, describe, expect, it } from 'vitest';
-import { attendDense, attendSparse, cpuFeatures, setSimdLevel, type Dtype } from '../src/index.js';
-import { type SimdLevel } from '../src/native.js';
-import { native } from '../src/native.js';
+import { cpuFeatures, type Dtype } from '../src/index.js';
+import { attendDense, attendSparse } from '../src/attention/kernels.js';
+import { setSimdLevel, type SimdLevel, native } from '../src/native.js';
 import { randn } from './helpers.js';
 import { allChunks, encode, randomKv, range, referenceAttention, relErr } from './attention-reference.js';
 

@@ -6,10 +6,10 @@
 import { describe, expect, it } from 'vitest';
 import { HotTier } from '../src/cache/hot-tier.js';
 import type { Selection } from '../src/index/selection.js';
-import { native } from '../src/native.js';
+import { native, setSimdLevel } from '../src/native.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { attendSparse } from '../src/attention/kernels.js';
-import { cpuFeatures, setSimdLevel } from '../src/index.js';
+import { cpuFeatures } from '../src/index.js';
 import type { KvTensor } from '../src/types.js';
 import { randn } from './helpers.js';
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { expectKvdError, randn } from './helpers.js';
 
 describe('async index build failure', () => {

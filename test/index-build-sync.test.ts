@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type KvTensor, type PolicyName } from '../src/index.js';
-import { NativeSelectionPolicy } from '../src/index/policy.js';
+import { type KvTensor, type PolicyName } from '../src/index.js';
+import { createPolicy, NativeSelectionPolicy } from '../src/index/policy.js';
 import { structuredCase } from './index-data.js';
 import { expectKvdError } from './helpers.js';
 

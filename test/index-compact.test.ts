@@ -6,9 +6,9 @@
 // re-rank covered every candidate anyway; and the options that would leave select without a
 // level-3 re-rank are refused.
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyOptions } from '../src/index.js';
+import { type PolicyOptions } from '../src/index.js';
+import { createPolicy, NativeSelectionPolicy } from '../src/index/policy.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
-import { NativeSelectionPolicy } from '../src/index/policy.js';
 import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';
 import { traceReplay } from './trace-replay.js';

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyOptions } from '../src/index.js';
+import { type PolicyOptions } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
 import { attendedMask, massRecall, oracleMask } from '../src/eval/metrics.js';
 import { attentionWeights } from '../src/attention/kernels.js';

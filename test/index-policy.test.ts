@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type KvTensor, type PolicyName, type Selection } from '../src/index.js';
-import { NativeSelectionPolicy } from '../src/index/policy.js';
+import { type KvTensor, type PolicyName, type Selection } from '../src/index.js';
+import { createPolicy, NativeSelectionPolicy } from '../src/index/policy.js';
 import { centroidTiles, chunkMeans, indexKernelLevel, scoreCentroids } from '../src/index/kernels.js';
 import { structuredCase } from './index-data.js';
 import { expectKvdError, randn } from './helpers.js';

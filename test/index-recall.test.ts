@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyName, type PolicyOptions, type Selection } from '../src/index.js';
+import { type PolicyName, type PolicyOptions, type Selection } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { chunkOracleMass, denseGroupProbs, oracleMass, structuredCase, type StructuredCase } from './index-data.js';
 
 // Index-only selection (levels 1-2): kvdrive without its key sketch (tested in

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyOptions } from '../src/index.js';
+import { type PolicyOptions } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';
 import { traceReplay } from './trace-replay.js';

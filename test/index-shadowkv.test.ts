@@ -2,7 +2,8 @@
 // static outlier chunks — those whose keys have the lowest cosine similarity to their landmark —
 // selected first whatever the query, within the budget (at most a quarter of its chunks).
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type Selection } from '../src/index.js';
+import { type Selection } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { expectKvdError, randn } from './helpers.js';
 
 const tokens = 4096;

@@ -3,7 +3,8 @@
 // the keyless selection when told to prefer it over given keys, select the same tokens at every
 // SIMD level and thread count, cost dim + 4 bytes per token and kv head, and still report NaN keys.
 import { describe, expect, it } from 'vitest';
-import { createPolicy, type PolicyOptions, type Selection } from '../src/index.js';
+import { type PolicyOptions, type Selection } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
 import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';

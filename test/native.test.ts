@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { cpuFeatures, setSimdLevel } from '../src/index.js';
+import { cpuFeatures } from '../src/index.js';
+import { setSimdLevel } from '../src/native.js';
 import { expectKvdError } from './helpers.js';
 
 describe('native addon', () => {

@@ -3,7 +3,8 @@
  * and scores every step against dense attention: recall / oracle, planted needles found. Shared by
  * the re-rank and key-sketch tests.
  */
-import { createPolicy, type PolicyOptions, type Selection } from '../src/index.js';
+import { type PolicyOptions, type Selection } from '../src/index.js';
+import { createPolicy } from '../src/index/policy.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { layerKvWithNew } from '../src/trace/trace.js';
 import { prefixView, traceNeedles } from '../src/eval/replay.js';

@@ -9,7 +9,14 @@
 import { readFileSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import * as api from '../../src/index.js';
+import * as publicApi from '../../src/index.js';
+import { attendDense, attendSparse, mergeAttention } from '../../src/attention/kernels.js';
+import { createPolicy } from '../../src/index/policy.js';
+import { setSimdLevel } from '../../src/native.js';
+import { registerBackend } from '../../src/model/backends.js';
+import { openTrace, writeTrace } from '../../src/trace/trace.js';
+import { generateSyntheticTrace } from '../../src/trace/synthetic.js';
+import { convertLlama2c } from '../../src/model/gguf/convert.js';
 import { native } from '../../src/native.js';
 // Parts that are not in the public index but are exported by their modules, fuzzed all the same.
 import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../../src/attention/kernels.js';
@@ -17,6 +24,12 @@ import { attendFetched, attendFetchedAsync } from '../../src/storage/fetched-att
 import { HotTier } from '../../src/cache/hot-tier.js';
 import { f32ArrayToF16 } from '../../src/util/f16.js';
 import { defineTarget, type FuzzTarget, type Gen } from './harness.js';
+
+/**
+ * What the api-exports target calls: the public API (src/index.ts) plus the tool functions that
+ * left it (policies, kernels, traces, conversion), so the fuzz coverage did not shrink with the API.
+ */
+const api = { ...publicApi, attendDense, attendSparse, mergeAttention, createPolicy, setSimdLevel, registerBackend, openTrace, writeTrace, generateSyntheticTrace, convertLlama2c };
 
 type Obj = Record<string, unknown>;
 type Dt = 'f32' | 'f16' | 'bf16';
