@@ -12,6 +12,7 @@ import { createPolicy } from '../src/index/policy.js';
 import { native } from '../src/native.js';
 import type { KvTensor } from '../src/types.js';
 import { expectKvdError, randn } from './helpers.js';
+import { KvdriveError } from '../src/errors.js';
 import { osThreads } from './threads.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -110,6 +111,21 @@ describe('pipelined runtime: select stage on a piscina worker', () => {
     await rt.close();
     expect(outs).toEqual(ref);
     expect(st.selectStage).toMatchObject({ retries: 0, restarts: 1, inline: 0 });
+  }, 30_000);
+
+  it('a select stage that cannot go on (no replacement worker) falls back to selecting inline: decoding carries on with equal outputs', async () => {
+    const ref = await reference(3);
+    const rt = await openRuntime({ ...opts, mode: 'pipelined' });
+    const outs = await decode(rt, 3, async (t) => {
+      // What the pool's onFatal does when a replacement cannot start (test/stage-pool.test.ts
+      // covers that path for real): the pipeline stops for good and rejects every submission.
+      if (t === 1) (selectPipeline(rt) as unknown as { fail(e: Error): void }).fail(new KvdriveError('E_WORKER', 'test: expected a replacement worker, got none'));
+    });
+    const st = await rt.stats();
+    await rt.close();
+    expect(outs).toEqual(ref);
+    // step 0 on the worker (2 layers x 5 entries); steps 1-2 inline (20), nothing retried
+    expect(st.selectStage).toMatchObject({ onWorker: 10, inline: 20, retries: 0, fallback: 'test: expected a replacement worker, got none' });
   }, 30_000);
 
   it('close() joins the select worker (replacement included): no threads and no file descriptors left', async () => {

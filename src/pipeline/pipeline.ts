@@ -136,6 +136,11 @@ export class Pipeline {
     return done;
   }
 
+  /** The error that stopped the pipeline for good (a worker that could not be replaced), or undefined while it runs. */
+  failure(): KvdriveError | undefined {
+    return this.fatal;
+  }
+
   /** Workers of stage `stage` (index) replaced after dying since start; read locally, works after a fatal error too. */
   restarts(stage: number): number {
     const pool = this.pools[stage];

@@ -61,6 +61,12 @@ export class MemoryRuntime {
   /** Pipelined select stage: entries selected on the worker / on this thread (fallback), micro-batches submitted again after their worker died. */
   readonly selectCounts = { onWorker: 0, inline: 0, retries: 0 };
   /**
+   * Why the pipelined select stage was given up (its worker could not be replaced, or kept dying
+   * past MAX_SELECT_RETRIES); undefined while it runs. From then on every entry selects inline on
+   * this thread: the same selectEntry, so outputs do not change, only the overlap is lost.
+   */
+  selectFallback: string | undefined;
+  /**
    * @internal Pipelined: the select stage (one piscina worker) and the slots micro-batches travel
    * in (one per runner). Undefined in sequential mode.
    */
@@ -251,14 +257,17 @@ export class MemoryRuntime {
       appended.push(a);
     }
     // A worker that dies holding the batch rejects it with E_WORKER (the stage function itself
-    // never throws: see select-stage.ts) and is replaced; select only reads, so submit again.
-    for (let attempt = 0; ; attempt++) {
+    // never throws: see select-stage.ts) and is replaced; select only reads, so submit again. When
+    // the stage cannot go on (no replacement started, or deaths past MAX_SELECT_RETRIES) decoding
+    // does not fail: the entries left unselected (status 0 in the slot) select inline below.
+    for (let attempt = 0; this.selectFallback === undefined; attempt++) {
       try {
         await pipeline.submit([slot, part.length]);
         break;
       } catch (e) {
-        if (!(e instanceof KvdriveError && e.code === 'E_WORKER') || attempt >= MAX_SELECT_RETRIES) throw e;
-        this.selectCounts.retries++;
+        if (!(e instanceof KvdriveError && e.code === 'E_WORKER')) throw e;
+        if (attempt >= MAX_SELECT_RETRIES || pipeline.failure() !== undefined) this.selectFallback = e.message;
+        else this.selectCounts.retries++;
       }
     }
     const outs: EntryResult[] = [];

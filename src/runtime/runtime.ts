@@ -130,9 +130,11 @@ export interface RuntimeStats {
    * Pipelined mode's select stage (absent sequentially): entries selected on its piscina worker,
    * entries selected on the calling thread instead (the worker's select threw, or its selection
    * outgrew the arena slot: the same select runs here), micro-batches submitted again after their
-   * worker died holding them, and workers replaced since open.
+   * worker died holding them, and workers replaced since open. `fallback`: why the stage was given
+   * up (its worker could not be replaced, or died more than 3 times on one micro-batch); every
+   * entry has selected inline since (same outputs, no overlap).
    */
-  selectStage?: { onWorker: number; inline: number; retries: number; restarts: number };
+  selectStage?: { onWorker: number; inline: number; retries: number; restarts: number; fallback?: string };
   attendCalls: number;
   entries: number;
   microBatches: number;
@@ -498,7 +500,13 @@ export class Runtime {
       stallMs: Math.max(0, c.wallMs - c.computeMs),
       maxInFlight: this.memory.maxInFlight,
       ...(this.memory.select
-        ? { selectStage: { ...this.memory.selectCounts, restarts: this.memory.select.pipeline.restarts(0) } }
+        ? {
+            selectStage: {
+              ...this.memory.selectCounts,
+              restarts: this.memory.select.pipeline.restarts(0),
+              ...(this.memory.selectFallback !== undefined ? { fallback: this.memory.selectFallback } : {}),
+            },
+          }
         : {}),
       recentSteps: this.recent.map((r) => ({ ...r })),
       memory: m,
