@@ -167,6 +167,35 @@ describe('SelectionIndex by handle (native selectIndex)', () => {
     await expectKvdError(() => native.selectIndex(p.handle(), q, 0), 'E_BUDGET', /budget/);
   });
 
+  it('kv head ranges selected one by one and concatenated equal the whole selection; a bad range is E_RANGE', async () => {
+    const { p } = await build();
+    for (const seed of [5, 6, 7]) {
+      const q = randn(64, seed);
+      const whole = native.selectIndex(p.handle(), q, 24);
+      const ids: number[] = [];
+      const offsets = [0];
+      let bytes = 0;
+      for (let h = 0; h < 2; h++) {
+        const g = native.selectIndex(p.handle(), q, 24, undefined, undefined, h, h + 1);
+        expect(g.offsets.length).toBe(2);
+        ids.push(...g.chunkIds);
+        offsets.push(ids.length);
+        bytes += g.bytesScored;
+        expect([g.tokens, g.sinkEnd, g.tailStart, g.chunkSize]).toEqual([whole.tokens, whole.sinkEnd, whole.tailStart, whole.chunkSize]);
+      }
+      expect(ids).toEqual(Array.from(whole.chunkIds));
+      expect(offsets).toEqual(Array.from(whole.offsets));
+      expect(bytes).toBe(whole.bytesScored);
+      const both = native.selectIndex(p.handle(), q, 24, undefined, undefined, 0, 2);
+      expect(Array.from(both.chunkIds)).toEqual(Array.from(whole.chunkIds));
+    }
+    const q = randn(64, 5);
+    await expectKvdError(() => native.selectIndex(p.handle(), q, 24, undefined, undefined, 2, 3), 'E_RANGE', /headBegin/);
+    await expectKvdError(() => native.selectIndex(p.handle(), q, 24, undefined, undefined, 1, 1), 'E_RANGE', /headEnd/);
+    await expectKvdError(() => native.selectIndex(p.handle(), q, 24, undefined, undefined, 0, 3), 'E_RANGE', /headEnd/);
+    await expectKvdError(() => native.selectIndex(p.handle(), q, 24, undefined, undefined, 0), 'E_TYPE', /headEnd/);
+  });
+
   it('a worker thread selecting by handle while the owner extends: every selection is one the index gives before or after some extend (read/write lock)', async () => {
     const { p, k } = await build();
     const handle = p.handle();

@@ -3,7 +3,8 @@
 // without sinks, outputs are bit-identical whichever tier serves a chunk; a corrupt SSD extent
 // fails only the steps that read it (E_CORRUPT every time they are retried, consuming no position)
 // while another sequence keeps decoding, and after repair the failed sequence continues exactly
-// as a clean run.
+// as a clean run (a read failing in one head group after another group's reads and pins were
+// taken releases them all: closing the sequences checks no DRAM slot stays pinned).
 import { readdirSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
@@ -49,7 +50,9 @@ async function decodeAll(rt: Runtime, n: number): Promise<Map<string, string>> {
   return out;
 }
 
-const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { sinks: 0 }, microBatch: 2, maxSequences: 2, maxTokens: 512, sealTokens: 32 };
+// One select thread: a sequential step selects and fetches kv head by kv head (two head groups,
+// step.ts), the pipelined mode fetches a stage worker's whole selection at once.
+const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { sinks: 0, threads: 1 }, microBatch: 2, maxSequences: 2, maxTokens: 512, sealTokens: 32 };
 
 describe('Runtime decode from the tiers', () => {
   it('without sinks: DRAM only, DRAM + SSD and hot tier + DRAM + SSD give bit-identical outputs, both modes', async () => {

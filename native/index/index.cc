@@ -225,8 +225,10 @@ HandleRegistry<SharedIndex>& IndexHandles() {
   return registry;
 }
 
-// select(q, budget, pool = 0, keys?) on `s` with the arguments starting at info[at], on the calling
-// thread (the owner's or a worker's): the one select both SelectionIndex.select and selectIndex run.
+// select(q, budget, pool = 0, keys?, headBegin?, headEnd?) on `s` with the arguments starting at
+// info[at], on the calling thread (the owner's or a worker's): the one select both
+// SelectionIndex.select and selectIndex run. With a head range, offsets cover heads
+// [headBegin, headEnd) only (headEnd - headBegin + 1 entries, from 0).
 // -> { offsets, chunkIds, poolOffsets?, poolIds?, poolScores?, tokens, sinkEnd, tailStart, chunkSize,
 //      vectorsScored, bytesScored }
 Napi::Value SelectOn(const Napi::CallbackInfo& info, size_t at, SharedIndex& s) {
@@ -259,7 +261,13 @@ Napi::Value SelectOn(const Napi::CallbackInfo& info, size_t at, SharedIndex& s) 
       Throw("E_SHAPE", "select keys.tokens: expected at least the indexed context " + std::to_string(index.tokens()) +
                            " tokens, got " + std::to_string(keys.tokens));
   }
-  SelectResult r = index.Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr);
+  // [headBegin, headEnd) (optional, default every kv head): a head group of a streamed step.
+  int headBegin = 0, headEnd = heads;
+  if (info.Length() > at + 4 && !info[at + 4].IsUndefined()) {
+    headBegin = int(ArgInt(info, at + 4, "select headBegin (first kv head)", 0, heads - 1, "E_RANGE"));
+    headEnd = int(ArgInt(info, at + 5, "select headEnd (kv head past the last)", headBegin + 1, heads, "E_RANGE"));
+  }
+  SelectResult r = index.Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr, headBegin, headEnd);
   Napi::Env env = info.Env();
   Napi::Object o = Napi::Object::New(env);
   o.Set("chunkSize", r.chunk);
@@ -278,7 +286,7 @@ Napi::Value SelectOn(const Napi::CallbackInfo& info, size_t at, SharedIndex& s) 
   return o;
 }
 
-// selectIndex(handle, q, budget, pool?, keys?): SelectionIndex.select on the index registered as
+// selectIndex(handle, q, budget, pool?, keys?, headBegin?, headEnd?): SelectionIndex.select on the index registered as
 // `handle` (SelectionIndex.handle()), from any thread. E_CLOSED once the owner was collected.
 Napi::Value SelectIndexJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {

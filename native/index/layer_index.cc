@@ -721,8 +721,13 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : heads_data_[h].sketch.BytesPerToken());
 }
 
-SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys) const {
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int headBegin,
+                                int headEnd) const {
   const int g = qHeads / heads_;
+  if (headEnd < 0) headEnd = heads_;
+  if (headBegin < 0 || headBegin >= headEnd || headEnd > heads_)
+    Throw("E_RANGE", "select heads: expected a kv head range within [0, " + std::to_string(heads_) + "), got [" + std::to_string(headBegin) +
+                         ", " + std::to_string(headEnd) + ")");
   const int64_t want = std::max(budget, pool);
   // Kv heads are independent: each selects into its own result on the thread pool (per-thread
   // scratch), and the results are concatenated in head order, so the selection does not depend on
@@ -731,10 +736,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     SelectResult r;
     int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
   };
-  std::vector<HeadOut> parts{size_t(heads_)};
+  std::vector<HeadOut> parts{size_t(headEnd - headBegin)};
   auto selectHead = [&](int h) {
-    SelectResult& out = parts[size_t(h)].r;
-    int64_t& f16Vectors = parts[size_t(h)].f16Vectors;
+    SelectResult& out = parts[size_t(h - headBegin)].r;
+    int64_t& f16Vectors = parts[size_t(h - headBegin)].f16Vectors;
     out.chunk = cfg_.chunk;
     SelectScratch& sc = Scratch();
     std::vector<Ranked>& ranked = sc.ranked;
@@ -938,7 +943,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     }
     std::sort(out.ids.begin() + selBegin, out.ids.end());
   };
-  ThreadPool::Global().ParallelFor(size_t(heads_), [&](size_t h) { selectHead(int(h)); }, std::max(1, cfg_.threads));
+  ThreadPool::Global().ParallelFor(size_t(headEnd - headBegin), [&](size_t i) { selectHead(headBegin + int(i)); }, std::max(1, cfg_.threads));
 
   SelectResult out;
   out.chunk = cfg_.chunk;

@@ -172,7 +172,11 @@ class LayerIndex {
   // tokens per kv head, pool M >= K tokens (0: no pool).
   // keys (optional): the layer's keys holding at least tokens() tokens, same heads and dim as at
   // build, for kvdrive's exact level-3 re-rank.
-  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr) const;
+  // [headBegin, headEnd): the kv heads to select (default all; headEnd < 0 = heads()); q still
+  // holds every head. Heads select independently, so the results of consecutive ranges
+  // concatenated equal one whole select (the caller streams a step head group by head group).
+  SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr, int headBegin = 0,
+                      int headEnd = -1) const;
 
   const IndexConfig& config() const { return cfg_; }
   bool built() const { return built_; }

@@ -37,10 +37,15 @@ export interface EntrySelection {
  * Selects for one decode position on the index registered as `handle` (SelectionPolicy.handle()),
  * on the calling thread: the select stage of step.ts, inline (sequential) or on a stage worker
  * (pipelined). q: qHeads x headDim, validated by the runtime; budget: tokens per kv head.
+ * `heads` = [first, end): only those kv heads (offsets then cover end - first heads, from 0); kv
+ * heads select independently, so consecutive ranges concatenated equal the whole selection
+ * (step.ts streams a sequential step's fetch behind the select this way).
  */
-export function selectEntry(handle: number, q: Float32Array, budget: number): EntrySelection {
+export function selectEntry(handle: number, q: Float32Array, budget: number, heads?: readonly [number, number]): EntrySelection {
   const t0 = performance.now();
-  const r = native.selectIndex(handle, q, budget) as Selection & { bytesScored: number };
+  const r = (heads ? native.selectIndex(handle, q, budget, undefined, undefined, heads[0], heads[1]) : native.selectIndex(handle, q, budget)) as Selection & {
+    bytesScored: number;
+  };
   const ms = performance.now() - t0;
   const selection: Selection = { chunkSize: r.chunkSize, tokens: r.tokens, sinkEnd: r.sinkEnd, tailStart: r.tailStart, offsets: r.offsets, chunkIds: r.chunkIds };
   return { selection, bytesScored: r.bytesScored, ms };

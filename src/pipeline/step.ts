@@ -24,7 +24,7 @@ import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
 import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/fetched-attention.js';
-import type { FetchPlacement } from '../storage/tiered-kv.js';
+import type { FetchPlacement, FetchStats } from '../storage/tiered-kv.js';
 import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
 import type { KvTensor } from '../types.js';
 import { selectEntry, type EntrySelection } from './select-stage.js';
@@ -135,8 +135,8 @@ export interface EntryResult {
 
 /**
  * Attends entry (seq, layer) for query q with the new token's kRow / vRow, every stage on this
- * thread's turn: append, select inline (selectEntry), fetch + compute. `offThread`: I/O and
- * attention run off the JS thread.
+ * thread's turn: append, then select and fetch streamed head group by head group (see
+ * fetchAttendEntry), then compute. `offThread`: I/O and attention run off the JS thread.
  */
 export async function attendEntry(
   mem: KvMemory,
@@ -149,15 +149,98 @@ export async function attendEntry(
   offThread: boolean,
 ): Promise<EntryResult> {
   const a = await appendEntry(mem, seq, layer, kRow, vRow);
-  return fetchAttendEntry(mem, hot, seq, layer, a, q, selectEntry(a.handle, q, mem.config.budget), offThread);
+  return fetchAttendEntry(mem, hot, seq, layer, a, q, undefined, offThread);
 }
 
 /**
- * Fetch and compute stages of entry (seq, layer) once appended (`a`) and selected (`s`, by
- * selectEntry, inline or on a stage worker): the selected chunks are fetched through the tiers and
- * attended with q. `offThread`: I/O and attention run off the JS thread (pipelined). Nothing is
- * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
- * advances and the seal this made due starts), so a failed step leaves every sequence where it was.
+ * The selected chunks of one head group [h0, h1), split by where they lie, and the fetch of its
+ * tier chunks (in flight while the next group is selected).
+ */
+interface HeadGroup {
+  h0: number;
+  h1: number;
+  /** The group's token selection (offsets over h1 - h0 heads, from 0). */
+  tokSel: Selection;
+  /** Per head of the group, offsets into tierIds (h1 - h0 + 1 entries, from 0). */
+  tierOff: Int32Array;
+  /** Sealed chunks not resident in the hot tier, ascending per head: fetched through the tiers. */
+  tierIds: Int32Array;
+  /** Entry of the group's chunk selection each tierIds entry is (for the attention mass of admission). */
+  tierSel: Int32Array;
+  hotChunks: number;
+  tailChunks: number;
+  /** Byte offset of the group's SSD reads in the entry's fetch buffer. */
+  base: number;
+  fetch?: Promise<{ stats: FetchStats; placement?: FetchPlacement }>;
+  /** Once the fetch settled: what it moved and where it left the pages (pins released at the end of the step). */
+  fetched?: FetchStats;
+  placement?: FetchPlacement;
+}
+
+/** Splits a head group's chunk selection `sel` (heads h0..h1) into hot-tier residents, tail chunks and tier chunks. */
+function splitGroup(hot: HotTier | undefined, seq: number, layer: number, h0: number, h1: number, tokSel: Selection, sel: Selection, sealedChunks: number): HeadGroup {
+  const n = sel.chunkIds.length;
+  const tierOff = new Int32Array(h1 - h0 + 1);
+  const tierIds = new Int32Array(n);
+  const tierSel = new Int32Array(n);
+  let nTier = 0;
+  let hotChunks = 0;
+  let tailChunks = 0;
+  for (let h = h0; h < h1; h++) {
+    const res = hot ? hot.residents(layer, h, seq) : undefined;
+    const end = sel.offsets[h - h0 + 1]!;
+    let r = 0;
+    for (let i = sel.offsets[h - h0]!; i < end; i++) {
+      const c = sel.chunkIds[i]!;
+      if (res && res.length) {
+        while (r < res.length && res[r]! < c) r++;
+        if (r < res.length && res[r] === c) {
+          hotChunks++;
+          continue;
+        }
+      }
+      if (c >= sealedChunks) tailChunks++;
+      else {
+        tierSel[nTier] = i;
+        tierIds[nTier++] = c;
+      }
+    }
+    tierOff[h - h0 + 1] = nTier;
+  }
+  return { h0, h1, tokSel, tierOff, tierIds: tierIds.subarray(0, nTier), tierSel: tierSel.subarray(0, nTier), hotChunks, tailChunks, base: 0 };
+}
+
+/** The group selections of one entry, in head order, as one selection over every kv head. */
+function concatSelections(parts: Selection[], heads: number): Selection {
+  if (parts.length === 1) return parts[0]!;
+  const offsets = new Int32Array(heads + 1);
+  let n = 0;
+  for (const s of parts) n += s.chunkIds.length;
+  const chunkIds = new Int32Array(n);
+  let h = 0;
+  n = 0;
+  for (const s of parts) {
+    chunkIds.set(s.chunkIds, n);
+    for (let j = 1; j < s.offsets.length; j++) offsets[++h] = n + s.offsets[j]!;
+    n += s.chunkIds.length;
+  }
+  const f = parts[0]!;
+  return { chunkSize: f.chunkSize, tokens: f.tokens, sinkEnd: f.sinkEnd, tailStart: f.tailStart, offsets, chunkIds };
+}
+
+/**
+ * Fetch and compute stages of entry (seq, layer) once appended (`a`). `s`: its selection when a
+ * stage worker made it (pipelined mode), fetched as one group; omitted, the selection is made
+ * here head group by head group (groups of as many kv heads as the select has threads, so each
+ * keeps the pool busy), and as soon as a group is selected its tier chunks are fetched (DRAM pins,
+ * SSD reads in flight on the I/O engine) while the next group is selected: the SSD reads hide
+ * behind the select. Kv heads select independently, so the groups concatenated are the whole
+ * selection and the output does not depend on the mode. After the last group the reads are
+ * awaited, then hot-tier admission, attention with q, DRAM admission. `offThread`: attention runs
+ * off the JS thread (pipelined). Nothing is committed: the caller calls `commit()` once every entry
+ * of the step succeeded (the token count advances and the seal this made due starts), so a failed
+ * step leaves every sequence where it was; a failure mid-step (select or read) waits for the reads
+ * in flight, then releases every pin and the fetch buffer.
  */
 export async function fetchAttendEntry(
   mem: KvMemory,
@@ -166,147 +249,171 @@ export async function fetchAttendEntry(
   layer: number,
   a: AppendedEntry,
   q: Float32Array,
-  s: EntrySelection,
+  s: EntrySelection | undefined,
   offThread: boolean,
 ): Promise<EntryResult> {
   const { lk, T, tailK, tailV } = a;
-  const { shape, policyOptions: p } = mem.config;
+  const { shape, policyOptions: p, budget } = mem.config;
   const { kvHeads: H, qHeads } = shape;
   const cs = p.chunkSize;
-  // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
-  const tokSel = s.selection;
-  const bytesScored = s.bytesScored;
-  const sel = toChunks(tokSel, cs, H);
-  const t1 = performance.now();
-
-  // Per kv head the selected chunks that are sealed and not resident in the hot tier: fetched
-  // through the tiers (ascending per head). Chunks still in the tail are read there in place. One
-  // pass over the chunk selection into preallocated typed arrays (no per-chunk allocation).
   const sealedChunks = lk.sealed / cs;
-  const nSel = sel.chunkIds.length;
-  const tierOff = new Int32Array(H + 1);
-  const tierIdsAll = new Int32Array(nSel);
-  const tierSelAll = mem.ssd ? new Int32Array(nSel) : undefined; // chunk-selection entry of each tier entry
-  let nTier = 0;
-  let hotChunks = 0;
-  let tailChunks = 0;
-  for (let h = 0; h < H; h++) {
-    const res = hot ? hot.residents(layer, h, seq) : undefined;
-    const end = sel.offsets[h + 1]!;
-    let i = sel.offsets[h]!;
-    if (res && res.length) {
-      let r = 0;
-      for (; i < end; i++) {
-        const c = sel.chunkIds[i]!;
-        while (r < res.length && res[r]! < c) r++;
-        if (r < res.length && res[r] === c) hotChunks++;
-        else if (c >= sealedChunks) tailChunks++;
-        else {
-          if (tierSelAll) tierSelAll[nTier] = i;
-          tierIdsAll[nTier++] = c;
-        }
-      }
-    } else {
-      for (; i < end; i++) {
-        const c = sel.chunkIds[i]!;
-        if (c >= sealedChunks) tailChunks++;
-        else {
-          if (tierSelAll) tierSelAll[nTier] = i;
-          tierIdsAll[nTier++] = c;
-        }
-      }
-    }
-    tierOff[h + 1] = nTier;
-  }
-  const tierIds = tierIdsAll.subarray(0, nTier);
-  const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
-  const stats: EntryStepStats = {
-    chunks: sel.chunkIds.length,
-    hotChunks,
-    dramChunks: 0,
-    ssdChunks: 0,
-    tailChunks,
-    ssdReadBytes: 0,
-    hotAdmitted: 0,
-    dramAdmitted: 0,
-    selectMs: a.extendMs + s.ms,
-    fetchMs: 0,
-    computeMs: 0,
-  };
-  // SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused across steps,
-  // returned below); DRAM-tier chunks stay in the arena, pinned until released below.
+  const groupHeads = s ? H : Math.max(1, Math.min(H, p.threads));
+  const groups: HeadGroup[] = [];
+  // The entry's SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused
+  // across steps, returned below), group after group; DRAM-tier chunks stay in the arena, pinned
+  // until released below.
   let readBuf: Uint8Array = NO_READS;
-  let placement: FetchPlacement | undefined;
+  let used = 0;
+  const destFor = (bytes: number): Uint8Array => {
+    if (bytes === 0) return NO_READS;
+    if (readBuf === NO_READS) readBuf = mem.acquireFetchBuffer(mem.fetchBufferBytes);
+    const d = readBuf.subarray(used, used + bytes);
+    used += bytes;
+    return d;
+  };
+  let bytesScored = 0;
+  let selectMs = 0; // of the selects made here (between t1 and t2)
+  const t1 = performance.now();
   try {
-    if (tierIds.length) {
-      const f = await lk.tiers!.fetchInPlace(tierReq, (bytes) => (readBuf = mem.acquireFetchBuffer(bytes)));
-      stats.dramChunks = f.stats.dramChunks;
-      stats.ssdChunks = f.stats.ssdChunks;
-      stats.ssdReadBytes = f.stats.ssdReadBytes;
-      placement = f.placement;
-    }
+    let failure: { error: unknown } | undefined;
     try {
-      const pages = {
-        buffers: [readBuf, ...(placement ? placement.arenas : [])],
-        offsets: tierOff,
-        ids: tierReq.chunkIds,
-        at: placement ? placement.at : new Float64Array(0),
-        source: placement ? placement.source : new Uint8Array(0),
-      };
-      const tail = { k: tailK, v: tailV };
-      if (hot) {
-        const r = native.hotTierAdmitPages({
-          hot: { handle: hot.handle, sequence: seq, layer },
-          selection: sel,
-          tokens: T,
-          pages: pages.buffers,
-          pageOffsets: pages.offsets,
-          pageIds: pages.ids,
-          pageAt: pages.at,
-          pageIn: pages.source,
-          tail,
-          tailBase: lk.sealed,
-        }) as { admitted: number };
-        stats.hotAdmitted = r.admitted;
+      for (let h0 = 0; h0 < H; h0 += groupHeads) {
+        const h1 = Math.min(H, h0 + groupHeads);
+        const gs = s ?? selectEntry(a.handle, q, budget, [h0, h1]);
+        if (!s) selectMs += gs.ms;
+        bytesScored += gs.bytesScored;
+        // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
+        const g = splitGroup(hot, seq, layer, h0, h1, gs.selection, toChunks(gs.selection, cs, h1 - h0), sealedChunks);
+        groups.push(g);
+        if (!g.tierIds.length) continue;
+        // The request spans every kv head (the tiers' shape), empty outside the group.
+        const offsets = new Int32Array(H + 1);
+        for (let h = 0; h <= H; h++) offsets[h] = g.tierOff[Math.max(0, Math.min(h, h1) - h0)]!;
+        g.base = used;
+        g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: g.tierIds, chunkSize: cs }, destFor);
       }
-      const t2 = performance.now();
-      const args = {
-        q,
-        qHeads,
-        sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
+    } finally {
+      // Every read in flight lands before anything is released (also when a select threw).
+      const settled = await Promise.allSettled(groups.map((g) => g.fetch));
+      settled.forEach((r, i) => {
+        if (r.status === 'rejected') failure ??= { error: r.reason };
+        else if (r.value) {
+          groups[i]!.placement = r.value.placement;
+          groups[i]!.fetched = r.value.stats;
+        }
+      });
+    }
+    if (failure) throw failure.error;
+    const tokSel = concatSelections(
+      groups.map((g) => g.tokSel),
+      H,
+    );
+    const sel = toChunks(tokSel, cs, H);
+    // The groups' tier chunks as one request over every kv head, and where each page lies.
+    const tierOff = new Int32Array(H + 1);
+    let nTier = 0;
+    for (const g of groups) nTier += g.tierIds.length;
+    const tierIds = new Int32Array(nTier);
+    const tierSel = new Int32Array(nTier);
+    const source = new Uint8Array(nTier);
+    const at = new Float64Array(nTier);
+    let arenas: readonly Uint8Array[] = [];
+    let inDest = 0;
+    const stats: EntryStepStats = {
+      chunks: sel.chunkIds.length,
+      hotChunks: 0,
+      dramChunks: 0,
+      ssdChunks: 0,
+      tailChunks: 0,
+      ssdReadBytes: 0,
+      hotAdmitted: 0,
+      dramAdmitted: 0,
+      selectMs: a.extendMs + (s ? s.ms : selectMs),
+      fetchMs: 0,
+      computeMs: 0,
+    };
+    let k = 0;
+    for (const g of groups) {
+      const selBase = sel.offsets[g.h0]!;
+      for (let h = g.h0; h < g.h1; h++) tierOff[h + 1] = k + g.tierOff[h - g.h0 + 1]!;
+      tierIds.set(g.tierIds, k);
+      for (let i = 0; i < g.tierSel.length; i++) tierSel[k + i] = selBase + g.tierSel[i]!;
+      const pl = g.placement;
+      if (pl) {
+        source.set(pl.source, k);
+        for (let i = 0; i < pl.at.length; i++) at[k + i] = pl.source[i] === 0 ? g.base + pl.at[i]! : pl.at[i]!;
+        arenas = pl.arenas;
+        inDest += pl.inDest;
+      }
+      stats.hotChunks += g.hotChunks;
+      stats.tailChunks += g.tailChunks;
+      stats.dramChunks += g.fetched?.dramChunks ?? 0;
+      stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
+      stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
+      k += g.tierIds.length;
+    }
+    const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
+    const placement: FetchPlacement | undefined = nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined;
+    const pages = {
+      buffers: [readBuf, ...arenas],
+      offsets: tierOff,
+      ids: tierIds,
+      at,
+      source,
+    };
+    const tail = { k: tailK, v: tailV };
+    if (hot) {
+      const r = native.hotTierAdmitPages({
+        hot: { handle: hot.handle, sequence: seq, layer },
+        selection: sel,
+        tokens: T,
+        pages: pages.buffers,
+        pageOffsets: pages.offsets,
+        pageIds: pages.ids,
+        pageAt: pages.at,
+        pageIn: pages.source,
         tail,
         tailBase: lk.sealed,
-        selection: tokSel,
-        pageChunkSize: cs,
-        fetched: pages.buffers,
-        fetchedOffsets: pages.offsets,
-        fetchedIds: pages.ids,
-        fetchedAt: pages.at,
-        fetchedIn: pages.source,
-        ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
-        threads: ATTEND_THREADS,
-      };
-      const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
-      const t3 = performance.now();
-      // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
-      // beats the least important resident (resident ones get their score refreshed).
-      if (placement && mem.ssd) {
-        const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-        const scores = Float32Array.from(tierSelAll!.subarray(0, nTier), (i) => chunkMass[i]!);
-        stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
-      }
-      stats.fetchMs = t2 - t1;
-      stats.computeMs = t3 - t2;
-      const commit = () => {
-        lk.tokens = T;
-        mem.startSeal(seq, layer, lk);
-      };
-      // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-      return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
-    } finally {
-      placement?.release();
+      }) as { admitted: number };
+      stats.hotAdmitted = r.admitted;
     }
+    const t2 = performance.now();
+    const args = {
+      q,
+      qHeads,
+      sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
+      tail,
+      tailBase: lk.sealed,
+      selection: tokSel,
+      pageChunkSize: cs,
+      fetched: pages.buffers,
+      fetchedOffsets: pages.offsets,
+      fetchedIds: pages.ids,
+      fetchedAt: pages.at,
+      fetchedIn: pages.source,
+      ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+      threads: ATTEND_THREADS,
+    };
+    const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+    const t3 = performance.now();
+    // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
+    // beats the least important resident (resident ones get their score refreshed).
+    if (placement && mem.ssd) {
+      const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
+      const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
+      stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
+    }
+    // Fetch: the wall of select + fetch not spent selecting (the reads the select did not hide).
+    stats.fetchMs = t2 - t1 - selectMs;
+    stats.computeMs = t3 - t2;
+    const commit = () => {
+      lk.tokens = T;
+      mem.startSeal(seq, layer, lk);
+    };
+    // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
+    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
   } finally {
+    for (const g of groups) g.placement?.release();
     if (readBuf !== NO_READS) mem.releaseFetchBuffer(readBuf);
   }
 }

@@ -163,7 +163,8 @@ export class KvMemory {
   /** Fetch buffers not in use; `fetchBuffers` exist (at most config.concurrency), plan.fetchBytes / concurrency bytes each. */
   private readonly fetchPool: Uint8Array[] = [];
   private fetchBuffers = 0;
-  private readonly fetchBufferBytes: number;
+  /** Bytes of one fetch buffer (kvHeads x maxChunksPerHead chunks): what an entry's SSD reads can take at most. */
+  readonly fetchBufferBytes: number;
 
   private constructor(config: KvMemoryConfig, plan: MemoryPlan) {
     this.config = config;
