@@ -305,13 +305,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i Row4Vnni(_
   return acc;
 }
 
-// One row at a time, every head of the group: what Score4Vnni's 4 x 4 blocks leave over.
+// One row at a time, every head of the group: what Score4Vnni's 4 x 4 blocks leave over (rb: bytes
+// per row, full: the dims of whole 64-dim blocks, mask: 15 in every byte, all as there).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4RowsVnni(const int8_t* q8, const int16_t* q, int group, int dim,
-                                                                          const uint8_t* codes, const int64_t* rows, size_t n,
-                                                                          int32_t* dots, size_t ld) {
-  const __m512i mask = _mm512_set1_epi8(15);
-  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
-  const int full = dim / 64 * 64;
+                                                                          size_t rb, int full, __m512i mask, const uint8_t* codes,
+                                                                          const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
   for (size_t i = 0; i < n; ++i) {
     const uint8_t* r = codes + size_t(rows[i]) * rb;
     for (int j = 0; j < group; ++j) {
@@ -376,10 +374,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int
     }
   // Rows after the 4-row blocks (every row when the group has fewer than 4 heads), and the heads
   // past groupFull of the blocked rows.
-  if (i0 < n) Score4RowsVnni(q8, q, group, dim, codes, rows + i0, n - i0, dots + i0, ld);
+  if (i0 < n) Score4RowsVnni(q8, q, group, dim, rb, full, mask, codes, rows + i0, n - i0, dots + i0, ld);
   if (groupFull < group && i0 > 0)
-    Score4RowsVnni(q8 + size_t(groupFull) * full, q + size_t(groupFull) * dim, group - groupFull, dim, codes, rows, i0,
-                   dots + size_t(groupFull) * ld, ld);
+    Score4RowsVnni(q8 + size_t(groupFull) * full, q + size_t(groupFull) * dim, group - groupFull, dim, rb, full, mask, codes,
+                   rows, i0, dots + size_t(groupFull) * ld, ld);
 }
 
 // The 4-bit query in Score4Vnni's order (see there) from the int16 one (values within int8).
