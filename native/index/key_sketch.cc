@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "common/dtype.h"
-#include "common/huge_pages.h"
 #include "index/index.h"
 
 namespace kvd {
@@ -439,11 +438,6 @@ void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s) {
   const size_t room = size_t(2 * tokens + 4096);
   s.codes.reserve(room * size_t(s.RowBytes()));
   s.rowScale.reserve(room);
-  // Select reads runs of ~16 rows scattered over the codes (8 MiB per kv head at 128K, 4 bits): on
-  // 4 KiB pages nearly every run is a TLB miss, and a page walk under this VM's paging stalls the
-  // re-rank's prefetches (~half its time, perf). Huge pages cover the codes in a few TLB entries.
-  AdviseHugePages(s.codes.data(), s.codes.capacity());
-  AdviseHugePages(s.rowScale.data(), s.rowScale.capacity() * sizeof(float));
   AppendSketch(kv, h, tokens, s);
 }
 

@@ -2,6 +2,7 @@
 // (handles.h). Every argument is checked: tensor descriptors against the mapped file's size and the
 // model's dimensions, activations against the lengths the dimensions imply.
 #include <napi.h>
+#include <sys/mman.h>
 
 #include <memory>
 #include <string>
@@ -9,7 +10,6 @@
 #include "common/args.h"
 #include "common/errors.h"
 #include "common/handles.h"
-#include "common/huge_pages.h"
 #include "model/llama_model.h"
 #include "model/parallel.h"
 #include "common/registry.h"
@@ -231,7 +231,12 @@ Napi::Value Logits(const Napi::CallbackInfo& info) {
 Napi::Value AdviseHugePages(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto a = GetF32(info.Length() > 0 ? info[0] : info.Env().Undefined(), "adviseHugePages array");
-    return Napi::Number::New(info.Env(), double(kvd::AdviseHugePages(a.data, a.length * sizeof(float))));
+    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(a.data) + kHuge - 1) & ~(kHuge - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(a.data + a.length)) & ~(kHuge - 1);
+    size_t advised = 0;
+    if (end > begin && ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) == 0) advised = end - begin;
+    return Napi::Number::New(info.Env(), double(advised));
   });
 }
 
