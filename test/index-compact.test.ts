@@ -51,7 +51,8 @@ describe('kvdrive compact index', () => {
     const worst: Record<number, number> = {};
     for (const bits of [8, 4] as const) {
       const M = bits === 8 ? 127 : 7;
-      const levels = Math.min(32767, Math.floor((2 ** 31 - 1) / (D * (bits === 8 ? 127 : 15))));
+      // Query levels: int16 at 8 bits, int8 at 4 bits (the VNNI kernel's byte products).
+      const levels = Math.min(bits === 8 ? 32767 : 127, Math.floor((2 ** 31 - 1) / (D * (bits === 8 ? 127 : 15))));
       const p = sketchPolicy({ sketchBits: bits }, shape);
       p.buildSync(k, T);
       worst[bits] = 0;

@@ -1,5 +1,6 @@
 // Key sketch quantization and scoring (key_sketch.h). The scoring kernels (int8 and packed 4-bit)
-// have AVX-512BW, AVX2 and scalar bodies; all compute the same exact int32 dot products.
+// have AVX-512 (BW for int8, BW + VNNI for 4-bit), AVX2 and scalar bodies; all compute the same
+// exact int32 dot products.
 #include "index/key_sketch.h"
 
 #include <immintrin.h>
@@ -124,10 +125,12 @@ inline int32_t DotBlock4(const int16_t* q, const uint8_t* r, int dim, int d0) {
 }
 
 // Largest |q16| such that dim * |q16| * (largest code magnitude: 127, or 15 for the unsigned 4-bit
-// u) fits in int32 (capped at int16).
+// u) fits in int32, capped at int16 (8 bits) or int8 (4 bits: the VNNI kernel multiplies bytes; a
+// query rounded to 127 levels adds at most 1/254 of max |q c| per channel, against the 4-bit key's
+// 1/14 of its row scale).
 int QueryLevels(int dim, int bits) {
   const int64_t lv = int64_t(INT32_MAX) / (int64_t(dim) * (bits == 4 ? 15 : 127));
-  return int(std::max<int64_t>(1, std::min<int64_t>(32767, lv)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(bits == 4 ? 127 : 32767, lv)));
 }
 
 void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, const int64_t* rows, size_t n,
@@ -144,9 +147,10 @@ void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, cons
 }
 
 // Rows prefetched ahead. The re-rank reads runs of rows (a cluster's chunks, slot order) scattered
-// over the sketch, too short for the hardware prefetcher to pick up; 32 rows (2 KiB at 4 bits)
-// hides more DRAM latency than 8 did (cold-cache runs of 16 rows: ~10-20% less time per row).
-constexpr size_t kAhead = 32;
+// over the sketch, too short for the hardware prefetcher to pick up; 32 rows hid more DRAM latency
+// than 8 did, and once the 4-bit kernel scored a row in a few VNNI instructions 128 rows (8 KiB at
+// 4 bits) ahead cut its share of a 128K select from ~34% to ~27% (perf, same run conditions).
+constexpr size_t kAhead = 128;
 
 __attribute__((target("avx2"))) int32_t Hsum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -258,23 +262,6 @@ __attribute__((target("avx2"))) void Score4Avx2(const int16_t* q, int group, int
   KVD_SKETCH4_BODY(__m256i, _mm256_setzero_si256(), KVD_BLOCK4_AVX2, Hsum8)
 }
 
-// AVX-512 block: its 32 bytes unpack into dims d0..d0+31 (low nibbles) and d0+32..d0+63 (high).
-#define KVD_BLOCK4_AVX512                                                                      \
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));          \
-  const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, mask));                          \
-  const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask));    \
-  for (int t = 0; t < nj; ++t) {                                                               \
-    const int16_t* qj = q + size_t(j0 + t) * dim + d0;                                         \
-    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(lo, _mm512_loadu_si512(qj)));          \
-    acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(hi, _mm512_loadu_si512(qj + 32)));     \
-  }
-// One row at a time (as the AVX2 body): what Score4Avx512's 4 x 4 blocks leave over.
-__attribute__((target("avx512f,avx512bw"))) void Score4RowsAvx512(const int16_t* q, int group, int dim, const uint8_t* codes,
-                                                                  const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
-  const __m256i mask = _mm256_set1_epi8(15);
-  KVD_SKETCH4_BODY(__m512i, _mm512_setzero_si512(), KVD_BLOCK4_AVX512, _mm512_reduce_add_epi32)
-}
-
 // Sums of 4 x 4 vectors at once: x[u][t] (head u, row t) -> lane 4u + t of the result. Integer
 // adds, so the sums equal any other order's (the kernels stay bit-identical).
 __attribute__((target("avx512f,avx512bw"))) inline __m512i Reduce4x4(const __m512i (&x)[4][4]) {
@@ -291,12 +278,53 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512i Reduce4x4(const __m51
   return _mm512_add_epi32(_mm512_shuffle_i32x4(s01, s23, 0x88), _mm512_shuffle_i32x4(s01, s23, 0xdd));
 }
 
-// AVX-512, 4 bits: blocks of 4 rows x 4 query heads share every code and query load, and their 16
-// dot products are reduced together (Reduce4x4) rather than one horizontal sum each; the rows left
-// over and a group not a multiple of 4 run the one-row body.
-__attribute__((target("avx512f,avx512bw"))) void Score4Avx512(const int16_t* q, int group, int dim, const uint8_t* codes,
-                                                              const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
-  const __m256i mask = _mm256_set1_epi8(15);
+// AVX-512 VNNI, 4 bits: vpdpbusd multiplies 64 unsigned codes by 64 int8 query values and adds
+// each 4 products into an int32 lane, so one 64-byte load (128 dims: two 64-dim blocks) is masked
+// into its low and high nibbles and scored by two instructions per query head, no widening.
+// q8 is the query in the kernel's order (SketchQuery::q8): per head, for each pair of full blocks
+// 64 bytes matching the low nibbles (dims d0..d0+31, d0+64..d0+95) then 64 matching the high ones
+// (d0+32..d0+63, d0+96..d0+127); a last single full block is its 64 dims in order (the load puts
+// its low nibbles in the lower 256 bits, its high ones in the upper). The query values fit int8
+// (QueryLevels), so the int32 sums equal the scalar body's exactly.
+// Adds the full blocks of row r (dims [0, full)) times head qj's q8 into acc.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i Row4Vnni(__m512i acc, const uint8_t* r, const int8_t* qj,
+                                                                                int full, __m512i mask) {
+  int d0 = 0;
+  for (; d0 + 128 <= full; d0 += 128) {
+    const __m512i b = _mm512_loadu_si512(r + d0 / 2);
+    acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(b, mask), _mm512_loadu_si512(qj + d0));
+    acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(b, 4), mask), _mm512_loadu_si512(qj + d0 + 64));
+  }
+  if (d0 < full) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));
+    const __m256i m = _mm512_castsi512_si256(mask);
+    const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m)), _mm256_and_si256(_mm256_srli_epi16(b, 4), m), 1);
+    acc = _mm512_dpbusd_epi32(acc, u, _mm512_loadu_si512(qj + d0));
+  }
+  return acc;
+}
+
+// One row at a time, every head of the group: what Score4Vnni's 4 x 4 blocks leave over (rb: bytes
+// per row, full: the dims of whole 64-dim blocks, mask: 15 in every byte, all as there).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4RowsVnni(const int8_t* q8, const int16_t* q, int group, int dim,
+                                                                          size_t rb, int full, __m512i mask, const uint8_t* codes,
+                                                                          const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = codes + size_t(rows[i]) * rb;
+    for (int j = 0; j < group; ++j) {
+      const __m512i acc = Row4Vnni(_mm512_setzero_si512(), r, q8 + size_t(j) * full, full, mask);
+      dots[size_t(j) * ld + i] = _mm512_reduce_add_epi32(acc) + (full < dim ? DotBlock4(q + size_t(j) * dim, r, dim, full) : 0);
+    }
+  }
+}
+
+// Blocks of 4 rows x 4 query heads share every code load and mask, and their 16 dot products are
+// reduced together (Reduce4x4) rather than one horizontal sum each; the rows left over and a group
+// not a multiple of 4 run the one-row body. The next rows are prefetched (kAhead).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int8_t* q8, const int16_t* q, int group, int dim,
+                                                                      const uint8_t* codes, const int64_t* rows, size_t n,
+                                                                      int32_t* dots, size_t ld) {
+  const __m512i mask = _mm512_set1_epi8(15);
   const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
   const int full = dim / 64 * 64;
   const int groupFull = group / 4 * 4;
@@ -314,21 +342,25 @@ __attribute__((target("avx512f,avx512bw"))) void Score4Avx512(const int16_t* q, 
         __m512i acc[4][4];
         for (int u = 0; u < 4; ++u)
           for (int t = 0; t < 4; ++t) acc[u][t] = _mm512_setzero_si512();
-        for (int d0 = 0; d0 < full; d0 += 64) {
+        int d0 = 0;
+        for (; d0 + 128 <= full; d0 += 128) {
           __m512i ql[4], qh[4];
           for (int u = 0; u < 4; ++u) {
-            const int16_t* qj = q + size_t(j0 + u) * dim + d0;
+            const int8_t* qj = q8 + size_t(j0 + u) * full + d0;
             ql[u] = _mm512_loadu_si512(qj);
-            qh[u] = _mm512_loadu_si512(qj + 32);
+            qh[u] = _mm512_loadu_si512(qj + 64);
           }
           for (int t = 0; t < 4; ++t) {
-            const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[t] + d0 / 2));
-            const __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, mask));
-            const __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask));
-            for (int u = 0; u < 4; ++u)
-              acc[u][t] = _mm512_add_epi32(acc[u][t], _mm512_add_epi32(_mm512_madd_epi16(lo, ql[u]), _mm512_madd_epi16(hi, qh[u])));
+            const __m512i b = _mm512_loadu_si512(r[t] + d0 / 2);
+            const __m512i lo = _mm512_and_si512(b, mask);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
+            for (int u = 0; u < 4; ++u) acc[u][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[u][t], lo, ql[u]), hi, qh[u]);
           }
         }
+        if (d0 < full)  // one full 64-dim block left
+          for (int u = 0; u < 4; ++u)
+            for (int t = 0; t < 4; ++t)
+              acc[u][t] = Row4Vnni(acc[u][t], r[t] + d0 / 2, q8 + size_t(j0 + u) * full + d0, 64, mask);
         const __m512i sums = Reduce4x4(acc);
         alignas(64) int32_t lane[16];
         _mm512_store_si512(lane, sums);
@@ -341,15 +373,44 @@ __attribute__((target("avx512f,avx512bw"))) void Score4Avx512(const int16_t* q, 
     }
   // Rows after the 4-row blocks (every row when the group has fewer than 4 heads), and the heads
   // past groupFull of the blocked rows.
-  if (i0 < n) Score4RowsAvx512(q, group, dim, codes, rows + i0, n - i0, dots + i0, ld);
+  if (i0 < n) Score4RowsVnni(q8, q, group, dim, rb, full, mask, codes, rows + i0, n - i0, dots + i0, ld);
   if (groupFull < group && i0 > 0)
-    Score4RowsAvx512(q + size_t(groupFull) * dim, group - groupFull, dim, codes, rows, i0, dots + size_t(groupFull) * ld, ld);
+    Score4RowsVnni(q8 + size_t(groupFull) * full, q + size_t(groupFull) * dim, group - groupFull, dim, rb, full, mask, codes,
+                   rows, i0, dots + size_t(groupFull) * ld, ld);
+}
+
+// The 4-bit query in Score4Vnni's order (see there) from the int16 one (values within int8).
+void ArrangeQuery8(const int16_t* q, int group, int dim, std::vector<int8_t>& q8) {
+  const int full = dim / 64 * 64;
+  q8.resize(size_t(group) * size_t(full));
+  for (int j = 0; j < group; ++j) {
+    const int16_t* qj = q + size_t(j) * dim;
+    int8_t* o = q8.data() + size_t(j) * full;
+    int d0 = 0;
+    for (; d0 + 128 <= full; d0 += 128)
+      for (int i = 0; i < 32; ++i) {
+        o[d0 + i] = int8_t(qj[d0 + i]);            // low nibbles: block 0
+        o[d0 + 32 + i] = int8_t(qj[d0 + 64 + i]);  // low nibbles: block 1
+        o[d0 + 64 + i] = int8_t(qj[d0 + 32 + i]);  // high nibbles: block 0
+        o[d0 + 96 + i] = int8_t(qj[d0 + 96 + i]);  // high nibbles: block 1
+      }
+    for (int d = d0; d < full; ++d) o[d] = int8_t(qj[d]);
+  }
 }
 
 bool HasAvx512Bw() {
   static const bool ok = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  }();
+  return ok;
+}
+
+// The 4-bit AVX-512 kernel needs VNNI too (vpdpbusd); without it the AVX2 body runs.
+bool HasAvx512Vnni() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return HasAvx512Bw() && __builtin_cpu_supports("avx512vnni");
   }();
   return ok;
 }
@@ -418,6 +479,7 @@ void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQue
       if (s.bits == 4) out.offset[j] += 8 * int32_t(out.q[size_t(j) * dim + d]);
     }
   }
+  if (s.bits == 4) ArrangeQuery8(out.q.data(), group, dim, out.q8);
 }
 
 void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_t* rows, size_t n, float* out,
@@ -428,7 +490,7 @@ void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_
   const bool avx512 = level == SimdLevel::Avx512 && HasAvx512Bw();
   if (s.bits == 4) {
     const uint8_t* c = reinterpret_cast<const uint8_t*>(s.codes.data());
-    if (avx512) Score4Avx512(q.q.data(), group, s.dim, c, rows, n, dots, ld);
+    if (avx512 && HasAvx512Vnni()) Score4Vnni(q.q8.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld);
     else if (level != SimdLevel::Scalar) Score4Avx2(q.q.data(), group, s.dim, c, rows, n, dots, ld);
     else Score4Scalar(q.q.data(), group, s.dim, c, rows, n, dots, ld);
   } else if (avx512) {
@@ -442,7 +504,16 @@ void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_
   // head; each value is float(dot - off) * (qs * s_t), the same operations at every SIMD level.
   std::vector<float>& rowScale = q.rowScale;
   rowScale.resize(n);
-  for (size_t i = 0; i < n; ++i) rowScale[i] = s.rowScale[size_t(rows[i])];
+  // The rows come in short runs scattered over the sketch, so most scale lines miss the cache:
+  // prefetched kScaleAhead rows ahead (without it the gather was ~6% of a 128K select, perf).
+  constexpr size_t kScaleAhead = 64;
+  const float* scales = s.rowScale.data();
+  size_t i = 0;
+  for (; i + kScaleAhead < n; ++i) {
+    __builtin_prefetch(scales + rows[i + kScaleAhead]);
+    rowScale[i] = scales[size_t(rows[i])];
+  }
+  for (; i < n; ++i) rowScale[i] = scales[size_t(rows[i])];
   typedef int32_t __attribute__((may_alias)) AliasedI32;  // the dots share `out`'s memory
   for (int j = 0; j < group; ++j) {
     const float qs = q.scale[j];

@@ -21,7 +21,8 @@
 // kernel thus unpacks 16 or 32 bytes into two runs of consecutive dims, no shuffles.
 //
 // Scoring: q_j . k_t ~= s_t * qs_j * sum_d q16_j[d] * code_t[d], with q16_j = round(q_j[d] c[d] /
-// qs_j) an integer query (qs_j chosen so that the integer sum fits int32); at 4 bits the sum is
+// qs_j) an integer query (qs_j chosen so that the integer sum fits int32, and at 4 bits so that
+// q16 fits int8: 127 levels, for the VNNI byte products); at 4 bits the sum is
 // sum_d q16_j[d] u_t[d] - 8 sum_d q16_j[d]. It is exact integer arithmetic, so the scores are
 // bit-identical at every SIMD level and in any order.
 #pragma once
@@ -60,6 +61,7 @@ void AppendSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s, int64_t
 // (4 bits) 8 x the row's integer sum, the offset the unsigned codes add.
 struct SketchQuery {
   std::vector<int16_t> q;
+  std::vector<int8_t> q8;  // 4 bits: q (within int8) in the VNNI kernel's order (key_sketch.cc)
   std::vector<float> scale;
   std::vector<int32_t> offset;
   std::vector<float> rowScale;  // ScoreSketchRows' scratch (the scored rows' scales)

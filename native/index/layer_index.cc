@@ -50,32 +50,62 @@ inline uint32_t ScoreKey(float s) {
 }
 
 // Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
-// same set as std::nth_element at k - 1, found by a radix select on the score bits (two 11-bit
-// digits, each a histogram pass and a partition), then ByRank over the entries that share the top
-// 22 bits.
-void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& hist) {
-  if (k == 0 || k >= size_t(last - first)) return;
-  Ranked *lo = first, *hi = last;
-  size_t need = k;
-  for (int shift : {21, 10}) {
-    constexpr uint32_t mask = 0x7ff;
-    hist.assign(2048, 0);
-    for (auto it = lo; it != hi; ++it) ++hist[(ScoreKey(it->score) >> shift) & mask];
-    // Digit b: every entry with a higher digit is taken, need - (their count) come from b.
+// same set as std::nth_element at k - 1 (ByRank is a strict total order, so that set is unique),
+// found by a radix select on the score bits: each entry's key is computed once (kept in `scratch`
+// beside the histogram), a histogram of its top 11 bits and, unless that digit's group is taken
+// whole, one of the next 11 bits over that group only; then a single partition of the entries (and
+// their keys) by the 22-bit threshold, and ByRank over the entries that share it.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& scratch) {
+  const size_t n = size_t(last - first);
+  if (k == 0 || k >= n) return;
+  constexpr size_t kBins = 2048;
+  scratch.resize(kBins + n);
+  uint32_t* hist = scratch.data();
+  uint32_t* key = hist + kBins;
+  // Digit b of a histogram: every entry with a higher digit is taken, need - (their count) from b.
+  auto cut = [&](size_t& need) {
     size_t above = 0;
-    uint32_t b = 2047;
+    uint32_t b = kBins - 1;
     for (;; --b) {
       if (above + hist[b] >= need) break;
       above += hist[b];
     }
-    auto digit = [&](const Ranked& r) { return (ScoreKey(r.score) >> shift) & mask; };
-    auto mid = std::partition(lo, hi, [&](const Ranked& r) { return digit(r) > b; });
-    hi = std::partition(mid, hi, [&](const Ranked& r) { return digit(r) == b; });
-    lo = mid;
     need -= above;
-    if (need == size_t(hi - lo)) return;  // the whole digit-b group is taken
+    return b;
+  };
+  std::fill(hist, hist + kBins, 0u);
+  for (size_t i = 0; i < n; ++i) {
+    key[i] = ScoreKey(first[i].score);
+    ++hist[key[i] >> 21];
   }
-  std::nth_element(lo, lo + (need - 1), hi, ByRank());
+  size_t need = k;
+  const uint32_t b1 = cut(need);
+  // Threshold on key >> shift: entries above it are taken, `need` of those equal to it.
+  uint32_t prefix = b1;
+  int shift = 21;
+  if (need < hist[b1]) {
+    std::fill(hist, hist + kBins, 0u);
+    for (size_t i = 0; i < n; ++i)
+      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kBins - 1)];
+    prefix = (b1 << 11) | cut(need);
+    shift = 10;
+  }
+  // Entries above the threshold to the front, then those equal to it.
+  size_t w = 0;
+  for (size_t i = 0; i < n; ++i)
+    if ((key[i] >> shift) > prefix) {
+      std::swap(first[w], first[i]);
+      std::swap(key[w], key[i]);
+      ++w;
+    }
+  size_t e = w;
+  for (size_t i = w; i < n; ++i)
+    if ((key[i] >> shift) == prefix) {
+      std::swap(first[e], first[i]);
+      std::swap(key[e], key[i]);
+      ++e;
+    }
+  if (need < e - w) std::nth_element(first + w, first + w + (need - 1), first + e, ByRank());
 }
 void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
   SelectBest(v.data(), v.data() + v.size(), k, hist);
@@ -783,8 +813,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           // One spread term per cluster with the group's largest |q| (the max over the group is
           // then taken over q_j·c + that term).
           extra.resize(seg.k);
-          for (int c = 0; c < seg.k; ++c)
-            extra[c] = float(varCoefMax * (useVar ? seg.var[c] : 0.f) + radCoef * seg.radius[c]);
+          float* e = extra.data();
+          const float* rad = seg.radius.data();
+          if (useVar) {
+            const float* var = seg.var.data();
+            for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * var[c] + radCoef * rad[c]);
+          } else {
+            for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
+          }
           ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
         } else {
           ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(),
@@ -851,7 +887,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       if (rerank && RerankChunks(budget) >= ids.size()) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
         // chunk-mean scores would never be read.
-        for (int32_t id : ids) ranked.push_back({0.f, id});
+        // Written by index: a push_back per id re-read the thread-local scratch on every call
+        // (__tls_get_addr, ~8% of the head task in perf).
+        ranked.resize(ids.size());
+        for (size_t t = 0; t < ids.size(); ++t) ranked[t] = {0.f, ids[t]};
         RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
         reranked = true;
         goto fill;
