@@ -54,25 +54,28 @@ export interface EntryStepStats {
  */
 const ATTEND_THREADS = Math.min(8, availableParallelism());
 
-/** Widens a token-granular selection to the store's chunks (the tiers hold whole chunks). */
-function toChunks(sel: Selection, chunkSize: number, heads: number): Selection {
-  if (sel.chunkSize === chunkSize) return sel;
-  if (chunkSize % sel.chunkSize !== 0)
-    throw new KvdriveError('E_INTERNAL', `step: expected a selection chunk size dividing ${chunkSize}, got ${sel.chunkSize}`);
-  const f = chunkSize / sel.chunkSize;
-  const offsets = new Int32Array(heads + 1);
-  // At most one chunk per selected unit: filled in place, then trimmed (a view, no copy).
-  const ids = new Int32Array(sel.chunkIds.length);
-  let n = 0;
-  for (let h = 0; h < heads; h++) {
-    let last = -1;
-    for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) {
-      const c = Math.floor(sel.chunkIds[i]! / f);
-      if (c !== last && c * chunkSize < sel.tailStart) ids[n++] = last = c;
-    }
-    offsets[h + 1] = n;
+/**
+ * Output arrays of one (sequence, layer)'s fetch split (native fetchSplit), reused by its steps: at
+ * most one step of a (sequence, layer) runs at a time, and nothing keeps them past the step. Grown
+ * (doubled) when a selection names more units than they hold.
+ */
+interface SplitScratch {
+  chunkOffsets: Int32Array;
+  chunkIds: Int32Array;
+  tierOffsets: Int32Array;
+  tierIds: Int32Array;
+  tierEntry: Int32Array;
+}
+const splitScratch = new WeakMap<LayerKv, SplitScratch>();
+
+function scratchFor(lk: LayerKv, heads: number, units: number): SplitScratch {
+  let s = splitScratch.get(lk);
+  if (!s || s.chunkIds.length < units) {
+    const cap = Math.max(units, 2 * (s?.chunkIds.length ?? 0));
+    s = { chunkOffsets: new Int32Array(heads + 1), chunkIds: new Int32Array(cap), tierOffsets: new Int32Array(heads + 1), tierIds: new Int32Array(cap), tierEntry: new Int32Array(cap) };
+    splitScratch.set(lk, s);
   }
-  return { chunkSize, tokens: sel.tokens, sinkEnd: sel.sinkEnd, tailStart: sel.tailStart, offsets, chunkIds: ids.subarray(0, n) };
+  return s;
 }
 
 /** An entry after its append stage: the new token is in the open tail and the index extended. */
@@ -176,49 +179,30 @@ export async function fetchAttendEntry(
   // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
   const tokSel = s.selection;
   const bytesScored = s.bytesScored;
-  const sel = toChunks(tokSel, cs, H);
   const t1 = performance.now();
 
-  // Per kv head the selected chunks that are sealed and not resident in the hot tier: fetched
-  // through the tiers (ascending per head). Chunks still in the tail are read there in place. One
-  // pass over the chunk selection into preallocated typed arrays (no per-chunk allocation).
-  const sealedChunks = lk.sealed / cs;
-  const nSel = sel.chunkIds.length;
-  const tierOff = new Int32Array(H + 1);
-  const tierIdsAll = new Int32Array(nSel);
-  const tierSelAll = mem.ssd ? new Int32Array(nSel) : undefined; // chunk-selection entry of each tier entry
-  let nTier = 0;
-  let hotChunks = 0;
-  let tailChunks = 0;
-  for (let h = 0; h < H; h++) {
-    const res = hot ? hot.residents(layer, h, seq) : undefined;
-    const end = sel.offsets[h + 1]!;
-    let i = sel.offsets[h]!;
-    if (res && res.length) {
-      let r = 0;
-      for (; i < end; i++) {
-        const c = sel.chunkIds[i]!;
-        while (r < res.length && res[r]! < c) r++;
-        if (r < res.length && res[r] === c) hotChunks++;
-        else if (c >= sealedChunks) tailChunks++;
-        else {
-          if (tierSelAll) tierSelAll[nTier] = i;
-          tierIdsAll[nTier++] = c;
-        }
-      }
-    } else {
-      for (; i < end; i++) {
-        const c = sel.chunkIds[i]!;
-        if (c >= sealedChunks) tailChunks++;
-        else {
-          if (tierSelAll) tierSelAll[nTier] = i;
-          tierIdsAll[nTier++] = c;
-        }
-      }
-    }
-    tierOff[h + 1] = nTier;
-  }
-  const tierIds = tierIdsAll.subarray(0, nTier);
+  // One native pass (native/cache/fetch_split.cc): the selection widened to the tiers' chunks (the
+  // chunks holding a selected token, before the tail) and split per kv head into hot-tier
+  // residents, chunks still in the tail (read there in place) and the rest, fetched through the
+  // tiers (ascending per head; tierEntry: each one's entry in the chunk selection).
+  const sp = scratchFor(lk, H, tokSel.chunkIds.length);
+  const split = native.fetchSplit({
+    selection: tokSel,
+    kvHeads: H,
+    pageChunkSize: cs,
+    sealed: lk.sealed,
+    ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+    out: sp,
+  }) as { chunks: number; hot: number; tail: number; tier: number };
+  const sel: Selection =
+    tokSel.chunkSize === cs
+      ? tokSel
+      : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sp.chunkOffsets, chunkIds: sp.chunkIds.subarray(0, split.chunks) };
+  const nTier = split.tier;
+  const tierOff = sp.tierOffsets;
+  const tierIds = sp.tierIds.subarray(0, nTier);
+  const hotChunks = split.hot;
+  const tailChunks = split.tail;
   const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
   const stats: EntryStepStats = {
     chunks: sel.chunkIds.length,
@@ -292,7 +276,7 @@ export async function fetchAttendEntry(
       // beats the least important resident (resident ones get their score refreshed).
       if (placement && mem.ssd) {
         const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-        const scores = Float32Array.from(tierSelAll!.subarray(0, nTier), (i) => chunkMass[i]!);
+        const scores = Float32Array.from(sp.tierEntry.subarray(0, nTier), (i) => chunkMass[i]!);
         stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
       }
       stats.fetchMs = t2 - t1;
