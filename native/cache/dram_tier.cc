@@ -34,15 +34,6 @@ Napi::Object Options(const Napi::CallbackInfo& info, const std::string& what) {
   return info[0].As<Napi::Object>();
 }
 
-template <typename T>
-ArrayArg<T> OutArray(const Napi::Object& out, const char* key, napi_typedarray_type type, size_t minLength, const std::string& what) {
-  auto a = GetArray<T>(out.Get(key), type, what + ".out." + key);
-  if (a.length < minLength)
-    Throw("E_SHAPE", what + ".out." + key + ": expected at least " + std::to_string(minLength) + " elements, got " +
-                         std::to_string(a.length));
-  return a;
-}
-
 // The tier's slot state: owner (Int32Array, -1 = free) and optionally pins (Uint16Array), one entry
 // per slot.
 struct SlotState {
@@ -172,15 +163,15 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
 
     if (!o.Get("out").IsObject()) Throw("E_TYPE", what + ".out: expected { slots, entries, misses, source?, at? }");
     Napi::Object out = o.Get("out").As<Napi::Object>();
-    auto oSlots = OutArray<int32_t>(out, "slots", napi_int32_array, n, what);
-    auto oEntries = OutArray<int32_t>(out, "entries", napi_int32_array, n, what);
-    auto oMisses = OutArray<int32_t>(out, "misses", napi_int32_array, n, what);
+    auto oSlots = GetOutArray<int32_t>(out, "slots", napi_int32_array, n, what);
+    auto oEntries = GetOutArray<int32_t>(out, "entries", napi_int32_array, n, what);
+    auto oMisses = GetOutArray<int32_t>(out, "misses", napi_int32_array, n, what);
     const bool placement = !out.Get("source").IsUndefined();
     ArrayArg<uint8_t> source;
     ArrayArg<double> at;
     if (placement) {
-      source = OutArray<uint8_t>(out, "source", napi_uint8_array, n, what);
-      at = OutArray<double>(out, "at", napi_float64_array, n, what);
+      source = GetOutArray<uint8_t>(out, "source", napi_uint8_array, n, what);
+      at = GetOutArray<double>(out, "at", napi_float64_array, n, what);
     }
 
     const size_t cap = st.capacity();
@@ -226,12 +217,7 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
       }
     }
     if (hasTier && st.hasPins) ApplyPins(st, oSlots.data, hits, 1, false, what + " pins");
-    Napi::Env env = info.Env();
-    Napi::Object r = Napi::Object::New(env);
-    r.Set("hits", double(hits));
-    r.Set("misses", double(misses));
-    r.Set("inDest", double(inDest));
-    return r;
+    return NumbersObject(info.Env(), {{"hits", double(hits)}, {"misses", double(misses)}, {"inDest", double(inDest)}});
   });
 }
 

@@ -27,14 +27,6 @@ namespace kvd {
 namespace hot {
 namespace {
 
-ArrayArg<int32_t> OutArray(const Napi::Object& out, const char* key, size_t minLength, const std::string& what) {
-  auto a = GetI32(out.Get(key), what + ".out." + key);
-  if (a.length < minLength)
-    Throw("E_SHAPE", what + ".out." + key + ": expected an Int32Array of at least " + std::to_string(minLength) +
-                         " elements, got " + std::to_string(a.length));
-  return a;
-}
-
 // fetchSplit({ selection, kvHeads, pageChunkSize, sealed, hot?: { handle, sequence?, layer },
 //              out: { chunkOffsets, chunkIds, tierOffsets, tierIds, tierEntry } })
 //   -> { chunks, hot, tail, tier }
@@ -81,11 +73,11 @@ Napi::Value FetchSplit(const Napi::CallbackInfo& info) {
     Napi::Object out = o.Get("out").As<Napi::Object>();
     // At most one chunk per selected unit.
     const size_t n = sel.chunkIds.length;
-    auto cOff = OutArray(out, "chunkOffsets", size_t(kvHeads) + 1, what);
-    auto cIds = OutArray(out, "chunkIds", n, what);
-    auto tOff = OutArray(out, "tierOffsets", size_t(kvHeads) + 1, what);
-    auto tIds = OutArray(out, "tierIds", n, what);
-    auto tEnt = OutArray(out, "tierEntry", n, what);
+    auto cOff = GetOutArray<int32_t>(out, "chunkOffsets", napi_int32_array, size_t(kvHeads) + 1, what);
+    auto cIds = GetOutArray<int32_t>(out, "chunkIds", napi_int32_array, n, what);
+    auto tOff = GetOutArray<int32_t>(out, "tierOffsets", napi_int32_array, size_t(kvHeads) + 1, what);
+    auto tIds = GetOutArray<int32_t>(out, "tierIds", napi_int32_array, n, what);
+    auto tEnt = GetOutArray<int32_t>(out, "tierEntry", napi_int32_array, n, what);
 
     // Hot-tier residency is read under the layer's lock, as a reader (the step that called this
     // is the only operation on the pair; a concurrent stats() is waited out).
@@ -121,13 +113,7 @@ Napi::Value FetchSplit(const Napi::CallbackInfo& info) {
       cOff.data[h + 1] = nc;
       tOff.data[h + 1] = nt;
     }
-    Napi::Env env = info.Env();
-    Napi::Object r = Napi::Object::New(env);
-    r.Set("chunks", double(nc));
-    r.Set("hot", double(nHot));
-    r.Set("tail", double(nTail));
-    r.Set("tier", double(nt));
-    return r;
+    return NumbersObject(info.Env(), {{"chunks", double(nc)}, {"hot", double(nHot)}, {"tail", double(nTail)}, {"tier", double(nt)}});
   });
 }
 
