@@ -12,6 +12,8 @@
  *   dram         openRuntime({ dramBudget: 1 GiB }): every sealed chunk in the DRAM tier
  *   dram-chunks  the same with policyOptions.tokenGranular false (whole-chunk selection: isolates
  *                the fetch path from the selection granularity)
+ *   dram-hot     dram with a hot tier in front (windows 2: slots per kv head = 2 x budget / chunk),
+ *                so the fetch stage also runs hot-tier lookup and admission
  *   ssd-<kind>   (with --io) DRAM tier of ~1/4-1/2 of the KV, SSD extents read with I/O engine <kind>
  *                (uring, pread, mmap; buffered reads so the three read the same way); with --cold
  *                the segment files' pages are dropped from the page cache before every step
@@ -117,11 +119,12 @@ async function child(root: string, io: string[]): Promise<Row[]> {
     );
     const m = (await rt.stats()).memory;
     const last = out[out.length - 1]!;
-    if (m?.traffic) last.extra = `chunks/step ${(m.traffic.chunks / steps).toFixed(0)} (dram ${(m.traffic.dramChunks / steps).toFixed(0)}, ssd ${(m.traffic.ssdChunks / steps).toFixed(0)}, tail ${(m.traffic.tailChunks / steps).toFixed(0)}), DRAM tier ${(m.plan.dramTierBytes / 2 ** 20).toFixed(0)} MiB`;
+    if (m?.traffic) last.extra = `chunks/step ${(m.traffic.chunks / steps).toFixed(0)} (hot ${(m.traffic.hotChunks / steps).toFixed(0)}, dram ${(m.traffic.dramChunks / steps).toFixed(0)}, ssd ${(m.traffic.ssdChunks / steps).toFixed(0)}, tail ${(m.traffic.tailChunks / steps).toFixed(0)}), DRAM tier ${(m.plan.dramTierBytes / 2 ** 20).toFixed(0)} MiB`;
     await rt.close();
   };
   await runtimeRow('dram', { dramBudget: 2 ** 30 });
   await runtimeRow('dram-chunks', { dramBudget: 2 ** 30, policyOptions: { tokenGranular: false } });
+  await runtimeRow('dram-hot', { dramBudget: 2 ** 30, hotTier: { windows: 2, maxBytes: 2 ** 27 } });
   const kvBytes = context * row * 2 * 2;
   for (const kind of io) {
     const dir = mkdtempSync(join(arg('dir', tmpdir()), 'kvd-step-'));

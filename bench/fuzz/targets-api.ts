@@ -22,6 +22,7 @@ import { native } from '../../src/native.js';
 import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../../src/attention/kernels.js';
 import { attendFetched, attendFetchedAsync } from '../../src/storage/fetched-attention.js';
 import { HotTier } from '../../src/cache/hot-tier.js';
+import { DramStore } from '../../src/storage/dram-store.js';
 import { f32ArrayToF16 } from '../../src/util/f16.js';
 import { defineTarget, type FuzzTarget, type Gen } from './harness.js';
 
@@ -311,7 +312,7 @@ interface HotInput {
   ops: { op: string; args: unknown[] }[];
 }
 
-const HOT_OPS = ['fetch', 'fetchAsync', 'attend', 'attendAsync', 'step', 'stepAsync', 'warm', 'warmAsync', 'recordMass', 'stats', 'residents', 'resetSequence', 'check', 'info', 'admitPages'] as const;
+const HOT_OPS = ['fetch', 'fetchAsync', 'attend', 'attendAsync', 'step', 'stepAsync', 'warm', 'warmAsync', 'recordMass', 'stats', 'residents', 'resetSequence', 'check', 'info', 'admitPages', 'split'] as const;
 
 export const hotTierTarget = defineTarget<HotInput>({
   name: 'hot-tier',
@@ -345,6 +346,13 @@ export const hotTierTarget = defineTarget<HotInput>({
       else if (op === 'admitPages') {
         const cb = 2 * chunkSize * s.dim * (s.dtype === 'f32' ? 4 : 2);
         a = { hot: { sequence: base.sequence, layer: base.layer }, selection: sel, tokens: sel.tokens, pages: new Uint8Array((sel.chunkIds as Int32Array).length * cb), pageOffsets: sel.offsets, pageIds: sel.chunkIds };
+      } else if (op === 'split') {
+        // fetchSplit over a finer selection (pageChunkSize a multiple of its chunk size), the tier's residents split out.
+        const fine = selection(g, s.kvHeads, sel.tokens as number, g.pick([1, chunkSize]));
+        const n = (fine.chunkIds as Int32Array).length;
+        const out = { chunkOffsets: new Int32Array(s.kvHeads + 1), chunkIds: new Int32Array(n), tierOffsets: new Int32Array(s.kvHeads + 1), tierIds: new Int32Array(n), tierEntry: new Int32Array(n) };
+        const sealed = chunkSize * g.int(0, Math.floor((sel.tokens as number) / chunkSize));
+        a = { hot: { sequence: base.sequence, layer: base.layer }, selection: fine, kvHeads: s.kvHeads, pageChunkSize: chunkSize, sealed, out };
       } else a = { sequence: base.sequence, layer: base.layer, head: g.int(0, s.kvHeads - 1) };
       ops.push({ op, args: [mutate(g, a)] });
     }
@@ -358,6 +366,9 @@ export const hotTierTarget = defineTarget<HotInput>({
         if (o.op === 'admitPages') {
           if (a.hot && typeof a.hot === 'object') (a.hot as Obj).handle = t.handle;
           await settle(native.hotTierAdmitPages(a));
+        } else if (o.op === 'split') {
+          if (a.hot && typeof a.hot === 'object') (a.hot as Obj).handle = t.handle;
+          await settle(native.fetchSplit(a));
         } else if (o.op === 'stats') await settle(t.stats(a.sequence as number));
         else if (o.op === 'residents') await settle(t.residents(a.layer as number, a.head as number, a.sequence as number));
         else if (o.op === 'resetSequence') await settle(t.resetSequence(a.sequence as number));
@@ -371,6 +382,68 @@ export const hotTierTarget = defineTarget<HotInput>({
       if (c) throw new Error(`hot tier inconsistent after fuzzed calls: ${c}`);
     } finally {
       t.destroy();
+    }
+  },
+});
+
+// ---- DRAM tier lookups and pins (dramLocate, dramPins: native/cache/dram_tier.cc) ----
+
+interface DramInput {
+  chunks: number;
+  resident: number[];
+  ops: { op: 'locate' | 'pins'; args: Obj }[];
+}
+
+export const dramTierTarget = defineTarget<DramInput>({
+  name: 'dram-tier',
+  input(g) {
+    const chunks = g.int(1, 24);
+    const resident = Array.from({ length: 2 * chunks }, () => g.int(0, 1));
+    const ops: DramInput['ops'] = [];
+    for (let i = g.int(1, 4); i > 0; i--) {
+      if (g.bool(0.7)) {
+        const sel = selection(g, 2, chunks * 4, 4);
+        const n = (sel.chunkIds as Int32Array).length;
+        const out = { slots: new Int32Array(n), entries: new Int32Array(n), misses: new Int32Array(n), ...(g.bool(0.7) ? { source: new Uint8Array(n), at: new Float64Array(n) } : {}) };
+        ops.push({ op: 'locate', args: mutate(g, { offsets: sel.offsets, chunkIds: sel.chunkIds, kvHeads: 2, layer: 0, pin: g.bool(0.7), ...(g.bool(0.2) ? { skip: new Uint8Array(n).fill(1, 0, n >> 1) } : {}), out }) });
+      } else ops.push({ op: 'pins', args: mutate(g, { slots: Int32Array.from({ length: g.int(0, 6) }, () => g.int(-1, 2 * chunks)), delta: g.pick([1, -1]) }) });
+    }
+    return { chunks, resident, ops };
+  },
+  async run(x) {
+    // A store of 2 kv heads x 4-token chunks holding the chunks marked resident, its slot state
+    // passed as DramStore.locate / pin pass it (owner, pins, maps of the one-segment chain).
+    const shape = { layers: 1, kvHeads: 2, headDim: 2, dtype: 'f32' as const, chunkSize: 4 };
+    const cb = 2 * 4 * 2 * 4;
+    const dram = new DramStore({ budgetBytes: 2 * x.chunks * (cb + DramStore.metadataBytesPerSlot), shape, blockBytes: 3 * cb });
+    dram.addSegment('s', x.chunks * 4);
+    for (let h = 0; h < 2; h++)
+      for (let c = 0; c < x.chunks; c++) if (x.resident[h * x.chunks + c]) dram.put('s', 0, h, [c], [1], new Uint8Array(cb), [0]);
+    const priv = dram as unknown as { slotOwner: Int32Array; pins: Uint16Array; slotsPerBlock: number };
+    const chain = { chunkSeg: new Int32Array(x.chunks), segStart: Int32Array.of(0, x.chunks), maps: [dram.slotMap('s').slots] };
+    for (const o of x.ops) {
+      const a = o.args;
+      if (o.op === 'locate') {
+        const before = Uint16Array.from(priv.pins);
+        const { pin, ...rest } = a;
+        try {
+          const r = native.dramLocate({ ...chain, chunkBytes: cb, ...rest, maps: chain.maps, owner: priv.slotOwner, slotsPerBlock: priv.slotsPerBlock, ...(pin ? { pins: priv.pins } : {}) }) as { hits: number };
+          if (pin) dram.unpin((a.out as { slots: Int32Array }).slots.subarray(0, r.hits));
+        } catch (e) {
+          if (!(e instanceof api.KvdriveError)) throw e;
+          if (priv.pins.some((p, i) => p !== before[i])) throw new Error('dramLocate failed and left pins changed');
+          throw e;
+        }
+      } else {
+        const before = Uint16Array.from(priv.pins);
+        try {
+          native.dramPins({ owner: priv.slotOwner, pins: priv.pins, ...a });
+        } catch (e) {
+          if (!(e instanceof api.KvdriveError)) throw e;
+          if (priv.pins.some((p, i) => p !== before[i])) throw new Error('dramPins failed and left pins changed');
+          throw e;
+        }
+      }
     }
   },
 });
@@ -497,5 +570,5 @@ export const nativeTarget = defineTarget<GenericInput>({
   },
 });
 
-export const apiTargets: FuzzTarget[] = [kernelsTarget, policyTarget, policySketchTarget, hotTierTarget, apiTarget, nativeTarget];
+export const apiTargets: FuzzTarget[] = [kernelsTarget, policyTarget, policySketchTarget, hotTierTarget, dramTierTarget, apiTarget, nativeTarget];
 

@@ -221,16 +221,19 @@ int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int3
   if (src.paged && !page && !fromRows)
     Throw("E_RANGE", "hot tier: chunk " + std::to_string(chunk) + " of kv head " + std::to_string(head) +
                          " must be admitted but the page source does not hold it");
-  int64_t copied = 0;
-  for (int64_t r = from; r < avail; ++r) {
-    if (page) {
-      std::memcpy(kd + size_t(r) * rowBytes, page + size_t(r) * rowBytes, rowBytes);
-      std::memcpy(vd + size_t(r) * rowBytes, page + size_t(cfg_.chunkSize + r) * rowBytes, rowBytes);
-    } else {
+  const int64_t copied = std::max<int64_t>(0, avail - from);
+  if (page && copied > 0) {
+    // A page holds the chunk's K rows, then its V rows, each block contiguous like the slot's: one
+    // copy per block.
+    const size_t bytes = size_t(copied) * rowBytes;
+    std::memcpy(kd + size_t(from) * rowBytes, page + size_t(from) * rowBytes, bytes);
+    std::memcpy(vd + size_t(from) * rowBytes, page + size_t(cfg_.chunkSize + from) * rowBytes, bytes);
+  } else {
+    // Token rows (a layer's KV or the open tail): one K and one V row per token.
+    for (int64_t r = from; r < avail; ++r) {
       std::memcpy(kd + size_t(r) * rowBytes, src.k->Row(first + r - src.kBase, head), rowBytes);
       std::memcpy(vd + size_t(r) * rowBytes, src.v->Row(first + r - src.kBase, head), rowBytes);
     }
-    ++copied;
   }
   if (avail > p.slotRows[size_t(slot)]) p.slotRows[size_t(slot)] = int32_t(avail);
   return copied * int64_t(rowBytes) * 2;

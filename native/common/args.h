@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <climits>
 #include <algorithm>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -129,6 +131,25 @@ inline ArrayArg<int32_t> GetI32(const Napi::Value& v, const std::string& what) {
 inline void ExpectLength(size_t got, size_t want, const std::string& what) {
   if (got != want)
     Throw("E_SHAPE", what + ": expected " + std::to_string(want) + " elements, got " + std::to_string(got));
+}
+
+// A caller-owned output array out[key] (a TypedArray of `type`) of at least minLength elements:
+// E_SHAPE otherwise, before the binding writes anything. `what` names the binding.
+template <typename T>
+inline ArrayArg<T> GetOutArray(const Napi::Object& out, const char* key, napi_typedarray_type type, size_t minLength,
+                               const std::string& what) {
+  auto a = GetArray<T>(out.Get(key), type, what + ".out." + key);
+  if (a.length < minLength)
+    Throw("E_SHAPE", what + ".out." + key + ": expected at least " + std::to_string(minLength) + " elements, got " +
+                         std::to_string(a.length));
+  return a;
+}
+
+// A result object of named numbers, e.g. { hits, misses } (counts below 2^53).
+inline Napi::Object NumbersObject(Napi::Env env, std::initializer_list<std::pair<const char*, double>> fields) {
+  Napi::Object r = Napi::Object::New(env);
+  for (const auto& f : fields) r.Set(f.first, f.second);
+  return r;
 }
 
 // An integer JS number in [min, max]; `what` names it.

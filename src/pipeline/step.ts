@@ -54,25 +54,46 @@ export interface EntryStepStats {
  */
 const ATTEND_THREADS = Math.min(8, availableParallelism());
 
-/** Widens a token-granular selection to the store's chunks (the tiers hold whole chunks). */
-function toChunks(sel: Selection, chunkSize: number, heads: number): Selection {
-  if (sel.chunkSize === chunkSize) return sel;
-  if (chunkSize % sel.chunkSize !== 0)
-    throw new KvdriveError('E_INTERNAL', `step: expected a selection chunk size dividing ${chunkSize}, got ${sel.chunkSize}`);
-  const f = chunkSize / sel.chunkSize;
-  const offsets = new Int32Array(heads + 1);
-  // At most one chunk per selected unit: filled in place, then trimmed (a view, no copy).
-  const ids = new Int32Array(sel.chunkIds.length);
-  let n = 0;
-  for (let h = 0; h < heads; h++) {
-    let last = -1;
-    for (let i = sel.offsets[h]!; i < sel.offsets[h + 1]!; i++) {
-      const c = Math.floor(sel.chunkIds[i]! / f);
-      if (c !== last && c * chunkSize < sel.tailStart) ids[n++] = last = c;
-    }
-    offsets[h + 1] = n;
+/**
+ * Arrays one (sequence, layer)'s steps reuse (at most one step of a pair runs at a time, and
+ * nothing keeps them past the step): what native fetchSplit writes, head group after head group at
+ * growing offsets — the selection widened to the tiers' chunks (chunkOffsets / chunkIds) and its
+ * tier chunks (tierOffsets / tierIds, tierEntry: each one's entry in chunkIds) — and where each tier
+ * page lies once fetched (pageSource / pageAt, see FetchPlacement). Grown (doubled, content kept)
+ * when a step names more units than they hold; a fetch still in flight keeps the arrays it was given.
+ */
+interface StepScratch {
+  chunkOffsets: Int32Array;
+  chunkIds: Int32Array;
+  tierOffsets: Int32Array;
+  tierIds: Int32Array;
+  tierEntry: Int32Array;
+  pageSource: Uint8Array;
+  pageAt: Float64Array;
+}
+const stepScratch = new WeakMap<LayerKv, StepScratch>();
+
+function scratchFor(lk: LayerKv, heads: number, units: number): StepScratch {
+  let s = stepScratch.get(lk);
+  if (!s || s.chunkIds.length < units) {
+    const cap = Math.max(units, 2 * (s?.chunkIds.length ?? 0), 1024);
+    const grown = <A extends Int32Array | Uint8Array | Float64Array>(old: A | undefined, make: (n: number) => A): A => {
+      const a = make(cap);
+      if (old) a.set(old as never);
+      return a;
+    };
+    s = {
+      chunkOffsets: s?.chunkOffsets ?? new Int32Array(heads + 1),
+      chunkIds: grown(s?.chunkIds, (n) => new Int32Array(n)),
+      tierOffsets: s?.tierOffsets ?? new Int32Array(heads + 1),
+      tierIds: grown(s?.tierIds, (n) => new Int32Array(n)),
+      tierEntry: grown(s?.tierEntry, (n) => new Int32Array(n)),
+      pageSource: grown(s?.pageSource, (n) => new Uint8Array(n)),
+      pageAt: grown(s?.pageAt, (n) => new Float64Array(n)),
+    };
+    stepScratch.set(lk, s);
   }
-  return { chunkSize, tokens: sel.tokens, sinkEnd: sel.sinkEnd, tailStart: sel.tailStart, offsets, chunkIds: ids.subarray(0, n) };
+  return s;
 }
 
 /** An entry after its append stage: the new token is in the open tail and the index extended. */
@@ -153,20 +174,17 @@ export async function attendEntry(
 }
 
 /**
- * The selected chunks of one head group [h0, h1), split by where they lie, and the fetch of its
- * tier chunks (in flight while the next group is selected).
+ * One head group [h0, h1) of an entry: its token selection, where its chunks landed in the step's
+ * scratch (tier chunks [tierBase, tierBase + tier)), and the fetch of its tier chunks (in flight
+ * while the next group is selected).
  */
 interface HeadGroup {
   h0: number;
   h1: number;
   /** The group's token selection (offsets over h1 - h0 heads, from 0). */
   tokSel: Selection;
-  /** Per head of the group, offsets into tierIds (h1 - h0 + 1 entries, from 0). */
-  tierOff: Int32Array;
-  /** Sealed chunks not resident in the hot tier, ascending per head: fetched through the tiers. */
-  tierIds: Int32Array;
-  /** Entry of the group's chunk selection each tierIds entry is (for the attention mass of admission). */
-  tierSel: Int32Array;
+  tierBase: number;
+  tier: number;
   hotChunks: number;
   tailChunks: number;
   /** Byte offset of the group's SSD reads in the entry's fetch buffer. */
@@ -175,39 +193,6 @@ interface HeadGroup {
   /** Once the fetch settled: what it moved and where it left the pages (pins released at the end of the step). */
   fetched?: FetchStats;
   placement?: FetchPlacement;
-}
-
-/** Splits a head group's chunk selection `sel` (heads h0..h1) into hot-tier residents, tail chunks and tier chunks. */
-function splitGroup(hot: HotTier | undefined, seq: number, layer: number, h0: number, h1: number, tokSel: Selection, sel: Selection, sealedChunks: number): HeadGroup {
-  const n = sel.chunkIds.length;
-  const tierOff = new Int32Array(h1 - h0 + 1);
-  const tierIds = new Int32Array(n);
-  const tierSel = new Int32Array(n);
-  let nTier = 0;
-  let hotChunks = 0;
-  let tailChunks = 0;
-  for (let h = h0; h < h1; h++) {
-    const res = hot ? hot.residents(layer, h, seq) : undefined;
-    const end = sel.offsets[h - h0 + 1]!;
-    let r = 0;
-    for (let i = sel.offsets[h - h0]!; i < end; i++) {
-      const c = sel.chunkIds[i]!;
-      if (res && res.length) {
-        while (r < res.length && res[r]! < c) r++;
-        if (r < res.length && res[r] === c) {
-          hotChunks++;
-          continue;
-        }
-      }
-      if (c >= sealedChunks) tailChunks++;
-      else {
-        tierSel[nTier] = i;
-        tierIds[nTier++] = c;
-      }
-    }
-    tierOff[h - h0 + 1] = nTier;
-  }
-  return { h0, h1, tokSel, tierOff, tierIds: tierIds.subarray(0, nTier), tierSel: tierSel.subarray(0, nTier), hotChunks, tailChunks, base: 0 };
 }
 
 /** The group selections of one entry, in head order, as one selection over every kv head. */
@@ -256,7 +241,6 @@ export async function fetchAttendEntry(
   const { shape, policyOptions: p, budget } = mem.config;
   const { kvHeads: H, qHeads } = shape;
   const cs = p.chunkSize;
-  const sealedChunks = lk.sealed / cs;
   const groupHeads = s ? H : Math.max(1, Math.min(H, p.threads));
   const groups: HeadGroup[] = [];
   // The entry's SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused
@@ -276,22 +260,54 @@ export async function fetchAttendEntry(
   const t1 = performance.now();
   try {
     let failure: { error: unknown } | undefined;
+    let sc = scratchFor(lk, H, 0);
+    let nChunks = 0;
     try {
+      let cBase = 0; // units of the chunk selection written so far
+      let tBase = 0; // tier chunks written so far
       for (let h0 = 0; h0 < H; h0 += groupHeads) {
         const h1 = Math.min(H, h0 + groupHeads);
         const gs = s ?? selectEntry(a.handle, q, budget, [h0, h1]);
         if (!s) selectMs += gs.ms;
         bytesScored += gs.bytesScored;
-        // What is attended (single tokens for kvdrive: the budget counts tokens) and the chunks holding it.
-        const g = splitGroup(hot, seq, layer, h0, h1, gs.selection, toChunks(gs.selection, cs, h1 - h0), sealedChunks);
+        // One native pass (native/cache/fetch_split.cc) over the group: its selection widened to
+        // the tiers' chunks (those holding a selected token, before the tail) and split per kv head
+        // into hot-tier residents, chunks still in the tail (read there in place) and the rest,
+        // fetched through the tiers (ascending per head), written after the previous groups'.
+        const n = gs.selection.chunkIds.length;
+        sc = scratchFor(lk, H, Math.max(cBase, tBase) + n);
+        const split = native.fetchSplit({
+          selection: gs.selection,
+          kvHeads: h1 - h0,
+          headBase: h0,
+          pageChunkSize: cs,
+          sealed: lk.sealed,
+          ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+          out: {
+            chunkOffsets: sc.chunkOffsets.subarray(h0, h1 + 1),
+            chunkIds: sc.chunkIds.subarray(cBase),
+            tierOffsets: sc.tierOffsets.subarray(h0, h1 + 1),
+            tierIds: sc.tierIds.subarray(tBase),
+            tierEntry: sc.tierEntry.subarray(tBase),
+          },
+        }) as { chunks: number; hot: number; tail: number; tier: number };
+        // The group's offsets count from 0: shift them (and its tier entries) to the step's.
+        for (let h = h0; h <= h1; h++) {
+          sc.chunkOffsets[h]! += cBase;
+          sc.tierOffsets[h]! += tBase;
+        }
+        for (let i = tBase; i < tBase + split.tier; i++) sc.tierEntry[i]! += cBase;
+        const g: HeadGroup = { h0, h1, tokSel: gs.selection, tierBase: tBase, tier: split.tier, hotChunks: split.hot, tailChunks: split.tail, base: used };
         groups.push(g);
-        if (!g.tierIds.length) continue;
+        cBase += split.chunks;
+        tBase += split.tier;
+        if (!g.tier) continue;
         // The request spans every kv head (the tiers' shape), empty outside the group.
         const offsets = new Int32Array(H + 1);
-        for (let h = 0; h <= H; h++) offsets[h] = g.tierOff[Math.max(0, Math.min(h, h1) - h0)]!;
-        g.base = used;
-        g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: g.tierIds, chunkSize: cs }, destFor);
+        for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
+        g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, destFor);
       }
+      nChunks = cBase;
     } finally {
       // Every read in flight lands before anything is released (also when a select threw).
       const settled = await Promise.allSettled(groups.map((g) => g.fetch));
@@ -308,19 +324,21 @@ export async function fetchAttendEntry(
       groups.map((g) => g.tokSel),
       H,
     );
-    const sel = toChunks(tokSel, cs, H);
+    const sel: Selection =
+      tokSel.chunkSize === cs
+        ? tokSel
+        : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sc.chunkOffsets, chunkIds: sc.chunkIds.subarray(0, nChunks) };
     // The groups' tier chunks as one request over every kv head, and where each page lies.
-    const tierOff = new Int32Array(H + 1);
-    let nTier = 0;
-    for (const g of groups) nTier += g.tierIds.length;
-    const tierIds = new Int32Array(nTier);
-    const tierSel = new Int32Array(nTier);
-    const source = new Uint8Array(nTier);
-    const at = new Float64Array(nTier);
+    const tierOff = sc.tierOffsets;
+    const nTier = tierOff[H]!;
+    const tierIds = sc.tierIds.subarray(0, nTier);
+    const tierSel = sc.tierEntry.subarray(0, nTier);
+    const source = sc.pageSource.subarray(0, nTier);
+    const at = sc.pageAt.subarray(0, nTier);
     let arenas: readonly Uint8Array[] = [];
     let inDest = 0;
     const stats: EntryStepStats = {
-      chunks: sel.chunkIds.length,
+      chunks: nChunks,
       hotChunks: 0,
       dramChunks: 0,
       ssdChunks: 0,
@@ -332,16 +350,12 @@ export async function fetchAttendEntry(
       fetchMs: 0,
       computeMs: 0,
     };
-    let k = 0;
     for (const g of groups) {
-      const selBase = sel.offsets[g.h0]!;
-      for (let h = g.h0; h < g.h1; h++) tierOff[h + 1] = k + g.tierOff[h - g.h0 + 1]!;
-      tierIds.set(g.tierIds, k);
-      for (let i = 0; i < g.tierSel.length; i++) tierSel[k + i] = selBase + g.tierSel[i]!;
       const pl = g.placement;
       if (pl) {
+        const k = g.tierBase;
         source.set(pl.source, k);
-        for (let i = 0; i < pl.at.length; i++) at[k + i] = pl.source[i] === 0 ? g.base + pl.at[i]! : pl.at[i]!;
+        for (let i = 0; i < g.tier; i++) at[k + i] = pl.source[i] === 0 ? g.base + pl.at[i]! : pl.at[i]!;
         arenas = pl.arenas;
         inDest += pl.inDest;
       }
@@ -350,7 +364,6 @@ export async function fetchAttendEntry(
       stats.dramChunks += g.fetched?.dramChunks ?? 0;
       stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
       stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
-      k += g.tierIds.length;
     }
     const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
     const placement: FetchPlacement | undefined = nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined;

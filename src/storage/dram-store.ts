@@ -66,6 +66,17 @@ export interface DramStats {
   rejected: number;
 }
 
+/**
+ * A chain of segments as {@link DramStore.locate} reads it: global chunk g is chunk
+ * g - segStart[chunkSeg[g]] of segment chunkSeg[g], whose slot map (from {@link DramStore.slotMap})
+ * is maps[chunkSeg[g]]; segStart has one entry per segment plus the total.
+ */
+export interface DramChain {
+  chunkSeg: Int32Array;
+  segStart: Int32Array;
+  maps: Int32Array[];
+}
+
 interface SegmentEntry {
   ordinal: number;
   chunks: number;
@@ -298,24 +309,47 @@ export class DramStore {
   /**
    * Pins resident slots so that their bytes stay put while a reader attends them in place (the
    * runtime's step reads DRAM-tier chunks straight from the arena, possibly off the JS thread, while
-   * other steps admit chunks). Every pin must be matched by {@link unpin}.
+   * other steps admit chunks). Every pin must be matched by {@link unpin}. One native pass
+   * (native/cache/dram_tier.cc): every slot is checked before any pin changes.
    */
-  pin(slots: ArrayLike<number>): void {
-    for (let i = 0; i < slots.length; i++) {
-      const s = slots[i]!;
-      if (!(s >= 0 && s < this.capacityChunks) || this.slotOwner[s] === -1) fail('E_RANGE', 'DramStore.pin slot', 'a resident slot', s);
-      if (this.pins[s] === 0xffff) fail('E_INTERNAL', 'DramStore.pin', 'fewer than 65535 pins of one slot', s);
-    }
-    for (let i = 0; i < slots.length; i++) this.pins[slots[i]!]!++;
+  pin(slots: Int32Array): void {
+    native.dramPins({ owner: this.slotOwner, pins: this.pins, slots, delta: 1 });
   }
 
-  /** Releases pins taken by {@link pin}. */
-  unpin(slots: ArrayLike<number>): void {
-    for (let i = 0; i < slots.length; i++) {
-      const s = slots[i]!;
-      if (!(s >= 0 && s < this.capacityChunks) || this.pins[s] === 0) fail('E_INTERNAL', 'DramStore.unpin slot', 'a pinned slot', s);
-      this.pins[s]!--;
-    }
+  /** Releases pins taken by {@link pin} or {@link locate} (E_INTERNAL for a slot not pinned). */
+  unpin(slots: Int32Array): void {
+    native.dramPins({ owner: this.slotOwner, pins: this.pins, slots, delta: -1 });
+  }
+
+  /**
+   * The DRAM-tier lookups of one fetch in one native pass (native/cache/dram_tier.cc), for a
+   * segment chain (a TieredKv's): for every entry of `req` not marked in `skip`, its slot in
+   * `store` when resident (the k-th hit: `out.slots[k]`, entry `out.entries[k]`, in entry order),
+   * else its entry index in `out.misses` (every such entry without a store). `pin`: the hits are
+   * pinned (release with {@link unpin} of `out.slots.subarray(0, hits)`). `out.source` / `out.at`
+   * (optional, one per entry): the placement of a reader in place (hit: source 1 + arena block, at
+   * its byte offset there; every other entry: source 0, at = chunkBytes x its rank among the
+   * non-hits). `out` arrays hold at least one element per entry; `chain.maps` are `store`'s slot maps.
+   */
+  static locate(
+    store: DramStore | undefined,
+    req: { layer: number; offsets: Int32Array; chunkIds: Int32Array },
+    chain: DramChain,
+    out: { slots: Int32Array; entries: Int32Array; misses: Int32Array; source?: Uint8Array; at?: Float64Array },
+    opts: { kvHeads: number; chunkBytes: number; skip?: Uint8Array; pin: boolean },
+  ): { hits: number; misses: number; inDest: number } {
+    return native.dramLocate({
+      offsets: req.offsets,
+      chunkIds: req.chunkIds,
+      kvHeads: opts.kvHeads,
+      layer: req.layer,
+      chunkSeg: chain.chunkSeg,
+      segStart: chain.segStart,
+      chunkBytes: opts.chunkBytes,
+      ...(opts.skip ? { skip: opts.skip } : {}),
+      ...(store ? { maps: chain.maps, owner: store.slotOwner, slotsPerBlock: store.slotsPerBlock, ...(opts.pin ? { pins: store.pins } : {}) } : {}),
+      out,
+    }) as { hits: number; misses: number; inDest: number };
   }
 
   /**

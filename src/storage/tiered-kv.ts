@@ -16,7 +16,7 @@ import { z } from 'zod';
 import { fail, KvdriveError } from '../errors.js';
 import type { Selection } from '../index/selection.js';
 import { native } from '../native.js';
-import type { DramStore } from './dram-store.js';
+import { DramStore, type DramChain } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
 import { chunkBytesOf, storeShapeSchema, type SsdStore, type StoreShape } from './ssd-store.js';
 import { expectArray, expectInt, expectObject } from '../util/check.js';
@@ -119,8 +119,23 @@ export interface FetchPlacement {
   arenas: readonly Uint8Array[];
   /** Entries read into `dest` (SSD reads, prefetches). */
   inDest: number;
-  /** Unpins the DRAM slots this fetch left in place; call once, after the last read of them. */
+  /**
+   * Unpins the DRAM slots this fetch left in place; call once, after the last read of them. `source`
+   * and `at` are valid until then (their arrays serve a later fetch).
+   */
   release: () => void;
+}
+
+/**
+ * The arrays one fetch's DRAM lookup writes (DramStore.locate), for up to `lists.length / 3`
+ * entries: hit slots, hit entries, misses (thirds of `lists`), and the in-place placement (source,
+ * at). Reused across fetches: allocating them per call (~200 KB per decode step) cost more than the
+ * lookup itself.
+ */
+interface FetchScratch {
+  lists: Int32Array;
+  source: Uint8Array;
+  at: Float64Array;
 }
 
 interface Prefetch {
@@ -160,6 +175,10 @@ export class TieredKv {
   private readonly segStart: number[] = [0]; // first global chunk of each segment (+ total at the end)
   private chunkSeg: Int32Array; // global chunk -> segment index
   private readonly dramMaps: Array<{ slots: Int32Array; chunks: number }> = [];
+  /** The chain as the native DRAM lookup reads it (DramStore.locate); rebuilt by appendSegment. */
+  private chain: DramChain = { chunkSeg: new Int32Array(0), segStart: new Int32Array(1), maps: [] };
+  /** Fetch scratch not in use: a fetch takes one (or a new one) and gives it back when it ends / its placement is released. */
+  private readonly scratchFree: FetchScratch[] = [];
   private readonly promote: boolean;
   private readonly pool: Uint8Array[] = [];
   private readonly stagingBytes: number;
@@ -213,6 +232,7 @@ export class TieredKv {
     seg.fill(s, this.totalChunks);
     this.chunkSeg = seg;
     this.totalChunks += chunks;
+    this.chain = { chunkSeg: seg, segStart: Int32Array.from(this.segStart), maps: this.dramMaps.map((m) => m.slots) };
   }
 
   private static zeroStats(): FetchStats {
@@ -290,16 +310,34 @@ export class TieredKv {
     const mine = [...this.prefetches.values()].filter((p) => p.layer === layer && (p.state === 'reading' || p.state === 'ready'));
     const stagedIdx = mine.map(() => [] as number[]);
     const st = TieredKv.zeroStats();
-    // DRAM hits: slot and byte offset of the entry in dest (entry order), typed arrays filled in
-    // one pass (this runs per chunk of every decode step).
-    const dramSlotsAll = new Int32Array(n);
-    const dramDestAll = new Float64Array(n);
-    let nDram = 0;
-    const missIdx: number[] = [];
+    // Entries staged by this layer's prefetches are taken from them: marked in `skip` (a JS pass
+    // only while prefetches are pending).
+    let skip: Uint8Array | undefined;
+    if (mine.length) {
+      skip = new Uint8Array(n);
+      for (let h = 0; h < H; h++)
+        for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
+          const key = h * this.totalChunks + req.chunkIds[i]!;
+          for (let q = 0; q < mine.length; q++)
+            if (mine[q]!.staged.has(key)) {
+              stagedIdx[q]!.push(i);
+              skip[i] = 1;
+              break;
+            }
+        }
+    }
+    // The DRAM lookups of every other entry in one native pass (DramStore.locate): hits (their
+    // slots and entries, in entry order; pinned in place) and misses (read from SSD).
+    const scratch = this.takeScratch(n);
+    const { lists } = scratch;
+    const cap = lists.length / 3;
+    const out = { slots: lists.subarray(0, n), entries: lists.subarray(cap, cap + n), misses: lists.subarray(2 * cap, 2 * cap + n) };
+    // In place: entry i's page is at[i] in buffer source[i].
     const placement: FetchPlacement | undefined = inPlace
-      ? { source: new Uint8Array(n), at: new Float64Array(n), arenas: this.dram ? this.dram.arenas : [], inDest: 0, release: () => undefined }
+      ? { source: scratch.source.subarray(0, n), at: scratch.at.subarray(0, n), arenas: this.dram ? this.dram.arenas : [], inDest: 0, release: () => undefined }
       : undefined;
     let pinned: Int32Array | undefined;
+    let missIdx: number[] = [];
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
     const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
@@ -309,55 +347,34 @@ export class TieredKv {
       list.push(i);
     };
     try {
-      for (let h = 0; h < H; h++) {
-        for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
-          const g = req.chunkIds[i]!;
-          const key = h * this.totalChunks + g;
-          let staged = false;
-          for (let q = 0; q < mine.length; q++) {
-            if (mine[q]!.staged.has(key)) {
-              stagedIdx[q]!.push(i);
-              staged = true;
-              break;
-            }
-          }
-          if (staged) continue;
-          const slot = this.dramSlot(layer, h, g);
-          if (slot >= 0) {
-            dramSlotsAll[nDram] = slot;
-            dramDestAll[nDram++] = i * cb;
-            if (placement) {
-              placement.source[i] = 1 + this.dram!.blockOf(slot);
-              placement.at[i] = this.dram!.offsetOf(slot);
-            }
-            continue;
-          }
-          addMiss(groups, h, i);
-          missIdx.push(i);
-        }
+      const found = DramStore.locate(this.dram, req, this.chain, placement ? { ...out, source: placement.source, at: placement.at } : out, { kvHeads: H, chunkBytes: cb, skip, pin: inPlace });
+      const nDram = found.hits;
+      const dramSlots = out.slots.subarray(0, nDram);
+      if (inPlace && nDram) pinned = dramSlots;
+      missIdx = Array.from(out.misses.subarray(0, found.misses));
+      for (let k = 0, h = 0; k < missIdx.length; k++) {
+        const i = missIdx[k]!;
+        while (i >= req.offsets[h + 1]!) h++;
+        addMiss(groups, h, i);
       }
-      const dramSlots = dramSlotsAll.subarray(0, nDram);
-      const dramDest = dramDestAll.subarray(0, nDram);
       if (placement) {
-        // Entries not left in the arena are packed into dest in entry order.
-        let k = 0;
-        for (let i = 0; i < n; i++) if (placement.source[i] === 0) placement.at[i] = cb * k++;
+        // Entries not left in the arena are packed into dest in entry order (placement.at says where).
+        const k = found.inDest;
         placement.inDest = k;
         if (typeof destOrFn === 'function') dest = destOrFn(k * cb);
         if (!(dest instanceof Uint8Array) || dest.length < k * cb) fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${k} chunks x ${cb} bytes (the entries not resident in DRAM)`, dest);
-        this.dram?.pin(dramSlots);
-        pinned = dramSlots;
       }
       const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
       const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
-      if (dramSlots.length) {
-        if (!placement) this.dram!.copyOut(dramSlots, dest, dramDest);
-        st.dramChunks = dramSlots.length;
+      if (nDram) {
+        const entries = out.entries;
+        if (!placement) this.dram!.copyOut(dramSlots, dest, Float64Array.from(entries.subarray(0, nDram), (i) => i * cb));
+        st.dramChunks = nDram;
         if (req.scores) {
           // Decode attention mass refreshes the importance of resident chunks.
-          for (let q = 0; q < dramSlots.length; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[dramDest[q]! / cb]!);
+          for (let q = 0; q < nDram; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[entries[q]!]!);
         }
       }
       await Promise.all(mine.map((p) => p.handle.done));
@@ -391,18 +408,24 @@ export class TieredKv {
       if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, Int32Array.from(missIdx), dest, placement?.at);
     } catch (e) {
       if (pinned) this.dram!.unpin(pinned);
+      this.scratchFree.push(scratch);
       throw e;
     } finally {
       for (const p of mine) if (p.state !== 'reading') this.releasePrefetch(p);
     }
-    if (placement && pinned) {
+    if (placement) {
+      // The scratch holds the placement (and the pinned slots) until release.
       const slots = pinned;
+      const held = scratch;
       let released = false;
       placement.release = () => {
         if (released) return;
         released = true;
-        this.dram!.unpin(slots);
+        if (slots) this.dram!.unpin(slots);
+        this.scratchFree.push(held);
       };
+    } else {
+      this.scratchFree.push(scratch);
     }
     st.chunks = n;
     st.dramBytes = st.dramChunks * cb;
@@ -411,6 +434,17 @@ export class TieredKv {
     st.ms = performance.now() - t0;
     for (const k of Object.keys(st) as Array<keyof FetchStats>) this.totalsAcc[k] += st[k];
     return { stats: st, placement };
+  }
+
+  /** Fetch scratch for n entries: a free one large enough, else a new one (room for 2n, so a growing request reallocates rarely). */
+  private takeScratch(n: number): FetchScratch {
+    const free = this.scratchFree;
+    while (free.length) {
+      const s = free.pop()!;
+      if (s.source.length >= n) return s;
+    }
+    const cap = Math.max(64, 2 * n);
+    return { lists: new Int32Array(3 * cap), source: new Uint8Array(cap), at: new Float64Array(cap) };
   }
 
   private headOfEntry(req: FetchRequest, i: number): number {

@@ -1,0 +1,234 @@
+// The DRAM tier's per-fetch bookkeeping (src/storage/dram-store.ts owns the state; these passes run
+// over its typed arrays): where each requested chunk lives, its placement for a reader that
+// attends it in place, and slot pins. One call per layer-step instead of a JS pass per chunk (a
+// decode step names ~10^4 chunks; the JS passes ran cold or deoptimised for most of a short run).
+//
+// State layout (DramStore): slot s is resident when owner[s] != -1; its bytes lie in arena block
+// s / slotsPerBlock at byte (s % slotsPerBlock) * chunkBytes; pins[s] counts readers attending it in
+// place (a pinned slot is never evicted). A TieredKv's chain of segments maps global chunk g to
+// segment chunkSeg[g] and local chunk g - segStart[chunkSeg[g]]; that segment's slot map holds the
+// slot of (layer, kv head, local chunk) at (layer * kvHeads + head) * chunks + local, or -1.
+//
+// Nothing here trusts its arguments: every index is checked against the array it reads, and a slot
+// map naming a slot that is not resident is E_INTERNAL (the JS state is corrupt), never a read out
+// of bounds. Pins change only after every check passed (and roll back on an overflow), so a
+// rejected call leaves the tier as it was.
+#include <napi.h>
+
+#include <string>
+#include <vector>
+
+#include "common/args.h"
+#include "common/errors.h"
+#include "common/registry.h"
+
+namespace kvd {
+namespace dram {
+namespace {
+
+constexpr uint16_t kMaxPins = 0xffff;
+
+Napi::Object Options(const Napi::CallbackInfo& info, const std::string& what) {
+  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
+    Throw("E_TYPE", what + ": expected an options object");
+  return info[0].As<Napi::Object>();
+}
+
+// The tier's slot state: owner (Int32Array, -1 = free) and optionally pins (Uint16Array), one entry
+// per slot.
+struct SlotState {
+  ArrayArg<int32_t> owner;
+  ArrayArg<uint16_t> pins;
+  bool hasPins = false;
+  size_t capacity() const { return owner.length; }
+};
+
+SlotState GetSlotState(const Napi::Object& o, bool needPins, const std::string& what) {
+  SlotState s;
+  s.owner = GetI32(o.Get("owner"), what + ".owner");
+  if (needPins || !o.Get("pins").IsUndefined()) {
+    s.pins = GetArray<uint16_t>(o.Get("pins"), napi_uint16_array, what + ".pins");
+    ExpectLength(s.pins.length, s.owner.length, what + ".pins (one per slot, as owner)");
+    s.hasPins = true;
+  }
+  return s;
+}
+
+// Adds delta (+1 / -1) to the pins of slots[0..n) in one pass (these arrays are ~1 MB and read at
+// random: every extra pass is a cache miss per slot). A slot out of range, a pin of a free slot
+// (`owner` checked only for +1 with checkOwner), an overflow past 65535 pins or an unpin of an
+// unpinned slot throws after rolling back what this call changed.
+void ApplyPins(const SlotState& st, const int32_t* slots, size_t n, int delta, bool checkOwner, const std::string& what) {
+  const size_t cap = st.capacity();
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t s = slots[i];
+    const char* code = nullptr;
+    std::string error;
+    if (s < 0 || size_t(s) >= cap) {
+      code = "E_RANGE";
+      error = "expected slots in [0, " + std::to_string(cap) + "), got " + std::to_string(s);
+    } else if (delta > 0 && checkOwner && st.owner.data[s] == -1) {
+      code = "E_RANGE";
+      error = "expected a resident slot, got free slot " + std::to_string(s);
+    } else if (delta > 0 && st.pins.data[s] == kMaxPins) {
+      code = "E_INTERNAL";
+      error = "expected fewer than 65535 pins of one slot, got slot " + std::to_string(s) + " at the limit";
+    } else if (delta < 0 && st.pins.data[s] == 0) {
+      code = "E_INTERNAL";
+      error = "expected a pinned slot, got slot " + std::to_string(s) + " with no pin";
+    }
+    if (code) {
+      for (size_t j = 0; j < i; ++j) st.pins.data[slots[j]] = uint16_t(st.pins.data[slots[j]] - delta);
+      Throw(code, what + ": " + error);
+    }
+    st.pins.data[s] = uint16_t(st.pins.data[s] + delta);
+  }
+}
+
+// dramPins({ owner, pins, slots: Int32Array, delta: 1 | -1 }) -> undefined
+Napi::Value DramPins(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "dramPins";
+    Napi::Object o = Options(info, what);
+    const SlotState st = GetSlotState(o, true, what);
+    auto slots = GetI32(o.Get("slots"), what + ".slots");
+    const int64_t delta = GetInt(o, "delta", what, -1, 1);
+    if (delta == 0) Throw("E_RANGE", what + ".delta: expected 1 (pin) or -1 (unpin), got 0");
+    ApplyPins(st, slots.data, slots.length, int(delta), true, what);
+    return info.Env().Undefined();
+  });
+}
+
+// dramLocate({ offsets, chunkIds, kvHeads, layer, chunkSeg, segStart, chunkBytes, skip?,
+//              maps?, owner?, slotsPerBlock?, pins?, out: { slots, entries, misses, source?, at? } })
+//   -> { hits, misses, inDest }
+// For every entry i of the per-kv-head chunk lists (global chunk ids) not marked in skip: its slot
+// when resident (slots[k] = slot, entries[k] = i for the k-th hit, in entry order), else
+// misses[m] = i. With `pins` the hits are pinned. With source / at (Uint8Array / Float64Array, one
+// per entry) the placement of a reader in place: a hit at arena block b, byte offset o gets
+// source 1 + b, at o; every other entry (misses and skipped ones) source 0 and at = chunkBytes x
+// its rank among them (packed in entry order into the caller's buffer). Without `maps` (a chain
+// with no DRAM tier; owner, slotsPerBlock and pins are then not read) nothing is a hit.
+Napi::Value DramLocate(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "dramLocate";
+    Napi::Object o = Options(info, what);
+    const int kvHeads = int(GetInt(o, "kvHeads", what, 1, kMaxKvHeads));
+    const int64_t layer = GetInt(o, "layer", what, 0, 65535);  // keeps (layer * kvHeads + h) * chunks in 63 bits
+    auto chunkSeg = GetI32(o.Get("chunkSeg"), what + ".chunkSeg");
+    auto segStart = GetI32(o.Get("segStart"), what + ".segStart");
+    // A fetch request's lists: any order within a kv head (TieredKv accepts unsorted requests).
+    auto off = GetI32(o.Get("offsets"), what + ".offsets");
+    auto ids = GetI32(o.Get("chunkIds"), what + ".chunkIds");
+    CheckOffsets(off, size_t(kvHeads), ids.length, what + ".offsets", "kvHeads", "chunkIds");
+    CheckIds(off.data, size_t(kvHeads), ids, int64_t(chunkSeg.length), false, what + ".chunkIds", "kv head", " (chunks of the segment chain)");
+    const size_t n = ids.length;
+    const size_t nSeg = segStart.length > 0 ? segStart.length - 1 : 0;
+    if (segStart.length == 0 || segStart.data[0] != 0)
+      Throw("E_RANGE", what + ".segStart: expected segments + 1 entries starting at 0, got " +
+                           (segStart.length ? "first entry " + std::to_string(segStart.data[0]) : std::string("an empty array")));
+    for (size_t s = 0; s < nSeg; ++s)
+      if (segStart.data[s + 1] < segStart.data[s])
+        Throw("E_RANGE", what + ".segStart: expected non-decreasing, got " + std::to_string(segStart.data[s + 1]) + " after " +
+                             std::to_string(segStart.data[s]));
+    if (size_t(segStart.data[nSeg]) != chunkSeg.length)
+      Throw("E_SHAPE", what + ".chunkSeg: expected segStart's last entry " + std::to_string(segStart.data[nSeg]) +
+                           " elements, got " + std::to_string(chunkSeg.length));
+    // Without `maps` there is no DRAM tier: every entry not skipped is a miss.
+    const bool hasTier = !o.Get("maps").IsUndefined();
+    Napi::Array mapsArr;
+    if (hasTier) {
+      if (!o.Get("maps").IsArray()) Throw("E_TYPE", what + ".maps: expected an Array of Int32Array slot maps, one per segment");
+      mapsArr = o.Get("maps").As<Napi::Array>();
+      ExpectLength(mapsArr.Length(), nSeg, what + ".maps (one per segment)");
+    }
+    std::vector<ArrayArg<int32_t>> maps(hasTier ? nSeg : 0);
+    for (size_t s = 0; s < maps.size(); ++s) maps[s] = GetI32(mapsArr.Get(uint32_t(s)), what + ".maps[" + std::to_string(s) + "]");
+    ArrayArg<uint8_t> skip;
+    const bool hasSkip = !o.Get("skip").IsUndefined();
+    if (hasSkip) {
+      skip = GetArray<uint8_t>(o.Get("skip"), napi_uint8_array, what + ".skip");
+      ExpectLength(skip.length, n, what + ".skip (one per entry)");
+    }
+    SlotState st;
+    int64_t perBlock = 1;
+    if (hasTier) {
+      st = GetSlotState(o, false, what);
+      perBlock = GetInt(o, "slotsPerBlock", what, 1, INT32_MAX);
+    }
+    const int64_t chunkBytes = GetInt(o, "chunkBytes", what, 1, int64_t(1) << 40);
+    if (hasTier && (int64_t(st.capacity()) + perBlock - 1) / perBlock > 255)
+      Throw("E_RANGE", what + ".slotsPerBlock: expected at most 255 arena blocks, got " +
+                           std::to_string((int64_t(st.capacity()) + perBlock - 1) / perBlock));
+
+    if (!o.Get("out").IsObject()) Throw("E_TYPE", what + ".out: expected { slots, entries, misses, source?, at? }");
+    Napi::Object out = o.Get("out").As<Napi::Object>();
+    auto oSlots = GetOutArray<int32_t>(out, "slots", napi_int32_array, n, what);
+    auto oEntries = GetOutArray<int32_t>(out, "entries", napi_int32_array, n, what);
+    auto oMisses = GetOutArray<int32_t>(out, "misses", napi_int32_array, n, what);
+    const bool placement = !out.Get("source").IsUndefined();
+    ArrayArg<uint8_t> source;
+    ArrayArg<double> at;
+    if (placement) {
+      source = GetOutArray<uint8_t>(out, "source", napi_uint8_array, n, what);
+      at = GetOutArray<double>(out, "at", napi_float64_array, n, what);
+    }
+
+    const size_t cap = st.capacity();
+    size_t hits = 0, misses = 0, inDest = 0;
+    for (int h = 0; h < kvHeads; ++h) {
+      for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i) {
+        int32_t slot = -1;
+        if (hasTier && (!hasSkip || !skip.data[i])) {
+          const int32_t g = ids.data[i];
+          const int32_t s = chunkSeg.data[g];
+          if (s < 0 || size_t(s) >= nSeg)
+            Throw("E_RANGE", what + ".chunkSeg[" + std::to_string(g) + "]: expected a segment in [0, " + std::to_string(nSeg) + "), got " + std::to_string(s));
+          const int64_t chunks = int64_t(segStart.data[s + 1]) - segStart.data[s];
+          const int64_t key = (layer * kvHeads + h) * chunks + (g - segStart.data[s]);
+          if (g < segStart.data[s] || g >= segStart.data[s + 1] || size_t(key) >= maps[size_t(s)].length)
+            Throw("E_RANGE", what + ".maps[" + std::to_string(s) + "]: expected a slot map holding layer " + std::to_string(layer) +
+                                 ", kv head " + std::to_string(h) + ", chunk " + std::to_string(g) + " (entry " + std::to_string(key) +
+                                 "), got " + std::to_string(maps[size_t(s)].length) + " entries");
+          slot = maps[size_t(s)].data[key];
+          // Bounds only: owner[slot] would be one more cache miss per chunk, and a map naming a slot
+          // in range reads tier memory either way (never outside it).
+          if (slot >= 0 && size_t(slot) >= cap)
+            Throw("E_INTERNAL", what + ": segment " + std::to_string(s) + "'s slot map sends chunk " + std::to_string(g) + " of kv head " +
+                                    std::to_string(h) + " to slot " + std::to_string(slot) + ", expected a slot below " + std::to_string(cap));
+        }
+        if (slot >= 0) {
+          oSlots.data[hits] = slot;
+          oEntries.data[hits++] = i;
+          if (placement) {
+            // 32-bit division (slot and perBlock are below 2^31): a 64-bit one costs several times more per chunk.
+            const uint32_t block = uint32_t(slot) / uint32_t(perBlock);
+            source.data[i] = uint8_t(1 + block);
+            at.data[i] = double(int64_t(uint32_t(slot) - block * uint32_t(perBlock)) * chunkBytes);
+          }
+        } else {
+          if (!hasSkip || !skip.data[i]) oMisses.data[misses++] = i;
+          if (placement) {
+            source.data[i] = 0;
+            at.data[i] = double(int64_t(inDest) * chunkBytes);
+          }
+          ++inDest;
+        }
+      }
+    }
+    if (hasTier && st.hasPins) ApplyPins(st, oSlots.data, hits, 1, false, what + " pins");
+    return NumbersObject(info.Env(), {{"hits", double(hits)}, {"misses", double(misses)}, {"inDest", double(inDest)}});
+  });
+}
+
+void InitDramTier(Napi::Env env, Napi::Object exports) {
+  exports.Set("dramLocate", Napi::Function::New(env, DramLocate, "dramLocate"));
+  exports.Set("dramPins", Napi::Function::New(env, DramPins, "dramPins"));
+}
+
+}  // namespace
+
+KVD_REGISTER_MODULE(InitDramTier);
+
+}  // namespace dram
+}  // namespace kvd
