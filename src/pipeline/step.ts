@@ -16,7 +16,9 @@
  * input gives the output of a clean run. The stages are separate functions: appendEntry (main
  * thread: it mutates tail and index), selectEntry (select-stage.ts: inline in sequential mode, on a
  * piscina stage worker in pipelined mode) and fetchAttendEntry. Both runtime modes run the same
- * three, so their outputs are bit-identical.
+ * three, so their outputs are bit-identical. In sequential mode select and fetch interleave: the kv
+ * heads are selected group by group inside fetchAttendEntry, each group's SSD reads in flight while
+ * the next group is selected (kv heads select independently: the same selection as one select).
  */
 import { availableParallelism } from 'node:os';
 import { KvdriveError } from '../errors.js';
