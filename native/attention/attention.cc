@@ -1,26 +1,18 @@
-// Exact span attention (attention.h): ONE pass over the attended tokens of each kv head, tile by
-// tile (kTileRows positions), with an online softmax (flash-decoding's recurrence):
+// Exact span attention (attention.h): two passes over the attended tokens of each kv head.
 //
-//   L[j][t] = q_j · k_t                       logits_rows: one read of k_t for the whole GQA group
-//   L *= scale; mt_j = max over the tile      (non-finite logits detected here)
-//   m_j' = max(m_j, mt_j); if it grew, acc_j and s_j are rescaled by exp(m_j - m_j')
-//   L[j][t] = exp(L[j][t] - m_j'); s_j += sum over the tile
-//   acc_j += sum_t L[j][t] v_t                weighted_rows, on the tile's value rows
-//   out_j = acc_j / s_j; lse_j = m_j + log(s_j)
+//   pass 1  logits[j][t] = q_j · k_t            logits_rows: one read of k_t for the whole GQA group
+//   pass 2  logits *= scale; m_j = max_t        (non-finite logits detected here)
+//   pass 3  p[j][t] = exp(logit - m_j); s_j = sum_t p[j][t]
+//   pass 4  out_j = (sum_t p[j][t] v_t) / s_j   weighted_rows
+//   lse_j = m_j + log(s_j)
 //
-// A tile's key and value rows are consumed together, and the next tile's are prefetched while this
-// one computes (logits_rows prefetches its keys, weighted_rows its values), so each selected token's
-// K and V rows are requested once, together, a tile ahead: memory latency overlaps arithmetic in
-// one stream instead of two passes that each wait on DRAM (scattered rows: the runtime's
-// token-granular selections read from DRAM-tier pages).
-//
-// Logits live group-major (row j has `total` entries) in the caller's scratch; after the pass they
-// hold exp(logit - m at that tile), and each tile's m is kept, so span masses are exact afterwards.
-// With several heads per call the heads take turns tile by tile, so in a token-major cache the
-// rows of all heads of the same tokens are read together (one stream). Tiles are cut by position
-// in each head's concatenated token sequence, never by span, and weighted_rows sums rows strictly
-// in order: the arithmetic depends only on the token order (and not on the other heads in the
-// call), which is the determinism contract of attention.h.
+// Logits live group-major (row j has `total` entries) in the caller's scratch so passes 2–3 run
+// over contiguous memory. Passes 1 and 4 walk rows in tiles of kTileRows positions; with several
+// heads per call the heads take turns tile by tile, so in a token-major cache the rows of all
+// heads of the same tokens are read together (one stream) rather than one strided pass per head.
+// Tiles are cut by position in each head's concatenated token sequence, never by span, and
+// weighted_rows sums rows strictly in order: the arithmetic depends only on the token order (and
+// not on the other heads in the call), which is the determinism contract of attention.h.
 #include "attention/attention.h"
 
 #include <algorithm>
@@ -61,65 +53,65 @@ void Locate(const Span* spans, size_t nSpans, int64_t pos, size_t* span, int64_t
   *row = 0;
 }
 
-// Walks the rows of a span list in token order: each row's key and value.
+// Walks the rows (keys or values) of a span list in token order.
 class RowCursor {
  public:
-  RowCursor(const Span* spans, size_t n, size_t esz) : spans_(spans), n_(n), esz_(int64_t(esz)) {}
-  // The next row's key and value; false after the last.
-  bool Next(const void** k, const void** v) {
+  RowCursor(const Span* spans, size_t n, bool values, size_t esz) : spans_(spans), n_(n), values_(values), esz_(esz) {}
+  // Next row, or nullptr after the last.
+  const uint8_t* Next() {
     while (s_ < n_ && t_ >= spans_[s_].len) {
       ++s_;
       t_ = 0;
     }
-    if (s_ >= n_) return false;
+    if (s_ >= n_) return nullptr;
     const Span& sp = spans_[s_];
-    *k = static_cast<const uint8_t*>(sp.k) + t_ * sp.kStride * esz_;
-    *v = static_cast<const uint8_t*>(sp.v) + t_ * sp.vStride * esz_;
-    ++t_;
-    return true;
+    const uint8_t* base = static_cast<const uint8_t*>(values_ ? sp.v : sp.k);
+    const int64_t stride = (values_ ? sp.vStride : sp.kStride) * int64_t(esz_);
+    return base + (t_++) * stride;
   }
 
  private:
   const Span* spans_;
   size_t n_;
-  int64_t esz_;
+  bool values_;
+  size_t esz_;
   size_t s_ = 0;
   int64_t t_ = 0;
 };
 
 size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / int64_t(kTileRows)); }
 
-// One tile of one head: its rows' keys and values (n <= kTileRows).
-struct Tile {
-  size_t head = 0, tile = 0, n = 0;
-  const void* k[kTileRows];
-  const void* v[kTileRows];
-};
-
-// Calls kernel(tile, ahead) for every tile of kTileRows consecutive rows of every active head:
-// tile-major, heads taking turns, so the heads' rows of the same positions are read together.
-// `ahead` is the tile the kernel runs next (null after the last): its rows are collected one call
-// early for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
+// Calls kernel(head, tile, rows, n, aheadRows, nAhead) for every tile of kTileRows consecutive rows
+// (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
+// same positions are read together. Row pointers are collected kLookahead calls ahead and passed as
+// aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
 // heads, token-granular selections) are requested before they are used.
 //
-// The distance is one tile (16 rows; 64 lines of 256-byte f16 rows per side): enough to cover
+// The distance is kLookahead * kTileRows = 16 rows (64 lines of 256-byte f16 rows): enough to cover
 // DRAM latency at the rate rows are consumed, few enough that the prefetches fit the core's miss
 // buffers. It used to be 4 x 32 = 128 rows (512 lines requested ahead), and the logits kernel's
 // samples sat almost all on its prefetch instructions; 16 rows measured faster (bench/RESULTS.md).
+constexpr size_t kLookahead = 1;
+
 template <typename Kernel>
-void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, size_t esz,
-                 Kernel&& kernel) {
+void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
+                 size_t esz, Kernel&& kernel) {
   std::vector<RowCursor> cursors;
   cursors.reserve(nHeads);
   size_t maxTiles = 0;
   for (size_t h = 0; h < nHeads; ++h) {
-    cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, esz);
+    cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, values, esz);
     if (active[h]) maxTiles = std::max(maxTiles, Tiles(totals[h]));
   }
   if (maxTiles == 0) return;
+  struct Call {
+    size_t head = 0, tile = 0, n = 0;
+    const void* rows[kTileRows];
+  };
+  Call ring[kLookahead + 1];
   size_t tile = 0, head = size_t(-1);
-  // Collects the next (tile, head) that has rows into c; false after the last.
-  auto collect = [&](Tile& c) {
+  // Collects the next (tile, head) call that has rows into c; false after the last.
+  auto collect = [&](Call& c) {
     for (;;) {
       if (++head >= nHeads) {
         head = 0;
@@ -130,38 +122,47 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     c.head = head;
     c.tile = tile;
     c.n = 0;
-    while (c.n < kTileRows && cursors[head].Next(&c.k[c.n], &c.v[c.n])) ++c.n;
+    while (c.n < kTileRows) {
+      const uint8_t* p = cursors[head].Next();
+      if (!p) break;
+      c.rows[c.n++] = p;
+    }
     return true;
   };
-  Tile ring[2];
-  if (!collect(ring[0])) return;
-  for (size_t i = 0;; ++i) {
-    Tile& next = ring[(i + 1) & 1];
-    const bool have = collect(next);
-    kernel(ring[i & 1], have ? &next : nullptr);
-    if (!have) return;
+  size_t filled = 0;  // calls collected so far; call i lives in ring[i % (kLookahead + 1)]
+  while (filled <= kLookahead && collect(ring[filled])) ++filled;
+  for (size_t i = 0; i < filled; ++i) {
+    const size_t ahead = i + kLookahead;
+    bool have = ahead < filled;
+    if (!have && ahead == filled && collect(ring[ahead % (kLookahead + 1)])) {
+      ++filled;
+      have = true;
+    }
+    const Call& c = ring[i % (kLookahead + 1)];
+    const Call* a = have ? &ring[ahead % (kLookahead + 1)] : nullptr;
+    kernel(c.head, c.tile, static_cast<const void* const*>(c.rows), c.n,
+           a ? static_cast<const void* const*>(a->rows) : nullptr, a ? a->n : 0);
   }
 }
 
-// Logits of several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled); AttentionProbsHeadSpans.
+// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled).
 void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
             Dtype dt) {
   const AttnKernels& attn = AttnSimd();
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
-  ForEachTile(heads, nHeads, totals, active.get(), DtypeSize(dt), [&](const Tile& c, const Tile* a) {
-    attn.logits_rows(heads[c.head].qGroup, size_t(group), c.k, c.n, dt, size_t(dim), Ls[c.head] + c.tile * kTileRows,
-                     size_t(totals[c.head]), a ? a->k : nullptr, a ? a->n : 0);
-  });
+  ForEachTile(heads, nHeads, totals, active.get(), false, DtypeSize(dt),
+              [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+                attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows,
+                                 size_t(totals[h]), next, nNext);
+              });
 }
 
-// The first non-finite scaled logit at positions [from, to) of L (every position before `from` is
-// known to be finite) names the row.
-[[noreturn]] void ThrowNonFiniteLogit(size_t head, const float* L, int group, int64_t total, int64_t from, int64_t to,
-                                      const Span* spans, size_t nSpans) {
-  int64_t first = to;
+[[noreturn]] void ThrowNonFiniteLogit(size_t head, const float* L, int group, int64_t total, const Span* spans,
+                                      size_t nSpans) {
+  int64_t first = total;
   for (int j = 0; j < group; ++j)
-    for (int64_t p = from; p < first; ++p)
+    for (int64_t p = 0; p < first; ++p)
       if (!std::isfinite(L[size_t(j) * size_t(total) + size_t(p)])) {
         first = p;
         break;
@@ -191,8 +192,8 @@ void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* 
   throw NonFiniteRowError(head, nSpans, 0, true, "attention output overflowed f32 (value rows too large)");
 }
 
-// Softmax of one head's whole logits (AttentionProbsHeadSpans): scale, max, exp, sum. Returns
-// false when a scaled logit is not finite (L is then left partly scaled; the caller reports the row).
+// Passes 2–3 on one head's logits: scale, max, exp, sum. Returns false when a scaled logit is not
+// finite (L is then left partly scaled; the caller reports the row).
 bool Softmax(float* L, int group, int64_t total, float scale, float* m, float* s) {
   const AttnKernels& attn = AttnSimd();
   bool finite = true;
@@ -210,83 +211,56 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
                       AttnScratch& scratch) {
   const AttnKernels& attn = AttnSimd();
   const size_t esz = DtypeSize(dt);
-  const size_t g = size_t(group);
   std::vector<int64_t> totals(nHeads);
-  std::vector<size_t> offsets(nHeads + 1, 0), tileOff(nHeads + 1, 0);
+  std::vector<size_t> offsets(nHeads + 1, 0);
   for (size_t h = 0; h < nHeads; ++h) {
     totals[h] = TotalTokens(heads[h].spans, heads[h].nSpans);
-    offsets[h + 1] = offsets[h] + g * size_t(totals[h]);
-    tileOff[h + 1] = tileOff[h] + g * Tiles(totals[h]);
-    std::fill(heads[h].out, heads[h].out + g * size_t(dim), 0.f);
+    offsets[h + 1] = offsets[h] + size_t(group) * size_t(totals[h]);
+    std::fill(heads[h].out, heads[h].out + size_t(group) * size_t(dim), 0.f);
     if (heads[h].spanMass) std::fill(heads[h].spanMass, heads[h].spanMass + heads[h].nSpans, 0.f);
     if (heads[h].spanMassByQuery)
-      std::fill(heads[h].spanMassByQuery, heads[h].spanMassByQuery + g * heads[h].nSpans, 0.f);
+      std::fill(heads[h].spanMassByQuery, heads[h].spanMassByQuery + size_t(group) * heads[h].nSpans, 0.f);
   }
   scratch.logits.resize(offsets[nHeads]);
   std::vector<float*> Ls(nHeads);
   for (size_t h = 0; h < nHeads; ++h) Ls[h] = scratch.logits.data() + offsets[h];
 
-  // Per head and query: the running max m and sum s (m: -inf until the first tile); per tile and
-  // query the m its exponentials were taken against (tileM, at tileOff[h] + tile * group + j).
-  std::vector<float> ms(nHeads * g * 2);
-  std::vector<float> tileM(tileOff[nHeads]);
+  // Pass 1: logits of every head.
+  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt);
+
+  // Passes 2–3 per head.
+  std::vector<float> ms(nHeads * size_t(group) * 2);
   std::vector<HeadState> state(nHeads, HeadState::Ok);
-  std::vector<size_t> badTile(nHeads, 0);
-  std::unique_ptr<bool[]> active(new bool[nHeads]);
   for (size_t h = 0; h < nHeads; ++h) {
-    float* m = ms.data() + h * g * 2;
-    std::fill(m, m + g, -INFINITY);
-    std::fill(m + g, m + 2 * g, 0.f);
-    active[h] = totals[h] > 0;
-    if (!active[h]) {
+    float* m = ms.data() + h * size_t(group) * 2;
+    if (totals[h] == 0) {
       state[h] = HeadState::Empty;
       std::fill(heads[h].lse, heads[h].lse + group, -INFINITY);
+    } else if (!Softmax(Ls[h], group, totals[h], scale, m, m + group)) {
+      state[h] = HeadState::BadLogit;
     }
   }
-  std::vector<float> tileMax(g);
 
-  ForEachTile(heads, nHeads, totals.data(), active.get(), esz, [&](const Tile& c, const Tile* a) {
-    const size_t h = c.head;
-    if (state[h] != HeadState::Ok) return;  // a head with a non-finite logit attends no further
-    const size_t ld = size_t(totals[h]);
-    float* L = Ls[h] + c.tile * kTileRows;
-    attn.logits_rows(heads[h].qGroup, g, c.k, c.n, dt, size_t(dim), L, ld, a ? a->k : nullptr, a ? a->n : 0);
-    bool finite = true;
-    for (size_t j = 0; j < g; ++j) tileMax[j] = attn.scale_max(L + j * ld, c.n, scale, &finite);
-    if (!finite) {
-      state[h] = HeadState::BadLogit;
-      badTile[h] = c.tile;
-      return;
-    }
-    float* m = ms.data() + h * g * 2;
-    float* s = m + g;
-    float* tm = tileM.data() + tileOff[h] + c.tile * g;
-    for (size_t j = 0; j < g; ++j) {
-      if (tileMax[j] > m[j]) {
-        if (m[j] != -INFINITY) {  // earlier tiles' exponentials were taken against a smaller max
-          const float f = std::exp(m[j] - tileMax[j]);
-          s[j] *= f;
-          float* o = heads[h].out + j * size_t(dim);
-          for (int d = 0; d < dim; ++d) o[d] *= f;
-        }
-        m[j] = tileMax[j];
-      }
-      tm[j] = m[j];
-      s[j] += attn.exp_sum(L + j * ld, c.n, m[j]);
-    }
-    attn.weighted_rows(heads[h].out, g, L, ld, c.v, c.n, dt, size_t(dim), a ? a->v : nullptr, a ? a->n : 0);
-  });
+  // Pass 4: out_j += sum_t p[j][t] v_t, heads interleaved tile by tile, tiles in token order.
+  {
+    std::unique_ptr<bool[]> active(new bool[nHeads]);
+    for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
+    ForEachTile(heads, nHeads, totals.data(), active.get(), true, esz,
+                [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+                  attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows,
+                                     n, dt, size_t(dim), next, nNext);
+                });
+  }
 
   // Normalise, lse, output check, span mass.
-  std::vector<double> factor;
   for (size_t h = 0; h < nHeads; ++h) {
     if (state[h] != HeadState::Ok) continue;
-    const float* m = ms.data() + h * g * 2;
-    const float* s = m + g;
+    const float* m = ms.data() + h * size_t(group) * 2;
+    const float* s = m + group;
     bool finite = true;
-    for (size_t j = 0; j < g; ++j) {
+    for (int j = 0; j < group; ++j) {
       const float inv = 1.f / s[j];  // s[j] >= 1: the max logit contributes exp(0)
-      float* o = heads[h].out + j * size_t(dim);
+      float* o = heads[h].out + size_t(j) * size_t(dim);
       for (int d = 0; d < dim; ++d) {
         o[d] *= inv;
         finite &= std::isfinite(o[d]);
@@ -298,26 +272,20 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
       continue;
     }
     if (heads[h].spanMass || heads[h].spanMassByQuery) {
-      // Tile t's entries are exp(logit - tileM[t]); probability = entry * exp(tileM[t] - m) / s.
-      const size_t total = size_t(totals[h]), tiles = Tiles(totals[h]);
-      const float* tm = tileM.data() + tileOff[h];
-      factor.resize(tiles * g);
-      for (size_t t = 0; t < tiles; ++t)
-        for (size_t j = 0; j < g; ++j) factor[j * tiles + t] = std::exp(double(tm[t * g + j]) - double(m[j])) / double(s[j]);
       float* mass = heads[h].spanMass;
       float* byQuery = heads[h].spanMassByQuery;
       const float* L = Ls[h];
+      const size_t total = size_t(totals[h]);
       size_t pos = 0;
       for (size_t sp = 0; sp < heads[h].nSpans; ++sp) {
         const size_t len = size_t(heads[h].spans[sp].len);
         double acc = 0.0;
-        for (size_t j = 0; j < g; ++j) {
-          const float* p = L + j * total;
-          const double* f = factor.data() + j * tiles;
+        for (int j = 0; j < group; ++j) {
+          const float* p = L + size_t(j) * total + pos;
           double sj = 0.0;
-          for (size_t t = pos; t < pos + len; ++t) sj += double(p[t]) * f[t / kTileRows];
-          acc += sj;
-          if (byQuery) byQuery[j * heads[h].nSpans + sp] = float(sj);
+          for (size_t t = 0; t < len; ++t) sj += p[t];
+          acc += sj / double(s[j]);
+          if (byQuery) byQuery[size_t(j) * heads[h].nSpans + sp] = float(sj / double(s[j]));
         }
         if (mass) mass[sp] = float(acc / group);
         pos += len;
@@ -327,11 +295,8 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
 
   // Report the lowest failing head, so the error does not depend on how heads were grouped.
   for (size_t h = 0; h < nHeads; ++h) {
-    if (state[h] == HeadState::BadLogit) {
-      const int64_t from = int64_t(badTile[h] * kTileRows);
-      ThrowNonFiniteLogit(h, Ls[h], group, totals[h], from, std::min(totals[h], from + int64_t(kTileRows)),
-                          heads[h].spans, heads[h].nSpans);
-    }
+    if (state[h] == HeadState::BadLogit)
+      ThrowNonFiniteLogit(h, Ls[h], group, totals[h], heads[h].spans, heads[h].nSpans);
     if (state[h] == HeadState::BadOutput) ThrowNonFiniteOutput(h, dim, dt, heads[h].spans, heads[h].nSpans);
   }
 }
@@ -350,7 +315,7 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   Logits(&head, 1, &total, &probs, group, dim, dt);
   std::vector<float> ms(size_t(group) * 2);
   if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))
-    ThrowNonFiniteLogit(0, probs, group, total, 0, total, spans, nSpans);
+    ThrowNonFiniteLogit(0, probs, group, total, spans, nSpans);
   for (int j = 0; j < group; ++j) {
     const float inv = 1.f / ms[size_t(group + j)];
     float* p = probs + size_t(j) * size_t(total);

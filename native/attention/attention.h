@@ -44,9 +44,8 @@ void AttendHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float sc
                      size_t nSpans, float* out, float* lse, float* spanMass, AttnScratch& scratch);
 
 // Several kv heads at once, each with its own queries, spans and outputs (fields as in
-// AttendHeadSpans). The single pass (online softmax, attention.cc) interleaves the heads tile by
-// tile, so a token-major cache (all heads of a token adjacent) is read as one stream instead of
-// once per head with a stride; every
+// AttendHeadSpans). The passes interleave the heads tile by tile, so a token-major cache (all
+// heads of a token adjacent) is read as one stream instead of once per head with a stride; every
 // head's arithmetic is exactly that of AttendHeadSpans on its own spans, so outputs are
 // bit-identical however heads are grouped into calls (or threads).
 struct HeadAttn {
@@ -80,10 +79,9 @@ struct NonFiniteRowError : Error {
 };
 
 // Softmax probabilities only (no values): probs[j * total + t] = softmax_t(q_j·k_t * scale) for the
-// group's query heads j over the concatenated spans (total = sum of span lengths): the same logits
-// as AttendHeadSpans, exponentiated against the global max (AttendHeadSpans' online softmax takes
-// each tile against its running max, so the two agree to float rounding). For evaluation (recall
-// of attention mass, oracle top-K) and importance scoring.
+// group's query heads j over the concatenated spans (total = sum of span lengths), same arithmetic
+// and order as AttendHeadSpans. For evaluation (recall of attention mass, oracle top-K) and
+// importance scoring.
 void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, float scale, const Span* spans,
                              size_t nSpans, float* probs);
 
