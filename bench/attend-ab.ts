@@ -18,6 +18,7 @@
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
+import { fillF16, xorshift } from './bench-util.js';
 
 const require = createRequire(import.meta.url);
 const [A, B] = [process.argv[2]!, process.argv[3]!];
@@ -31,26 +32,6 @@ const PAGE_BYTES = 2 * PAGE * ROW;
 const CHUNKS = TOKENS / PAGE;
 const TAIL_BASE = TOKENS - LOCAL;
 
-function xorshift(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s;
-  };
-}
-/** Random finite f16 bits, |x| in ~[2^-4, 2^1). */
-function fillF16(data: Uint16Array, seed: number): void {
-  const next = xorshift(seed);
-  for (let i = 0; i < data.length; i++) {
-    const r = next();
-    data[i] = (r & 0x8000) | ((11 + ((r >>> 16) % 5)) << 10) | ((r >>> 3) & 0x3ff);
-  }
-}
-
 // The arena is a fresh f32 array (untouched until filled), so with KVD_HUGE=1 it can be advised for
 // transparent huge pages before its first write (fewer TLB misses per scattered row; the DRAM tier
 // itself does not advise its arena).
@@ -58,8 +39,7 @@ const arenaF32 = new Float32Array((KV_HEADS * CHUNKS * PAGE_BYTES) / 4);
 const HUGE = process.env.KVD_HUGE === '1';
 if (HUGE) require(A).adviseHugePages(arenaF32);
 const arena = new Uint8Array(arenaF32.buffer);
-fillF16(new Uint16Array(arena.buffer, 0, 1 << 22), 9);
-for (let off = 1 << 23; off < arena.length; off += 1 << 23) arena.copyWithin(off, 0, Math.min(1 << 23, arena.length - off));
+fillF16(new Uint16Array(arena.buffer), 9);
 const hugeKb = HUGE ? /AnonHugePages:\s+(\d+)/.exec(readFileSync('/proc/self/smaps_rollup', 'utf8'))?.[1] : undefined;
 const slots = Int32Array.from({ length: KV_HEADS * CHUNKS }, (_, i) => i);
 const rnd = xorshift(17);
