@@ -37,3 +37,30 @@ export function blobPoints(n: number, dim: number, clusters: number, seed: numbe
   }
   return out;
 }
+
+/** xorshift32 stream. */
+export function xorshift(seed: number): () => number {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s;
+  };
+}
+
+/** f16 bits of random values with |x| in ~[2^-4, 2^1) and random sign: realistic magnitudes, never NaN/Inf. */
+export function fillF16(data: Uint16Array, seed: number): void {
+  const next = xorshift(seed);
+  const block = Math.min(data.length, 1 << 22);
+  for (let i = 0; i < block; i++) {
+    const r = next();
+    const sign = r & 0x8000;
+    const exp = 11 + (r >>> 16) % 5; // biased exponent 11..15
+    data[i] = sign | (exp << 10) | ((r >>> 3) & 0x3ff);
+  }
+  // Tile the random block (distinct memory, so it is still streamed from DRAM).
+  for (let off = block; off < data.length; off += block) data.copyWithin(off, 0, Math.min(block, data.length - off));
+}

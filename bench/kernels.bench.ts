@@ -24,6 +24,7 @@ import { cpuFeatures, setSimdLevel, type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
 import type { KvTensor } from '../src/types.js';
 import type { Selection } from '../src/index/selection.js';
+import { fillF16, xorshift } from './bench-util.js';
 
 const Q_HEADS = 32;
 const KV_HEADS = 8;
@@ -35,33 +36,6 @@ const SINKS = 4;
 const LOCAL = 64;
 const ROW_BYTES = DIM * 2; // f16
 const TIME_MS = Number(process.env.KVD_BENCH_TIME_MS ?? 1500);
-
-/** xorshift32 stream. */
-function xorshift(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s;
-  };
-}
-
-/** f16 bits of random values with |x| in ~[2^-4, 2^1) and random sign: realistic magnitudes, never NaN/Inf. */
-function fillF16(data: Uint16Array, seed: number): void {
-  const next = xorshift(seed);
-  const block = Math.min(data.length, 1 << 22);
-  for (let i = 0; i < block; i++) {
-    const r = next();
-    const sign = r & 0x8000;
-    const exp = 11 + (r >>> 16) % 5; // biased exponent 11..15
-    data[i] = sign | (exp << 10) | ((r >>> 3) & 0x3ff);
-  }
-  // Tile the random block (distinct memory, so it is still streamed from DRAM).
-  for (let off = block; off < data.length; off += block) data.copyWithin(off, 0, Math.min(block, data.length - off));
-}
 
 /** A random budget-K selection per kv head over the whole context: BUDGET/CHUNK chunks, ascending. */
 function randomSelection(tokens: number, seed: number): Selection {

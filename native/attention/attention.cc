@@ -91,22 +91,30 @@ size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / i
 // DRAM latency at the rate rows are consumed, few enough that the prefetches fit the core's miss
 // buffers. It used to be 4 x 32 = 128 rows (512 lines requested ahead), and the logits kernel's
 // samples sat almost all on its prefetch instructions; 16 rows measured faster (bench/RESULTS.md).
+//
+// `prefetchValues` (with keys): the VALUE rows of the tile ahead are requested too, into L2, before
+// each call, so the values pass later finds its scattered rows already near (token by token, a
+// selected row's K and V are requested together; the values pass still prefetches them into L1).
+// Measured on DRAM-tier pages (bench/attend-ab.ts): ~15-20% less CPU per attendFetched call.
 constexpr size_t kLookahead = 1;
 
 template <typename Kernel>
 void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
-                 size_t esz, Kernel&& kernel) {
-  std::vector<RowCursor> cursors;
+                 bool prefetchValues, size_t esz, size_t rowBytes, Kernel&& kernel) {
+  prefetchValues = prefetchValues && !values;
+  std::vector<RowCursor> cursors, valueCursors;
   cursors.reserve(nHeads);
   size_t maxTiles = 0;
   for (size_t h = 0; h < nHeads; ++h) {
     cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, values, esz);
+    if (prefetchValues) valueCursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, true, esz);
     if (active[h]) maxTiles = std::max(maxTiles, Tiles(totals[h]));
   }
   if (maxTiles == 0) return;
   struct Call {
     size_t head = 0, tile = 0, n = 0;
     const void* rows[kTileRows];
+    const void* valueRows[kTileRows];  // with prefetchValues: the same rows' values
   };
   Call ring[kLookahead + 1];
   size_t tile = 0, head = size_t(-1);
@@ -125,6 +133,7 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     while (c.n < kTileRows) {
       const uint8_t* p = cursors[head].Next();
       if (!p) break;
+      if (prefetchValues) c.valueRows[c.n] = valueCursors[head].Next();
       c.rows[c.n++] = p;
     }
     return true;
@@ -140,18 +149,22 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     }
     const Call& c = ring[i % (kLookahead + 1)];
     const Call* a = have ? &ring[ahead % (kLookahead + 1)] : nullptr;
+    if (a && prefetchValues)
+      for (size_t r = 0; r < a->n; ++r)
+        for (size_t off = 0; off < rowBytes; off += 64) __builtin_prefetch(static_cast<const char*>(a->valueRows[r]) + off, 0, 2);
     kernel(c.head, c.tile, static_cast<const void* const*>(c.rows), c.n,
            a ? static_cast<const void* const*>(a->rows) : nullptr, a ? a->n : 0);
   }
 }
 
-// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled).
+// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled). `prefetchValues`: a
+// values pass follows (ForEachTile).
 void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
-            Dtype dt) {
+            Dtype dt, bool prefetchValues) {
   const AttnKernels& attn = AttnSimd();
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
-  ForEachTile(heads, nHeads, totals, active.get(), false, DtypeSize(dt),
+  ForEachTile(heads, nHeads, totals, active.get(), false, prefetchValues, DtypeSize(dt), size_t(dim) * DtypeSize(dt),
               [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
                 attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows,
                                  size_t(totals[h]), next, nNext);
@@ -226,7 +239,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   for (size_t h = 0; h < nHeads; ++h) Ls[h] = scratch.logits.data() + offsets[h];
 
   // Pass 1: logits of every head.
-  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt);
+  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, true);
 
   // Passes 2–3 per head.
   std::vector<float> ms(nHeads * size_t(group) * 2);
@@ -245,7 +258,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   {
     std::unique_ptr<bool[]> active(new bool[nHeads]);
     for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
-    ForEachTile(heads, nHeads, totals.data(), active.get(), true, esz,
+    ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, esz, size_t(dim) * esz,
                 [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
                   attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows,
                                      n, dt, size_t(dim), next, nNext);
@@ -312,7 +325,7 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   const int64_t total = TotalTokens(spans, nSpans);
   if (total == 0) return;
   const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
-  Logits(&head, 1, &total, &probs, group, dim, dt);
+  Logits(&head, 1, &total, &probs, group, dim, dt, false);
   std::vector<float> ms(size_t(group) * 2);
   if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))
     ThrowNonFiniteLogit(0, probs, group, total, spans, nSpans);
