@@ -17,10 +17,13 @@ import { removeTempDirs, segmentKv, tempDir } from './storage-kv.js';
 
 afterAll(removeTempDirs);
 
-/** Runs `body` (ESM, `api` = the compiled package) in a child node; returns exit status and output. */
+/**
+ * Runs `body` (ESM; `api` = the compiled kernels and policies, internal modules since the public API
+ * shrank) in a child node; returns exit status and output.
+ */
 function inChild(body: string): { status: number | null; signal: NodeJS.Signals | null; out: string } {
-  const index = distPath('src/index.js');
-  const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const api = await import(${JSON.stringify(index)});\n${body}`], {
+  const mods = ['src/attention/kernels.js', 'src/index/policy.js'].map((m) => `await import(${JSON.stringify(distPath(m))})`);
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', `const api = { ...(${mods.join('), ...(')}) };\n${body}`], {
     encoding: 'utf8',
     timeout: 60_000,
   });
