@@ -24,13 +24,13 @@ function outFor(units: number) {
 
 /** A token selection (chunkSize 1) of `tokens` tokens: per kv head the given ascending token ids. */
 function tokenSelection(tokens: number, tailStart: number, perHead: number[][]) {
-  const offsets = new Int32Array(H + 1);
+  const offsets = new Int32Array(perHead.length + 1);
   perHead.forEach((ids, h) => (offsets[h + 1] = offsets[h]! + ids.length));
   return { chunkSize: 1, tokens, sinkEnd: 0, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
 }
 
 describe('fetchSplit', () => {
-  it('widens a token selection to page chunks before the tail and splits hot / tail / tier like a per-unit reference', () => {
+  it('widens a token selection to page chunks before the tail and splits hot / tail / tier like a per-unit reference', async () => {
     const r = rng(5);
     const tokens = 200;
     const tailStart = 180;
@@ -68,6 +68,17 @@ describe('fetchSplit', () => {
     expect(nTail).toBeGreaterThan(0);
     // tierEntry: each tier chunk's entry in the chunk lists.
     for (let k = 0; k < got.tier; k++) expect(out.chunkIds[out.tierEntry[k]!]).toBe(out.tierIds[k]);
+
+    // One kv head at a time (headBase: the head's index in the hot tier, as a step selecting head
+    // group by head group splits each group): the same chunks and split as the whole call's slice.
+    for (let h = 0; h < H; h++) {
+      const one = tokenSelection(tokens, tailStart, [perHead[h]!]);
+      const o1 = outFor(one.chunkIds.length);
+      const g1 = native.fetchSplit({ selection: one, kvHeads: 1, headBase: h, pageChunkSize: PAGE, sealed, hot: { handle: hot.handle, layer: 0 }, out: o1 }) as typeof got;
+      expect(Array.from(o1.chunkIds.subarray(0, g1.chunks)), `head ${h} alone`).toEqual(Array.from(out.chunkIds.subarray(out.chunkOffsets[h]!, out.chunkOffsets[h + 1]!)));
+      expect(Array.from(o1.tierIds.subarray(0, g1.tier)), `head ${h} alone: tier`).toEqual(tier[h]);
+    }
+    await expectKvdError(() => native.fetchSplit({ selection: sel, kvHeads: H, headBase: 1, pageChunkSize: PAGE, sealed, hot: { handle: hot.handle, layer: 0 }, out }), 'E_SHAPE', /at least 3 kv heads/);
   });
 
   it('takes a page-granular selection whole (no tail filter), and without a hot tier nothing is hot', () => {

@@ -60,6 +60,8 @@ describe('Runtime decode from the tiers', () => {
       ['dram', { ...base, dramBudget: 64 * MiB }],
       ['dram+ssd', { ...base, dramBudget: SMALL, ssd: { dir: tmp() } }],
       ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
+      // sequential with an SSD: head by head (threads 1), each head split against the hot tier at its headBase
+      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
     ];
     let want: Map<string, string> | undefined;
     for (const [name, opts] of runs) {
