@@ -150,5 +150,7 @@ describe('SSD-backed runtime', () => {
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), io: { kind: 'floppy' } } as never }), 'E_CONFIG', /options.ssd/);
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp(), layout: 'pages' } as never }), 'E_CONFIG', /options.ssd/);
     await expectKvdError(() => openRuntime({ shape, budget: 8, ssd: { dir: tmp() } }), 'E_CONFIG', /dramBudget/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, dramBudget: 1 << 20, ssd: { dir: tmp(), streamHeads: 0 } }), 'E_CONFIG', /options.ssd: expected .*streamHeads/);
+    await expectKvdError(() => openRuntime({ shape, budget: 8, dramBudget: 1 << 20, ssd: { dir: tmp(), streamHeads: shape.kvHeads + 1 } }), 'E_CONFIG', /ssd.streamHeads: expected kv heads per streamed group in \[1, /);
   });
 });

@@ -58,10 +58,11 @@ describe('Runtime decode from the tiers', () => {
   it('without sinks: DRAM only, DRAM + SSD and hot tier + DRAM + SSD give bit-identical outputs, both modes', async () => {
     const runs: Array<[string, RuntimeOptions]> = [
       ['dram', { ...base, dramBudget: 64 * MiB }],
-      ['dram+ssd', { ...base, dramBudget: SMALL, ssd: { dir: tmp() } }],
+      ['dram+ssd', { ...base, dramBudget: SMALL, ssd: { dir: tmp(), streamHeads: 1 } }],
+      ['dram+ssd, one select', { ...base, dramBudget: SMALL, ssd: { dir: tmp() } }],
       ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
-      // sequential with an SSD: head by head (threads 1), each head split against the hot tier at its headBase
-      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
+      // sequential with an SSD: head by head (streamHeads 1), each head split against the hot tier at its headBase
+      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp(), streamHeads: 1 }, hotTier: { windows: 2, maxBytes: MiB } }],
     ];
     let want: Map<string, string> | undefined;
     for (const [name, opts] of runs) {
@@ -82,7 +83,7 @@ describe('Runtime decode from the tiers', () => {
     const want = await decodeAll(clean, 2);
     await clean.close();
     const dir = tmp();
-    const rt = await openRuntime({ ...opts, ssd: { dir } });
+    const rt = await openRuntime({ ...opts, ssd: { dir, streamHeads: 1 } });
     const [s0, s1] = await prefill(rt, 2);
     const got = new Map<string, string>();
     const run = async (l: number, t: number, which: number[]) => {

@@ -34,6 +34,8 @@ export interface RuntimeDemoOptions {
   ratioLayers?: number;
   /** Hot tier in front: window xN per (layer, kv head) (0 = none); its bytes count in dramBudget. */
   hotWindows: number;
+  /** RuntimeOptions.ssd.streamHeads of the DRAM+SSD runtimes (default: every kv head, no streaming). */
+  streamHeads?: number;
 }
 
 /** Per decode step, summed over layers. */
@@ -115,7 +117,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: hotTierBytes(trace, o) } : undefined;
   const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype, ...(hotTier ? { hotTier } : {}) };
   const bar = new ProgressBar(L * (S + 1), 'runtime');
-  const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true } });
+  const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true, streamHeads: o.streamHeads } });
   const inputs: Inputs[] = [];
   const outs: Float32Array[][] = [];
   const rows: StepRow[] = [];
@@ -175,7 +177,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const stages2: Stages[] = [];
   let identical = true;
   try {
-    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: ratioDir, direct: true } }));
+    runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: ratioDir, direct: true, streamHeads: o.streamHeads } }));
     runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget }));
     const seqs = runtimes.map((r) => r.createSequence());
     for (let k = 0; k < 2; k++) await streamPrefill(runtimes[k]!, seqs[k]!, trace, R, inputs, () => undefined);

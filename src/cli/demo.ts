@@ -61,6 +61,8 @@ interface DemoCliOptions {
   tiersOnly?: boolean;
   /** With --storage: hot-tier window in front of the DRAM tier (0 = none). */
   hotWindows: number;
+  /** With --storage: kv heads per streamed select group (RuntimeOptions.ssd.streamHeads). */
+  streamHeads?: number;
   /** --pareto: time against recall / oracle per policy at budgets 512..4096 (demo-pareto.ts). */
   pareto?: boolean;
 }
@@ -148,6 +150,7 @@ export function register(program: Command): void {
     .option('--storage <dir>', 'SSD store directory: also decode through the runtime memory model, layers streamed in, sealed to SSD (segments are deleted afterwards)')
     .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
     .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
+    .option('--stream-heads <n>', 'with --storage: a sequential step selects n kv heads at a time, their SSD reads in flight while the next are selected (default: all, no streaming)', integerOption('--stream-heads', 1, DEMO_DEFAULTS.kvHeads))
     .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
     .option('--pareto', 'time per layer-step beside recall / oracle for every policy at budgets 512, 1024, 2048, 4096')
     .action(async (o: DemoCliOptions, cmd: Command) => {
@@ -168,7 +171,7 @@ export function register(program: Command): void {
         seed: o.seed,
       });
       let tiers: RuntimeDemoResult | undefined;
-      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows };
+      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows, streamHeads: o.streamHeads };
       if (o.storage !== undefined) tiers = await runRuntimeDemo(trace, runtimeOpts);
       if (o.tiersOnly) {
         if (!tiers) throw new KvdriveError('E_CONFIG', 'demo --tiers-only: expected --storage, got none');

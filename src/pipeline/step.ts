@@ -16,8 +16,8 @@
  * input gives the output of a clean run. The stages are separate functions: appendEntry (main
  * thread: it mutates tail and index), selectEntry (select-stage.ts: inline in sequential mode, on a
  * piscina stage worker in pipelined mode) and fetchAttendEntry. Both runtime modes run the same
- * three, so their outputs are bit-identical. In sequential mode with an SSD, select and fetch
- * interleave: the kv heads are selected group by group inside fetchAttendEntry, each group's SSD reads in flight while
+ * three, so their outputs are bit-identical. In sequential mode with an SSD and ssd.streamHeads
+ * below kvHeads, select and fetch interleave: the kv heads are selected group by group inside fetchAttendEntry, each group's SSD reads in flight while
  * the next group is selected (kv heads select independently: the same selection as one select).
  */
 import { availableParallelism } from 'node:os';
@@ -218,8 +218,8 @@ function concatSelections(parts: Selection[], heads: number): Selection {
 /**
  * Fetch and compute stages of entry (seq, layer) once appended (`a`). `s`: its selection when a
  * stage worker made it (pipelined mode), fetched as one group; omitted, the selection is made
- * here — with an SSD head group by head group (groups of as many kv heads as the select has
- * threads, so each keeps the pool busy; without one, one group of every head), and as soon as a group is selected its tier chunks are fetched (DRAM pins,
+ * here head group by head group (with an SSD, groups of config.streamHeads kv heads — the
+ * runtime's ssd.streamHeads, default all of them; without one, one group of every head), and as soon as a group is selected its tier chunks are fetched (DRAM pins,
  * SSD reads in flight on the I/O engine) while the next group is selected: the SSD reads hide
  * behind the select. Kv heads select independently, so the groups concatenated are the whole
  * selection and the output does not depend on the mode. After the last group the reads are
@@ -243,10 +243,10 @@ export async function fetchAttendEntry(
   const { shape, policyOptions: p, budget } = mem.config;
   const { kvHeads: H, qHeads } = shape;
   const cs = p.chunkSize;
-  // Streaming pays only when there are SSD reads to hide: each group is one more select call (a
-  // fork/join of the pool, the group waiting for its slowest head), so without an SSD the whole
-  // selection is one group.
-  const groupHeads = s || !mem.ssd ? H : Math.max(1, Math.min(H, p.threads));
+  // Streaming pays only when there are SSD reads to hide, and not always then: each group is one
+  // more select call (a fork/join of the pool, the group waiting for its slowest head). Groups of
+  // config.streamHeads with an SSD (default every head: one group), one group without.
+  const groupHeads = s || !mem.ssd ? H : Math.max(1, Math.min(H, mem.config.streamHeads ?? H));
   const groups: HeadGroup[] = [];
   // The entry's SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused
   // across steps, returned below), group after group; DRAM-tier chunks stay in the arena, pinned

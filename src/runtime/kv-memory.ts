@@ -35,6 +35,8 @@ import type { Dtype, KvTensor, ModelShape } from '../types.js';
 /** What the memory model is built from (resolved runtime options). */
 export interface KvMemoryConfig {
   shape: ModelShape;
+  /** Kv heads a sequential step selects, then fetches, at a time with an SSD (RuntimeOptions.ssd.streamHeads); kvHeads: no streaming. */
+  streamHeads?: number;
   dtype: Dtype;
   policy: PolicyName;
   /** Resolved policy options, shape fields included (geometry: chunkSize, sinks, local). */

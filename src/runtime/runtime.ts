@@ -77,8 +77,16 @@ export interface RuntimeOptions {
    * checksummed extents read through io_uring, the pread pool or memory-mapped (`io: { kind: 'mmap' }`; `io` as in IoEngineOptions;
    * `direct` = O_DIRECT, no page cache, not with mmap). The runtime deletes its segments when a sequence closes
    * and at close. Needs `dramBudget`.
+   *
+   * `streamHeads` (integer in [1, kvHeads]; default kvHeads = no streaming): a sequential step
+   * selects this many kv heads at a time and starts their DRAM pins and SSD reads before selecting
+   * the next group, so the reads are in flight behind the select (outputs unchanged: kv heads select
+   * independently). Each group is one more select call. On the 2-core VM with a virtio disk this
+   * project measures on, groups of 2 were slower on an otherwise idle machine (DRAM+SSD / DRAM-only
+   * 0.60 vs 0.67, median of 4-5 runs) and faster under load from other processes
+   * (bench/runtime-memory.md, "SSD reads streamed behind the select"); measure on your machine.
    */
-  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions };
+  ssd?: { dir: string; direct?: boolean; io?: IoEngineOptions; streamHeads?: number };
   /**
    * Run the pre-run calibration (src/runtime/calibrate.ts, paper §6.2) before opening: it picks
    * microBatch, policyOptions.tokensPerCluster (kvdrive policy) and hotTier.windows (with a tier)
@@ -191,7 +199,10 @@ const optionsSchema = z
     dtype: z.enum(['f32', 'f16', 'bf16']).optional(),
     sealTokens: int(1, 1 << 24).optional(),
     hotTier: z.object({ windows: z.unknown(), maxBytes: z.number(), eviction: z.string().optional() }).strict().optional(),
-    ssd: z.object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional() }).strict().optional(),
+    ssd: z
+      .object({ dir: z.string().min(1), direct: z.boolean().optional(), io: ioEngineOptionsSchema.optional(), streamHeads: z.number().int().min(1).optional() })
+      .strict()
+      .optional(),
     calibrate: z.union([z.boolean(), z.object({}).passthrough()]).optional(),
   })
   .strict();
@@ -209,7 +220,7 @@ const EXPECTED: Record<string, string> = {
   dtype: "'f32', 'f16' or 'bf16'",
   sealTokens: 'an integer in [1, 2^24] (a multiple of the chunk size)',
   hotTier: '{ windows, maxBytes, eviction? }',
-  ssd: '{ dir: a directory path, direct?: boolean, io?: IoEngineOptions }',
+  ssd: '{ dir: a directory path, direct?: boolean, io?: IoEngineOptions, streamHeads?: kv heads per streamed select group }',
   calibrate: 'true, false or CalibrateOptions',
 };
 
@@ -233,6 +244,8 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   }
   if (options.ssd !== undefined && options.dramBudget === undefined)
     fail('E_CONFIG', 'openRuntime options.dramBudget', 'a DRAM budget in bytes with ssd (how much of the sealed KV the DRAM tier caches)', undefined);
+  if (options.ssd?.streamHeads !== undefined && options.ssd.streamHeads > options.shape.kvHeads)
+    fail('E_CONFIG', 'openRuntime options.ssd.streamHeads', `kv heads per streamed group in [1, ${options.shape.kvHeads}] (shape.kvHeads)`, options.ssd.streamHeads);
   if (options.calibrate) {
     const { calibrate: c, ...base } = options;
     const result = await calibrate(base, c === true ? {} : c, openRuntime);
@@ -292,6 +305,7 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
         }
       : undefined,
     ssd: o.ssd ? { dir: o.ssd.dir, direct: o.ssd.direct, io: o.ssd.io } : undefined,
+    streamHeads: o.ssd?.streamHeads ?? shape.kvHeads,
   });
   return new Runtime(memory, shape, mode, microBatch, maxSequences, maxTokens);
 }
