@@ -242,9 +242,9 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
 
   // Pass 1: logits of every head. The values of the tile ahead are prefetched only when the rows
   // are scattered (short spans, a sparse selection): over long spans (dense attention, whole pages)
-  // the hardware prefetcher already streams them and the extra requests could only cost. (One demo
-  // run showed dense 36 vs 31 ms with them, but dense moved that much between runs of either build,
-  // so that was not established; with this guard the kernel bench shows dense not slower.)
+  // the hardware prefetcher already streams them and the extra requests could only cost. (Demo runs
+  // showed dense 36 vs 31 ms with them, but dense moved that much between runs of either build, so
+  // that was not established; with this guard the kernel bench shows dense not slower.)
   size_t rows = 0, spans = 0;
   for (size_t h = 0; h < nHeads; ++h) {
     rows += size_t(totals[h]);
