@@ -215,19 +215,197 @@ function concatSelections(parts: Selection[], heads: number): Selection {
   return { chunkSize: f.chunkSize, tokens: f.tokens, sinkEnd: f.sinkEnd, tailStart: f.tailStart, offsets, chunkIds };
 }
 
+/** The fetch buffer of an entry that read nothing from SSD. */
+const NO_READS = new Uint8Array(0);
+
+/**
+ * The fetch buffer one entry's SSD reads land in, packed group after group: one of the memory's
+ * fetch buffers (reused across steps), taken on the first read and given back by release().
+ */
+class EntryReads {
+  buf: Uint8Array = NO_READS;
+  private used = 0;
+  constructor(private readonly mem: KvMemory) {}
+  /** Byte offset the next group's reads land at. */
+  get offset(): number {
+    return this.used;
+  }
+  /** Room for `bytes` more bytes of reads (TieredKv.fetchInPlace's dest callback). */
+  readonly take = (bytes: number): Uint8Array => {
+    if (bytes === 0) return NO_READS;
+    if (this.buf === NO_READS) this.buf = this.mem.acquireFetchBuffer(this.mem.fetchBufferBytes);
+    const d = this.buf.subarray(this.used, this.used + bytes);
+    this.used += bytes;
+    return d;
+  };
+  release(): void {
+    if (this.buf !== NO_READS) this.mem.releaseFetchBuffer(this.buf);
+    this.buf = NO_READS;
+  }
+}
+
+/** What the select-and-fetch loop of one entry leaves: its groups (in `groups`) written into `sc`. */
+interface SelectedAndFetched {
+  sc: StepScratch;
+  /** Units of the chunk selection (sc.chunkIds[0, nChunks)). */
+  nChunks: number;
+  bytesScored: number;
+  /** Wall time of the selects made here, milliseconds (0 with a stage worker's selection). */
+  selectMs: number;
+}
+
+/**
+ * Select and fetch stages of entry (seq, layer): selects head group by head group (or takes `s`, a
+ * stage worker's selection, as one group), splits each group's chunks into hot residents, tail and
+ * tier chunks (written into the entry's scratch after the previous groups'), and starts the group's
+ * tier fetch (DRAM pins, SSD reads into `reads`) before selecting the next group. Returns once every
+ * fetch settled. Each group is pushed on `groups` as soon as it exists, so the caller can release
+ * its pins whatever happens; a failure (select or read) is rethrown only after every read landed.
+ */
+async function selectAndFetch(
+  mem: KvMemory,
+  hot: HotTier | undefined,
+  seq: number,
+  layer: number,
+  a: AppendedEntry,
+  q: Float32Array,
+  s: EntrySelection | undefined,
+  groups: HeadGroup[],
+  reads: EntryReads,
+): Promise<SelectedAndFetched> {
+  const { lk } = a;
+  const { shape, policyOptions: p, budget } = mem.config;
+  const H = shape.kvHeads;
+  const cs = p.chunkSize;
+  // Streaming pays only when there are SSD reads to hide, and not always then: each group is one
+  // more select call (a fork/join of the pool, the group waiting for its slowest head). Groups of
+  // config.streamHeads with an SSD (default every head: one group), one group without.
+  const groupHeads = s || !mem.ssd ? H : Math.max(1, Math.min(H, mem.config.streamHeads ?? H));
+  let failure: { error: unknown } | undefined;
+  let sc = scratchFor(lk, H, 0);
+  let bytesScored = 0;
+  let selectMs = 0;
+  let cBase = 0; // units of the chunk selection written so far
+  let tBase = 0; // tier chunks written so far
+  try {
+    for (let h0 = 0; h0 < H; h0 += groupHeads) {
+      const h1 = Math.min(H, h0 + groupHeads);
+      const gs = s ?? selectEntry(a.handle, q, budget, [h0, h1]);
+      if (!s) selectMs += gs.ms;
+      bytesScored += gs.bytesScored;
+      // One native pass (native/cache/fetch_split.cc) over the group: its selection widened to
+      // the tiers' chunks (those holding a selected token, before the tail) and split per kv head
+      // into hot-tier residents, chunks still in the tail (read there in place) and the rest,
+      // fetched through the tiers (ascending per head), written after the previous groups'.
+      const n = gs.selection.chunkIds.length;
+      sc = scratchFor(lk, H, Math.max(cBase, tBase) + n);
+      const split = native.fetchSplit({
+        selection: gs.selection,
+        kvHeads: h1 - h0,
+        headBase: h0,
+        pageChunkSize: cs,
+        sealed: lk.sealed,
+        ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+        out: {
+          chunkOffsets: sc.chunkOffsets.subarray(h0, h1 + 1),
+          chunkIds: sc.chunkIds.subarray(cBase),
+          tierOffsets: sc.tierOffsets.subarray(h0, h1 + 1),
+          tierIds: sc.tierIds.subarray(tBase),
+          tierEntry: sc.tierEntry.subarray(tBase),
+        },
+      }) as { chunks: number; hot: number; tail: number; tier: number };
+      // The group's offsets count from 0: shift them (and its tier entries) to the step's.
+      for (let h = h0; h <= h1; h++) {
+        sc.chunkOffsets[h]! += cBase;
+        sc.tierOffsets[h]! += tBase;
+      }
+      for (let i = tBase; i < tBase + split.tier; i++) sc.tierEntry[i]! += cBase;
+      const g: HeadGroup = { h0, h1, tokSel: gs.selection, tierBase: tBase, tier: split.tier, hotChunks: split.hot, tailChunks: split.tail, base: reads.offset };
+      groups.push(g);
+      cBase += split.chunks;
+      tBase += split.tier;
+      if (!g.tier) continue;
+      // The request spans every kv head (the tiers' shape), empty outside the group.
+      const offsets = new Int32Array(H + 1);
+      for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take);
+    }
+  } finally {
+    // Every read in flight lands before anything is released (also when a select threw).
+    const settled = await Promise.allSettled(groups.map((g) => g.fetch));
+    settled.forEach((r, i) => {
+      if (r.status === 'rejected') failure ??= { error: r.reason };
+      else if (r.value) {
+        groups[i]!.placement = r.value.placement;
+        groups[i]!.fetched = r.value.stats;
+      }
+    });
+  }
+  if (failure) throw failure.error;
+  return { sc, nChunks: cBase, bytesScored, selectMs };
+}
+
+/** The tier pages of one entry's step as attendFetched and the admissions read them. */
+interface StepPages {
+  /** [fetch buffer, ...DRAM-tier arena blocks]: pageIn 0 is the fetch buffer, 1 + b arena block b. */
+  buffers: Uint8Array[];
+  offsets: Int32Array;
+  ids: Int32Array;
+  at: Float64Array;
+  source: Uint8Array;
+  /** The pages as one FetchPlacement (undefined when no chunk came from the tiers). */
+  placement: FetchPlacement | undefined;
+}
+
+/**
+ * The groups' tier pages as one request over every kv head: where each page lies (the groups'
+ * fetch-buffer offsets made absolute), in the scratch's pageSource / pageAt; and the traffic of
+ * the groups added to `stats`.
+ */
+function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: number, readBuf: Uint8Array, stats: EntryStepStats): StepPages {
+  const nTier = sc.tierOffsets[heads]!;
+  const source = sc.pageSource.subarray(0, nTier);
+  const at = sc.pageAt.subarray(0, nTier);
+  let arenas: readonly Uint8Array[] = [];
+  let inDest = 0;
+  for (const g of groups) {
+    const pl = g.placement;
+    if (pl) {
+      const k = g.tierBase;
+      source.set(pl.source, k);
+      for (let i = 0; i < g.tier; i++) at[k + i] = pl.source[i] === 0 ? g.base + pl.at[i]! : pl.at[i]!;
+      arenas = pl.arenas;
+      inDest += pl.inDest;
+    }
+    stats.hotChunks += g.hotChunks;
+    stats.tailChunks += g.tailChunks;
+    stats.dramChunks += g.fetched?.dramChunks ?? 0;
+    stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
+    stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
+  }
+  return {
+    buffers: [readBuf, ...arenas],
+    offsets: sc.tierOffsets,
+    ids: sc.tierIds.subarray(0, nTier),
+    at,
+    source,
+    placement: nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined,
+  };
+}
+
 /**
  * Fetch and compute stages of entry (seq, layer) once appended (`a`). `s`: its selection when a
  * stage worker made it (pipelined mode), fetched as one group; omitted, the selection is made
- * here head group by head group (with an SSD, groups of config.streamHeads kv heads — the
- * runtime's ssd.streamHeads, default all of them; without one, one group of every head), and as soon as a group is selected its tier chunks are fetched (DRAM pins,
- * SSD reads in flight on the I/O engine) while the next group is selected: the SSD reads hide
- * behind the select. Kv heads select independently, so the groups concatenated are the whole
- * selection and the output does not depend on the mode. After the last group the reads are
- * awaited, then hot-tier admission, attention with q, DRAM admission. `offThread`: attention runs
- * off the JS thread (pipelined). Nothing is committed: the caller calls `commit()` once every entry
- * of the step succeeded (the token count advances and the seal this made due starts), so a failed
- * step leaves every sequence where it was; a failure mid-step (select or read) waits for the reads
- * in flight, then releases every pin and the fetch buffer.
+ * here head group by head group (selectAndFetch: with an SSD, groups of config.streamHeads kv
+ * heads — the runtime's ssd.streamHeads, default all of them; without one, one group of every
+ * head), each group's tier chunks fetched (DRAM pins, SSD reads in flight on the I/O engine) while
+ * the next group is selected. Kv heads select independently, so the groups concatenated are the
+ * whole selection and the output does not depend on the mode. Then hot-tier admission, attention
+ * with q, DRAM admission. `offThread`: attention runs off the JS thread (pipelined). Nothing is
+ * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
+ * advances and the seal this made due starts), so a failed step leaves every sequence where it
+ * was; a failure mid-step (select or read) waits for the reads in flight, then releases every pin
+ * and the fetch buffer.
  */
 export async function fetchAttendEntry(
   mem: KvMemory,
@@ -240,91 +418,16 @@ export async function fetchAttendEntry(
   offThread: boolean,
 ): Promise<EntryResult> {
   const { lk, T, tailK, tailV } = a;
-  const { shape, policyOptions: p, budget } = mem.config;
+  const { shape, policyOptions: p } = mem.config;
   const { kvHeads: H, qHeads } = shape;
   const cs = p.chunkSize;
-  // Streaming pays only when there are SSD reads to hide, and not always then: each group is one
-  // more select call (a fork/join of the pool, the group waiting for its slowest head). Groups of
-  // config.streamHeads with an SSD (default every head: one group), one group without.
-  const groupHeads = s || !mem.ssd ? H : Math.max(1, Math.min(H, mem.config.streamHeads ?? H));
   const groups: HeadGroup[] = [];
-  // The entry's SSD reads land packed in `readBuf`, one of the memory's fetch buffers (reused
-  // across steps, returned below), group after group; DRAM-tier chunks stay in the arena, pinned
-  // until released below.
-  let readBuf: Uint8Array = NO_READS;
-  let used = 0;
-  const destFor = (bytes: number): Uint8Array => {
-    if (bytes === 0) return NO_READS;
-    if (readBuf === NO_READS) readBuf = mem.acquireFetchBuffer(mem.fetchBufferBytes);
-    const d = readBuf.subarray(used, used + bytes);
-    used += bytes;
-    return d;
-  };
-  let bytesScored = 0;
-  let selectMs = 0; // of the selects made here (between t1 and t2)
+  // DRAM-tier chunks stay in the arena, pinned until released below; SSD reads land in `reads`.
+  const reads = new EntryReads(mem);
   const t1 = performance.now();
   try {
-    let failure: { error: unknown } | undefined;
-    let sc = scratchFor(lk, H, 0);
-    let nChunks = 0;
-    try {
-      let cBase = 0; // units of the chunk selection written so far
-      let tBase = 0; // tier chunks written so far
-      for (let h0 = 0; h0 < H; h0 += groupHeads) {
-        const h1 = Math.min(H, h0 + groupHeads);
-        const gs = s ?? selectEntry(a.handle, q, budget, [h0, h1]);
-        if (!s) selectMs += gs.ms;
-        bytesScored += gs.bytesScored;
-        // One native pass (native/cache/fetch_split.cc) over the group: its selection widened to
-        // the tiers' chunks (those holding a selected token, before the tail) and split per kv head
-        // into hot-tier residents, chunks still in the tail (read there in place) and the rest,
-        // fetched through the tiers (ascending per head), written after the previous groups'.
-        const n = gs.selection.chunkIds.length;
-        sc = scratchFor(lk, H, Math.max(cBase, tBase) + n);
-        const split = native.fetchSplit({
-          selection: gs.selection,
-          kvHeads: h1 - h0,
-          headBase: h0,
-          pageChunkSize: cs,
-          sealed: lk.sealed,
-          ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
-          out: {
-            chunkOffsets: sc.chunkOffsets.subarray(h0, h1 + 1),
-            chunkIds: sc.chunkIds.subarray(cBase),
-            tierOffsets: sc.tierOffsets.subarray(h0, h1 + 1),
-            tierIds: sc.tierIds.subarray(tBase),
-            tierEntry: sc.tierEntry.subarray(tBase),
-          },
-        }) as { chunks: number; hot: number; tail: number; tier: number };
-        // The group's offsets count from 0: shift them (and its tier entries) to the step's.
-        for (let h = h0; h <= h1; h++) {
-          sc.chunkOffsets[h]! += cBase;
-          sc.tierOffsets[h]! += tBase;
-        }
-        for (let i = tBase; i < tBase + split.tier; i++) sc.tierEntry[i]! += cBase;
-        const g: HeadGroup = { h0, h1, tokSel: gs.selection, tierBase: tBase, tier: split.tier, hotChunks: split.hot, tailChunks: split.tail, base: used };
-        groups.push(g);
-        cBase += split.chunks;
-        tBase += split.tier;
-        if (!g.tier) continue;
-        // The request spans every kv head (the tiers' shape), empty outside the group.
-        const offsets = new Int32Array(H + 1);
-        for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-        g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, destFor);
-      }
-      nChunks = cBase;
-    } finally {
-      // Every read in flight lands before anything is released (also when a select threw).
-      const settled = await Promise.allSettled(groups.map((g) => g.fetch));
-      settled.forEach((r, i) => {
-        if (r.status === 'rejected') failure ??= { error: r.reason };
-        else if (r.value) {
-          groups[i]!.placement = r.value.placement;
-          groups[i]!.fetched = r.value.stats;
-        }
-      });
-    }
-    if (failure) throw failure.error;
+    const f = await selectAndFetch(mem, hot, seq, layer, a, q, s, groups, reads);
+    const { sc, nChunks } = f;
     const tokSel = concatSelections(
       groups.map((g) => g.tokSel),
       H,
@@ -333,15 +436,6 @@ export async function fetchAttendEntry(
       tokSel.chunkSize === cs
         ? tokSel
         : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sc.chunkOffsets, chunkIds: sc.chunkIds.subarray(0, nChunks) };
-    // The groups' tier chunks as one request over every kv head, and where each page lies.
-    const tierOff = sc.tierOffsets;
-    const nTier = tierOff[H]!;
-    const tierIds = sc.tierIds.subarray(0, nTier);
-    const tierSel = sc.tierEntry.subarray(0, nTier);
-    const source = sc.pageSource.subarray(0, nTier);
-    const at = sc.pageAt.subarray(0, nTier);
-    let arenas: readonly Uint8Array[] = [];
-    let inDest = 0;
     const stats: EntryStepStats = {
       chunks: nChunks,
       hotChunks: 0,
@@ -351,34 +445,11 @@ export async function fetchAttendEntry(
       ssdReadBytes: 0,
       hotAdmitted: 0,
       dramAdmitted: 0,
-      selectMs: a.extendMs + (s ? s.ms : selectMs),
+      selectMs: a.extendMs + (s ? s.ms : f.selectMs),
       fetchMs: 0,
       computeMs: 0,
     };
-    for (const g of groups) {
-      const pl = g.placement;
-      if (pl) {
-        const k = g.tierBase;
-        source.set(pl.source, k);
-        for (let i = 0; i < g.tier; i++) at[k + i] = pl.source[i] === 0 ? g.base + pl.at[i]! : pl.at[i]!;
-        arenas = pl.arenas;
-        inDest += pl.inDest;
-      }
-      stats.hotChunks += g.hotChunks;
-      stats.tailChunks += g.tailChunks;
-      stats.dramChunks += g.fetched?.dramChunks ?? 0;
-      stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
-      stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
-    }
-    const tierReq = { layer: 0, offsets: tierOff, chunkIds: tierIds, chunkSize: cs };
-    const placement: FetchPlacement | undefined = nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined;
-    const pages = {
-      buffers: [readBuf, ...arenas],
-      offsets: tierOff,
-      ids: tierIds,
-      at,
-      source,
-    };
+    const pages = mergeGroupPages(groups, sc, H, reads.buf, stats);
     const tail = { k: tailK, v: tailV };
     if (hot) {
       const r = native.hotTierAdmitPages({
@@ -416,28 +487,27 @@ export async function fetchAttendEntry(
     const t3 = performance.now();
     // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
     // beats the least important resident (resident ones get their score refreshed).
-    if (placement && mem.ssd) {
+    if (pages.placement && mem.ssd) {
       const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
+      const tierSel = sc.tierEntry.subarray(0, pages.ids.length);
       const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
-      stats.dramAdmitted = lk.tiers!.admit({ ...tierReq, scores }, readBuf, placement);
+      stats.dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores }, reads.buf, pages.placement);
     }
     // Fetch: the wall of select + fetch not spent selecting (the reads the select did not hide).
-    stats.fetchMs = t2 - t1 - selectMs;
+    stats.fetchMs = t2 - t1 - f.selectMs;
     stats.computeMs = t3 - t2;
     const commit = () => {
       lk.tokens = T;
       mem.startSeal(seq, layer, lk);
     };
     // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored, stats, commit };
+    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit };
   } finally {
     for (const g of groups) g.placement?.release();
-    if (readBuf !== NO_READS) mem.releaseFetchBuffer(readBuf);
+    reads.release();
   }
 }
 
-/** The fetch buffer of an entry that read nothing from SSD. */
-const NO_READS = new Uint8Array(0);
 
 /** Attention mass of each entry of the chunk selection `sel`: the sum over the tokens of `tokSel` in that chunk. */
 function massPerChunk(tokSel: Selection, tokMass: Float32Array, sel: Selection, chunkSize: number, heads: number): Float32Array {
