@@ -104,9 +104,7 @@ void RunJob(const AttnJob& job) {
 // ---- parsing ----
 
 Napi::Object GetOptions(const Napi::CallbackInfo& info, const std::string& what) {
-  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
-    Throw("E_TYPE", what + ": expected an options object { q, qHeads, k, v, ... }");
-  return info[0].As<Napi::Object>();
+  return GetOptionsArg(info, 0, what, "{ q, qHeads, k, v, ... }");
 }
 
 // q, qHeads, k (and v when withValues), scale, threads: everything but the token range.

@@ -267,9 +267,7 @@ void CheckPair(const KvView& k, const KvView& v, const std::string& what) {
 FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std::vector<Napi::Object>& keep,
                    Napi::Object& result) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
-    Throw("E_TYPE", what + ": expected an options object { q, qHeads, sink, tail, tailBase, selection, fetched }");
-  Napi::Object o = info[0].As<Napi::Object>();
+  Napi::Object o = GetOptionsArg(info, 0, what, "{ q, qHeads, sink, tail, tailBase, selection, fetched }");
   FetchedJob job;
   job.what = what;
   for (const char* part : {"sink", "tail"}) {
@@ -374,8 +372,7 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
 Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "hotTierAdmitPages";
-    if (info.Length() < 1 || !info[0].IsObject()) Throw("E_TYPE", what + ": expected an options object");
-    Napi::Object o = info[0].As<Napi::Object>();
+    Napi::Object o = GetOptionsArg(info, 0, what);
     std::shared_ptr<hot::Tier> tier;
     int seq = 0, layer = 0;
     Napi::Value hv = o.Get("hot");

@@ -28,12 +28,6 @@ namespace {
 
 constexpr uint16_t kMaxPins = 0xffff;
 
-Napi::Object Options(const Napi::CallbackInfo& info, const std::string& what) {
-  if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
-    Throw("E_TYPE", what + ": expected an options object");
-  return info[0].As<Napi::Object>();
-}
-
 // The tier's slot state: owner (Int32Array, -1 = free) and optionally pins (Uint16Array), one entry
 // per slot.
 struct SlotState {
@@ -89,7 +83,7 @@ void ApplyPins(const SlotState& st, const int32_t* slots, size_t n, int delta, b
 Napi::Value DramPins(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "dramPins";
-    Napi::Object o = Options(info, what);
+    Napi::Object o = GetOptionsArg(info, 0, what);
     const SlotState st = GetSlotState(o, true, what);
     auto slots = GetI32(o.Get("slots"), what + ".slots");
     const int64_t delta = GetInt(o, "delta", what, -1, 1);
@@ -112,7 +106,7 @@ Napi::Value DramPins(const Napi::CallbackInfo& info) {
 Napi::Value DramLocate(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "dramLocate";
-    Napi::Object o = Options(info, what);
+    Napi::Object o = GetOptionsArg(info, 0, what);
     const int kvHeads = int(GetInt(o, "kvHeads", what, 1, kMaxKvHeads));
     const int64_t layer = GetInt(o, "layer", what, 0, 65535);  // keeps (layer * kvHeads + h) * chunks in 63 bits
     auto chunkSeg = GetI32(o.Get("chunkSeg"), what + ".chunkSeg");

@@ -35,9 +35,7 @@ namespace {
 Napi::Value FetchSplit(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "fetchSplit";
-    if (info.Length() < 1 || !info[0].IsObject() || info[0].IsTypedArray() || info[0].IsArray())
-      Throw("E_TYPE", what + ": expected an options object");
-    Napi::Object o = info[0].As<Napi::Object>();
+    Napi::Object o = GetOptionsArg(info, 0, what);
     const int kvHeads = int(GetInt(o, "kvHeads", what, 1, kMaxKvHeads));
     // The selection's kv heads are heads [headBase, headBase + kvHeads) of the hot tier (a step
     // selecting head group by head group splits each group as it is selected).

@@ -23,12 +23,6 @@ namespace kvd {
 namespace hot {
 namespace {
 
-Napi::Object Opts(const Napi::CallbackInfo& info, size_t i, const std::string& what) {
-  if (info.Length() <= i || !info[i].IsObject() || info[i].IsTypedArray() || info[i].IsArray())
-    Throw("E_TYPE", what + ": expected an options object");
-  return info[i].As<Napi::Object>();
-}
-
 int32_t Handle(const Napi::CallbackInfo& info, const std::string& what) {
   if (info.Length() < 1 || !info[0].IsNumber()) Throw("E_TYPE", what + ": expected a hot tier handle (integer)");
   return int32_t(GetIntValue(info[0], what + " handle", 0, INT32_MAX, "E_CLOSED"));
@@ -164,7 +158,7 @@ Napi::Value RunAsync(const Napi::CallbackInfo& info) {
 Napi::Value Create(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "hotTier options";
-    Napi::Object o = Opts(info, 0, what);
+    Napi::Object o = GetOptionsArg(info, 0, what);
     TierConfig c;
     c.sequences = int(GetIntOr(o, "sequences", what, 1, 4096, 1));
     c.layers = int(GetInt(o, "layers", what, 1, 4096));
@@ -225,7 +219,7 @@ Napi::Value Info(const Napi::CallbackInfo& info) {
 
 Prepared PrepareFetch(const Napi::CallbackInfo& info) {
   const std::string what = "hotTier.fetch";
-  Napi::Object o = Opts(info, 1, what);
+  Napi::Object o = GetOptionsArg(info, 1, what);
   auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
   auto sel = std::make_shared<ParsedSelection>(GetSelection(o.Get("selection"), *a->tier, a->k.tokens, what + ".selection"));
   auto per = std::make_shared<std::vector<Counters>>(size_t(a->tier->config().kvHeads));
@@ -249,7 +243,7 @@ Prepared PrepareFetch(const Napi::CallbackInfo& info) {
 // counted in `sourceChunks`. Records each resident chunk's attention mass for lookahead eviction.
 Prepared PrepareAttend(const Napi::CallbackInfo& info) {
   const std::string what = "hotTier.attend";
-  Napi::Object o = Opts(info, 1, what);
+  Napi::Object o = GetOptionsArg(info, 1, what);
   auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
   Tier& t = *a->tier;
   const TierConfig& c = t.config();
@@ -335,7 +329,7 @@ Prepared PrepareAttend(const Napi::CallbackInfo& info) {
 Napi::Value RecordMassBinding(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "hotTier.recordMass";
-    Napi::Object o = Opts(info, 1, what);
+    Napi::Object o = GetOptionsArg(info, 1, what);
     auto t = Acquire(Handle(info, what));
     const TierConfig& c = t->config();
     const int seq = int(GetIntOr(o, "sequence", what, 0, c.sequences - 1, 0));
@@ -352,7 +346,7 @@ Napi::Value RecordMassBinding(const Napi::CallbackInfo& info) {
 
 Prepared PrepareWarm(const Napi::CallbackInfo& info) {
   const std::string what = "hotTier.warm";
-  Napi::Object o = Opts(info, 1, what);
+  Napi::Object o = GetOptionsArg(info, 1, what);
   auto a = std::make_shared<LayerArgs>(GetLayerArgs(info, o, what));
   const TierConfig& c = a->tier->config();
   // Warm-up order: per kv head the chunks to place, best first (any order, each < the source's chunks).
@@ -418,7 +412,7 @@ Napi::Value Residents(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "hotTier.residents";
     auto t = Acquire(Handle(info, what));
-    Napi::Object o = Opts(info, 1, what);
+    Napi::Object o = GetOptionsArg(info, 1, what);
     const TierConfig& c = t->config();
     const int seq = int(GetIntOr(o, "sequence", what, 0, c.sequences - 1, 0));
     const int layer = int(GetInt(o, "layer", what, 0, c.layers - 1));
@@ -464,7 +458,7 @@ Napi::Value CheckBinding(const Napi::CallbackInfo& info) {
 // their count. q: Float32Array(W × qHeads × dim). Returns Float32Array(kvHeads × ceil(tokens/chunkSize)).
 Prepared PrepareImportance(const Napi::CallbackInfo& info) {
   const std::string what = "hotTierImportance";
-  Napi::Object o = Opts(info, 0, what);
+  Napi::Object o = GetOptionsArg(info, 0, what);
   auto k = std::make_shared<KvView>(GetKvView(o.Get("k"), what + ".k"));
   const int qHeads = GetQHeads(o, k->heads, what);
   const int group = qHeads / k->heads;

@@ -169,6 +169,30 @@ inline int64_t HandleArg(const Napi::CallbackInfo& info, size_t i, const char* w
   return GetIntValue(info[i], std::string(what) + " handle", -(int64_t(1) << 53), int64_t(1) << 53);
 }
 
+// What a JS value is, for "got ..." in messages.
+inline const char* KindOf(const Napi::Value& v) {
+  if (v.IsUndefined()) return "undefined";
+  if (v.IsNull()) return "null";
+  if (v.IsTypedArray()) return "a typed array";
+  if (v.IsArray()) return "an array";
+  if (v.IsObject()) return "an object";
+  if (v.IsNumber()) return "a number";
+  if (v.IsString()) return "a string";
+  if (v.IsBoolean()) return "a boolean";
+  return "another kind of value";
+}
+
+// Argument i of a binding as its options object: a plain object (an array or typed array would read
+// every field as undefined and report a confusing missing field). `fields` names what it holds for
+// the message, e.g. "{ q, qHeads, k, v, ... }".
+inline Napi::Object GetOptionsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what, const char* fields = nullptr) {
+  const bool given = info.Length() > i;
+  if (!given || !info[i].IsObject() || info[i].IsTypedArray() || info[i].IsArray())
+    Throw("E_TYPE", what + ": expected an options object" + (fields ? std::string(" ") + fields : std::string()) + ", got " +
+                        (given ? KindOf(info[i]) : "nothing"));
+  return info[i].As<Napi::Object>();
+}
+
 inline int64_t GetInt(const Napi::Object& o, const char* key, const std::string& what, int64_t min, int64_t max) {
   return GetIntValue(o.Get(key), what + "." + key, min, max);
 }

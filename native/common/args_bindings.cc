@@ -15,8 +15,7 @@ namespace {
 // checkChunkLists({ offsets, chunkIds, kvHeads, maxChunks, what, ascending = true }) -> undefined
 Napi::Value CheckChunkListsBinding(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
-    if (info.Length() < 1 || !info[0].IsObject()) Throw("E_TYPE", "checkChunkLists: expected an options object");
-    Napi::Object o = info[0].As<Napi::Object>();
+    Napi::Object o = GetOptionsArg(info, 0, "checkChunkLists");
     Napi::Value wv = o.Get("what");
     const std::string what = wv.IsString() ? std::string(wv.As<Napi::String>()) : std::string("chunk lists");
     const int kvHeads = int(GetInt(o, "kvHeads", what, 1, kMaxKvHeads));

@@ -54,8 +54,7 @@ int64_t ArgInt(const Napi::CallbackInfo& info, size_t i, const std::string& what
 
 Napi::Object OptionsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what) {
   if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
-  if (!info[i].IsObject()) Throw("E_TYPE", what + ": expected an options object");
-  return info[i].As<Napi::Object>();
+  return GetOptionsArg(info, i, what);
 }
 
 template <typename T>
