@@ -10,26 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <numeric>
-#include <map>
-#include <mutex>
-#include <cstdio>
-#include <cstdlib>
 
 namespace kvd {
-
-// ---- PROBE (temporary measurement of a step-to-step level-1 bound) ----
-namespace {
-struct ProbeState {
-  std::vector<std::vector<float>> qs;  // history of queries (g x dim)
-  std::vector<float> dots;             // per gid x g
-  std::vector<int> stamp;              // per gid: history index, -1 invalid
-  std::vector<uint64_t> segKey;        // per gid: identity of its segment
-  std::vector<uint8_t> taken;          // per gid
-};
-std::mutex gProbeMu;
-std::map<std::pair<const void*, int>, ProbeState> gProbe;
-}  // namespace
 namespace {
 
 uint64_t Mix(uint64_t a, uint64_t b) {
@@ -859,127 +841,6 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
       // below, so the next level walks the cache forwards).
-
-      static const bool probe = std::getenv("KVD_REUSE_PROBE") != nullptr;
-      if (probe) {
-        std::lock_guard<std::mutex> lk(gProbeMu);
-        ProbeState& P = gProbe[{this, h}];
-        const int hist = int(P.qs.size());
-        P.qs.emplace_back(qh, qh + size_t(g) * dim_);
-        // current exact per-j dots and norms (widened f16 centroids)
-        std::vector<float> D(totalK * g), nrm(totalK), E(totalK);
-        std::vector<uint64_t> key(totalK);
-        std::vector<uint8_t> full(totalK);
-        std::vector<float> exact(totalK, -INFINITY);
-        for (const Ranked& r : clusters) exact[size_t(r.id)] = r.score;
-        for (size_t s2 = 0, at = 0; s2 < H.segments.size(); at += size_t(H.segments[s2].k), ++s2) {
-          const Segment& seg = H.segments[s2];
-          std::vector<float> C(size_t(seg.k) * dim_);
-          UntransposeTilesF16(seg.tiles.data(), seg.k, dim_, C.data());
-          for (int c = 0; c < seg.k; ++c) {
-            double nn = 0;
-            for (int d = 0; d < dim_; ++d) nn += double(C[c*dim_+d])*C[c*dim_+d];
-            nrm[at+c] = float(std::sqrt(nn));
-            for (int j = 0; j < g; ++j) {
-              double dd = 0;
-              for (int d = 0; d < dim_; ++d) dd += double(C[c*dim_+d]) * qh[j*dim_+d];
-              D[(at+c)*g+j] = float(dd);
-            }
-            E[at+c] = useRadius ? float(varCoefMax * seg.var[c] + radCoef * seg.radius[c]) : 0.f;
-            key[at+c] = (uint64_t(seg.c0) << 20) ^ uint64_t(seg.k) ^ (seg.clusteredFull ? (1ull<<63) : 0);
-            full[at+c] = seg.clusteredFull;
-          }
-        }
-        std::vector<double> dq(size_t(hist) * g);
-        for (int t = 0; t < hist; ++t)
-          for (int j = 0; j < g; ++j) {
-            double a = 0;
-            for (int d = 0; d < dim_; ++d) { double x = double(qh[j*dim_+d]) - P.qs[t][j*dim_+d]; a += x*x; }
-            dq[size_t(t)*g+j] = std::sqrt(a);
-          }
-        const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
-        // L: previous taken clusters ranked by exact score
-        std::vector<Ranked> pt;
-        if (P.taken.size() == totalK) for (size_t i = 0; i < totalK; ++i) if (P.taken[i] && exact[i] > -INFINITY) pt.push_back({exact[i], int32_t(i)});
-        std::sort(pt.begin(), pt.end(), ByRank());
-        double tk = 0; float L = -INFINITY;
-        for (auto& r : pt) { tk += ctoks[size_t(r.id)]; if (tk >= target) { L = r.score; break; } }
-        // true threshold T
-        std::vector<Ranked> all(clusters.begin(), clusters.end());
-        std::sort(all.begin(), all.end(), ByRank());
-        tk = 0; float T = -INFINITY;
-        for (auto& r : all) { tk += ctoks[size_t(r.id)]; if (tk >= target) { T = r.score; break; } }
-        // bounds
-        size_t blockTiles[4] = {0,0,0,0}, blockCl[4] = {0,0,0,0};
-        size_t tilesTot = 0, tilesSkip = 0, tilesSkipT = 0, clSkip = 0, clSkipMax = 0, tilesSkipMax = 0;
-        std::vector<uint8_t> scored(totalK, 1);
-        for (size_t s2 = 0, at = 0; s2 < H.segments.size(); at += size_t(H.segments[s2].k), ++s2) {
-          const Segment& seg = H.segments[s2];
-          for (int t0 = 0; t0 < seg.k; t0 += 16) {
-            ++tilesTot;
-            bool skip = true, skipT = true, skipM = true;
-            bool blockSkip[4] = {true, true, true, true};
-            for (int c = t0; c < std::min(seg.k, t0 + 16); ++c) {
-              const size_t gid = at + c;
-              bool ok = full[gid] && P.stamp.size() == totalK && P.stamp[gid] >= 0 && P.segKey[gid] == key[gid];
-              float ub = INFINITY, ubm = INFINITY;
-              if (ok) {
-                const int st = P.stamp[gid];
-                double b = -INFINITY, mxd = -INFINITY, mdq = 0;
-                for (int j = 0; j < g; ++j) {
-                  b = std::max(b, double(P.dots[gid*g+j]) + dq[size_t(st)*g+j]*nrm[gid]);
-                  mxd = std::max(mxd, double(P.dots[gid*g+j])); mdq = std::max(mdq, dq[size_t(st)*g+j]);
-                }
-                ub = float(b + E[gid]) ;
-                ubm = float(mxd + mdq*nrm[gid] + E[gid]);
-                if (exact[gid] > ub + 1e-3f) fprintf(stderr, "PROBE BOUND VIOLATION %g > %g\n", exact[gid], ub);
-              }
-              if (ok) {
-                const int st = P.stamp[gid];
-                const std::vector<float>& qo = P.qs[size_t(st)];
-                std::vector<float> C(dim_);
-                // centroid row
-                for (int d = 0; d < dim_; ++d) C[d] = F16ToF32(seg.tiles[size_t(c/16)*dim_*16 + size_t(d)*16 + (c%16)]);
-                for (int bi = 0; bi < 4; ++bi) {
-                  const int B = 4 << bi, w = dim_ / B;
-                  double bmax = -INFINITY;
-                  for (int j = 0; j < g; ++j) {
-                    double acc = P.dots[gid*g+j];
-                    for (int b = 0; b < B; ++b) {
-                      double a = 0, cc = 0;
-                      for (int d = b*w; d < (b+1)*w; ++d) { double x = double(qh[j*dim_+d]) - qo[j*dim_+d]; a += x*x; cc += double(C[d])*C[d]; }
-                      acc += std::sqrt(a*cc);
-                    }
-                    bmax = std::max(bmax, acc);
-                  }
-                  if (!(bmax + E[gid] < L)) blockSkip[bi] = false; else ++blockCl[bi];
-                }
-              } else for (int bi = 0; bi < 4; ++bi) blockSkip[bi] = false;
-              if (ub < L) ++clSkip; else skip = false;
-              if (ubm < L) ++clSkipMax; else skipM = false;
-              if (!(ub < T)) skipT = false;
-            }
-            tilesSkip += skip; tilesSkipT += skipT; tilesSkipMax += skipM;
-            for (int bi = 0; bi < 4; ++bi) blockTiles[bi] += blockSkip[bi];
-            if (skip) for (int c = t0; c < std::min(seg.k, t0 + 16); ++c) scored[at+c] = 0;
-          }
-        }
-        // update state
-        if (P.stamp.size() != totalK) { P.stamp.assign(totalK, -1); P.dots.assign(totalK*g, 0.f); P.segKey.assign(totalK, 0); }
-        for (size_t i = 0; i < totalK; ++i) {
-          if (P.segKey[i] != key[i]) P.stamp[i] = -1;
-          if (scored[i] || P.stamp[i] < 0) { P.stamp[i] = hist; for (int j = 0; j < g; ++j) P.dots[i*g+j] = D[i*g+j]; }
-          P.segKey[i] = key[i];
-        }
-        double mdq0 = hist ? dq[size_t(hist-1)*g] / std::sqrt(std::inner_product(qh, qh+dim_, qh, 0.0)) : 0;
-        fprintf(stderr, "PROBE h %d step %d tiles %zu skip %zu skipT %zu skipMaxForm %zu clusters %zu clSkip %zu L %g T %g relDq0 %.3f blocks4/8/16/32 tiles %zu %zu %zu %zu clusters %zu %zu %zu %zu\n",
-                h, hist, tilesTot, tilesSkip, tilesSkipT, tilesSkipMax, totalK, clSkip, L, T, mdq0, blockTiles[0], blockTiles[1], blockTiles[2], blockTiles[3], blockCl[0], blockCl[1], blockCl[2], blockCl[3]);
-        P.taken.assign(totalK, 0);
-        std::vector<Ranked> cl2(clusters.begin(), clusters.end());
-        std::vector<uint64_t> ch; std::vector<uint32_t> hs;
-        TakeClusters(cl2, ctoks, target, hs, ch);
-        for (size_t i = 0; i < totalK; ++i) P.taken[i] = (ch[i>>6] >> (i&63)) & 1;
-      }
       const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
       TakeClusters(clusters, ctoks, target, sc.hist, chosen);
