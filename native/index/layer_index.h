@@ -55,7 +55,7 @@ struct IndexConfig {
   // cheap while avoiding most of plain k-means++'s bad seeds.
   int kmeansTrials = 2;
   uint64_t seed = 0;
-  double candidateFactor = 6.0;
+  double candidateFactor = 8.0;  // src/index/options.ts default (tuned there)
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -66,7 +66,7 @@ struct IndexConfig {
   // kvdrive, when select() is given the layer's keys: the best level-2 chunks up to
   // rerankFactor x K tokens are re-ranked by their exact attention mass (level 3, see Select).
   // 0 disables the re-rank. When it covers every level-2 candidate, level 2 is skipped.
-  double rerankFactor = 8.0;
+  double rerankFactor = 10.0;
   // kvdrive level 1: weight b of the cluster radius term, score += b * |q| * radius (0: off). The
   // variance is an average over a cluster's tokens, so one strong key (a needle) among 16 barely
   // moves it; the radius is a max and does not dilute (Cauchy-Schwarz: q·k <= q·c + |q| r).

@@ -30,10 +30,13 @@ export interface PolicyOptions {
   seed?: number;
   /**
    * kvdrive only: candidate clusters are taken until they hold candidateFactor x budget tokens, then
-   * their chunks are re-ranked by q·chunk-mean (default 6; >= 1). Larger = higher recall, more scoring;
-   * on the synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts); on the
-   * `kvdrive demo` workload (bench/index-tune.ts) it goes with rerankFactor (candidates beyond the
-   * re-ranked ones are not selected with the keys), see there.
+   * their chunks are re-ranked (default 8; >= 1). Larger = higher recall, more scoring; on the
+   * synthetic needle cases recall is flat from 2 up (test/index-recall.test.ts). On the `kvdrive
+   * demo` workload at 128K / budget 2048, offloaded select (bench/select-step.ts, tuning seeds 3 and
+   * 5, 4 steps; seeds 1, 7 and 11 never looked at) recall / oracle was 0.980 / 0.969 at 6, 0.986 /
+   * 0.978 at 8 and 0.989 / 0.983 at 10: 8 is the least that keeps both tuning seeds above 0.97.
+   * With the keys it goes with rerankFactor (candidates beyond the re-ranked ones are not selected
+   * with the keys), see there.
    */
   candidateFactor?: number;
   /**
@@ -52,13 +55,15 @@ export interface PolicyOptions {
   /**
    * kvdrive only: when select() is given the layer's keys, the best level-2 chunks up to
    * rerankFactor x budget tokens are re-ranked by their exact share of attention mass (q·k of each
-   * token, summed over the GQA group; default 8; 0 disables; >= 0). When that covers every
-   * candidate (candidateFactor x budget tokens plus the outlier chunks), the chunk-mean scores of
-   * level 2 are not computed at all. On the demo workload at 128K / budget 2048 with candidateFactor
+   * token, summed over the GQA group; default 10; 0 disables; >= 0). When that covers every
+   * candidate (candidateFactor x budget tokens plus the outlier chunks: ~9.9 x budget at 128K /
+   * budget 2048 with the defaults), the chunk-mean scores of level 2 are not computed at all. On the demo workload at 128K / budget 2048 with candidateFactor
    * 6 (bench/index-tune.ts, seeds 1/2/3), recall / oracle was 0.976/0.954/0.977 at 6 (needles
    * 4/2/4 of 4, 55.5 MiB scored per layer-step) and 0.977/0.980/0.979 at 8 (every needle, 46.8
    * MiB: every candidate re-ranked exactly, no level 2); at 32K / budget 512, 0.989/0.985/0.986 at
-   * 6 and 0.991/0.985/0.986 at 8. Cost: up to rerankFactor x budget key rows read per kv head and step.
+   * 6 and 0.991/0.985/0.986 at 8 (those figures with candidateFactor 6; the default moved to 10 with
+   * candidateFactor 8 so that every candidate is still re-ranked). Cost: up to rerankFactor x budget
+   * key rows read per kv head and step.
    */
   rerankFactor?: number;
   /**
@@ -247,7 +252,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
   if (o.preferSketch === true && o.keySketch === false)
     throw new KvdriveError('E_CONFIG', `${what}.preferSketch: expected keySketch not false (preferSketch re-ranks on the sketch), got keySketch false`);
   const keySketch = o.keySketch ?? o.preferSketch ?? false;
-  const rerankFactor = o.rerankFactor ?? 8;
+  const rerankFactor = o.rerankFactor ?? 10;
   if (o.releaseChunkMeans === true && (!keySketch || rerankFactor === 0))
     throw new KvdriveError('E_CONFIG', `${what}.releaseChunkMeans: expected keySketch true and rerankFactor > 0 (select then re-ranks every candidate on the sketch or keys), got ${!keySketch ? 'keySketch false' : 'rerankFactor 0'}`);
   const chunkSize = o.chunkSize ?? DEFAULT_CHUNK[policy];
@@ -264,7 +269,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     local: o.local ?? 64,
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
-    candidateFactor: o.candidateFactor ?? 6,
+    candidateFactor: o.candidateFactor ?? 8,
     varianceWeight: o.varianceWeight ?? 3,
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
