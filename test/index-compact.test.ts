@@ -94,7 +94,7 @@ describe('kvdrive compact index', () => {
 
   it('4-bit scores are bit-identical at every SIMD level, for whole and partial 64-dim blocks', () => {
     const best = indexKernelLevel('best');
-    for (const D of [128, 96, 37]) {
+    for (const D of [128, 64, 192, 96, 37]) {
       const shape = { qHeads: 8, kvHeads: 2, headDim: D };
       const T = 700;
       const p = sketchPolicy({ sketchBits: 4 }, shape);

@@ -157,8 +157,9 @@ constexpr size_t kAhead = 128;
 // rows mostly share a run (~11 rows of 64 B at 4 bits on the demo workload), so in row order the
 // loads in flight hit one run — one DRAM / TLB miss at a time, ~23 ns per row cold even with the
 // prefetch; four streams put four runs' misses in flight. Measured on the 4-bit VNNI kernel alone
-// (8 kv heads x 16K rows in runs of 11, one thread, caches evicted between calls): 2.95 -> 2.14 ms
-// cold, 1.59 -> 0.92 ms warm; 8 or 16 streams were slower than 4. Each dot product is independent,
+// (ScoreSketchRows in a C++ harness: 8 kv heads x 16K rows in runs of 11, one thread, 512 MiB
+// written between calls): 2.95 -> 2.14 ms with caches evicted, 1.59 -> 0.92 ms without; 8 or 16
+// streams were slower than 4. The select as a whole: bench/index.md. Each dot product is independent,
 // so the order changes no value. Each stream prefetches kAhead / kStreams rows ahead of itself.
 constexpr size_t kStreams = 4;
 inline size_t StreamRow(size_t k, size_t qn) { return k < kStreams * qn ? (k % kStreams) * qn + k / kStreams : k; }
@@ -347,6 +348,46 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4RowsVnni(const
 // not a multiple of 4 run the one-row body. Block b holds row b of each of the kStreams = 4 streams
 // (rows b, qn + b, 2 qn + b, 3 qn + b: four runs' misses in flight, see kStreams), each stream
 // prefetching kAhead / 4 rows ahead of itself.
+// The blocks of Score4Vnni for rows at[0..3] (positions in rows / dots) of a head dim whose
+// whole 64-dim blocks are `full` dims: pairs of blocks, then (kTail64) one more block. A template,
+// so that the common dim of 128 has no tail code in its loop: with the tail path inside, the
+// compiler spilled the 16 accumulators, and the kernel ran ~25% slower.
+template <bool kTail64>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void Blocks4Vnni(const int8_t* q8, int groupFull, int full, __m512i mask,
+                                                                                const uint8_t* const* r, const size_t* at, int32_t* dots,
+                                                                                size_t ld) {
+  const int pairs = kTail64 ? full - 64 : full;
+  for (int j0 = 0; j0 < groupFull; j0 += 4) {
+    __m512i acc[4][4];
+    for (int u = 0; u < 4; ++u)
+      for (int t = 0; t < 4; ++t) acc[u][t] = _mm512_setzero_si512();
+    for (int d0 = 0; d0 < pairs; d0 += 128) {
+      __m512i ql[4], qh[4];
+      for (int u = 0; u < 4; ++u) {
+        const int8_t* qj = q8 + size_t(j0 + u) * full + d0;
+        ql[u] = _mm512_loadu_si512(qj);
+        qh[u] = _mm512_loadu_si512(qj + 64);
+      }
+      for (int t = 0; t < 4; ++t) {
+        const __m512i c = _mm512_loadu_si512(r[t] + d0 / 2);
+        const __m512i lo = _mm512_and_si512(c, mask);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+        for (int u = 0; u < 4; ++u) acc[u][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[u][t], lo, ql[u]), hi, qh[u]);
+      }
+    }
+    if (kTail64)
+      for (int u = 0; u < 4; ++u)
+        for (int t = 0; t < 4; ++t) acc[u][t] = Row4Vnni(acc[u][t], r[t] + pairs / 2, q8 + size_t(j0 + u) * full + pairs, 64, mask);
+    const __m512i sums = Reduce4x4(acc);
+    alignas(64) int32_t lane[16];
+    _mm512_store_si512(lane, sums);
+    for (int u = 0; u < 4; ++u) {
+      int32_t* o = dots + size_t(j0 + u) * ld;
+      for (int t = 0; t < 4; ++t) o[at[t]] = lane[4 * u + t];
+    }
+  }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int8_t* q8, const int16_t* q, int group, int dim,
                                                                       const uint8_t* codes, const int64_t* rows, size_t n,
                                                                       int32_t* dots, size_t ld) {
@@ -355,11 +396,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int
   const int full = dim / 64 * 64;
   const int groupFull = group / 4 * 4;
   static_assert(kStreams == 4, "a block takes one row of each stream");
-  // Blocks need whole 128-dim pairs (a row's 64-byte loads); other head dims take the one-row body.
-  const size_t qn = groupFull > 0 && full == dim && dim % 128 == 0 ? n / 4 : 0;
+  // Blocks cover whole 64-dim blocks; a head dim with a partial last block takes the one-row body.
+  const size_t qn = groupFull > 0 && full == dim ? n / 4 : 0;
+  const bool tail64 = full % 128 != 0;
   const size_t ahead = kAhead / 4;
   for (size_t b = 0; b < qn; ++b) {
-    size_t at[4];  // the block's rows' positions in rows / dots
+    size_t at[4];
     for (size_t t = 0; t < 4; ++t) at[t] = t * qn + b;
     if (b + ahead < qn)
       for (size_t t = 0; t < 4; ++t) {
@@ -368,32 +410,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int
       }
     const uint8_t* r[4];
     for (int t = 0; t < 4; ++t) r[t] = codes + size_t(rows[at[t]]) * rb;
-    for (int j0 = 0; j0 < groupFull; j0 += 4) {
-      __m512i acc[4][4];
-      for (int u = 0; u < 4; ++u)
-        for (int t = 0; t < 4; ++t) acc[u][t] = _mm512_setzero_si512();
-      for (int d0 = 0; d0 < full; d0 += 128) {
-        __m512i ql[4], qh[4];
-        for (int u = 0; u < 4; ++u) {
-          const int8_t* qj = q8 + size_t(j0 + u) * full + d0;
-          ql[u] = _mm512_loadu_si512(qj);
-          qh[u] = _mm512_loadu_si512(qj + 64);
-        }
-        for (int t = 0; t < 4; ++t) {
-          const __m512i c = _mm512_loadu_si512(r[t] + d0 / 2);
-          const __m512i lo = _mm512_and_si512(c, mask);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
-          for (int u = 0; u < 4; ++u) acc[u][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[u][t], lo, ql[u]), hi, qh[u]);
-        }
-      }
-      const __m512i sums = Reduce4x4(acc);
-      alignas(64) int32_t lane[16];
-      _mm512_store_si512(lane, sums);
-      for (int u = 0; u < 4; ++u) {
-        int32_t* o = dots + size_t(j0 + u) * ld;
-        for (int t = 0; t < 4; ++t) o[at[t]] = lane[4 * u + t];
-      }
-    }
+    if (tail64) Blocks4Vnni<true>(q8, groupFull, full, mask, r, at, dots, ld);
+    else Blocks4Vnni<false>(q8, groupFull, full, mask, r, at, dots, ld);
   }
   // Rows after the streams (every row when the group has fewer than 4 heads), and the heads past
   // groupFull of the streamed rows.
