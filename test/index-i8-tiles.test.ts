@@ -11,14 +11,15 @@ function roundEven(x: number): number {
   return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
-/** One row's codes and scale, as the native quantizer computes them in f32. */
+/** One row's codes and scale, as the native quantizer (QuantizeCodes, key_sketch.h) computes them in f32. */
 function quantize(x: Float32Array): { codes: Int8Array; scale: number } {
   let m = 0;
   for (const v of x) m = Math.max(m, Math.abs(v));
-  const inv = m > 0 ? Math.fround(127 / m) : 0;
+  const scale = Math.fround(m / 127);
+  const inv = scale > 0 ? Math.fround(1 / scale) : 0;
   const codes = new Int8Array(x.length);
   for (let d = 0; d < x.length; d++) codes[d] = Math.min(127, Math.max(-127, roundEven(Math.fround(x[d]! * inv))));
-  return { codes, scale: Math.fround(m / 127) };
+  return { codes, scale };
 }
 
 /** Byte of centroid i, dim d in the tile layout (tiles of 16 lanes, quads of 4 dims). */

@@ -21,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "index/index.h"
+#include "index/key_sketch.h"
 
 namespace kvd {
 namespace {
@@ -832,19 +833,7 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
   }
 }
 
-// Codes of one row: scale max|x| / 127, code round-to-nearest-even(x * (127 / max)) (within
-// [-127, 127] by construction); an all-zero row has scale 0 and zero codes.
 namespace {
-float QuantizeRowI8(const float* x, int dim, int8_t* codes, size_t stride) {
-  float m = 0.f;
-  for (int d = 0; d < dim; ++d) m = std::max(m, std::fabs(x[d]));
-  const float inv = m > 0.f ? 127.f / m : 0.f;
-  for (int d = 0; d < dim; ++d) {
-    const float r = std::nearbyint(x[d] * inv);
-    codes[size_t(d) * stride] = int8_t(std::min(127.f, std::max(-127.f, r)));
-  }
-  return m / 127.f;
-}
 // Byte of lane l, dim d inside a tile (see TileBytesI8).
 inline size_t TileByteI8(size_t l, int d) { return size_t(d / 4) * 64 + l * 4 + size_t(d % 4); }
 }  // namespace
@@ -861,7 +850,7 @@ void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scal
   int8_t codes[4096];
   std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
   int8_t* row = dim > 4096 ? big.data() : codes;
-  scales[j] = QuantizeRowI8(centroid, dim, row, 1);
+  QuantizeCodes(centroid, nullptr, dim, 127.f, row, &scales[j]);
   for (int d = 0; d < dim; ++d) tile[TileByteI8(j % 16, d)] = row[d];
 }
 
@@ -883,7 +872,7 @@ void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out) {
   out.pat16.resize(size_t(group) * quads);
   for (int j = 0; j < group; ++j) {
     int8_t* qj = out.q.data() + size_t(j) * dim4;
-    out.scale[j] = QuantizeRowI8(q + size_t(j) * dim, dim, qj, 1);
+    QuantizeCodes(q + size_t(j) * dim, nullptr, dim, 127.f, qj, &out.scale[j]);
     for (int d = 0; d < dim4; ++d) out.sum[j] += qj[d];
     for (int p = 0; p < quads; ++p) {
       uint32_t w8 = 0;
