@@ -255,128 +255,104 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
 // ---- int8 centroid tiles (see ScoreTilesMaxI8 in index.h) ----
 //
 // Every level computes the same exact int32 dot products of the int8 query with each int8
-// centroid, then the same float epilogue (TileEpilogue), so the scores are bit-identical at every
+// centroid, then the same float epilogue (ScoreTilesI8), so the scores are bit-identical at every
 // level. Tile layout: per tile of 16 centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds
 // lane l's dims 4p..4p+3 at bytes 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
 
-// s = float(dot) * qScale * cScale[l] (+ coef * var[l]), then best = max(best, s), lane-wise.
-// |dot| <= 127 * 127 * dim4 < 2^24 for dim4 <= 1024, so the int -> float conversion is exact.
-KVD_INLINE void TileEpilogue(v16i dot, float qScale, v16 cScale, bool useVar, v16 vv, float coef, v16& best) {
-  v16 s = __builtin_convertvector(dot, v16) * qScale;
-  s = s * cScale;
-  if (useVar) s += vv * coef;
-  best = s > best ? s : best;
-}
+// Per-tile kernels: dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l
+// of one tile (`quads` 64-byte quads). ScoreTilesI8 runs one of them per tile and turns the dots into
+// scores with the same f32 code at every level.
+typedef void (*TileDotsFn)(const QueryI8& qq, const int8_t* tile, size_t quads, int32_t* dots);
 
-// The lanes' per-centroid scales and variance terms of tile t (zero past k).
-KVD_INLINE void TileLaneData(const float* scales, const float* var, size_t t, size_t jn, v16& cs, v16& vv) {
-  cs = Load16(scales + t * 16);  // scales hold whole tiles, padding lanes 0
-  vv = v16{};
-  if (var)
-    for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
-}
-
-// Portable level: plain int32 multiply-adds, four query heads per pass over a tile.
-KVD_INLINE void ScoreTilesI8Body(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
-                                 const float* var, const float* coef) {
-  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
-  for (size_t t = 0; t < tiles; ++t) {
-    const int8_t* c = ct + t * quads * 64;
-    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-    v16 cs, vv;
-    TileLaneData(scales, var, t, jn, cs, vv);
-    v16 best = v16{} - std::numeric_limits<float>::infinity();
-    for (int j = 0; j < qq.group; ++j) {
-      const int8_t* qj = qq.q.data() + size_t(j) * qq.dim4;
-      v16i acc = v16i{};
-      for (size_t p = 0; p < quads; ++p)
-        for (int l = 0; l < 16; ++l)
-          for (int b = 0; b < 4; ++b) acc[l] += int32_t(qj[p * 4 + b]) * int32_t(c[p * 64 + l * 4 + b]);
-      TileEpilogue(acc, qq.scale[j], cs, var != nullptr, vv, var ? coef[j] : 0.f, best);
-    }
-    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+// Portable level: plain int32 multiply-adds.
+void TileDotsScalar(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
+  for (int j = 0; j < qq.group; ++j) {
+    const int8_t* qj = qq.q.data() + size_t(j) * qq.dim4;
+    int32_t* d = dots + size_t(j) * 16;
+    for (int l = 0; l < 16; ++l) d[l] = 0;
+    for (size_t p = 0; p < quads; ++p)
+      for (int l = 0; l < 16; ++l)
+        for (int b = 0; b < 4; ++b) d[l] += int32_t(qj[p * 4 + b]) * int32_t(c[p * 64 + l * 4 + b]);
   }
-}
-
-void ScoreTilesI8Scalar(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
-                        const float* var, const float* coef) {
-  ScoreTilesI8Body(qq, ct, scales, k, out, var, coef);
 }
 
 // AVX2: each 16-byte quarter of a quad (4 centroids x 4 dims) is sign-extended to 16 x i16 and
 // multiplied by the query's 4 dims (VPMADDWD, exact pairs in i32), two query heads per pass (8
 // accumulators + 4 loads + 2 query patterns fit the 16 ymm registers). Lanes 2m, 2m+1 of quarter
 // g's accumulator are centroid 4g + m's two pair sums, added at the end.
-__attribute__((target("avx2"))) void ScoreTilesI8Avx2(const QueryI8& qq, const int8_t* ct, const float* scales,
-                                                      size_t k, float* out, const float* var, const float* coef) {
-  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
-  for (size_t t = 0; t < tiles; ++t) {
-    const int8_t* c = ct + t * quads * 64;
-    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-    v16 cs, vv;
-    TileLaneData(scales, var, t, jn, cs, vv);
-    v16 best = v16{} - std::numeric_limits<float>::infinity();
-    for (int j0 = 0; j0 < qq.group; j0 += 2) {
-      const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
-      const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
-      const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
-      __m256i a[2][4];
-      for (int r = 0; r < 2; ++r)
-        for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
-      for (size_t p = 0; p < quads; ++p) {
-        const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
-        for (int g = 0; g < 4; ++g) {
-          const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
-          a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
-          a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
-        }
-      }
-      for (int r = 0; r < nj; ++r) {
-        int32_t pairs[32];
-        for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * g), a[r][g]);
-        v16i dot;
-        for (int l = 0; l < 16; ++l) dot[l] = pairs[2 * l] + pairs[2 * l + 1];
-        TileEpilogue(dot, qq.scale[j0 + r], cs, var != nullptr, vv, var ? coef[j0 + r] : 0.f, best);
+__attribute__((target("avx2"))) void TileDotsAvx2(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
+  for (int j0 = 0; j0 < qq.group; j0 += 2) {
+    const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
+    const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
+    const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
+    __m256i a[2][4];
+    for (int r = 0; r < 2; ++r)
+      for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
+    for (size_t p = 0; p < quads; ++p) {
+      const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
+        a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
+        a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
       }
     }
-    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+    for (int r = 0; r < nj; ++r) {
+      int32_t pairs[32];
+      for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * g), a[r][g]);
+      int32_t* d = dots + size_t(j0 + r) * 16;
+      for (int l = 0; l < 16; ++l) d[l] = pairs[2 * l] + pairs[2 * l + 1];
+    }
   }
 }
 
 // AVX-512 VNNI: one VPDPBUSD per quad and query head (16 centroids x 4 dims). It multiplies
 // unsigned by signed bytes, so the centroid bytes are biased to unsigned (x ^ 0x80 = x + 128) and
 // 128 * sum(q_j) is subtracted at the end: exact. Four query heads per pass.
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(const QueryI8& qq, const int8_t* ct,
-                                                                               const float* scales, size_t k,
-                                                                               float* out, const float* var,
-                                                                               const float* coef) {
-  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void TileDotsVnni(const QueryI8& qq, const int8_t* c,
+                                                                           size_t quads, int32_t* dots) {
   const __m512i bias = _mm512_set1_epi8(char(0x80));
+  for (int j0 = 0; j0 < qq.group; j0 += 4) {
+    const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
+    const int32_t* qp[4];
+    for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t p = 0; p < quads; ++p) {
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+      a0 = _mm512_dpbusd_epi32(a0, w, _mm512_set1_epi32(qp[0][p]));
+      a1 = _mm512_dpbusd_epi32(a1, w, _mm512_set1_epi32(qp[1][p]));
+      a2 = _mm512_dpbusd_epi32(a2, w, _mm512_set1_epi32(qp[2][p]));
+      a3 = _mm512_dpbusd_epi32(a3, w, _mm512_set1_epi32(qp[3][p]));
+    }
+    const __m512i acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < nj; ++r)
+      _mm512_storeu_si512(dots + size_t(j0 + r) * 16, _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * qq.sum[j0 + r])));
+  }
+}
+
+// out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h).
+// One f32 code path for every level (|dot| < 2^31, converted to f32 the same way everywhere), so
+// the scores are bit-identical whichever tileDots ran.
+void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+                  const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  int32_t stackDots[64 * 16];
+  std::vector<int32_t> heapDots(qq.group > 64 ? size_t(qq.group) * 16 : 0);
+  int32_t* dots = qq.group > 64 ? heapDots.data() : stackDots;
   for (size_t t = 0; t < tiles; ++t) {
-    const int8_t* c = ct + t * quads * 64;
+    tileDots(qq, ct + t * quads * 64, quads, dots);
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-    v16 cs, vv;
-    TileLaneData(scales, var, t, jn, cs, vv);
+    const v16 cs = Load16(scales + t * 16);  // scales hold whole tiles, padding lanes 0
+    v16 vv = v16{};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
     v16 best = v16{} - std::numeric_limits<float>::infinity();
-    for (int j0 = 0; j0 < qq.group; j0 += 4) {
-      const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
-      const int32_t* qp[4];
-      for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
-      __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-      for (size_t p = 0; p < quads; ++p) {
-        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
-        a0 = _mm512_dpbusd_epi32(a0, w, _mm512_set1_epi32(qp[0][p]));
-        a1 = _mm512_dpbusd_epi32(a1, w, _mm512_set1_epi32(qp[1][p]));
-        a2 = _mm512_dpbusd_epi32(a2, w, _mm512_set1_epi32(qp[2][p]));
-        a3 = _mm512_dpbusd_epi32(a3, w, _mm512_set1_epi32(qp[3][p]));
-      }
-      const __m512i acc[4] = {a0, a1, a2, a3};
-      for (int r = 0; r < nj; ++r) {
-        const __m512i d = _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * qq.sum[j0 + r]));
-        v16i dot;
-        std::memcpy(&dot, &d, 64);
-        TileEpilogue(dot, qq.scale[j0 + r], cs, var != nullptr, vv, var ? coef[j0 + r] : 0.f, best);
-      }
+    for (int j = 0; j < qq.group; ++j) {
+      v16i d;
+      std::memcpy(&d, dots + size_t(j) * 16, sizeof(d));
+      v16 s = __builtin_convertvector(d, v16) * qq.scale[j];
+      s = s * cs;
+      if (var) s += vv * coef[j];
+      best = s > best ? s : best;
     }
     for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
   }
@@ -826,10 +802,10 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
                      const float* coef) {
   switch (IndexKernelLevel()) {
     case SimdLevel::Avx512:
-      if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
-      return ScoreTilesI8Avx2(q, ct, scales, k, out, var, coef);  // AVX-512F without VNNI
-    case SimdLevel::Avx2: return ScoreTilesI8Avx2(q, ct, scales, k, out, var, coef);
-    default: return ScoreTilesI8Scalar(q, ct, scales, k, out, var, coef);
+      // AVX-512F without VNNI: the AVX2 kernel.
+      return ScoreTilesI8(CpuHasVnni512() ? TileDotsVnni : TileDotsAvx2, q, ct, scales, k, out, var, coef);
+    case SimdLevel::Avx2: return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
+    default: return ScoreTilesI8(TileDotsScalar, q, ct, scales, k, out, var, coef);
   }
 }
 
