@@ -7,7 +7,7 @@
  *     128K cache with the same selection every call (cache-resident, but every chunk on another
  *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM); and the
  *     runtime's attendFetched over the same tokens as page-first pages in a DRAM-tier arena;
- *   - centroid scoring as kvdrive's select runs it (f16 tiles, 8192 clusters x 8 kv heads, one thread).
+ *   - centroid scoring as kvdrive's select runs it (int8 tiles, 8192 clusters x 8 kv heads, one thread).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
  * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's.
@@ -273,30 +273,30 @@ async function main(): Promise<void> {
     }
   }
 
-  // Centroid scoring as kvdrive's select runs it: f16 tiles (the layout the index keeps), one
-  // distinct 2 MiB tile array per kv head (16 MiB per layer-step at 128K, ~16 tokens per cluster:
+  // Centroid scoring as kvdrive's select runs it: int8 tiles (the layout the index keeps), one
+  // distinct 1 MiB tile array per kv head (8 MiB per layer-step at 128K, ~16 tokens per cluster:
   // streamed from DRAM, not re-read from cache), one call per kv head scoring its GQA group in one
   // pass over each tile, on one thread. The baseline reads the same 8 arrays (one thread).
   if (typeof native.scoreCentroids === 'function' && typeof native.centroidTiles === 'function') {
     const n = MAX_TOKENS / 16;
     const group = Q_HEADS / KV_HEADS;
-    const tiles: Uint16Array[] = [];
+    const tiles: { tiles: Int8Array; scales: Float32Array }[] = [];
     for (let h = 0; h < KV_HEADS; h++) {
       const centroids = new Float32Array(n * DIM);
       const nc = xorshift(5 + h);
       for (let i = 0; i < centroids.length; i++) centroids[i] = ((nc() % 2000) - 1000) / 1000;
-      tiles.push(native.centroidTiles(centroids, n, DIM, 'f16') as Uint16Array);
+      tiles.push(native.centroidTiles(centroids, n, DIM, 'i8') as { tiles: Int8Array; scales: Float32Array });
     }
-    const cBytes = tiles.reduce((a, t) => a + t.byteLength, 0);
-    add({ name: 'memoryRead centroid f16 tiles (1T)', bytes: cBytes, flops: 0 }, () => {
+    const cBytes = tiles.reduce((a, t) => a + t.tiles.byteLength + t.scales.byteLength, 0);
+    add({ name: 'memoryRead centroid int8 tiles (1T)', bytes: cBytes, flops: 0 }, () => {
       let s = 0;
-      for (const t of tiles) s += memoryRead(t);
+      for (const t of tiles) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
       return s;
     });
     add(
-      { name: `scoreCentroids f16 tiles ${n}/head x ${KV_HEADS} heads (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid f16 tiles (1T)' },
+      { name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid int8 tiles (1T)' },
       () => {
-        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, tiles[h]!, n, DIM, 'tiles16');
+        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, tiles[h]!, n, DIM, 'tiles8');
       },
     );
   } else {

@@ -5,7 +5,16 @@
  * The options are the runtime's (`offloadedPolicyOptions`, keyless select on the key sketch);
  * `"keyed": true` in them takes them as given and selects with the keys.
  *
+ * Repeating one query keeps the index in cache and so understates level 1 (every centroid tile is
+ * streamed once per step). `"steps": N` in the options runs the decode instead: the trace's N
+ * consecutive decode steps, each extending both indexes (not timed) and selecting once per build
+ * with that step's query (which build goes first alternates), with `flushMiB` (default 256) of
+ * other memory read before every select so the index comes from DRAM, as in a runtime step that
+ * alternates layers; reps then repeats the whole decode. Selections of the two builds may differ
+ * (the count of identical steps is printed).
+ *
  *   node dist/bench/select-ab.js <a.node> <b.node> [context=131072] [budget=2048] [seed=3] [reps=40] ['{"preferSketch":true}']
+ *   node dist/bench/select-ab.js <a.node> <b.node> 131072 2048 3 3 '{"steps":16}'
  */
 import { createRequire } from 'node:module';
 import os from 'node:os';
@@ -20,9 +29,9 @@ const CONTEXT = Number(process.argv[4] ?? 131072);
 const BUDGET = Number(process.argv[5] ?? 2048);
 const SEED = Number(process.argv[6] ?? 3);
 const REPS = Number(process.argv[7] ?? 40);
-const { keyed = false, ...OPTS } = process.argv[8] ? JSON.parse(process.argv[8]) : {};
+const { keyed = false, steps: STEPS = 0, flushMiB: FLUSH_MIB = 256, ...OPTS } = process.argv[8] ? JSON.parse(process.argv[8]) : {};
 
-const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: 1, qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: SEED });
+const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: Math.max(1, STEPS), qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: SEED });
 const layer = await trace.layer(0);
 const { k } = layerKvWithNew(layer);
 const T = CONTEXT;
@@ -41,16 +50,52 @@ const runs = [A, B].map((path) => {
 const sels = runs.map((r) => r.index.select(q, BUDGET, undefined, keys) as Sel);
 const same = sels[0]!.chunkIds.length === sels[1]!.chunkIds.length && sels[0]!.chunkIds.every((x, i) => x === sels[1]!.chunkIds[i]);
 console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${JSON.stringify({ keyed, ...OPTS })}; same selection: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
-for (let r = 0; r < REPS; r++)
-  for (const run of runs) {
-    const c = process.cpuUsage();
-    const t = performance.now();
-    run.index.select(q, BUDGET, undefined, keys);
-    run.wall.push(performance.now() - t);
-    const d = process.cpuUsage(c);
-    run.cpu += (d.user + d.system) / 1000;
+const timed = (run: (typeof runs)[number], query: Float32Array, keysNow: typeof keys) => {
+  const c = process.cpuUsage();
+  const t = performance.now();
+  const sel = run.index.select(query, BUDGET, undefined, keysNow) as Sel;
+  run.wall.push(performance.now() - t);
+  const d = process.cpuUsage(c);
+  run.cpu += (d.user + d.system) / 1000;
+  return sel;
+};
+let calls = REPS;
+if (STEPS > 0) {
+  // One cache line of every 64 bytes read: evicts the index from the last-level cache.
+  const flush = new Int32Array((FLUSH_MIB * 2 ** 20) / 4).fill(1);
+  let sink = 0;
+  const touch = () => {
+    for (let i = 0; i < flush.length; i += 16) sink += flush[i]!;
+  };
+  let sameSteps = 0;
+  calls = REPS * STEPS;
+  for (let r = 0; r < REPS; r++) {
+    // A fresh index per rep (the decode extends it), built outside the timing.
+    if (r > 0)
+      for (const run of runs) {
+        run.index.buildSync(prefixView(k, T), T);
+        run.index.extend(kv, T + 1);
+      }
+    for (let s = 0; s < STEPS; s++) {
+      const tokens = T + s + 1;
+      const kvNow = prefixView(k, tokens);
+      const qs = layer.q.subarray(s * 32 * 128, (s + 1) * 32 * 128);
+      if (s > 0) for (const run of runs) run.index.extend(kvNow, tokens);
+      const order = s % 2 === 0 ? runs : [...runs].reverse();
+      const got = new Map<(typeof runs)[number], Sel>();
+      for (const run of order) {
+        touch();
+        got.set(run, timed(run, qs, keyed ? kvNow : undefined));
+      }
+      const [x, y] = [got.get(runs[0]!)!, got.get(runs[1]!)!];
+      sameSteps += Number(x.chunkIds.length === y.chunkIds.length && x.chunkIds.every((v, i) => v === y.chunkIds[i]));
+    }
   }
+  console.log(`decode: ${STEPS} consecutive steps x ${REPS} reps, ${FLUSH_MIB} MiB read before each select; identical selections in ${sameSteps} of ${STEPS * REPS} steps (${sink > 0 ? 'flushed' : ''})`);
+} else {
+  for (let r = 0; r < REPS; r++) for (const run of runs) timed(run, q, keys);
+}
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 for (const run of runs)
-  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} ms, CPU ${(run.cpu / REPS).toFixed(2)} ms/call`);
+  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} ms, CPU ${(run.cpu / calls).toFixed(2)} ms/call`);
 console.log(`load after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);

@@ -86,6 +86,7 @@ inline const char* TypedArrayName(napi_typedarray_type t) {
     case napi_uint32_array: return "Uint32Array";
     case napi_float64_array: return "Float64Array";
     case napi_uint8_array: return "Uint8Array";
+    case napi_int8_array: return "Int8Array";
     default: return "another TypedArray";
   }
 }

@@ -127,8 +127,9 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
 
 // scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
 // group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
-// 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles16': f16 tiles
-// (centroidTiles(.., 'f16'), a Uint16Array of binary16 bits), the layout the index scores.
+// 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles8': int8 tiles
+// ({ tiles: Int8Array, scales: Float32Array } from centroidTiles(.., 'i8')), the layout the index
+// scores, with q quantized inside the call.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto q = GetF32(info[0], "scoreCentroids q");
@@ -138,16 +139,25 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     std::string layout = "rows";
     if (info.Length() > 5 && !info[5].IsUndefined()) {
       layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
-      if (layout != "rows" && layout != "tiles" && layout != "tiles16")
-        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles16', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+      if (layout != "rows" && layout != "tiles" && layout != "tiles8")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles8', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
     }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
     auto out = Napi::Float32Array::New(info.Env(), size_t(n));
-    if (layout == "tiles16") {
-      auto c = GetArray<uint16_t>(info[2], napi_uint16_array, "scoreCentroids centroids (f16 tiles)");
-      ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles16: ceil(n/16)*16*dim)");
-      ScoreTilesMaxF16(q.data, g, c.data, size_t(n), dim, out.Data());
+    if (layout == "tiles8") {
+      if (!info[2].IsObject() || info[2].IsTypedArray())
+        Throw("E_TYPE", "scoreCentroids centroids (tiles8): expected { tiles: Int8Array, scales: Float32Array }, got " +
+                            std::string(info[2].IsTypedArray() ? "a TypedArray" : "a non-object"));
+      Napi::Object o = info[2].As<Napi::Object>();
+      auto t = GetArray<int8_t>(o.Get("tiles"), napi_int8_array, "scoreCentroids centroids.tiles (int8 tiles)");
+      auto sc = GetF32(o.Get("scales"), "scoreCentroids centroids.scales");
+      ExpectLength(t.length, TileBytesI8(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*16*ceil4(dim))");
+      ExpectLength(sc.length, TileScalesI8(size_t(n)), "scoreCentroids centroids.scales (ceil(n/16)*16)");
+      CheckFinite(sc.data, sc.length, "scoreCentroids centroids.scales");
+      QueryI8 qq;
+      QuantizeQueryI8(q.data, g, dim, qq);
+      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data());
       return out;
     }
     auto c = GetF32(info[2], "scoreCentroids centroids");
@@ -164,8 +174,9 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   });
 }
 
-// centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array, or Uint16Array of f16 bits for
-// dtype 'f16': n x dim row-major centroids in the tile layout.
+// centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array of f32 tiles, or for dtype 'i8'
+// { tiles: Int8Array, scales: Float32Array } (the index's int8 tiles, index.h): n x dim row-major
+// centroids in the tile layout.
 Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto c = GetF32(info[0], "centroidTiles centroids");
@@ -174,15 +185,21 @@ Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
     std::string dt = "f32";
     if (info.Length() > 3 && !info[3].IsUndefined()) {
       dt = info[3].IsString() ? std::string(info[3].As<Napi::String>()) : "";
-      if (dt != "f32" && dt != "f16")
-        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'f16', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
+      if (dt != "f32" && dt != "i8")
+        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'i8', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
     }
     ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
     CheckFinite(c.data, c.length, "centroidTiles centroids");
-    if (dt == "f16") {
-      auto out = Napi::Uint16Array::New(info.Env(), TileFloats(size_t(n), dim));
-      TransposeTilesF16(c.data, size_t(n), dim, out.Data());
-      return out;
+    if (dt == "i8") {
+      const size_t bytes = TileBytesI8(size_t(n), dim);
+      auto buf = Napi::ArrayBuffer::New(info.Env(), bytes);
+      auto tiles = Napi::TypedArrayOf<int8_t>::New(info.Env(), bytes, buf, 0, napi_int8_array);
+      auto scales = Napi::Float32Array::New(info.Env(), TileScalesI8(size_t(n)));
+      QuantizeTilesI8(c.data, size_t(n), dim, tiles.Data(), scales.Data());
+      Napi::Object o = Napi::Object::New(info.Env());
+      o.Set("tiles", tiles);
+      o.Set("scales", scales);
+      return o;
     }
     auto out = Napi::Float32Array::New(info.Env(), TileFloats(size_t(n), dim));
     TransposeTiles(c.data, size_t(n), dim, out.Data());

@@ -47,15 +47,42 @@ void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
 void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
                    const float* var = nullptr, const float* coef = nullptr);
 
-// The same over tiles stored as f16 (IEEE binary16 bits, TileFloats(k, dim) values): half the bytes
-// per centroid; values are widened exactly, so the scores equal ScoreTilesMax over the widened tiles.
-void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out,
-                      const float* var = nullptr, const float* coef = nullptr);
-// Row-major f32 centroids <-> f16 tiles (round to nearest even on the way in).
-void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct);
-void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c);
-// Writes centroid j (dim values) into its lanes of f16 tiles that already hold >= j + 1 centroids.
-void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct);
+// Int8 centroid tiles, what the index stores and scores (a quarter of f32's bytes, half of f16's).
+// Each centroid c_i is stored as round(c_i / s_i) in [-127, 127] with its own scale
+// s_i = max_d |c_i[d]| / 127 (per centroid, not per dimension: the scale then factors out of the
+// dot product, and an online add that moves one centroid rewrites only that centroid's bytes).
+// Layout: ceil(k/16) tiles of 16 centroids; a tile is Dim4(dim) / 4 quads of 64 bytes, quad p holding
+// lane l's dims 4p..4p+3 at bytes 4l..4l+3; dims past dim and lanes past k are zero. Scales:
+// TileScalesI8(k) floats, zero past k.
+inline int Dim4(int dim) { return (dim + 3) & ~3; }
+inline size_t TileBytesI8(size_t k, int dim) { return (k + 15) / 16 * 16 * size_t(Dim4(dim)); }
+inline size_t TileScalesI8(size_t k) { return (k + 15) / 16 * 16; }
+// ct and scales sized as above; every byte and scale is written.
+void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales);
+// Writes centroid j (dim values) into its lanes and scale of tiles that already hold >= j + 1 centroids.
+void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales);
+// The dequantized centroids (byte x scale), k x dim row-major.
+void DequantizeTilesI8(const int8_t* ct, const float* scales, size_t k, int dim, float* c);
+
+// A query group quantized like a centroid (per query head: scale max_d |q_j[d]| / 127, codes in
+// [-127, 127]), in the forms the kernels broadcast. Built once per group, scored against any
+// number of tile sets.
+struct QueryI8 {
+  int group = 0, dim4 = 0;
+  std::vector<int8_t> q;       // group x dim4 codes (zero past dim)
+  std::vector<float> scale;    // group
+  std::vector<int32_t> sum;    // group: sum of the codes (the VNNI kernel's bias correction)
+  std::vector<int32_t> pat8;   // group x dim4/4: four codes packed little-endian
+  std::vector<int64_t> pat16;  // group x dim4/4: the same four as int16
+};
+void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out);
+// out[i] = max_j (sq_j * s_i * (q8_j · c8_i) + coef[j] * var[i]) over k int8-tiled centroids (var /
+// coef may be null). The integer dot is exact, and the float part is the same operations at every
+// level, so scores are bit-identical at every SIMD level (scalar, AVX2, AVX-512 with VNNI when the
+// CPU has it, else the AVX2 kernel). Any byte value is valid (-128 too); int32 sums cannot overflow
+// for dim <= 65536.
+void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
+                     const float* var = nullptr, const float* coef = nullptr);
 
 // Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
 // j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /

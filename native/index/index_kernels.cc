@@ -10,6 +10,7 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "index/index.h"
+#include "index/key_sketch.h"
 
 namespace kvd {
 namespace {
@@ -250,40 +252,111 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
   }
 }
 
-// The f16-tile variant (uint16_t bits widened on load: half the bytes streamed, same arithmetic as
-// ScoreTilesMaxBody). A macro, so LoadH16's target-specific intrinsics sit directly in each level's
-// function (an always-inline helper without the target attribute could not inline them).
-#define KVD_SCORE_TILES_H_BODY(LV) \
- \
-  const size_t tiles = (k + 15) / 16; \
-  for (size_t t = 0; t < tiles; ++t) { \
-    const uint16_t* c = ct + t * size_t(dim) * 16; \
-    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16; \
-    v16 vv = v16{}; \
-    if (var) \
-      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l]; \
-    v16 best = v16{} - std::numeric_limits<float>::infinity(); \
-    for (int j0 = 0; j0 < group; j0 += 4) { \
-      const int nj = group - j0 < 4 ? group - j0 : 4; \
-      const float* qj[4]; \
-      for (int r = 0; r < 4; ++r) qj[r] = q + size_t(j0 + (r < nj ? r : 0)) * dim; \
-      v16 a0 = v16{}, a1 = v16{}, a2 = v16{}, a3 = v16{}; \
-      for (int d = 0; d < dim; ++d) { \
-        v16 cv = LoadH16<LV>(c + size_t(d) * 16); \
-        a0 += cv * qj[0][d]; \
-        a1 += cv * qj[1][d]; \
-        a2 += cv * qj[2][d]; \
-        a3 += cv * qj[3][d]; \
-      } \
-      v16* acc[4] = {&a0, &a1, &a2, &a3}; \
-      for (int r = 0; r < nj; ++r) { \
-        v16 s = *acc[r]; \
-        if (var) s += vv * coef[j0 + r]; \
-        best = s > best ? s : best; \
-      } \
-    } \
-    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l]; \
+// ---- int8 centroid tiles (see ScoreTilesMaxI8 in index.h) ----
+//
+// Every level computes the same exact int32 dot products of the int8 query with each int8
+// centroid, then the same float epilogue (ScoreTilesI8), so the scores are bit-identical at every
+// level. Tile layout: per tile of 16 centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds
+// lane l's dims 4p..4p+3 at bytes 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
+
+// Per-tile kernels: dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l
+// of one tile (`quads` 64-byte quads). ScoreTilesI8 runs one of them per tile and turns the dots into
+// scores with the same f32 code at every level.
+typedef void (*TileDotsFn)(const QueryI8& qq, const int8_t* tile, size_t quads, int32_t* dots);
+
+// Portable level: plain int32 multiply-adds.
+void TileDotsScalar(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
+  for (int j = 0; j < qq.group; ++j) {
+    const int8_t* qj = qq.q.data() + size_t(j) * qq.dim4;
+    int32_t* d = dots + size_t(j) * 16;
+    for (int l = 0; l < 16; ++l) d[l] = 0;
+    for (size_t p = 0; p < quads; ++p)
+      for (int l = 0; l < 16; ++l)
+        for (int b = 0; b < 4; ++b) d[l] += int32_t(qj[p * 4 + b]) * int32_t(c[p * 64 + l * 4 + b]);
   }
+}
+
+// AVX2: each 16-byte quarter of a quad (4 centroids x 4 dims) is sign-extended to 16 x i16 and
+// multiplied by the query's 4 dims (VPMADDWD, exact pairs in i32), two query heads per pass (8
+// accumulators + 4 loads + 2 query patterns fit the 16 ymm registers). Lanes 2m, 2m+1 of quarter
+// g's accumulator are centroid 4g + m's two pair sums, added at the end.
+__attribute__((target("avx2"))) void TileDotsAvx2(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
+  for (int j0 = 0; j0 < qq.group; j0 += 2) {
+    const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
+    const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
+    const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
+    __m256i a[2][4];
+    for (int r = 0; r < 2; ++r)
+      for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
+    for (size_t p = 0; p < quads; ++p) {
+      const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
+      for (int g = 0; g < 4; ++g) {
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
+        a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
+        a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
+      }
+    }
+    for (int r = 0; r < nj; ++r) {
+      int32_t pairs[32];
+      for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * g), a[r][g]);
+      int32_t* d = dots + size_t(j0 + r) * 16;
+      for (int l = 0; l < 16; ++l) d[l] = pairs[2 * l] + pairs[2 * l + 1];
+    }
+  }
+}
+
+// AVX-512 VNNI: one VPDPBUSD per quad and query head (16 centroids x 4 dims). It multiplies
+// unsigned by signed bytes, so the centroid bytes are biased to unsigned (x ^ 0x80 = x + 128) and
+// 128 * sum(q_j) is subtracted at the end: exact. Four query heads per pass.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void TileDotsVnni(const QueryI8& qq, const int8_t* c,
+                                                                           size_t quads, int32_t* dots) {
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  for (int j0 = 0; j0 < qq.group; j0 += 4) {
+    const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
+    const int32_t* qp[4];
+    for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t p = 0; p < quads; ++p) {
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+      a0 = _mm512_dpbusd_epi32(a0, w, _mm512_set1_epi32(qp[0][p]));
+      a1 = _mm512_dpbusd_epi32(a1, w, _mm512_set1_epi32(qp[1][p]));
+      a2 = _mm512_dpbusd_epi32(a2, w, _mm512_set1_epi32(qp[2][p]));
+      a3 = _mm512_dpbusd_epi32(a3, w, _mm512_set1_epi32(qp[3][p]));
+    }
+    const __m512i acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < nj; ++r)
+      _mm512_storeu_si512(dots + size_t(j0 + r) * 16, _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * qq.sum[j0 + r])));
+  }
+}
+
+// out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h).
+// One f32 code path for every level (|dot| < 2^31, converted to f32 the same way everywhere), so
+// the scores are bit-identical whichever tileDots ran.
+void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+                  const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  int32_t stackDots[64 * 16];
+  std::vector<int32_t> heapDots(qq.group > 64 ? size_t(qq.group) * 16 : 0);
+  int32_t* dots = qq.group > 64 ? heapDots.data() : stackDots;
+  for (size_t t = 0; t < tiles; ++t) {
+    tileDots(qq, ct + t * quads * 64, quads, dots);
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    const v16 cs = Load16(scales + t * 16);  // scales hold whole tiles, padding lanes 0
+    v16 vv = v16{};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vv[l] = var[t * 16 + l];
+    v16 best = v16{} - std::numeric_limits<float>::infinity();
+    for (int j = 0; j < qq.group; ++j) {
+      v16i d;
+      std::memcpy(&d, dots + size_t(j) * 16, sizeof(d));
+      v16 s = __builtin_convertvector(d, v16) * qq.scale[j];
+      s = s * cs;
+      if (var) s += vv * coef[j];
+      best = s > best ? s : best;
+    }
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+  }
+}
 
 // ---- level 3 of kvdrive select: exact scores of gathered key rows ----
 
@@ -584,7 +657,6 @@ struct Table {
                              const float*);
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
   void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
-  void (*scoreTilesMaxH)(const float*, int, const uint16_t*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
   void (*scoreKeyRows)(const float*, int, const KvView&, int, const int64_t*, size_t, float*, size_t);
   int64_t (*groupShares)(float*, int, size_t, size_t, size_t, float, float*);
@@ -612,10 +684,6 @@ struct Table {
                                  const float* var, const float* coef) {                                        \
     ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);                                                        \
   }                                                                                                             \
-  ATTR void ScoreTilesMaxH##NAME(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, \
-                                  const float* var, const float* coef) {                                       \
-    KVD_SCORE_TILES_H_BODY(LV)                                                                                  \
-  }                                                                                                             \
   ATTR void Nearest##NAME(const float* x, const float* xn, size_t n, const float* ct, const float* cn, size_t k, \
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
@@ -628,7 +696,7 @@ struct Table {
                                  float* share) {                                                               \
     return GroupSharesBody(l, group, n, ld, nShare, scale, share);                                              \
   }                                                                                                             \
-  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, ScoreTilesMaxH##NAME, \
+  const Table k##NAME = {Dot##NAME, DotsMany##NAME, RowNorms##NAME, ScoreRowsMax##NAME, ScoreRowsMaxGather##NAME, ScoreMinMax##NAME, ScoreTilesMax##NAME, \
                            Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4, 0)
@@ -721,25 +789,78 @@ void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim
   Active().scoreTilesMax(q, group, ct, k, dim, out, var, coef);
 }
 
-void ScoreTilesMaxF16(const float* q, int group, const uint16_t* ct, size_t k, int dim, float* out, const float* var,
-                      const float* coef) {
-  Active().scoreTilesMaxH(q, group, ct, k, dim, out, var, coef);
+bool CpuHasVnni512() {
+  static const bool v = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+  }();
+  return v;
 }
 
-void TransposeTilesF16(const float* c, size_t k, int dim, uint16_t* ct) {
-  std::fill(ct, ct + TileFloats(k, dim), uint16_t(0));
-  for (size_t j = 0; j < k; ++j)
-    for (int d = 0; d < dim; ++d) ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)] = F32ToF16(c[j * dim + d]);
+void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                     const float* coef) {
+  switch (IndexKernelLevel()) {
+    case SimdLevel::Avx512:
+      // AVX-512F without VNNI: the AVX2 kernel.
+      return ScoreTilesI8(CpuHasVnni512() ? TileDotsVnni : TileDotsAvx2, q, ct, scales, k, out, var, coef);
+    case SimdLevel::Avx2: return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
+    default: return ScoreTilesI8(TileDotsScalar, q, ct, scales, k, out, var, coef);
+  }
 }
 
-void SetTileF16(const float* centroid, size_t j, int dim, uint16_t* ct) {
-  uint16_t* lane = ct + (j / 16) * size_t(dim) * 16 + (j % 16);
-  for (int d = 0; d < dim; ++d) lane[size_t(d) * 16] = F32ToF16(centroid[d]);
+namespace {
+// Byte of lane l, dim d inside a tile (see TileBytesI8).
+inline size_t TileByteI8(size_t l, int d) { return size_t(d / 4) * 64 + l * 4 + size_t(d % 4); }
+}  // namespace
+
+void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales) {
+  std::fill(ct, ct + TileBytesI8(k, dim), int8_t(0));
+  std::fill(scales, scales + TileScalesI8(k), 0.f);
+  for (size_t j = 0; j < k; ++j) SetTileI8(c + j * size_t(dim), j, dim, ct, scales);
 }
 
-void UntransposeTilesF16(const uint16_t* ct, size_t k, int dim, float* c) {
-  for (size_t j = 0; j < k; ++j)
-    for (int d = 0; d < dim; ++d) c[j * dim + d] = F16ToF32(ct[(j / 16) * size_t(dim) * 16 + size_t(d) * 16 + (j % 16)]);
+void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales) {
+  int8_t* tile = ct + (j / 16) * 16 * size_t(Dim4(dim));
+  // Dims of one lane are contiguous in groups of 4: write them through a scratch row.
+  int8_t codes[4096];
+  std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
+  int8_t* row = dim > 4096 ? big.data() : codes;
+  QuantizeCodes(centroid, nullptr, dim, 127.f, row, &scales[j]);
+  for (int d = 0; d < dim; ++d) tile[TileByteI8(j % 16, d)] = row[d];
+}
+
+void DequantizeTilesI8(const int8_t* ct, const float* scales, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j) {
+    const int8_t* tile = ct + (j / 16) * 16 * size_t(Dim4(dim));
+    for (int d = 0; d < dim; ++d) c[j * size_t(dim) + d] = float(tile[TileByteI8(j % 16, d)]) * scales[j];
+  }
+}
+
+void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out) {
+  const int dim4 = Dim4(dim), quads = dim4 / 4;
+  out.group = group;
+  out.dim4 = dim4;
+  out.q.assign(size_t(group) * dim4, 0);
+  out.scale.resize(size_t(group));
+  out.sum.assign(size_t(group), 0);
+  out.pat8.resize(size_t(group) * quads);
+  out.pat16.resize(size_t(group) * quads);
+  for (int j = 0; j < group; ++j) {
+    int8_t* qj = out.q.data() + size_t(j) * dim4;
+    QuantizeCodes(q + size_t(j) * dim, nullptr, dim, 127.f, qj, &out.scale[j]);
+    for (int d = 0; d < dim4; ++d) out.sum[j] += qj[d];
+    for (int p = 0; p < quads; ++p) {
+      uint32_t w8 = 0;
+      uint64_t w16 = 0;
+      for (int b = 0; b < 4; ++b) {
+        w8 |= uint32_t(uint8_t(qj[4 * p + b])) << (8 * b);
+        w16 |= uint64_t(uint16_t(int16_t(qj[4 * p + b]))) << (16 * b);
+      }
+      out.pat8[size_t(j) * quads + p] = int32_t(w8);
+      out.pat16[size_t(j) * quads + p] = int64_t(w16);
+    }
+  }
 }
 
 void NearestCentroids(const float* x, const float* xnorm, size_t n, const float* c, const float* cnorm, size_t k,

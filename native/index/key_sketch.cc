@@ -54,6 +54,8 @@ void LoadRow(const KvView& kv, int h, int64_t t, float* out) {
   }
 }
 
+}  // namespace
+
 // Round to nearest even for |x| < 2^22 without a libm call per element (no -ffast-math here, so
 // the compiler keeps the two operations).
 inline float RoundNearest(float x) {
@@ -61,9 +63,15 @@ inline float RoundNearest(float x) {
   return x >= 0.f ? (x + kMagic) - kMagic : -((-x + kMagic) - kMagic);
 }
 
-// invC: 1 / channel scale. Codes in [-levels, levels] (127 or 7) into codes[0, dim); false for a
-// non-finite row (codes 0, scale NaN: scored as NaN, so the re-rank reports the token, E_NONFINITE).
+// See key_sketch.h. A non-finite row is scored as NaN, so the re-rank reports the token
+// (E_NONFINITE).
 bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int8_t* codes, float* scale) {
+  if (!invC) {
+    // Unit channel scales (the index's centroid tiles and their queries).
+    thread_local std::vector<float> ones;
+    if (ones.size() < size_t(dim)) ones.assign(size_t(dim), 1.f);
+    invC = ones.data();
+  }
   float m = 0.f;
   bool finite = true;
   for (int d = 0; d < dim; ++d) {
@@ -88,6 +96,8 @@ bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int
   }
   return true;
 }
+
+namespace {
 
 // 4-bit blocks (key_sketch.h): dims [d0, d0 + n) with n = min(64, dim - d0) sit in ceil(n / 2)
 // bytes from byte d0 / 2; byte i holds dim d0 + i (low nibble) and d0 + half + i (high).

@@ -57,6 +57,12 @@ void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s);
 // Appends rows [s.tokens(), tokens) of kv head h with the current channel scales.
 void AppendSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s, int64_t first = 0);
 
+// One row's codes: scale s = max_d |x[d] invC[d]| / levels, codes round-to-even(x[d] invC[d] / s) in
+// [-levels, levels] into codes[0, dim) (invC null: unit channel scales; an all-zero row: scale 0,
+// codes 0). False for a non-finite row (codes 0, scale NaN). The sketch's rows and the index's int8
+// centroid tiles and their queries (index.h) are quantized by it.
+bool QuantizeCodes(const float* x, const float* invC, int dim, float levels, int8_t* codes, float* scale);
+
 // A query group prepared for ScoreSketchRows: group rows of dim int16, one f32 scale per row, and
 // (4 bits) 8 x the row's integer sum, the offset the unsigned codes add.
 struct SketchQuery {

@@ -178,6 +178,7 @@ struct SelectScratch {
   std::vector<uint32_t> hist;
   std::vector<int64_t> toksAt, rowsAt;
   SketchQuery sketchQuery;
+  QueryI8 queryI8;  // level 1: the head's query group as int8
 };
 // Looked up once per head task and passed down: a thread_local access from a dlopen'ed addon
 // is a __tls_get_addr call, which perf showed at ~4% of a select on this VM when made per call.
@@ -299,8 +300,9 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   }
   PickOutliers(h, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
-  seg.tiles.resize(TileFloats(seg.k, dim_));
-  TransposeTilesF16(seg.centroids.data(), seg.k, dim_, seg.tiles.data());
+  seg.tiles.resize(TileBytesI8(seg.k, dim_));
+  seg.tileScales.resize(TileScalesI8(seg.k));
+  QuantizeTilesI8(seg.centroids.data(), seg.k, dim_, seg.tiles.data(), seg.tileScales.data());
   if (seg.clusteredFull) {
     // A full segment never grows again: the running sums (k x dim doubles) and the row-major
     // centroids are no longer needed (select reads the tiles).
@@ -328,7 +330,8 @@ void LayerIndex::ReserveOpen(Segment& seg) const {
   seg.var.reserve(kMax);
   seg.radius.reserve(kMax);
   seg.assign.reserve(size_t(seg.cEnd - seg.c0));
-  seg.tiles.reserve(TileFloats(kMax, dim_));
+  seg.tiles.reserve(TileBytesI8(kMax, dim_));
+  seg.tileScales.reserve(TileScalesI8(kMax));
 }
 
 void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
@@ -428,8 +431,9 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   } else {
     // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
     // sits at t*dim*16 whatever k is, and padding lanes are zero).
-    seg.tiles.resize(TileFloats(seg.k, dim_), 0);
-    SetTileF16(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data());
+    seg.tiles.resize(TileBytesI8(seg.k, dim_), 0);
+    seg.tileScales.resize(TileScalesI8(seg.k), 0.f);
+    SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data());
     RebuildCsr(seg);
   }
 }
@@ -764,12 +768,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   // the thread count.
   struct HeadOut {
     SelectResult r;
-    int64_t f16Vectors = 0;  // centroids (f16 tiles); every other index vector is f32
+    int64_t i8Vectors = 0;  // centroids (int8 tiles + scale); every other index vector is f32
   };
   std::vector<HeadOut> parts{size_t(headEnd - headBegin)};
   auto selectHead = [&](int h) {
     SelectResult& out = parts[size_t(h - headBegin)].r;
-    int64_t& f16Vectors = parts[size_t(h - headBegin)].f16Vectors;
+    int64_t& i8Vectors = parts[size_t(h - headBegin)].i8Vectors;
     out.chunk = cfg_.chunk;
     SelectScratch& sc = Scratch();
     std::vector<Ranked>& ranked = sc.ranked;
@@ -797,6 +801,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       ones.assign(g, 1.f);
       // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
       // over the head's segments (segment base + cluster): unique, so ties break deterministically.
+      QuantizeQueryI8(qh, g, dim_, sc.queryI8);
       std::vector<Ranked>& clusters = sc.clusters;
       std::vector<int32_t>& ctoks = sc.ctoks;  // tokens per cluster id (0: empty)
       size_t totalK = 0;
@@ -821,13 +826,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           } else {
             for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
           }
-          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(), extra.data(), ones.data());
+          ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
+                          ones.data());
         } else {
-          ScoreTilesMaxF16(qh, g, seg.tiles.data(), size_t(seg.k), dim_, scores.data(),
-                           useVar ? seg.var.data() : nullptr, coef.data());
+          ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
+                          useVar ? seg.var.data() : nullptr, coef.data());
         }
         out.vectorsScored += seg.k;
-        f16Vectors += seg.k;
+        i8Vectors += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           ctoks[size_t(base + c)] = seg.counts[c] * cfg_.chunk;
           clusters[nc] = {scores[c], base + c};
@@ -988,7 +994,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
-  int64_t f16Vectors = 0;
+  int64_t i8Vectors = 0;
   for (HeadOut& p : parts) {
     const SelectResult& r = p.r;
     if (r.chunk == 1) out.chunk = 1;
@@ -1002,11 +1008,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     out.vectorsScored += r.vectorsScored;
     out.keysScored += r.keysScored;
     out.bytesScored += r.bytesScored;
-    f16Vectors += p.f16Vectors;
+    i8Vectors += p.i8Vectors;
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
-  // Index vectors (f16 centroids, f32 chunk representatives); key rows were added as read.
-  out.bytesScored += (out.vectorsScored - f16Vectors) * vecBytes + f16Vectors * int64_t(dim_) * 2;
+  // Index vectors (int8 centroids with a f32 scale, f32 chunk representatives); key rows were added as read.
+  out.bytesScored += (out.vectorsScored - i8Vectors) * vecBytes + i8Vectors * (int64_t(Dim4(dim_)) + 4);
   out.vectorsScored += out.keysScored;
   return out;
 }
@@ -1014,7 +1020,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
   std::vector<float> c(size_t(seg.k) * dim_);
-  UntransposeTilesF16(seg.tiles.data(), seg.k, dim_, c.data());
+  DequantizeTilesI8(seg.tiles.data(), seg.tileScales.data(), seg.k, dim_, c.data());
   return c;
 }
 
@@ -1027,7 +1033,7 @@ int64_t LayerIndex::Bytes() const {
          H.sketch.Bytes();
     b += int64_t(H.segments.size() * sizeof(Segment));
     for (const Segment& s : H.segments)
-      b += int64_t(s.tiles.size()) * 2 + int64_t(s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
+      b += int64_t(s.tiles.size()) + int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
            int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
   }
   return b;

@@ -103,8 +103,9 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
-  std::vector<uint16_t> tiles;    // the centroids as f16 tiles (TileFloats(k, dim) values), what select
-                                  // scores: half the bytes of f32, widened exactly in the kernel
+  std::vector<int8_t> tiles;      // the centroids as int8 tiles (TileBytesI8(k, dim) bytes, index.h),
+                                  // what level 1 scores: dim4 + 4 bytes per centroid with its scale
+  std::vector<float> tileScales;  // TileScalesI8(k): per-centroid scale of the tiles
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
   std::vector<int32_t> counts;    // k
@@ -190,7 +191,8 @@ class LayerIndex {
   // Row of token t (< tokens()) in head h's key sketch (slot order inside full segments).
   int64_t SketchRow(int h, int64_t t) const;
   const HeadIndex& head(int h) const { return heads_data_[h]; }
-  // Row-major k x dim centroids of a segment (from the tiles once the row-major copy is released).
+  // Row-major k x dim centroids of a segment (dequantized from the int8 tiles once the row-major
+  // copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch and
   // the containers themselves.

@@ -37,34 +37,44 @@ export function chunkMeans(k: KvTensor, opts: { start?: number; end?: number; ch
   return native.chunkMeans(k, opts) as Float32Array;
 }
 
+/** Centroids as the index stores them: int8 tiles and one scale per centroid (see {@link centroidTiles}). */
+export interface CentroidTilesI8 {
+  /** ceil(n/16) tiles of 16 centroids x ceil(dim/4)*4 codes in [-127, 127], zero-padded. */
+  tiles: Int8Array;
+  /** ceil(n/16)*16 scales: centroid i ~= code_i x scales[i] (0 for padding lanes). */
+  scales: Float32Array;
+}
+
 /**
  * Scores n centroids for one GQA group: out[i] = max over the group's query heads (q: groupSize x
  * dim) of q·centroid_i. layout 'rows' (default): centroids n x dim row-major, transposed into the
  * index's tile layout inside the call; 'tiles': f32 tiles from {@link centroidTiles} (the kernel
- * alone); 'tiles16': f16 tiles from `centroidTiles(.., 'f16')` (a Uint16Array of binary16 bits) —
- * what the index stores and scores: half the bytes, widened exactly, so scores equal 'tiles' over
- * the f16-rounded centroids.
+ * alone); 'tiles8': int8 tiles from `centroidTiles(.., 'i8')` — what the index stores and scores:
+ * the query is quantized to int8 per head inside the call, the dot products are exact integers, then
+ * scaled by both scales, so scores are bit-identical at every SIMD level and approximate the f32
+ * scores within the two quantizations' rounding.
  */
 export function scoreCentroids(
   q: Float32Array,
   groupSize: number,
-  centroids: Float32Array | Uint16Array,
+  centroids: Float32Array | CentroidTilesI8,
   n: number,
   dim: number,
-  layout: 'rows' | 'tiles' | 'tiles16' = 'rows',
+  layout: 'rows' | 'tiles' | 'tiles8' = 'rows',
 ): Float32Array {
   return native.scoreCentroids(q, groupSize, centroids, n, dim, layout) as Float32Array;
 }
 
 /**
- * n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes, as f32
- * (default) or as f16 bits (dtype 'f16', round to nearest even; E_DTYPE for another dtype).
+ * n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes as f32
+ * (default), or (dtype 'i8') the index's int8 tiles: per centroid, codes round(c / s) with
+ * s = max|c| / 127, in 16-lane tiles of 4-dim groups (E_DTYPE for another dtype).
  */
 export function centroidTiles(centroids: Float32Array, n: number, dim: number): Float32Array;
 export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32'): Float32Array;
-export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f16'): Uint16Array;
-export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32' | 'f16' = 'f32'): Float32Array | Uint16Array {
-  return native.centroidTiles(centroids, n, dim, dtype) as Float32Array | Uint16Array;
+export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'i8'): CentroidTilesI8;
+export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32' | 'i8' = 'f32'): Float32Array | CentroidTilesI8 {
+  return native.centroidTiles(centroids, n, dim, dtype) as Float32Array | CentroidTilesI8;
 }
 
 export type IndexKernelLevel = 'scalar' | 'avx2' | 'avx512';

@@ -1,0 +1,132 @@
+import { describe, expect, it } from 'vitest';
+import { centroidTiles, indexKernelLevel, scoreCentroids } from '../src/index/kernels.js';
+import { expectKvdError, randn, rng } from './helpers.js';
+
+const LEVELS = ['scalar', 'avx2', 'avx512'] as const;
+const dim4 = (dim: number) => Math.ceil(dim / 4) * 4;
+
+/** Round half to even (the native side's nearbyint in the default rounding mode). */
+function roundEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/** One row's codes and scale, as the native quantizer (QuantizeCodes, key_sketch.h) computes them in f32. */
+function quantize(x: Float32Array): { codes: Int8Array; scale: number } {
+  let m = 0;
+  for (const v of x) m = Math.max(m, Math.abs(v));
+  const scale = Math.fround(m / 127);
+  const inv = scale > 0 ? Math.fround(1 / scale) : 0;
+  const codes = new Int8Array(x.length);
+  for (let d = 0; d < x.length; d++) codes[d] = Math.min(127, Math.max(-127, roundEven(Math.fround(x[d]! * inv))));
+  return { codes, scale };
+}
+
+/** Byte of centroid i, dim d in the tile layout (tiles of 16 lanes, quads of 4 dims). */
+const tileByte = (i: number, d: number, dim: number) => Math.floor(i / 16) * 16 * dim4(dim) + Math.floor(d / 4) * 64 + (i % 16) * 4 + (d % 4);
+
+/** Reference scores: exact integer dots of the query codes with the tile bytes, then the f32 epilogue. */
+function reference(q: Float32Array, g: number, tiles: Int8Array, scales: Float32Array, n: number, dim: number): Float32Array {
+  const out = new Float32Array(n).fill(-Infinity);
+  for (let j = 0; j < g; j++) {
+    const { codes, scale } = quantize(q.subarray(j * dim, (j + 1) * dim));
+    for (let i = 0; i < n; i++) {
+      let dot = 0;
+      for (let d = 0; d < dim; d++) dot += codes[d]! * tiles[tileByte(i, d, dim)]!;
+      out[i] = Math.max(out[i]!, Math.fround(Math.fround(dot * scale) * scales[i]!));
+    }
+  }
+  return out;
+}
+
+describe('int8 centroid tiles (what the index stores and scores)', () => {
+  it('quantizes each centroid with its own scale, in the 16-lane x 4-dim tile layout', () => {
+    for (const [dim, n] of [[128, 40], [37, 29], [5, 1]] as const) {
+      const c = randn(n * dim, 3 + dim);
+      const t = centroidTiles(c, n, dim, 'i8');
+      expect(t.tiles).toBeInstanceOf(Int8Array);
+      expect(t.tiles.length).toBe(Math.ceil(n / 16) * 16 * dim4(dim));
+      expect(t.scales.length).toBe(Math.ceil(n / 16) * 16);
+      for (let i = 0; i < n; i++) {
+        const { codes, scale } = quantize(c.subarray(i * dim, (i + 1) * dim));
+        expect(t.scales[i]).toBe(scale);
+        for (let d = 0; d < dim; d++) {
+          expect(t.tiles[tileByte(i, d, dim)]).toBe(codes[d]);
+          expect(Math.abs(codes[d]! * scale - c[i * dim + d]!)).toBeLessThanOrEqual(scale * 0.5001);
+        }
+      }
+      // Padding (dims past dim, lanes past n) is zero.
+      let nonzero = 0;
+      for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
+        for (let d = 0; d < dim4(dim); d++) if ((i >= n || d >= dim) && t.tiles[tileByte(i, d, dim)] !== 0) nonzero++;
+      expect(nonzero).toBe(0);
+      for (let i = n; i < t.scales.length; i++) expect(t.scales[i]).toBe(0);
+    }
+  });
+
+  it('tiles8 scores equal the exact integer reference, bit-identically at every SIMD level', () => {
+    const best = indexKernelLevel('best');
+    // Groups 1, 3, 5 and 8 cover the kernels' partial blocks of query heads (pairs for AVX2, fours
+    // for VNNI); dims 37 and 5 a partial quad.
+    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1]] as const) {
+      const q = randn(g * dim, 11 + g);
+      const c = randn(n * dim, 7 + dim);
+      const t = centroidTiles(c, n, dim, 'i8');
+      const want = reference(q, g, t.tiles, t.scales, n, dim);
+      for (const level of LEVELS) {
+        indexKernelLevel(level);
+        expect(scoreCentroids(q, g, t, n, dim, 'tiles8')).toEqual(want);
+      }
+      indexKernelLevel('best');
+      // The quantized scores approximate the f32 ones: error below 2% of the largest |q|·|c| here.
+      const exact = scoreCentroids(q, g, c, n, dim);
+      let tol = 0;
+      for (let i = 0; i < n; i++) {
+        let cn = 0;
+        for (let d = 0; d < dim; d++) cn += c[i * dim + d]! ** 2;
+        for (let j = 0; j < g; j++) {
+          let qn = 0;
+          for (let d = 0; d < dim; d++) qn += q[j * dim + d]! ** 2;
+          tol = Math.max(tol, 0.02 * Math.sqrt(cn * qn));
+        }
+      }
+      for (let i = 0; i < n; i++) expect(Math.abs(want[i]! - exact[i]!)).toBeLessThan(tol);
+    }
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('any tile byte (-128 too) scores exactly at every level', () => {
+    const best = indexKernelLevel('best');
+    const [g, dim, n] = [4, 128, 32];
+    const r = rng(5);
+    const tiles = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
+    for (let i = 0; i < tiles.length; i++) tiles[i] = Math.floor(r() * 256) - 128;
+    for (let i = 0; i < 64; i++) tiles[i] = -128;
+    const scales = new Float32Array(n).map((_, i) => 0.01 * (i + 1));
+    const q = randn(g * dim, 9);
+    q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
+    const want = reference(q, g, tiles, scales, n, dim);
+    for (const level of LEVELS) {
+      indexKernelLevel(level);
+      expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('typed errors', () => {
+    const q = randn(32, 1);
+    const t = centroidTiles(randn(48, 2), 3, 16, 'i8');
+    expectKvdError(() => centroidTiles(randn(48, 2), 3, 16, 'f16' as never), 'E_DTYPE', /centroidTiles dtype: expected 'f32' or 'i8', got 'f16'/);
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: new Int8Array(48), scales: t.scales }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.tiles \(ceil\(n\/16\)\*16\*ceil4\(dim\)\): expected 256 elements, got 48/);
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: new Float32Array(3) }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.scales \(ceil\(n\/16\)\*16\): expected 16 elements, got 3/);
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: new Uint8Array(256) as never, scales: t.scales }, 3, 16, 'tiles8'), 'E_DTYPE', /expected a Int8Array, got a Uint8Array/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(256), 3, 16, 'tiles8'), 'E_TYPE', /expected \{ tiles: Int8Array, scales: Float32Array \}, got a TypedArray/);
+    const nanScales = t.scales.slice();
+    nanScales[1] = NaN;
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: nanScales }, 3, 16, 'tiles8'), 'E_NONFINITE', /centroids.scales: expected finite values, got NaN at element 1/);
+    const bad = randn(48, 3);
+    bad[5] = NaN;
+    expectKvdError(() => centroidTiles(bad, 3, 16, 'i8'), 'E_NONFINITE', /centroidTiles centroids: expected finite values, got NaN at element 5/);
+  });
+});
