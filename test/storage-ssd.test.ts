@@ -1,7 +1,7 @@
 import { appendFileSync, readFileSync, readdirSync, readSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
-import { SSD_DEFAULT_GAP_BYTES, SSD_DEFAULT_MAX_IO_BYTES, SSD_DEFAULT_QUEUE_DEPTH, SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
+import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
 import { ioUringAvailable } from '../src/storage/io-engine.js';
 import { native } from '../src/native.js';
 import { expectKvdError } from './helpers.js';
@@ -244,13 +244,6 @@ describe('SSD store integrity and errors', () => {
     cl[1]!.chunkIds[0] = 9;
     await expectKvdError(() => s.writeSegment('b', { ...segmentKv(shape, 16, 1), clusters: cl }), 'E_RANGE', /chunk id in \[0, 4\), got 9/);
     await expectKvdError(() => SsdStore.open({ dir: tempDir('x'), shape, queueDepth: 0 }), 'E_CONFIG', /queueDepth/);
-    // A store's engine defaults (small reads, deep queue; the pread pool at 32 threads), a caller's options win.
-    const d = await SsdStore.open({ dir: tempDir('dflt'), shape, kind: 'pread' });
-    expect([d.engineInfo.queueDepth, d.engineInfo.maxIoBytes, d.engineInfo.coalesceGapBytes, d.engineInfo.threads]).toEqual([SSD_DEFAULT_QUEUE_DEPTH, SSD_DEFAULT_MAX_IO_BYTES, SSD_DEFAULT_GAP_BYTES, 32]);
-    await d.close();
-    const o = await SsdStore.open({ dir: tempDir('own'), shape, kind: 'pread', queueDepth: 8, maxIoBytes: 16 << 10 });
-    expect([o.engineInfo.queueDepth, o.engineInfo.maxIoBytes, o.engineInfo.coalesceGapBytes, o.engineInfo.threads]).toEqual([8, 16 << 10, 16 << 10, 8]);
-    await o.close();
     await expectKvdError(() => SsdStore.open({ dir: tempDir('y') }), 'E_CONFIG', /shape/);
     await expectKvdError(() => SsdStore.open({ dir, shape: { ...shape, headDim: 16 } }), 'E_CONFIG', /stored shape/);
     await expectKvdError(() => SsdStore.open({ dir: tempDir('z'), create: false }), 'E_NOT_FOUND', /manifest/);

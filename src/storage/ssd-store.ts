@@ -67,10 +67,6 @@ export interface SsdStoreOptions extends IoEngineOptions {
    * (default for a store: {@link SSD_DEFAULT_GAP_BYTES}, at most maxIoBytes).
    */
   coalesceGapBytes?: number;
-  /** Reads in flight per batch (default for a store: {@link SSD_DEFAULT_QUEUE_DEPTH}). */
-  queueDepth?: number;
-  /** Largest physical read, bytes (default for a store: {@link SSD_DEFAULT_MAX_IO_BYTES}). */
-  maxIoBytes?: number;
 }
 
 /**
@@ -81,18 +77,6 @@ export interface SsdStoreOptions extends IoEngineOptions {
  * CPU per layer-step from 5.9 to 3.4 ms (bench/runtime-memory.md).
  */
 export const SSD_DEFAULT_GAP_BYTES = 32 << 10;
-
-/**
- * A store's default engine queue depth and largest physical read: 128 reads in flight per batch,
- * of at most 64 KiB each (a caller's queueDepth / maxIoBytes win). A decode step's SSD reads are a
- * few hundred small runs (single chunks, or neighbours within the read gap: ~8 KiB on average in
- * the 128K demo), and the development VM's virtio disk serves ~200 random 8 KiB O_DIRECT reads in
- * 1.98 ms at depth 128 against 2.73 ms at 32 (medians of 21, bench/runtime-memory.md). The bounce
- * memory is what the engine defaults (32 x 256 KiB) cost: 2 x 128 slots of 64 KiB + 8 KiB = 18 MiB
- * per ring against 16.5 MiB.
- */
-export const SSD_DEFAULT_QUEUE_DEPTH = 128;
-export const SSD_DEFAULT_MAX_IO_BYTES = 64 << 10;
 
 const ssdStoreOptionsSchema = ioEngineOptionsSchema.extend({
   dir: z.string().min(1),
@@ -255,13 +239,8 @@ export class SsdStore {
         if (a !== b) fail('E_CONFIG', `SsdStore options.shape for ${dir}`, `the stored shape ${a}`, b);
       }
     }
-    const maxIoBytes = engineOptions.maxIoBytes ?? SSD_DEFAULT_MAX_IO_BYTES;
-    const gap = engineOptions.coalesceGapBytes ?? Math.min(SSD_DEFAULT_GAP_BYTES, maxIoBytes);
-    // The pread fallback keeps its 32 threads unless asked (its threads are its queue depth; more
-    // than that only contend on a small machine).
-    const queueDepth = engineOptions.queueDepth ?? SSD_DEFAULT_QUEUE_DEPTH;
-    const threads = engineOptions.threads ?? Math.min(queueDepth, 32);
-    const engine = new IoEngine({ ...engineOptions, queueDepth, threads, maxIoBytes, coalesceGapBytes: gap });
+    const gap = engineOptions.coalesceGapBytes ?? Math.min(SSD_DEFAULT_GAP_BYTES, engineOptions.maxIoBytes ?? 256 << 10);
+    const engine = new IoEngine({ ...engineOptions, coalesceGapBytes: gap });
     const store = new SsdStore(dir, manifest.shape, engine, direct);
     // Remove leftovers of interrupted writes (not listed => never sealed).
     const listed = new Set(manifest.segments.map((s) => s.file));
