@@ -792,6 +792,7 @@ Napi::Value TestHooks(const Napi::CallbackInfo& info) {
     if (info.Length() > 0 && info[0].IsObject()) {
       Napi::Object o = info[0].As<Napi::Object>();
       g_failWritesAfter = GetIntOr(o, "failWritesAfterBytes", "ioTestHooks", -1, int64_t(1) << 50, -1);
+      SetBatchBarrierForTest(int(GetIntOr(o, "batchBarrier", "ioTestHooks", 0, 64, 0)));
     }
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("failWritesAfterBytes", double(g_failWritesAfter.load()));

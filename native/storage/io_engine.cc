@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -73,33 +74,46 @@ Error ReadFailed(const IoEngine::Phys& p, int err) {
 
 }  // namespace
 
-void IoEngine::Complete(Phys& p, uint8_t* slot) {
+void IoEngine::Complete(Phys& p, uint8_t* slot, Batch& b) {
   for (size_t k = 0; k < p.parts.size(); ++k) {
     const ReadReq& r = p.parts[k];
     if (!r.dest) {  // in-place delivery (never split, so this is the whole request)
-      if (onDone_) (*onDone_)(p.origs[k], slot + (r.offset - p.offset));
+      if (b.onDone) (*b.onDone)(p.origs[k], slot + (r.offset - p.offset));
       continue;
     }
     if (!p.target) std::memcpy(r.dest, slot + (r.offset - p.offset), r.length);
-    if (onDone_ && pending_[p.origs[k]].fetch_sub(1) == 1) (*onDone_)(p.origs[k], nullptr);
+    if (b.onDone && b.pending[p.origs[k]].fetch_sub(1) == 1) (*b.onDone)(p.origs[k], nullptr);
   }
 }
 
-IoEngine::IoEngine(IoOptions o) : opt_(o) {}
+IoEngine::IoEngine(IoOptions o) : opt_(o), slotBytes_(o.maxIoBytes + 2 * kIoAlign) {}
 
-void IoEngine::AllocSlots(int n) {
-  slotBytes_ = opt_.maxIoBytes + 2 * kIoAlign;
+std::vector<uint8_t*> IoEngine::AllocSlots(int n) {
+  std::vector<uint8_t*> slots;
   for (int i = 0; i < n; ++i) {
     void* p = std::aligned_alloc(kIoAlign, slotBytes_);
-    if (!p) throw std::bad_alloc();
-    slots_.push_back(static_cast<uint8_t*>(p));
+    if (!p) {
+      FreeSlots(slots);
+      throw std::bad_alloc();
+    }
+    slots.push_back(static_cast<uint8_t*>(p));
   }
+  return slots;
 }
 
-void IoEngine::FreeSlots() {
-  for (uint8_t* s : slots_) std::free(s);
-  slots_.clear();
+void IoEngine::FreeSlots(std::vector<uint8_t*>& slots) {
+  for (uint8_t* s : slots) std::free(s);
+  slots.clear();
 }
+
+namespace {
+// Test hook (ioTestHooks({ batchBarrier: n })): every batch, once counted as in flight, waits until
+// n batches are in flight at once (or 2 s passed) before it reads, so a test can tell whether an
+// engine lets concurrent callers' batches run side by side. 0 = off.
+std::atomic<int> g_batchBarrier{0};
+}  // namespace
+
+void SetBatchBarrierForTest(int n) { g_batchBarrier = n; }
 
 int32_t IoEngine::Open(const std::string& path, bool direct, bool* directOut) {
   direct = direct && SupportsDirect();
@@ -212,20 +226,34 @@ IoStats IoEngine::ReadBatch(const std::vector<ReadReq>& in, const std::atomic<bo
     ops.push_back(std::move(p));
     i = j;
   }
-  // 3. Execute.
-  std::lock_guard<std::mutex> g(batchMu_);
-  onDone_ = onDone;
-  pending_ = std::move(pending);
-  struct Reset {
-    IoEngine* e;
-    ~Reset() {
-      e->onDone_ = nullptr;
-      e->pending_.reset();
-    }
-  } reset{this};
-  Run(ops, cancel, st);
+  // 3. Execute (the engine decides whether concurrent batches wait for each other).
+  Batch b;
+  b.onDone = onDone;
+  b.pending = std::move(pending);
+  Run(ops, cancel, st, b);
   return st;
 }
+
+// Counts a batch in flight from the moment an engine starts serving it (after any wait for a
+// ring or for the pread pool) until it returns; keeps the engine's peak.
+class IoEngine::InFlight {
+ public:
+  explicit InFlight(IoEngine& e) : e_(e) {
+    const int now = ++e.activeBatches_;
+    int peak = e.peakBatches_.load();
+    while (now > peak && !e.peakBatches_.compare_exchange_weak(peak, now)) {
+    }
+    const int want = g_batchBarrier.load();
+    if (want > 0) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (e.activeBatches_.load() < want && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  ~InFlight() { --e_.activeBatches_; }
+
+ private:
+  IoEngine& e_;
+};
 
 // ---------------------------------------------------------------------------------------------
 // pread thread pool
@@ -236,7 +264,7 @@ class PreadEngine : public IoEngine {
  public:
   explicit PreadEngine(IoOptions o) : IoEngine(o) {
     int n = std::max(1, o.threads);
-    AllocSlots(n);
+    slots_ = AllocSlots(n);
     for (int t = 0; t < n; ++t) workers_.emplace_back([this, t] { Loop(t); });
   }
   ~PreadEngine() override {
@@ -246,13 +274,17 @@ class PreadEngine : public IoEngine {
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
-    FreeSlots();
+    FreeSlots(slots_);
   }
   const char* Kind() const override { return "pread"; }
 
  protected:
-  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) override {
+  // One batch at a time: the pool's threads are its queue depth, shared by nobody else.
+  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) override {
+    std::lock_guard<std::mutex> serial(runMu_);
+    InFlight counted(*this);
     std::unique_lock<std::mutex> lk(m_);
+    batch_ = &b;
     ops_ = &ops;
     cancel_ = cancel;
     next_ = 0;
@@ -264,6 +296,7 @@ class PreadEngine : public IoEngine {
     cv_.notify_all();
     doneCv_.wait(lk, [&] { return active_ == 0; });
     ops_ = nullptr;
+    batch_ = nullptr;
     st.Add(job_);
     if (error_) throw *error_;
   }
@@ -273,12 +306,14 @@ class PreadEngine : public IoEngine {
     uint64_t seen = 0;
     for (;;) {
       std::vector<Phys>* ops;
+      Batch* batch;
       {
         std::unique_lock<std::mutex> lk(m_);
         cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
         ops = ops_;
+        batch = batch_;
       }
       IoStats mine;
       for (;;) {
@@ -304,7 +339,7 @@ class PreadEngine : public IoEngine {
             mine.bytesRead += uint64_t(r);
           }
           if (!p.target) mine.bounced++;
-          Complete(p, buf);
+          Complete(p, buf, *batch);
         } catch (const Error& e) {
           std::lock_guard<std::mutex> g(m_);
           if (!error_) error_ = std::make_unique<Error>(e);
@@ -319,6 +354,9 @@ class PreadEngine : public IoEngine {
   }
 
   std::vector<std::thread> workers_;
+  std::vector<uint8_t*> slots_;  // one bounce slot per worker thread
+  std::mutex runMu_;             // held by the batch being served
+  Batch* batch_ = nullptr;
   std::mutex m_;
   std::condition_variable cv_, doneCv_;
   bool stop_ = false;
@@ -341,34 +379,107 @@ bool UringDisabledByEnv() {
 }
 
 #ifdef KVD_HAVE_LIBURING
+// One ring per batch in flight: a batch takes an idle ring (creating one, up to maxBatches, when
+// none is idle; waiting when maxBatches are busy), runs its reads on it alone and gives it back.
+// Each ring owns its bounce slots, so concurrent batches share nothing but the files; the device
+// sees their reads side by side (at most maxBatches x queueDepth in flight).
 class UringEngine : public IoEngine {
+  struct Ring {
+    io_uring ring{};
+    std::vector<uint8_t*> slots;  // aligned bounce slots, owned
+    bool fixed = false;           // slots registered as fixed buffers
+  };
+
  public:
-  // Returns the negative errno of a refused ring setup through `err` (engine unusable then).
+  // Returns the negative errno of a refused ring setup through `err` (engine unusable then). The
+  // first ring is made here, so a kernel that refuses rings is known at creation (pread fallback).
   UringEngine(IoOptions o, int* err) : IoEngine(o) {
-    *err = UringDisabledByEnv() ? ENOSYS : -io_uring_queue_init(unsigned(o.queueDepth), &ring_, 0);
+    *err = UringDisabledByEnv() ? ENOSYS : 0;
     if (*err) return;
-    ok_ = true;
-    // Twice the queue depth: completed reads keep their slot until copied out, which happens after
-    // the ring has been refilled (see Run), so a full queue of new reads must still find slots.
-    AllocSlots(2 * o.queueDepth);
-    if (o.fixedBuffers) {
-      std::vector<iovec> iov(slots_.size());
-      for (size_t i = 0; i < slots_.size(); ++i) iov[i] = {slots_[i], size_t(slotBytes_)};
-      // Fails with ENOMEM under a small RLIMIT_MEMLOCK: plain reads into the same slots then.
-      fixedActive_ = io_uring_register_buffers(&ring_, iov.data(), unsigned(iov.size())) == 0;
-    }
+    std::unique_ptr<Ring> r = MakeRing(err);
+    if (*err) return;
+    fixedActive_ = r->fixed;
+    idle_.push_back(r.get());
+    rings_.push_back(std::move(r));
   }
   ~UringEngine() override {
-    if (ok_) {
-      if (fixedActive_) io_uring_unregister_buffers(&ring_);
-      io_uring_queue_exit(&ring_);
-    }
-    FreeSlots();
+    for (auto& r : rings_) DestroyRing(*r);
   }
   const char* Kind() const override { return "io_uring"; }
 
  protected:
-  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) override {
+  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) override {
+    Ring& r = Acquire();
+    struct Give {
+      UringEngine* e;
+      Ring* r;
+      ~Give() { e->Release(r); }
+    } give{this, &r};
+    InFlight counted(*this);
+    RunOn(r, ops, cancel, st, b);
+  }
+
+ private:
+  std::unique_ptr<Ring> MakeRing(int* err) {
+    auto r = std::make_unique<Ring>();
+    *err = -io_uring_queue_init(unsigned(opt_.queueDepth), &r->ring, 0);
+    if (*err) return r;
+    // Twice the queue depth: completed reads keep their slot until copied out, which happens after
+    // the ring has been refilled (see RunOn), so a full queue of new reads must still find slots.
+    try {
+      r->slots = AllocSlots(2 * opt_.queueDepth);
+    } catch (...) {
+      io_uring_queue_exit(&r->ring);
+      throw;
+    }
+    if (opt_.fixedBuffers) {
+      std::vector<iovec> iov(r->slots.size());
+      for (size_t i = 0; i < r->slots.size(); ++i) iov[i] = {r->slots[i], size_t(slotBytes_)};
+      // Fails with ENOMEM under a small RLIMIT_MEMLOCK: plain reads into the same slots then.
+      r->fixed = io_uring_register_buffers(&r->ring, iov.data(), unsigned(iov.size())) == 0;
+    }
+    return r;
+  }
+  static void DestroyRing(Ring& r) {
+    if (r.fixed) io_uring_unregister_buffers(&r.ring);
+    io_uring_queue_exit(&r.ring);
+    FreeSlots(r.slots);
+  }
+  Ring& Acquire() {
+    std::unique_lock<std::mutex> lk(ringMu_);
+    for (;;) {
+      if (!idle_.empty()) {
+        Ring* r = idle_.back();
+        idle_.pop_back();
+        return *r;
+      }
+      if (int(rings_.size()) < (cap_ ? cap_ : std::max(1, opt_.maxBatches))) {
+        int err = 0;
+        std::unique_ptr<Ring> r = MakeRing(&err);
+        // A ring refused now (e.g. RLIMIT_MEMLOCK or the kernel's ring limit reached): this batch
+        // waits for a busy one instead, as with maxBatches reached.
+        if (!err) {
+          rings_.push_back(std::move(r));
+          return *rings_.back();
+        }
+        if (rings_.empty()) Throw("E_IO", "io_uring_queue_init refused: " + ErrnoText(err));
+        cap_ = int(rings_.size());
+      }
+      ringCv_.wait(lk, [&] { return !idle_.empty(); });
+    }
+  }
+  void Release(Ring* r) {
+    {
+      std::lock_guard<std::mutex> g(ringMu_);
+      idle_.push_back(r);
+    }
+    ringCv_.notify_one();
+  }
+
+  void RunOn(Ring& rg, std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) {
+    io_uring& ring_ = rg.ring;
+    std::vector<uint8_t*>& slots_ = rg.slots;
+    const bool fixedActive = rg.fixed;
     std::vector<int> freeSlots;
     for (int s = int(slots_.size()) - 1; s >= 0; --s) freeSlots.push_back(s);
     std::deque<size_t> retry;  // partially read ops to resubmit (they keep their slot)
@@ -382,7 +493,7 @@ class UringEngine : public IoEngine {
       uint8_t* buf = (p.target ? p.target : slots_[p.slot]) + p.done;
       unsigned len = unsigned(p.length - p.done);
       uint64_t off = p.offset + p.done;
-      if (!p.target && fixedActive_) io_uring_prep_read_fixed(sqe, p.file->fd, buf, len, off, p.slot);
+      if (!p.target && fixedActive) io_uring_prep_read_fixed(sqe, p.file->fd, buf, len, off, p.slot);
       else io_uring_prep_read(sqe, p.file->fd, buf, len, off);
       io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(uintptr_t(k)));
       st.ios++;
@@ -430,7 +541,7 @@ class UringEngine : public IoEngine {
       for (size_t k : doneList) {
         Phys& p = ops[k];
         if (!p.target) st.bounced++;
-        Complete(p, p.slot >= 0 ? slots_[p.slot] : nullptr);
+        Complete(p, p.slot >= 0 ? slots_[p.slot] : nullptr, b);
         release(p);
       }
       doneList.clear();
@@ -466,9 +577,12 @@ class UringEngine : public IoEngine {
     if (error) throw *error;
   }
 
- private:
-  io_uring ring_{};
-  bool ok_ = false;
+
+  std::mutex ringMu_;
+  std::condition_variable ringCv_;
+  std::vector<std::unique_ptr<Ring>> rings_;  // every ring made, owned
+  std::vector<Ring*> idle_;                   // rings no batch holds
+  int cap_ = 0;                               // rings the kernel allowed, once it refused one (0: not yet)
 };
 #endif
 
@@ -528,7 +642,9 @@ class MmapEngine : public IoEngine {
  protected:
   bool SupportsDirect() const override { return false; }
 
-  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) override {
+  // Concurrent batches need nothing shared: each touches its own ops and the read-only mappings.
+  void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) override {
+    InFlight counted(*this);
     const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
     for (Phys& p : ops) {
       Mapped(p);  // every size checked before any page is touched
@@ -545,7 +661,7 @@ class MmapEngine : public IoEngine {
       p.done = p.need;
       st.ios++;
       st.bytesRead += p.need;
-      Complete(p, src);
+      Complete(p, src, b);
     }
   }
 
@@ -630,6 +746,7 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
     }
     opt.queueDepth = int(GetIntOr(o, "queueDepth", what, 1, 4096, 32));
     opt.threads = int(GetIntOr(o, "threads", what, 1, 256, std::min(opt.queueDepth, 64)));
+    opt.maxBatches = int(GetIntOr(o, "maxBatches", what, 1, 64, 4));
     opt.maxIoBytes = uint64_t(GetIntOr(o, "maxIoBytes", what, int64_t(kIoAlign), int64_t(64) << 20, 256 << 10));
     if (opt.maxIoBytes % kIoAlign) Throw("E_CONFIG", what + ".maxIoBytes: expected a multiple of 4096, got " + std::to_string(opt.maxIoBytes));
     opt.coalesceGapBytes = uint64_t(GetIntOr(o, "coalesceGapBytes", what, 0, int64_t(opt.maxIoBytes), 0));
@@ -644,6 +761,7 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
     r.Set("fixedBuffers", e->FixedBuffersActive());
     r.Set("queueDepth", opt.queueDepth);
     r.Set("threads", opt.threads);
+    r.Set("maxBatches", opt.maxBatches);
     r.Set("maxIoBytes", double(opt.maxIoBytes));
     r.Set("coalesce", opt.coalesce);
     r.Set("coalesceGapBytes", double(opt.coalesceGapBytes));
@@ -766,6 +884,16 @@ Napi::Value CancelRelease(const Napi::CallbackInfo& info) {
     return Napi::Boolean::New(info.Env(), CancelFlags().Remove(HandleArg(info, 0, "cancelFlagRelease")));
   });
 }
+// ioEngineStats(handle): engine-lifetime counters ({ peakBatches }: most batches in flight at once).
+Napi::Value EngineStats(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    auto e = EngineByHandle(HandleArg(info, 0, "ioEngineStats"));
+    Napi::Object r = Napi::Object::New(info.Env());
+    r.Set("peakBatches", e->PeakConcurrentBatches());
+    return r;
+  });
+}
+
 Napi::Value IoHandleCounts(const Napi::CallbackInfo& info) {
   Napi::Object r = Napi::Object::New(info.Env());
   r.Set("engines", double(Engines().Size()));
@@ -780,6 +908,7 @@ void InitIoEngine(Napi::Env env, Napi::Object exports) {
   exports.Set("ioEngineCloseFile", Napi::Function::New(env, EngineCloseFile));
   exports.Set("ioEngineDropCache", Napi::Function::New(env, EngineDropCache));
   exports.Set("ioEngineRead", Napi::Function::New(env, EngineRead));
+  exports.Set("ioEngineStats", Napi::Function::New(env, EngineStats));
   exports.Set("ioUringAvailable", Napi::Function::New(env, UringAvailable));
   exports.Set("cancelFlagCreate", Napi::Function::New(env, CancelCreate));
   exports.Set("cancelFlagRaise", Napi::Function::New(env, CancelRaise));

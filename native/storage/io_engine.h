@@ -15,8 +15,10 @@
 // maxIoBytes + 2 * kIoAlign bytes, allocated once per engine.
 //
 // Errors: E_IO with the errno text and file name; E_CORRUPT when the file ends before a requested
-// byte (short read); E_RANGE for an unknown file id. Engines are thread-safe: batches from
-// concurrent callers are serialised per engine (one batch already saturates the device).
+// byte (short read); E_RANGE for an unknown file id. Engines are thread-safe. Batches from
+// concurrent callers run concurrently on the io_uring engine (up to maxBatches, one ring each, so
+// a step's reads never queue behind another step's whole batch) and the mmap engine; the pread
+// engine's thread pool serves one batch at a time (its threads are the queue depth).
 #pragma once
 #include <atomic>
 #include <functional>
@@ -34,7 +36,8 @@ enum class IoKind { Auto, Uring, Pread, Mmap };
 
 struct IoOptions {
   IoKind kind = IoKind::Auto;
-  int queueDepth = 32;                   // physical reads in flight (uring) / worker threads (pread)
+  int queueDepth = 32;                   // physical reads in flight per batch (uring) / worker threads (pread)
+  int maxBatches = 4;                    // batches in flight at once (uring: one ring + bounce slots each)
   int threads = 4;                       // pread pool size
   uint64_t maxIoBytes = 1 << 20;         // largest physical read after coalescing
   uint64_t coalesceGapBytes = 0;         // merge neighbours separated by at most this many bytes
@@ -100,30 +103,40 @@ class IoEngine {
   using DoneFn = std::function<void(size_t, const uint8_t*)>;
   IoStats ReadBatch(const std::vector<ReadReq>& reqs, const std::atomic<bool>* cancel = nullptr, const DoneFn* onDone = nullptr);
 
+  // Most batches that were in flight at the same time since the engine was created.
+  int PeakConcurrentBatches() const { return peakBatches_.load(); }
+
   struct Phys;  // a planned physical read (defined in io_engine.cc)
+
+  // What one ReadBatch call owns while it runs (engines keep no per-batch state of their own, so
+  // batches of concurrent callers cannot see each other's callbacks or counters).
+  struct Batch {
+    const DoneFn* onDone = nullptr;
+    std::unique_ptr<std::atomic<uint32_t>[]> pending;  // pieces left per caller request
+  };
 
  protected:
   explicit IoEngine(IoOptions o);
   // Whether O_DIRECT means anything to this engine (the mmap engine reads through the page cache).
   virtual bool SupportsDirect() const { return true; }
-  void AllocSlots(int n);
-  virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st) = 0;
+  // n aligned bounce slots of slotBytes_ (maxIoBytes + 2 * kIoAlign), owned by the caller: free
+  // them with FreeSlots.
+  std::vector<uint8_t*> AllocSlots(int n);
+  static void FreeSlots(std::vector<uint8_t*>& slots);
+  virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) = 0;
   // A physical read finished: copy its parts out of the bounce slot (when it used one) and notify
-  // requests whose last piece this was.
-  void Complete(Phys& p, uint8_t* slot);
-  const DoneFn* onDone_ = nullptr;                    // valid during a batch
-  std::unique_ptr<std::atomic<uint32_t>[]> pending_;  // pieces left per request, during a batch
+  // the batch's requests whose last piece this was.
+  static void Complete(Phys& p, uint8_t* slot, Batch& b);
+  class InFlight;  // RAII: counts a batch in flight while an engine serves it (defined in io_engine.cc)
 
   IoOptions opt_;
   std::string fallbackReason_;
   bool fixedActive_ = false;
   uint64_t slotBytes_ = 0;
-  std::vector<uint8_t*> slots_;  // aligned bounce slots, owned
-  std::mutex batchMu_;
+  std::atomic<int> activeBatches_{0}, peakBatches_{0};
   mutable std::mutex filesMu_;
   std::vector<std::shared_ptr<OpenFile>> files_;  // index = file id
  public:
-  void FreeSlots();
   void SetFallbackReason(std::string why) { fallbackReason_ = std::move(why); }
 };
 
@@ -133,6 +146,9 @@ std::shared_ptr<IoEngine> CreateIoEngine(const IoOptions& o);
 // Whether this build has the io_uring engine, and whether the kernel accepts a ring now ("" if so).
 bool UringBuilt();
 std::string UringProbe();
+
+// Test hook: batches wait until n are in flight at once (2 s at most) before reading; 0 = off.
+void SetBatchBarrierForTest(int n);
 
 // Process-global engine lookup by handle (see handles.h).
 std::shared_ptr<IoEngine> EngineByHandle(int64_t h);

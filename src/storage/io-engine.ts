@@ -22,8 +22,15 @@ export type IoEngineKind = 'auto' | 'uring' | 'pread' | 'mmap';
 export interface IoEngineOptions {
   /** Engine choice (default 'auto'); 'uring' fails with E_CONFIG/E_IO when io_uring is unavailable; 'mmap': memory-mapped reads. */
   kind?: IoEngineKind;
-  /** Physical reads in flight (io_uring queue depth), 1..4096 (default 32). */
+  /** Physical reads in flight per batch (io_uring queue depth), 1..4096 (default 32). */
   queueDepth?: number;
+  /**
+   * Batches of concurrent callers in flight at once, 1..64 (default 4). io_uring: each has a ring
+   * and 2 x queueDepth bounce buffers of its own (made on first need, kept until close), so one
+   * step's reads never wait for another step's whole batch; a caller beyond the limit waits for a
+   * ring. The pread pool serves one batch at a time whatever this says; mmap needs no limit.
+   */
+  maxBatches?: number;
   /** pread pool threads, 1..256 (default min(queueDepth, 64)): the pread engine's queue depth. */
   threads?: number;
   /** Largest physical read after coalescing, bytes, multiple of 4096 (default 256 KiB). */
@@ -40,6 +47,7 @@ export const ioEngineOptionsSchema = z
   .object({
     kind: z.enum(['auto', 'uring', 'pread', 'mmap']).optional(),
     queueDepth: z.number().int().min(1).max(4096).optional(),
+    maxBatches: z.number().int().min(1).max(64).optional(),
     threads: z.number().int().min(1).max(256).optional(),
     maxIoBytes: z
       .number()
@@ -61,6 +69,7 @@ export interface IoEngineInfo {
   fallbackReason: string;
   fixedBuffers: boolean;
   queueDepth: number;
+  maxBatches: number;
   threads: number;
   maxIoBytes: number;
   coalesce: boolean;
@@ -108,7 +117,7 @@ export function ioUringAvailable(): { built: boolean; usable: boolean; reason: s
 
 /**
  * A native I/O engine reached by an integer handle (process-global, usable from worker threads
- * through `handle`). Close it when done: it owns threads, a ring and bounce buffers.
+ * through `handle`). Close it when done: it owns threads, rings and bounce buffers.
  */
 export class IoEngine {
   readonly handle: number;
@@ -174,6 +183,12 @@ export class IoEngine {
   ): Promise<IoBatchStats> {
     this.check();
     return native.ioEngineRead(this.handle, req, cancelFlag);
+  }
+
+  /** Engine-lifetime counters: `peakBatches`, the most batches that were in flight at once. */
+  stats(): { peakBatches: number } {
+    this.check();
+    return native.ioEngineStats(this.handle);
   }
 
   close(): void {
