@@ -244,6 +244,17 @@ class EntryReads {
   }
 }
 
+/** One entry's step as fetchAttendEntry was given it (see there). */
+interface EntryStep {
+  mem: KvMemory;
+  hot: HotTier | undefined;
+  seq: number;
+  layer: number;
+  a: AppendedEntry;
+  q: Float32Array;
+  s: EntrySelection | undefined;
+}
+
 /** What the select-and-fetch loop of one entry leaves: its groups (in `groups`) written into `sc`. */
 interface SelectedAndFetched {
   sc: StepScratch;
@@ -262,17 +273,8 @@ interface SelectedAndFetched {
  * fetch settled. Each group is pushed on `groups` as soon as it exists, so the caller can release
  * its pins whatever happens; a failure (select or read) is rethrown only after every read landed.
  */
-async function selectAndFetch(
-  mem: KvMemory,
-  hot: HotTier | undefined,
-  seq: number,
-  layer: number,
-  a: AppendedEntry,
-  q: Float32Array,
-  s: EntrySelection | undefined,
-  groups: HeadGroup[],
-  reads: EntryReads,
-): Promise<SelectedAndFetched> {
+async function selectAndFetch(entry: EntryStep, groups: HeadGroup[], reads: EntryReads): Promise<SelectedAndFetched> {
+  const { mem, hot, seq, layer, a, q, s } = entry;
   const { lk } = a;
   const { shape, policyOptions: p, budget } = mem.config;
   const H = shape.kvHeads;
@@ -426,7 +428,7 @@ export async function fetchAttendEntry(
   const reads = new EntryReads(mem);
   const t1 = performance.now();
   try {
-    const f = await selectAndFetch(mem, hot, seq, layer, a, q, s, groups, reads);
+    const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads);
     const { sc, nChunks } = f;
     const tokSel = concatSelections(
       groups.map((g) => g.tokSel),
