@@ -166,10 +166,9 @@ constexpr size_t kAhead = 128;
 // (k < kStreams x qn) is row (k % kStreams) x qn + k / kStreams, the rest in order. Consecutive
 // rows mostly share a run (~11 rows of 64 B at 4 bits on the demo workload), so in row order the
 // loads in flight hit one run — one DRAM / TLB miss at a time, ~23 ns per row cold even with the
-// prefetch; four streams put four runs' misses in flight. Measured on the 4-bit VNNI kernel alone
-// (ScoreSketchRows in a C++ harness: 8 kv heads x 16K rows in runs of 11, one thread, 512 MiB
-// written between calls): 2.95 -> 2.14 ms with caches evicted, 1.59 -> 0.92 ms without; 8 or 16
-// streams were slower than 4. The select as a whole: bench/index.md. Each dot product is independent,
+// prefetch; four streams put four runs' misses in flight: select CPU -20% in decode mode
+// (bench/select-ab.ts, figures in bench/index.md). 8 or 16 streams were slower than 4 (measured on
+// the kernel alone in a throwaway harness, not kept). Each dot product is independent,
 // so the order changes no value. Each stream prefetches kAhead / kStreams rows ahead of itself.
 constexpr size_t kStreams = 4;
 inline size_t StreamRow(size_t k, size_t qn) { return k < kStreams * qn ? (k % kStreams) * qn + k / kStreams : k; }
