@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { expect } from 'vitest';
 import { isKvdriveError, type ErrorCode } from '../src/errors.js';
 import { mulberry32 } from '../src/model/sampler.js';
+import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -51,4 +52,18 @@ export async function expectKvdError(fn: () => unknown, code: ErrorCode, message
   if (!isKvdriveError(caught)) throw new Error(`expected KvdriveError ${code}, got ${String(caught)}`);
   expect(caught.code).toBe(code);
   if (message) expect(caught.message).toMatch(message);
+}
+
+/**
+ * What an SSD store with these I/O options (default: the store's defaults) reserves inside a
+ * runtime's dramBudget for its engine (MemoryPlan.ioBufferBytes, IoEngineInfo.bufferBytes): tests
+ * giving a small budget on purpose add it, so their DRAM tier keeps the size they chose.
+ */
+export function ioBufferBytes(io: IoEngineOptions = {}): number {
+  const e = new IoEngine(io);
+  try {
+    return e.info.bufferBytes;
+  } finally {
+    e.close();
+  }
 }

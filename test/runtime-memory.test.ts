@@ -12,7 +12,7 @@ import { attendDense } from '../src/attention/kernels.js';
 import { fromF32 } from '../src/util/f16.js';
 import { checkMemory, formatMemoryCheck, processMemory } from '../src/runtime/process-memory.js';
 import type { Dtype, KvTensor } from '../src/types.js';
-import { expectKvdError, randn } from './helpers.js';
+import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
 import { corruptSegments } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -27,7 +27,7 @@ const MiB = 2 ** 20;
  * A DRAM budget whose DRAM tier holds about a quarter of the sealed chunks of 3 sequences (fixed
  * parts ~0.4 MB: tails, index reserve, fetch buffers), so most selected chunks come from SSD.
  */
-const SMALL = 500_000;
+const SMALL = 500_000 + ioBufferBytes(); // + the I/O engine's reserve (the plan's ioBufferBytes)
 const dirs: string[] = [];
 const tmp = () => {
   const d = mkdtempSync(join(tmpdir(), 'kvd-rt-mem-'));
@@ -94,7 +94,7 @@ describe('Runtime memory model', () => {
       expect(m.sealedTokens, name).toBe(SEQS * shape.layers * (236 + SEAL));
       expect(m.tokens, name).toBe(SEQS * shape.layers * (PROMPT + STEPS));
       expect(m.indexBytes, name).toBeGreaterThan(0);
-      expect(m.plan.residentBytes + m.plan.indexBytes + m.plan.hotTierBytes + m.plan.fetchBytes + m.plan.selectArenaBytes + m.plan.dramTierBytes).toBe(opts.dramBudget);
+      expect(m.plan.residentBytes + m.plan.indexBytes + m.plan.hotTierBytes + m.plan.fetchBytes + m.plan.selectArenaBytes + m.plan.ioBufferBytes + m.plan.dramTierBytes).toBe(opts.dramBudget);
       expect(m.dram.reservedBytes).toBeLessThanOrEqual(m.plan.dramTierBytes);
       const t = m.traffic;
       expect(t.chunks).toBe(t.hotChunks + t.dramChunks + t.ssdChunks + t.tailChunks);
@@ -137,7 +137,7 @@ describe('Runtime memory model', () => {
   });
 
   it('a budget covering the context equals dense attention (f16 KV kept as f16, DRAM+SSD)', async () => {
-    const rt = await openRuntime({ ...base, budget: 512, dtype: 'f16', dramBudget: 8 * MiB, sealTokens: SEAL, ssd: { dir: tmp() } });
+    const rt = await openRuntime({ ...base, budget: 512, dtype: 'f16', dramBudget: 8 * MiB + ioBufferBytes(), sealTokens: SEAL, ssd: { dir: tmp() } });
     const [s] = await prefillAll(rt, 9, 1);
     const f16 = (x: Float32Array) => fromF32(x, 'f16') as Uint16Array;
     const ks = Array.from({ length: shape.layers }, (_, l) => [f16(input.prompt(9, 0, l, 0))]);
@@ -218,9 +218,12 @@ describe('Budgets measured, not asserted', () => {
     const T = 32768;
     const brow = big.kvHeads * big.headDim;
     const kvBytes = big.layers * T * 2 * brow * 2; // f16 K + V
-    const dramBudget = 24 * MiB; // index reserve ~19.5 MiB with the key sketch (0.6x the f16 KV at head dim 64), DRAM tier ~2 MiB
+    // index reserve ~19.5 MiB with the key sketch (0.6x the f16 KV at head dim 64), DRAM tier ~2 MiB,
+    // and a small I/O engine's reserve (one ring of 2 x 4 bounce buffers, 2.1 MiB: inside the budget)
+    const io = { queueDepth: 4, maxBatches: 1 };
+    const dramBudget = 24 * MiB + ioBufferBytes(io);
     const before = processMemory()!;
-    const rt = await openRuntime({ shape: big, budget: 256, dtype: 'f16', dramBudget, ssd: { dir: tmp() }, maxSequences: 1, maxTokens: T + 16 });
+    const rt = await openRuntime({ shape: big, budget: 256, dtype: 'f16', dramBudget, ssd: { dir: tmp(), io }, maxSequences: 1, maxTokens: T + 16 });
     const s = rt.createSequence();
     for (let l = 0; l < big.layers; l++) {
       const k = fromF32(randn(T * brow, 40 + l), 'f16');

@@ -8,7 +8,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import type { KvTensor } from '../src/types.js';
-import { expectKvdError, randn } from './helpers.js';
+import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
+import type { IoEngineOptions } from '../src/storage/io-engine.js';
 import { osThreads } from './threads.js';
 
 const shape = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 16 };
@@ -50,13 +51,14 @@ async function decode(rt: Runtime, seqs: number, seed: number): Promise<Float32A
 
 /**
  * A DRAM budget for `opts` whose DRAM tier is `fraction` of what holds everything: the fixed parts
- * (tails, index reserve, hot tier, fetch buffers) read from a DRAM-only runtime of the same options.
+ * (tails, index reserve, hot tier, fetch buffers) read from a DRAM-only runtime of the same options,
+ * plus what the SSD store's I/O engine reserves (`io`: the store's I/O options).
  */
-async function tierBudget(opts: RuntimeOptions, fraction: number): Promise<number> {
+async function tierBudget(opts: RuntimeOptions, fraction: number, io: IoEngineOptions = {}): Promise<number> {
   const rt = await openRuntime(opts);
   const p = (await rt.stats()).memory.plan;
   await rt.close();
-  return p.dramBudgetBytes - p.dramTierBytes + Math.floor(fraction * p.dramTierBytes);
+  return p.dramBudgetBytes - p.dramTierBytes + ioBufferBytes(io) + Math.floor(fraction * p.dramTierBytes);
 }
 
 describe('SSD-backed runtime', () => {
@@ -69,8 +71,9 @@ describe('SSD-backed runtime', () => {
       const dir = tmp();
       const fd0 = fds();
       const threads0 = await osThreads();
-      const dramBudget = await tierBudget({ ...base, mode }, 0.25);
-      const rt = await openRuntime({ ...base, mode, dramBudget, ssd: { dir, io: { kind: 'pread', threads: 2 } } });
+      const io = { kind: 'pread', threads: 2 } as const;
+      const dramBudget = await tierBudget({ ...base, mode }, 0.25, io);
+      const rt = await openRuntime({ ...base, mode, dramBudget, ssd: { dir, io } });
       const got = await decode(rt, 3, 5);
       expect(got.map(bits)).toEqual(expected.map(bits));
       const st = await rt.stats();

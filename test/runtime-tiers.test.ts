@@ -9,7 +9,7 @@ import { readdirSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import type { KvTensor } from '../src/types.js';
-import { expectKvdError, randn } from './helpers.js';
+import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
 import { corruptSegments, removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -18,7 +18,7 @@ const PROMPT = 300;
 const STEPS = 8;
 const MiB = 2 ** 20;
 /** A DRAM budget whose DRAM tier holds a fraction of two sequences' sealed chunks: most reads go to SSD. */
-const SMALL = 500_000;
+const SMALL = 500_000 + ioBufferBytes(); // + the I/O engine's reserve (the plan's ioBufferBytes)
 const tmp = () => tempDir('rt-tiers');
 afterAll(removeTempDirs);
 

@@ -10,7 +10,7 @@ import { attendDense, attendSparse } from '../src/attention/kernels.js';
 import { createPolicy } from '../src/index/policy.js';
 import { offloadedPolicyOptions } from '../src/index/options.js';
 import type { KvTensor } from '../src/types.js';
-import { randn } from './helpers.js';
+import { ioBufferBytes, randn } from './helpers.js';
 import { removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -87,7 +87,7 @@ const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', microBatch:
 describe('Runtime memory model: token-granular attention inside fetched chunks', () => {
   it('equals attendSparse over a contiguous cache with the eval --offloaded selection, whichever tier served a token, both modes', async () => {
     const want = await referenceOutputs(base.budget);
-    const small = 600_000; // the DRAM tier holds a fraction of the sealed chunks: most come from SSD
+    const small = 600_000 + ioBufferBytes(); // + the I/O engine's reserve; the DRAM tier holds a fraction of the sealed chunks: most come from SSD
     const configs: Array<[string, RuntimeOptions]> = [
       ['dram-only sequential', { ...base, dramBudget: 64 * MiB }],
       ['dram-only pipelined', { ...base, mode: 'pipelined', dramBudget: 64 * MiB }],
@@ -108,7 +108,7 @@ describe('Runtime memory model: token-granular attention inside fetched chunks',
 
   it('a budget covering the context equals dense attention (DRAM+SSD, token-granular)', async () => {
     const want = await referenceOutputs(512, true);
-    const { outs } = await runtimeOutputs({ ...base, budget: 512, dramBudget: 2 * MiB, ssd: { dir: tmp() } });
+    const { outs } = await runtimeOutputs({ ...base, budget: 512, dramBudget: 2 * MiB + ioBufferBytes(), ssd: { dir: tmp() } });
     for (let i = 0; i < want.length; i++) expect(bits(outs[i]!), `output ${i}`).toBe(bits(want[i]!));
   });
 });

@@ -76,12 +76,12 @@ describe('Runtime', () => {
     expect(ps.stallMs).toBeGreaterThanOrEqual(0);
     // Without dramBudget the budget is what holds everything declared, itemised.
     const p = ss.memory.plan;
-    expect(p.residentBytes + p.indexBytes + p.hotTierBytes + p.fetchBytes + p.selectArenaBytes + p.dramTierBytes).toBe(p.dramBudgetBytes);
+    expect(p.residentBytes + p.indexBytes + p.hotTierBytes + p.fetchBytes + p.selectArenaBytes + p.ioBufferBytes + p.dramTierBytes).toBe(p.dramBudgetBytes);
     expect(p.selectArenaBytes).toBe(0); // sequential: no select stage
     // Pipelined: the select stage's shared arena (4 slots of queries and selections) is budgeted too.
     const pp = ps.memory.plan;
     expect(pp.selectArenaBytes).toBeGreaterThan(0);
-    expect(pp.residentBytes + pp.indexBytes + pp.hotTierBytes + pp.fetchBytes + pp.selectArenaBytes + pp.dramTierBytes).toBe(pp.dramBudgetBytes);
+    expect(pp.residentBytes + pp.indexBytes + pp.hotTierBytes + pp.fetchBytes + pp.selectArenaBytes + pp.ioBufferBytes + pp.dramTierBytes).toBe(pp.dramBudgetBytes);
     const cs = resolvePolicyOptions('kvdrive', { qHeads: 4, kvHeads: 2, headDim: 16 }).chunkSize;
     expect(ss.memory.dram.capacityChunks).toBe(SEQS * shape.layers * shape.kvHeads * Math.ceil(512 / cs));
     await seq.close();

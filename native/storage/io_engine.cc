@@ -96,13 +96,18 @@ std::vector<uint8_t*> IoEngine::AllocSlots(int n) {
       FreeSlots(slots);
       throw std::bad_alloc();
     }
+    // Touched now: the resident set holds the slot from here on, as the memory plan reserves it
+    // (a slot first used much later would otherwise show up in the resident set only then).
+    std::memset(p, 0, slotBytes_);
     slots.push_back(static_cast<uint8_t*>(p));
+    bufferBytes_ += slotBytes_;
   }
   return slots;
 }
 
 void IoEngine::FreeSlots(std::vector<uint8_t*>& slots) {
   for (uint8_t* s : slots) std::free(s);
+  bufferBytes_ -= slots.size() * slotBytes_;
   slots.clear();
 }
 
@@ -264,6 +269,7 @@ class PreadEngine : public IoEngine {
  public:
   explicit PreadEngine(IoOptions o) : IoEngine(o) {
     int n = std::max(1, o.threads);
+    bufferBytesMax_ = uint64_t(n) * slotBytes_;
     slots_ = AllocSlots(n);
     for (int t = 0; t < n; ++t) workers_.emplace_back([this, t] { Loop(t); });
   }
@@ -388,6 +394,7 @@ class UringEngine : public IoEngine {
     io_uring ring{};
     std::vector<uint8_t*> slots;  // aligned bounce slots, owned
     bool fixed = false;           // slots registered as fixed buffers
+    uint64_t mapBytes = 0;        // the SQ/CQ rings and SQE array mapped into the process
   };
 
  public:
@@ -398,6 +405,8 @@ class UringEngine : public IoEngine {
     if (*err) return;
     std::unique_ptr<Ring> r = MakeRing(err);
     if (*err) return;
+    // Every ring is made with the same options, so the first one's size is each one's.
+    bufferBytesMax_ = uint64_t(std::max(1, opt_.maxBatches)) * (2 * uint64_t(opt_.queueDepth) * slotBytes_ + r->mapBytes);
     fixedActive_ = r->fixed;
     idle_.push_back(r.get());
     rings_.push_back(std::move(r));
@@ -424,12 +433,19 @@ class UringEngine : public IoEngine {
     auto r = std::make_unique<Ring>();
     *err = -io_uring_queue_init(unsigned(opt_.queueDepth), &r->ring, 0);
     if (*err) return r;
+    // With IORING_FEAT_SINGLE_MMAP the SQ and CQ rings share one mapping (liburing then gives both
+    // the larger size).
+    const bool single = r->ring.features & IORING_FEAT_SINGLE_MMAP;
+    r->mapBytes = uint64_t(r->ring.sq.ring_sz) + (single ? 0 : uint64_t(r->ring.cq.ring_sz)) +
+                  uint64_t(r->ring.sq.ring_entries) * sizeof(io_uring_sqe);
+    bufferBytes_ += r->mapBytes;
     // Twice the queue depth: completed reads keep their slot until copied out, which happens after
     // the ring has been refilled (see RunOn), so a full queue of new reads must still find slots.
     try {
       r->slots = AllocSlots(2 * opt_.queueDepth);
     } catch (...) {
       io_uring_queue_exit(&r->ring);
+      bufferBytes_ -= r->mapBytes;
       throw;
     }
     if (opt_.fixedBuffers) {
@@ -440,9 +456,10 @@ class UringEngine : public IoEngine {
     }
     return r;
   }
-  static void DestroyRing(Ring& r) {
+  void DestroyRing(Ring& r) {
     if (r.fixed) io_uring_unregister_buffers(&r.ring);
     io_uring_queue_exit(&r.ring);
+    bufferBytes_ -= r.mapBytes;
     FreeSlots(r.slots);
   }
   Ring& Acquire() {
@@ -765,6 +782,7 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
     r.Set("maxIoBytes", double(opt.maxIoBytes));
     r.Set("coalesce", opt.coalesce);
     r.Set("coalesceGapBytes", double(opt.coalesceGapBytes));
+    r.Set("bufferBytes", double(e->BufferBytesMax()));
     return r;
   });
 }
@@ -884,12 +902,14 @@ Napi::Value CancelRelease(const Napi::CallbackInfo& info) {
     return Napi::Boolean::New(info.Env(), CancelFlags().Remove(HandleArg(info, 0, "cancelFlagRelease")));
   });
 }
-// ioEngineStats(handle): engine-lifetime counters ({ peakBatches }: most batches in flight at once).
+// ioEngineStats(handle): { peakBatches: most batches in flight at once since creation, bufferBytes:
+// bounce slots and rings allocated now }.
 Napi::Value EngineStats(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto e = EngineByHandle(HandleArg(info, 0, "ioEngineStats"));
     Napi::Object r = Napi::Object::New(info.Env());
     r.Set("peakBatches", e->PeakConcurrentBatches());
+    r.Set("bufferBytes", double(e->BufferBytes()));
     return r;
   });
 }

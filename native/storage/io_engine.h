@@ -11,8 +11,16 @@
 //    contiguous in the file and in memory, and, for O_DIRECT files, offset/length/address are
 //    aligned), else into a bounce slot (aligned, registered with the ring as a fixed buffer) and the
 //    requested bytes are copied out on completion.
-// At most queueDepth physical reads are in flight; bounce memory is queueDepth slots of
-// maxIoBytes + 2 * kIoAlign bytes, allocated once per engine.
+// At most queueDepth physical reads are in flight per batch.
+//
+// Memory an engine owns (what the runtime's memory plan reserves inside dramBudget; BufferBytesMax):
+//  - io_uring: per ring, 2 x queueDepth bounce slots of maxIoBytes + 2 * kIoAlign bytes plus the
+//    ring's SQ/CQ mappings; the first ring at creation, one more per batch in flight beyond the rings
+//    made so far (up to maxBatches), each kept until the engine is destroyed;
+//  - pread: one slot per pool thread, at creation, until destroyed;
+//  - mmap: no slots (its mapped page-cache pages are the files', not counted here).
+// Slots are touched when allocated (and pinned when registered as fixed buffers), so the resident
+// set holds what BufferBytes() says from the start, never more than BufferBytesMax().
 //
 // Errors: E_IO with the errno text and file name; E_CORRUPT when the file ends before a requested
 // byte (short read); E_RANGE for an unknown file id. Engines are thread-safe. Batches from
@@ -105,6 +113,10 @@ class IoEngine {
 
   // Most batches that were in flight at the same time since the engine was created.
   int PeakConcurrentBatches() const { return peakBatches_.load(); }
+  // Bytes of bounce slots and rings allocated now, and the most this engine's options let it
+  // allocate (see the header comment); both 0 for mmap.
+  uint64_t BufferBytes() const { return bufferBytes_.load(); }
+  uint64_t BufferBytesMax() const { return bufferBytesMax_; }
 
   struct Phys;  // a planned physical read (defined in io_engine.cc)
 
@@ -119,10 +131,10 @@ class IoEngine {
   explicit IoEngine(IoOptions o);
   // Whether O_DIRECT means anything to this engine (the mmap engine reads through the page cache).
   virtual bool SupportsDirect() const { return true; }
-  // n aligned bounce slots of slotBytes_ (maxIoBytes + 2 * kIoAlign), owned by the caller: free
-  // them with FreeSlots.
+  // n aligned bounce slots of slotBytes_ (maxIoBytes + 2 * kIoAlign), touched, counted in
+  // BufferBytes(), owned by the caller: free them with FreeSlots.
   std::vector<uint8_t*> AllocSlots(int n);
-  static void FreeSlots(std::vector<uint8_t*>& slots);
+  void FreeSlots(std::vector<uint8_t*>& slots);
   virtual void Run(std::vector<Phys>& ops, const std::atomic<bool>* cancel, IoStats& st, Batch& b) = 0;
   // A physical read finished: copy its parts out of the bounce slot (when it used one) and notify
   // the batch's requests whose last piece this was.
@@ -133,6 +145,8 @@ class IoEngine {
   std::string fallbackReason_;
   bool fixedActive_ = false;
   uint64_t slotBytes_ = 0;
+  uint64_t bufferBytesMax_ = 0;          // set by each engine's constructor from its options
+  std::atomic<uint64_t> bufferBytes_{0};  // slots (and rings) allocated now
   std::atomic<int> activeBatches_{0}, peakBatches_{0};
   mutable std::mutex filesMu_;
   std::vector<std::shared_ptr<OpenFile>> files_;  // index = file id
@@ -148,6 +162,7 @@ bool UringBuilt();
 std::string UringProbe();
 
 // Test hook: batches wait until n are in flight at once (2 s at most) before reading; 0 = off.
+// Reachable from JS only through ioTestHooks, which exists only with KVDRIVE_TEST_HOOKS=1 (extent_store.cc).
 void SetBatchBarrierForTest(int n);
 
 // Process-global engine lookup by handle (see handles.h).

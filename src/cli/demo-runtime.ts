@@ -151,9 +151,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const after = processMemory();
   const plan = stats.memory!.plan;
   const memory = checkMemory(
-    [
-      { what: 'dramBudget (tails, index reserve, fetch buffers, DRAM tier)', bytes: o.dramBudget },
-    ],
+    [{ what: 'dramBudget (tails, index reserve, hot tier, fetch buffers, I/O engine buffers, DRAM tier)', bytes: o.dramBudget }],
     [
       { what: 'process before open (node, addon, trace plans)', bytes: before?.rssBytes ?? 0 },
       { what: 'one prompt layer being generated and prefilled (K + V, host dtype)', bytes: layerKv },
@@ -165,9 +163,11 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
 
   // The ratio: DRAM+SSD and DRAM-only runtimes on the first R layers, side by side, steps
   // interleaved. With R < L the DRAM+SSD runtime keeps the main run's DRAM tier per layer (its
-  // fixed parts: hot tier and fetch buffers whole, tails and index per layer).
+  // fixed parts: hot tier, fetch buffers and the I/O engine's buffers whole, tails and index per layer).
   const ratioDramBudget =
-    R === L ? o.dramBudget : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes + plan.selectArenaBytes;
+    R === L
+      ? o.dramBudget
+      : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes + plan.selectArenaBytes + plan.ioBufferBytes;
   const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const runtimes: Runtime[] = [];
   // A scratch store inside the demo's directory, deleted afterwards (the demo leaves only its manifest).
@@ -238,7 +238,7 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     '',
     '',
     `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
-      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)}${p.selectArenaBytes ? ` + select arena ${bytes(p.selectArenaBytes)}` : ''} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)}${p.selectArenaBytes ? ` + select arena ${bytes(p.selectArenaBytes)}` : ''} + I/O engine buffers ${bytes(p.ioBufferBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
     '',
     table(rows),
     '',

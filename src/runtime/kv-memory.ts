@@ -89,6 +89,13 @@ export interface MemoryPlan {
   /** The pipelined select stage's shared arena (SharedArrayBuffer slots: queries, selections); 0 sequentially. */
   selectArenaBytes: number;
   /**
+   * The SSD store's I/O engine: its bounce buffers and rings at the most its options allow
+   * (IoEngineInfo.bufferBytes: io_uring maxBatches x (2 x queueDepth x (maxIoBytes + 8 KiB) + ring
+   * mappings), pread threads x (maxIoBytes + 8 KiB), mmap 0); 0 without an SSD store. Native memory:
+   * the engine allocates part of it at open and the rest as concurrent reads need rings.
+   */
+  ioBufferBytes: number;
+  /**
    * What is left for the DRAM tier (arena + slot metadata), at most DramStore.maxChunks worth of
    * chunks (255 arena blocks of 1 GiB); budget beyond that stays unused.
    */
@@ -407,9 +414,10 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const indexBytes = (indexFixed + perToken * c.maxTokens) * slotsPerLayer;
   const chunkBytes = 2 * cs * headDim * es;
   const fetchBytes = c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes;
-  const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes + c.selectArenaBytes;
+  const ioBufferBytes = c.ssd?.engineInfo.bufferBytes ?? 0;
+  const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes + c.selectArenaBytes + ioBufferBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
-  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes} + select arena ${c.selectArenaBytes}`;
+  const items = `sinks + tails ${residentBytes} + index ${indexBytes} (${perToken} B/token + ${indexFixed} B per layer) + hot tier ${c.hotTierBytes} + fetch buffers ${fetchBytes} + select arena ${c.selectArenaBytes} + I/O engine buffers ${ioBufferBytes}`;
   let dramBudget = c.dramBudget;
   // The DRAM tier's arena is at most DramStore.maxBlocks blocks of 1 GiB.
   const maxTierChunks = DramStore.maxChunks(chunkBytes);
@@ -440,6 +448,7 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
     hotTierBytes: c.hotTierBytes,
     fetchBytes,
     selectArenaBytes: c.selectArenaBytes,
+    ioBufferBytes,
     // With an SSD store the tier takes the rest of the budget, up to the largest arena.
     dramTierBytes: Math.min(dramBudget - fixed, maxTierChunks * perChunk),
     kvBytesPerTokenLayer: 2 * row,

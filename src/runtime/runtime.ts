@@ -52,7 +52,9 @@ export interface RuntimeOptions {
   /**
    * Everything the runtime keeps in DRAM, bytes (DESIGN.md §3) — sinks and open tails, the
    * selection indexes (reserved at their measured bytes per token x maxTokens), the hot tier's
-   * maxBytes, fetch buffers, and the DRAM tier (the rest). Sealed segments (prompt and decoded
+   * maxBytes, fetch buffers, with `ssd` the I/O engine's bounce buffers and rings at the most its
+   * `io` options allow (IoEngineInfo.bufferBytes: 66 MiB with the default io_uring options), and the
+   * DRAM tier (the rest). Sealed segments (prompt and decoded
    * tokens, sealed in blocks of `sealTokens` as they leave the local window) go to the SSD store
    * (`ssd`) and are cached in the DRAM tier; without `ssd` the DRAM tier must hold every chunk of
    * maxSequences x maxTokens, else open fails with E_BUDGET naming the bytes needed.

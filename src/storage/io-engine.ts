@@ -26,7 +26,8 @@ export interface IoEngineOptions {
   queueDepth?: number;
   /**
    * Batches of concurrent callers in flight at once, 1..64 (default 4). io_uring: each has a ring
-   * and 2 x queueDepth bounce buffers of its own (made on first need, kept until close), so one
+   * and 2 x queueDepth bounce buffers of its own (made on first need, kept until close; the memory
+   * plan reserves all of them, see {@link IoEngineInfo.bufferBytes}), so one
    * step's reads never wait for another step's whole batch; a caller beyond the limit waits for a
    * ring. The pread pool serves one batch at a time whatever this says; mmap needs no limit.
    */
@@ -74,6 +75,16 @@ export interface IoEngineInfo {
   maxIoBytes: number;
   coalesce: boolean;
   coalesceGapBytes: number;
+  /**
+   * The most memory this engine allocates, bytes, fixed by its options: io_uring, maxBatches x
+   * (2 x queueDepth bounce buffers of maxIoBytes + 8 KiB, plus the ring's mappings); pread, threads
+   * bounce buffers of maxIoBytes + 8 KiB; mmap, 0 (its mapped file pages are page cache). The
+   * runtime's memory plan reserves it inside dramBudget (`MemoryPlan.ioBufferBytes`). Allocated:
+   * pread at creation; io_uring one ring at creation and one more per batch in flight beyond the
+   * rings made so far, kept until close; touched when allocated, so {@link IoEngine.stats}'s
+   * `bufferBytes` is resident.
+   */
+  bufferBytes: number;
 }
 
 /** Counters of one batch. */
@@ -185,8 +196,11 @@ export class IoEngine {
     return native.ioEngineRead(this.handle, req, cancelFlag);
   }
 
-  /** Engine-lifetime counters: `peakBatches`, the most batches that were in flight at once. */
-  stats(): { peakBatches: number } {
+  /**
+   * `peakBatches`: the most batches that were in flight at once since creation; `bufferBytes`: bounce
+   * buffers and rings allocated now (at most `info.bufferBytes`).
+   */
+  stats(): { peakBatches: number; bufferBytes: number } {
     this.check();
     return native.ioEngineStats(this.handle);
   }

@@ -1,0 +1,107 @@
+// The I/O engine's own memory (bounce buffers, io_uring rings): the figure the engine reports is what
+// the process's resident set (VmRSS) really grows by, the runtime's memory plan reserves it inside
+// dramBudget (E_BUDGET when it does not fit).
+import { openSync, writeSync, closeSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { IoEngine, ioUringAvailable } from '../src/storage/io-engine.js';
+import { native } from '../src/native.js';
+import { processMemory } from '../src/runtime/process-memory.js';
+import { openRuntime } from '../src/runtime/runtime.js';
+import { expectKvdError, ioBufferBytes } from './helpers.js';
+import { removeTempDirs, tempDir } from './storage-kv.js';
+
+afterAll(removeTempDirs);
+
+const MiB = 2 ** 20;
+const uring = ioUringAvailable();
+const kinds = ['pread', ...(uring.usable ? ['uring'] : [])] as const;
+const SLOT = (1 << 20) + 2 * 4096; // maxIoBytes 1 MiB + 2 x 4 KiB alignment room
+
+/**
+ * Stated tolerance of the resident-set comparisons: 4 MiB + 3% of the figure (V8 and libuv
+ * allocations around the calls, the promise machinery, page-table granularity).
+ */
+const tolerance = (bytes: number) => 4 * MiB + 0.03 * bytes;
+
+function dataFile(bytes: number): string {
+  const path = join(tempDir('io-mem'), 'data.bin');
+  const fd = openSync(path, 'w');
+  writeSync(fd, new Uint8Array(bytes).fill(7));
+  closeSync(fd);
+  return path;
+}
+
+describe.each(kinds)('I/O engine %s: reported buffer memory against VmRSS', (kind) => {
+  it('bufferBytes is fixed by the options, and the resident set grows by what stats() says is allocated', async () => {
+    const path = dataFile(4 * MiB);
+    const dests = [0, 1, 2].map(() => new Uint8Array(1 << 20));
+    const reads = (i: number) => [{ file: 0, offset: i * (1 << 20), length: 1 << 20, destOffset: 0 }];
+    const before = processMemory()!.rssBytes;
+    const e = new IoEngine({ kind, queueDepth: 8, threads: 8, maxBatches: 3, maxIoBytes: 1 << 20 });
+    try {
+      if (kind === 'pread') {
+        expect(e.info.bufferBytes).toBe(8 * SLOT);
+      } else {
+        // 3 rings x (2 x 8 slots + the ring's SQ/CQ and SQE mappings, a few KiB at depth 8)
+        expect(e.info.bufferBytes).toBeGreaterThan(3 * 16 * SLOT);
+        expect(e.info.bufferBytes).toBeLessThan(3 * (16 * SLOT + 64 * 1024));
+      }
+      // Created: pread's slots, io_uring's first ring.
+      const made = e.stats().bufferBytes;
+      expect(made).toBe(kind === 'pread' ? e.info.bufferBytes : e.info.bufferBytes / 3);
+      const grown = processMemory()!.rssBytes - before;
+      expect(Math.abs(grown - made), `RSS grew ${grown} B, engine reports ${made} B`).toBeLessThanOrEqual(tolerance(made));
+      const f = e.open(path, false).file;
+      expect(f).toBe(0);
+      // Three callers at once: io_uring makes a ring for each (the barrier holds every batch until
+      // three are in flight), reaching its maximum; pread serves them one by one with its slots.
+      if (kind === 'uring') native.ioTestHooks({ batchBarrier: 3 });
+      try {
+        await Promise.all(dests.map((d, i) => e.read(reads(i), d)));
+      } finally {
+        native.ioTestHooks({ batchBarrier: 0 });
+      }
+      expect(e.stats().bufferBytes).toBe(e.info.bufferBytes);
+      if (kind === 'uring') expect(e.stats().peakBatches).toBe(3);
+      // The reads' destinations were allocated before `before`; only the engine's memory is new.
+      const all = processMemory()!.rssBytes - before;
+      expect(Math.abs(all - e.info.bufferBytes), `RSS grew ${all} B, engine reports at most ${e.info.bufferBytes} B`).toBeLessThanOrEqual(tolerance(e.info.bufferBytes));
+    } finally {
+      e.close();
+    }
+  });
+});
+
+describe('the memory plan reserves the I/O engine inside dramBudget', () => {
+  const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 32 };
+  const base = { shape, budget: 16, maxSequences: 1, maxTokens: 512 };
+
+  it('plan.ioBufferBytes is the store engine figure, counted in the itemised budget', async () => {
+    for (const io of [{}, { queueDepth: 4, maxBatches: 1 }, { kind: 'pread' as const, threads: 2 }]) {
+      const want = ioBufferBytes(io);
+      const rt = await openRuntime({ ...base, dramBudget: 8 * MiB + want, ssd: { dir: tempDir('io-plan'), io } });
+      try {
+        const p = (await rt.stats()).memory.plan;
+        expect(p.ioBufferBytes).toBe(want);
+        expect(p.residentBytes + p.indexBytes + p.hotTierBytes + p.fetchBytes + p.selectArenaBytes + p.ioBufferBytes + p.dramTierBytes).toBe(p.dramBudgetBytes);
+      } finally {
+        await rt.close();
+      }
+    }
+    const dramOnly = await openRuntime({ ...base, dramBudget: 8 * MiB });
+    expect((await dramOnly.stats()).memory.plan.ioBufferBytes).toBe(0);
+    await dramOnly.close();
+  });
+
+  it('a budget that cannot hold the engine buffers is E_BUDGET naming them', async () => {
+    // io_uring: 8 rings x 2 x 16 slots of 1 MiB + 8 KiB (258 MiB); only the first ring exists at
+    // open, yet the plan reserves all of them. pread: 64 slots (64.5 MiB).
+    const io = uring.usable ? { queueDepth: 16, maxBatches: 8, maxIoBytes: 1 << 20 } : { kind: 'pread' as const, threads: 64, maxIoBytes: 1 << 20 };
+    const need = ioBufferBytes(io);
+    expect(need).toBeGreaterThan(64 * MiB);
+    await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, ssd: { dir: tempDir('io-plan'), io } }), 'E_BUDGET', new RegExp(`I/O engine buffers ${need}\\b`));
+    const rt = await openRuntime({ ...base, dramBudget: 8 * MiB + need, ssd: { dir: tempDir('io-plan'), io } });
+    await rt.close();
+  });
+});
