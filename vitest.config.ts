@@ -7,5 +7,8 @@ export default defineConfig({
     hookTimeout: 60_000,
     // The machine has 2 cores; more workers only thrash.
     maxWorkers: 2,
+    // The addon's test-only knobs (ioTestHooks: failWritesAfterBytes, batchBarrier) exist only in a
+    // process started with this set (native/storage/extent_store.cc).
+    env: { KVDRIVE_TEST_HOOKS: '1' },
   },
 });

@@ -1,6 +1,8 @@
 // The I/O engine's own memory (bounce buffers, io_uring rings): the figure the engine reports is what
 // the process's resident set (VmRSS) really grows by, the runtime's memory plan reserves it inside
-// dramBudget (E_BUDGET when it does not fit).
+// dramBudget (E_BUDGET when it does not fit), and the test-only knobs stay out of reach of a process
+// that did not ask for them.
+import { execFileSync } from 'node:child_process';
 import { openSync, writeSync, closeSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -103,5 +105,22 @@ describe('the memory plan reserves the I/O engine inside dramBudget', () => {
     await expectKvdError(() => openRuntime({ ...base, dramBudget: 64 * MiB, ssd: { dir: tempDir('io-plan'), io } }), 'E_BUDGET', new RegExp(`I/O engine buffers ${need}\\b`));
     const rt = await openRuntime({ ...base, dramBudget: 8 * MiB + need, ssd: { dir: tempDir('io-plan'), io } });
     await rt.close();
+  });
+});
+
+describe('ioTestHooks: only in a process started with KVDRIVE_TEST_HOOKS=1', () => {
+  it('a process without it gets a typed error saying how to enable the hooks, and the knobs stay off', () => {
+    const nativeJs = new URL('../dist/src/native.js', import.meta.url).href;
+    const script = `import(${JSON.stringify(nativeJs)}).then(({ native }) => {
+      try { native.ioTestHooks({ batchBarrier: 2 }); console.log(JSON.stringify({ ok: true })); }
+      catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
+    });`;
+    const env = { ...process.env };
+    delete env.KVDRIVE_TEST_HOOKS;
+    const out = JSON.parse(execFileSync(process.execPath, ['--input-type=module', '-e', script], { env, encoding: 'utf8' })) as { code?: string; message?: string };
+    expect(out.code).toBe('E_CONFIG');
+    expect(out.message).toMatch(/ioTestHooks: expected a process started with KVDRIVE_TEST_HOOKS=1 .*, got it unset/);
+    // This process (vitest.config.ts sets the variable) has them.
+    expect(native.ioTestHooks({}).failWritesAfterBytes).toBe(-1);
   });
 });

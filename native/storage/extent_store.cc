@@ -787,8 +787,23 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
   });
 }
 
+// The test-only knobs (failWritesAfterBytes above, the I/O engines' batchBarrier) are process-global:
+// a production process must not reach them by accident. ioTestHooks works only in a process whose
+// environment had KVDRIVE_TEST_HOOKS=1 when the addon was loaded (vitest.config.ts sets it for the
+// test suite); anywhere else it throws E_CONFIG saying how to enable it, and the knobs stay off.
+// Read once, at load (InitExtentStore), so setting the variable later changes nothing.
+bool TestHooksEnabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVDRIVE_TEST_HOOKS");
+    return e != nullptr && std::string(e) == "1";
+  }();
+  return on;
+}
+
 Napi::Value TestHooks(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
+    if (!TestHooksEnabled())
+      Throw("E_CONFIG", "ioTestHooks: expected a process started with KVDRIVE_TEST_HOOKS=1 (test-only knobs; set it in the environment before the addon is loaded), got it unset or not '1'");
     if (info.Length() > 0 && info[0].IsObject()) {
       Napi::Object o = info[0].As<Napi::Object>();
       g_failWritesAfter = GetIntOr(o, "failWritesAfterBytes", "ioTestHooks", -1, int64_t(1) << 50, -1);
@@ -860,6 +875,7 @@ void InitExtentStore(Napi::Env env, Napi::Object exports) {
   exports.Set("segmentRelease", Napi::Function::New(env, SegmentRelease));
   exports.Set("segmentExtents", Napi::Function::New(env, SegmentExtents));
   exports.Set("segmentRead", Napi::Function::New(env, SegmentRead));
+  TestHooksEnabled();  // fixes the answer at load time
   exports.Set("ioTestHooks", Napi::Function::New(env, TestHooks));
 }
 
