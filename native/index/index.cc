@@ -146,10 +146,7 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     CheckFinite(q.data, q.length, "scoreCentroids q");
     auto out = Napi::Float32Array::New(info.Env(), size_t(n));
     if (layout == "tiles8") {
-      if (!info[2].IsObject() || info[2].IsTypedArray())
-        Throw("E_TYPE", "scoreCentroids centroids (tiles8): expected { tiles: Int8Array, scales: Float32Array }, got " +
-                            std::string(info[2].IsTypedArray() ? "a TypedArray" : "a non-object"));
-      Napi::Object o = info[2].As<Napi::Object>();
+      Napi::Object o = GetOptionsArg(info, 2, "scoreCentroids centroids (tiles8)", "{ tiles: Int8Array, scales: Float32Array }");
       auto t = GetArray<int8_t>(o.Get("tiles"), napi_int8_array, "scoreCentroids centroids.tiles (int8 tiles)");
       auto sc = GetF32(o.Get("scales"), "scoreCentroids centroids.scales");
       ExpectLength(t.length, TileBytesI8(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*16*ceil4(dim))");
