@@ -86,7 +86,7 @@ log(
 );
 for (const d of deployments) {
   const t0 = performance.now();
-  const r: CalibrationResult = await calibrate(d.options, { contextTokens: CONTEXT, batch: BATCH, steps: STEPS, microBatches: [1, 2, 4], tokensPerCluster: [8, 16, 32], maxWindow: 4 });
+  const r: CalibrationResult = await calibrate(d.options, openRuntime, { contextTokens: CONTEXT, batch: BATCH, steps: STEPS, microBatches: [1, 2, 4], tokensPerCluster: [8, 16, 32], maxWindow: 4 });
   log();
   log(`## ${d.name}`);
   log();

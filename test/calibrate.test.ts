@@ -12,6 +12,7 @@ describe('calibrate', () => {
   it('sweeps index granularity, hot-tier windows and micro-batch; picks from the candidates by its rules', async () => {
     const r = await calibrate(
       { ...base, hotTier: { windows: 1, maxBytes: 1 << 20 } },
+      openRuntime,
       { contextTokens: 256, batch: 2, steps: 2, microBatches: [1, 2], tokensPerCluster: [8, 32], maxWindow: 3 },
     );
     const stages = r.trials.map((t) => t.stage);
@@ -49,10 +50,10 @@ describe('calibrate', () => {
   });
 
   it('rejects bad options with typed errors', async () => {
-    await expectKvdError(() => calibrate(base, { batch: 0 }), 'E_CONFIG', /calibrate options.batch/);
-    await expectKvdError(() => calibrate(base, { batch: 3 }), 'E_CONFIG', /at most the runtime's maxSequences = 2, got 3/);
-    await expectKvdError(() => calibrate(base, { contextTokens: 399, batch: 2 }), 'E_CONFIG', /contextTokens: expected at most maxTokens - steps - 1/);
-    await expectKvdError(() => calibrate(base, { colour: 1 } as never), 'E_CONFIG', /calibrate options/);
+    await expectKvdError(() => calibrate(base, openRuntime, { batch: 0 }), 'E_CONFIG', /calibrate options.batch/);
+    await expectKvdError(() => calibrate(base, openRuntime, { batch: 3 }), 'E_CONFIG', /at most the runtime's maxSequences = 2, got 3/);
+    await expectKvdError(() => calibrate(base, openRuntime, { contextTokens: 399, batch: 2 }), 'E_CONFIG', /contextTokens: expected at most maxTokens - steps - 1/);
+    await expectKvdError(() => calibrate(base, openRuntime, { colour: 1 } as never), 'E_CONFIG', /calibrate options/);
     await expectKvdError(() => openRuntime({ ...base, calibrate: 'yes' as never }), 'E_CONFIG', /options.calibrate: expected true, false or CalibrateOptions/);
   });
 });

@@ -14,26 +14,17 @@
  */
 import { z } from 'zod';
 import { KvdriveError, describe } from '../errors.js';
-import type { RuntimeOptions, RuntimeStats } from './runtime.js';
-import type { openRuntime as OpenRuntime } from './runtime.js';
+import type { AttendEntry, CalibrateOptions, RuntimeOptions, RuntimeStats } from './runtime-types.js';
 import { uniform } from '../util/uniform.js';
+import type { KvTensor } from '../types.js';
 
-/** What to sweep and how long each trial runs. */
-export interface CalibrateOptions {
-  /** Prompt tokens per synthetic sequence of the pre-run (default 4096; at most the runtime's maxTokens minus steps). */
-  contextTokens?: number;
-  /** Sequences decoded together (default 4). */
-  batch?: number;
-  /** Measured decode steps per trial, each over every layer (default 6; at most 64 layer steps are kept). */
-  steps?: number;
-  /** Micro-batch sizes to try (default [1, 2, 4], capped at batch). */
-  microBatches?: number[];
-  /** kvdrive policy: tokensPerCluster candidates, fewest centroids last (default [8, 16, 32]). */
-  tokensPerCluster?: number[];
-  /** With a hot tier: largest window multiple to try (default 4). */
-  maxWindow?: number;
-  /** Seed of the synthetic KV and queries (default 1). */
-  seed?: number;
+/** What a trial needs of a runtime: the subset of runtime.ts's Runtime it calls. */
+export interface TrialRuntime {
+  createSequence(): number;
+  prefill(seq: number, layer: number, k: KvTensor, v: KvTensor): Promise<void>;
+  attend(layer: number, batch: AttendEntry[]): Promise<Float32Array[]>;
+  stats(): Promise<RuntimeStats>;
+  close(): Promise<void>;
 }
 
 /** One trial of the sweep. */
@@ -95,9 +86,10 @@ function structuredKeys(tokens: number, row: number, seed: number): Float32Array
 /**
  * Runs the calibration for `base` (the runtime options to tune; its mode is forced to 'pipelined'
  * for the trials, its microBatch / hotTier.windows / policyOptions.tokensPerCluster are what is
- * swept). `open` is openRuntime (passed in to keep the module graph acyclic).
+ * swept). `open` opens each trial's runtime: openRuntime (runtime.ts), passed in by the caller so
+ * that this module never imports runtime.ts (which imports it).
  */
-export async function calibrate(base: RuntimeOptions, options: CalibrateOptions = {}, open?: typeof OpenRuntime): Promise<CalibrationResult> {
+export async function calibrate(base: RuntimeOptions, open: (options: RuntimeOptions) => Promise<TrialRuntime>, options: CalibrateOptions = {}): Promise<CalibrationResult> {
   const parsed = schema.safeParse(options);
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
@@ -105,7 +97,6 @@ export async function calibrate(base: RuntimeOptions, options: CalibrateOptions 
     throw new KvdriveError('E_CONFIG', `calibrate options${key ? `.${key}` : ''}: expected ${issue.message}, got ${describe(key ? (options as Record<string, unknown>)[key] : options)}`);
   }
   const o = parsed.data;
-  const openRt = open ?? (await import('./runtime.js')).openRuntime;
   const t0 = performance.now();
   const batch = o.batch ?? 4;
   const steps = o.steps ?? 6;
@@ -126,7 +117,7 @@ export async function calibrate(base: RuntimeOptions, options: CalibrateOptions 
   async function trial(stage: CalibrationTrial['stage'], microBatch: number, tpc: number | undefined, window: number | undefined): Promise<CalibrationTrial> {
     const policyOptions = tpc === undefined ? base.policyOptions : { ...base.policyOptions, tokensPerCluster: tpc };
     const hotTier = base.hotTier && window !== undefined ? { ...base.hotTier, windows: window } : base.hotTier;
-    const rt = await openRt({ ...base, mode: 'pipelined', microBatch, policyOptions, hotTier, maxSequences: maxSeqs, maxTokens });
+    const rt = await open({ ...base, mode: 'pipelined', microBatch, policyOptions, hotTier, maxSequences: maxSeqs, maxTokens });
     try {
       const seqs = Array.from({ length: batch }, () => rt.createSequence());
       for (const [i, s] of seqs.entries())
