@@ -7,7 +7,7 @@ import { register as registerGenerate } from '../src/cli/generate.js';
 import { register as registerConvert } from '../src/cli/convert.js';
 import { register as registerRandom } from '../src/cli/random-gguf.js';
 import { readGguf } from '../src/model/gguf/reader.js';
-import { expectKvdError, fixturesDir } from './helpers.js';
+import { expectKvdError, fixturesDir, ioBufferBytes } from './helpers.js';
 import { tmpDir } from './model-helpers.js';
 
 async function run(args: string[]): Promise<{ out: string; err: string }> {
@@ -49,7 +49,7 @@ describe('kvdrive convert + generate on GGUF', () => {
     expect(s.err).toMatch(/backend kvdrive/);
     // Through the runtime's tiers: decoded tokens are sealed to the SSD store and read back.
     const store = join(dir, 'store');
-    const t = await run(['generate', '--model', gguf, '--steps', '200', '--temperature', '0', '--prompt', 'Tim and Sue', '--budget', '256', '--storage', store, '--dram-budget', '420000', '--seal-tokens', '32']); // DRAM tier ~60 KB of ~256 KB sealed
+    const t = await run(['generate', '--model', gguf, '--steps', '200', '--temperature', '0', '--prompt', 'Tim and Sue', '--budget', '256', '--storage', store, '--dram-budget', String(420000 + ioBufferBytes()), '--seal-tokens', '32']); // DRAM tier ~60 KB of ~256 KB sealed (+ the I/O engine's reserve)
     const dense = await run(['generate', '--model', bin, '--tokenizer', tok, '--steps', '200', '--temperature', '0', '--prompt', 'Tim and Sue']);
     expect(t.out).toBe(dense.out);
     expect(t.err).toMatch(/backend runtime/);
