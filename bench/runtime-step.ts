@@ -141,7 +141,14 @@ async function child(root: string, io: string[]): Promise<Row[]> {
           dropper.closeFile(file);
         }
       };
-      await runtimeRow(`ssd-${kind}${cold ? '-cold' : ''}`, { dramBudget: Math.round(context * 2400 + 16 * 2 ** 20 + kvBytes / 4), ssd: { dir, direct: false, io: { kind } } }, dropper ? drop : undefined);
+      // Plus the engine's bounce buffers and rings, which the plan reserves inside dramBudget (builds
+      // before that have no info.bufferBytes and keep them outside: 0), so every engine and build
+      // gets the same DRAM tier.
+      const probe = new IoEngine({ kind });
+      const ioReserve: number = probe.info.bufferBytes ?? 0;
+      probe.close();
+      const dramBudget = Math.round(context * 2400 + 16 * 2 ** 20 + kvBytes / 4) + ioReserve;
+      await runtimeRow(`ssd-${kind}${cold ? '-cold' : ''}`, { dramBudget, ssd: { dir, direct: false, io: { kind } } }, dropper ? drop : undefined);
       dropper?.close();
     } finally {
       rmSync(dir, { recursive: true, force: true });
