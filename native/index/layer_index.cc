@@ -341,14 +341,15 @@ void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
   // The room of one segment's rows (reserved at build) stays: the open segment grows back into it,
   // one row per sealed chunk. Given back, the open segment's rows grew anew, and the first chunk
   // sealed after a build reallocated every head's rows (copy + page faults of the fresh block:
-  // ~25 ms in one decode step at 128K on this VM, bench/index.md "The demo's select column").
+  // ~25 ms in one decode step at 128K on this VM: bench/index.md, "The demo's select column vs
+  // select-ab").
   // The room is what the open segment holds when one chunk short of full, so the memory plan's
   // per-layer fixed bytes (kv-memory.ts indexCost) already count it. Only an extend that sealed more
   // than a segment at once leaves more: that goes back.
   H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
   H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
   const size_t room = size_t(cfg_.segmentTokens / cfg_.chunk);
-  if (H.var.capacity() > room) {
+  if (H.var.capacity() > room || H.reps.capacity() > room * size_t(dim_)) {
     H.reps.shrink_to_fit();
     H.var.shrink_to_fit();
     H.reps.reserve(room * size_t(dim_));
