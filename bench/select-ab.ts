@@ -10,8 +10,11 @@
  * consecutive decode steps, each extending both indexes (not timed) and selecting once per build
  * with that step's query (which build goes first alternates), with `flushMiB` (default 256) of
  * other memory read before every select so the index comes from DRAM, as in a runtime step that
- * alternates layers; reps then repeats the whole decode. Selections of the two builds may differ
- * (the count of identical steps is printed).
+ * alternates layers; reps then repeats the whole decode, each rep from a fresh build at the prompt
+ * (as a runtime prefill leaves it). Selections of the two builds may differ (the count of identical
+ * steps is printed). The extends are timed too (not flushed before; each build's every call):
+ * mean and max wall and CPU per call, since the runtime's select column adds them
+ * (src/pipeline/step.ts: appendEntry's extend), and one slow call in a short decode moves its mean.
  *
  *   node dist/bench/select-ab.js <a.node> <b.node> [context=131072] [budget=2048] [seed=3] [reps=40] ['{"preferSketch":true}']
  *   node dist/bench/select-ab.js <a.node> <b.node> 131072 2048 3 3 '{"steps":16}'
@@ -45,7 +48,7 @@ const runs = [A, B].map((path) => {
   const index = new mod.SelectionIndex({ policy: 'kvdrive', ...cfg });
   index.buildSync(prefixView(k, T), T);
   index.extend(kv, T + 1);
-  return { path, index, wall: [] as number[], cpu: 0 };
+  return { path, index, wall: [] as number[], cpu: 0, ext: [] as number[], extCpu: 0 };
 });
 const sels = runs.map((r) => r.index.select(q, BUDGET, undefined, keys) as Sel);
 const same = sels[0]!.chunkIds.length === sels[1]!.chunkIds.length && sels[0]!.chunkIds.every((x, i) => x === sels[1]!.chunkIds[i]);
@@ -70,18 +73,21 @@ if (STEPS > 0) {
   let sameSteps = 0;
   calls = REPS * STEPS;
   for (let r = 0; r < REPS; r++) {
-    // A fresh index per rep (the decode extends it), built outside the timing.
-    if (r > 0)
-      for (const run of runs) {
-        run.index.buildSync(prefixView(k, T), T);
-        run.index.extend(kv, T + 1);
-      }
+    // A fresh index per rep at the prompt (the decode extends it), built outside the timing.
+    for (const run of runs) run.index.buildSync(prefixView(k, T), T);
     for (let s = 0; s < STEPS; s++) {
       const tokens = T + s + 1;
       const kvNow = prefixView(k, tokens);
       const qs = layer.q.subarray(s * 32 * 128, (s + 1) * 32 * 128);
-      if (s > 0) for (const run of runs) run.index.extend(kvNow, tokens);
       const order = s % 2 === 0 ? runs : [...runs].reverse();
+      for (const run of order) {
+        const c = process.cpuUsage();
+        const t = performance.now();
+        run.index.extend(kvNow, tokens);
+        run.ext.push(performance.now() - t);
+        const d = process.cpuUsage(c);
+        run.extCpu += (d.user + d.system) / 1000;
+      }
       const got = new Map<(typeof runs)[number], Sel>();
       for (const run of order) {
         touch();
@@ -96,6 +102,9 @@ if (STEPS > 0) {
   for (let r = 0; r < REPS; r++) for (const run of runs) timed(run, q, keys);
 }
 const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
-for (const run of runs)
-  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} ms, CPU ${(run.cpu / calls).toFixed(2)} ms/call`);
+const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
+for (const run of runs) {
+  const ext = run.ext.length ? `; extend mean ${mean(run.ext).toFixed(3)} max ${Math.max(...run.ext).toFixed(2)} ms, CPU ${(run.extCpu / run.ext.length).toFixed(3)} ms/call` : '';
+  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} mean ${mean(run.wall).toFixed(2)} ms, CPU ${(run.cpu / calls).toFixed(2)} ms/call${ext}`);
+}
 console.log(`load after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);

@@ -150,6 +150,26 @@ describe('kvdrive compact index', () => {
     for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(64);
   });
 
+  it('releaseChunkMeans: an extend that seals several segments at once ends where small extends do', () => {
+    // Released rows keep one segment's room (ReleaseChunkMeans); an extend sealing more than a
+    // segment grows past it, and the release gives the excess back: same bytes and selection. (The
+    // build covers 4096 tokens, so no extend re-measures the sketch's channel scales.)
+    const shape = { qHeads: 4, kvHeads: 2, headDim: 64 };
+    const [T0, T] = [4200, 6000];
+    const k = randomKeys(T, shape.kvHeads, shape.headDim, 4);
+    const opts = { sketchBits: 4 as const, segmentTokens: 512, releaseChunkMeans: true };
+    const [stepped, jumped] = [sketchPolicy(opts, shape), sketchPolicy(opts, shape)];
+    for (const p of [stepped, jumped]) p.buildSync(prefixView(k, T0), T0);
+    for (let t = T0 + 1; t <= T; t += 7) stepped.extend(prefixView(k, t), t);
+    stepped.extend(k, T);
+    jumped.extend(k, T);
+    expect(jumped.indexBytes()).toBe(stepped.indexBytes());
+    for (let t = T - 100; t <= T; t += 25) {
+      const q = randomQuery(shape.qHeads * shape.headDim, t);
+      expect(Array.from(jumped.select(q, 64).chunkIds)).toEqual(Array.from(stepped.select(q, 64).chunkIds));
+    }
+  });
+
   it('full segments hold their sketch rows cluster by cluster: every token scores as in token order', () => {
     // Small segments fill (their rows move into slot order) and large ones never do; both calibrate
     // on the same tokens, so each token's sketch score must be the same bits. Grown from a short

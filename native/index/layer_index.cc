@@ -337,13 +337,24 @@ void LayerIndex::ReserveOpen(Segment& seg) const {
 void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
   if (upTo <= H.repsFirst) return;
   const size_t drop = size_t(upTo - H.repsFirst);
-  // The rows after upTo (chunks of the next segment added by the same extend) move to the front, and
-  // the memory goes back (shrink_to_fit: the next segment grows its rows anew), so Bytes() counting
-  // sizes counts what is held.
+  // The rows after upTo (chunks of the next segment added by the same extend) move to the front.
+  // The room of one segment's rows (reserved at build) stays: the open segment grows back into it,
+  // one row per sealed chunk. Given back, the open segment's rows grew anew, and the first chunk
+  // sealed after a build reallocated every head's rows (copy + page faults of the fresh block:
+  // ~25 ms in one decode step at 128K on this VM: bench/index.md, "The demo's select column vs
+  // select-ab").
+  // The room is what the open segment holds when one chunk short of full, so the memory plan's
+  // per-layer fixed bytes (kv-memory.ts indexCost) already count it. Only an extend that sealed more
+  // than a segment at once leaves more: that goes back.
   H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
   H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
-  H.reps.shrink_to_fit();
-  H.var.shrink_to_fit();
+  const size_t room = size_t(cfg_.segmentTokens / cfg_.chunk);
+  if (H.var.capacity() > room || H.reps.capacity() > room * size_t(dim_)) {
+    H.reps.shrink_to_fit();
+    H.var.shrink_to_fit();
+    H.reps.reserve(room * size_t(dim_));
+    H.var.reserve(room);
+  }
   H.repsFirst = upTo;
 }
 
@@ -1026,7 +1037,8 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
 
 int64_t LayerIndex::Bytes() const {
   // Sizes, not capacities: build reserves room for the context to double, and untouched pages are
-  // address space only; released chunk means are given back (ReleaseChunkMeans).
+  // address space only; released chunk means leave one segment's room (ReleaseChunkMeans), what the
+  // open segment holds at its largest.
   int64_t b = int64_t(sizeof(*this)) + int64_t(heads_data_.size() * sizeof(HeadIndex));
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
