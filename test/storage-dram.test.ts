@@ -98,6 +98,23 @@ describe('DRAM store', () => {
     expect(d.lookup('s', 0, 0, 2)).toBeGreaterThanOrEqual(0);
   });
 
+  it('a pinned least-important chunk does not refuse admissions: the next one is evicted, the pinned one competes again once unpinned', () => {
+    const d = new DramStore({ budgetBytes: 3 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
+    d.addSegment('s', 32);
+    d.put('s', 0, 0, [0, 1, 2], [1, 2, 3], page(768, 1), [0, 256, 512]);
+    const least = Int32Array.of(d.lookup('s', 0, 0, 0));
+    d.pin(least); // a step attends chunk 0 in place
+    expect(d.put('s', 0, 0, [3], [5], page(256, 2), [0])).toBe(1);
+    expect([0, 1, 2, 3].map((c) => d.lookup('s', 0, 0, c) >= 0)).toEqual([true, false, true, true]);
+    // Still pinned: below chunk 2's score a newcomer is refused, above it chunk 2 goes.
+    expect(d.put('s', 0, 0, [4], [2.5], page(256, 3), [0])).toBe(0);
+    d.unpin(least);
+    // Unpinned, chunk 0 (score 1) is again the least important: it goes first.
+    expect(d.put('s', 0, 0, [5], [4], page(256, 4), [0])).toBe(1);
+    expect([0, 2, 3, 5].map((c) => d.lookup('s', 0, 0, c) >= 0)).toEqual([false, true, true, true]);
+    expect(d.chunk(d.lookup('s', 0, 0, 5))).toEqual(page(256, 4));
+  });
+
   it('warms from KV in memory by importance, page-first', () => {
     const d = new DramStore({ budgetBytes: 10 * (256 + DramStore.metadataBytesPerSlot), shape });
     const data = segmentKv(shape, 32, 3); // 8 chunks per (layer, head), 32 in all

@@ -106,6 +106,8 @@ export class DramStore {
   private readonly slotOwner: Int32Array; // segment ordinal, -1 when free
   private readonly slotKey: Int32Array;
   private readonly heap: SlotHeap;
+  /** Resident slots allocate took out of the heap while pinned (see there); restoreAside puts them back. */
+  private readonly aside: number[] = [];
   private readonly free: Int32Array; // stack of free slots, freeTop entries
   /** Readers attending a slot in place (off the JS thread); a pinned slot is never evicted. */
   private readonly pins: Uint16Array;
@@ -269,6 +271,7 @@ export class DramStore {
    */
   put(id: string, layer: number, head: number, ids: ArrayLike<number>, scores: ArrayLike<number>, src: Uint8Array, srcOffsets: ArrayLike<number>): number {
     const e = this.entry(id);
+    this.restoreAside();
     if (scores.length !== ids.length || srcOffsets.length !== ids.length)
       fail('E_SHAPE', 'DramStore.put scores/srcOffsets', `${ids.length} entries (one per chunk id)`, `${scores.length}/${srcOffsets.length}`);
     // Validate everything before changing any state.
@@ -358,11 +361,31 @@ export class DramStore {
    */
   private allocate(score: number): number {
     if (this.freeTop > 0) return this.free[--this.freeTop]!;
-    const victim = this.heap.peek();
+    let victim = this.heap.peek();
+    // A pinned chunk at the top (one a step attends in place, e.g. another entry's while a deferred
+    // admission runs) would refuse every admission: set it aside, out of the heap, until a later
+    // put finds it unpinned (restoreAside).
+    while (victim >= 0 && this.pins[victim] !== 0 && this.heap.score[victim]! < score) {
+      this.heap.remove(victim);
+      this.aside.push(victim);
+      victim = this.heap.peek();
+    }
     if (victim < 0 || this.heap.score[victim]! >= score || this.pins[victim] !== 0) return -1;
     this.release(victim);
     this.counters.evicted++;
     return this.free[--this.freeTop]!;
+  }
+
+  /** Puts the slots allocate set aside back into the heap once unpinned (with their current score). */
+  private restoreAside(): void {
+    let k = 0;
+    for (const slot of this.aside) {
+      // Released since (and maybe reused: then it is in the heap again): nothing to restore.
+      if (this.slotOwner[slot] === -1 || this.heap.has(slot)) continue;
+      if (this.pins[slot] !== 0) this.aside[k++] = slot;
+      else this.heap.insert(slot, this.heap.score[slot]!);
+    }
+    this.aside.length = k;
   }
 
   private release(slot: number): void {

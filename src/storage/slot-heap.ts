@@ -50,15 +50,22 @@ export class SlotHeap {
     this.pos[slot] = i;
     this.up(i);
   }
+  /** Sets a slot's score; for a slot not in the heap (taken out by {@link remove}) only the score is kept, for a later {@link insert}. */
   update(slot: number, score: number): void {
     this.score[slot] = score;
+    if (this.pos[slot]! < 0) {
+      this.key[slot] = score;
+      return;
+    }
     if (score < this.key[slot]!) {
       this.key[slot] = score;
       this.up(this.pos[slot]!);
     }
   }
+  /** Takes a slot out of the heap (its score is kept); nothing for a slot not in it. */
   remove(slot: number): void {
     const i = this.pos[slot]!;
+    if (i < 0) return;
     const last = this.heap[--this.n]!;
     this.pos[slot] = -1;
     if (i === this.n) return;
