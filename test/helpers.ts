@@ -59,8 +59,9 @@ export async function expectKvdError(fn: () => unknown, code: ErrorCode, message
  * runtime's dramBudget for its engine (MemoryPlan.ioBufferBytes, IoEngineInfo.bufferBytes): tests
  * giving a small budget on purpose add it, so their DRAM tier keeps the size they chose.
  */
-export function ioBufferBytes(io: IoEngineOptions = {}): number {
-  const e = new IoEngine(io);
+export function ioBufferBytes(io: IoEngineOptions = {}, mode: 'sequential' | 'pipelined' = 'sequential'): number {
+  // The runtime's engine defaults to one batch per entry reading at once (memory-runtime.ts).
+  const e = new IoEngine({ maxBatches: mode === 'pipelined' ? 4 : 1, ...io });
   try {
     return e.info.bufferBytes;
   } finally {

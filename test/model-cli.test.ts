@@ -70,7 +70,7 @@ describe('kvdrive generate', () => {
     // DRAM budgets leaving the DRAM tier about 50 KB beside the fixed parts (tails, index reserve, fetch
     // buffers: 465 / 871 KB; and the SSD store's I/O engine reserve), a fraction of the ~160 KB sealed.
     for (const [mode, dram] of [['sequential', 620000], ['pipelined', 1000000]] as const) {
-      const { out, err } = await run([...f, ...steps, '--budget', '256', '--storage', tmpDir(), '--dram-budget', String(dram + ioBufferBytes()), '--seal-tokens', '32', '--mode', mode]);
+      const { out, err } = await run([...f, ...steps, '--budget', '256', '--storage', tmpDir(), '--dram-budget', String(dram + ioBufferBytes({}, mode)), '--seal-tokens', '32', '--mode', mode]);
       expect(out, mode).toBe(dense.out);
       const m = /SSD (\d+), tail \d+; sealed (\d+) of/.exec(err);
       expect(Number(m?.[1]), mode).toBeGreaterThan(0);

@@ -28,7 +28,7 @@ const tmp = () => {
  * DRAM budgets leaving the DRAM tier about a third of the KV the run seals (5 layers x 200 tokens x 256 B):
  * the fixed parts (tails, index reserve, fetch buffers — four in flight when pipelined) come first.
  */
-const SMALL = { sequential: 669_000 + ioBufferBytes(), pipelined: 1_061_000 + ioBufferBytes() }; // + the I/O engine's reserve
+const SMALL = { sequential: 669_000 + ioBufferBytes(), pipelined: 1_061_000 + ioBufferBytes({}, 'pipelined') }; // + the I/O engine's reserve
 
 function stories() {
   const fx = fixturesDir();

@@ -28,6 +28,7 @@ const MiB = 2 ** 20;
  * parts ~0.4 MB: tails, index reserve, fetch buffers), so most selected chunks come from SSD.
  */
 const SMALL = 500_000 + ioBufferBytes(); // + the I/O engine's reserve (the plan's ioBufferBytes)
+const SMALL_PIPELINED = 500_000 + ioBufferBytes({}, 'pipelined'); // its engine reserves 4 batches
 const dirs: string[] = [];
 const tmp = () => {
   const d = mkdtempSync(join(tmpdir(), 'kvd-rt-mem-'));
@@ -81,7 +82,7 @@ describe('Runtime memory model', () => {
       ['dram-only pipelined', { ...base, mode: 'pipelined', dramBudget: 64 * MiB, sealTokens: SEAL }],
       // DRAM tier far smaller than the KV: most sealed chunks are read from SSD.
       ['dram+ssd sequential', { ...base, dramBudget: SMALL, sealTokens: SEAL, ssd: { dir: tmp() } }],
-      ['dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL, sealTokens: SEAL, ssd: { dir: tmp() } }],
+      ['dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL_PIPELINED, sealTokens: SEAL, ssd: { dir: tmp() } }],
       ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, sealTokens: SEAL, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
     ];
     for (const [name, opts] of configs) {

@@ -58,7 +58,7 @@ async function tierBudget(opts: RuntimeOptions, fraction: number, io: IoEngineOp
   const rt = await openRuntime(opts);
   const p = (await rt.stats()).memory.plan;
   await rt.close();
-  return p.dramBudgetBytes - p.dramTierBytes + ioBufferBytes(io) + Math.floor(fraction * p.dramTierBytes);
+  return p.dramBudgetBytes - p.dramTierBytes + ioBufferBytes(io, opts.mode) + Math.floor(fraction * p.dramTierBytes);
 }
 
 describe('SSD-backed runtime', () => {

@@ -19,6 +19,7 @@ const STEPS = 8;
 const MiB = 2 ** 20;
 /** A DRAM budget whose DRAM tier holds a fraction of two sequences' sealed chunks: most reads go to SSD. */
 const SMALL = 500_000 + ioBufferBytes(); // + the I/O engine's reserve (the plan's ioBufferBytes)
+const SMALL_PIPELINED = 500_000 + ioBufferBytes({}, 'pipelined'); // its engine reserves 4 batches
 const tmp = () => tempDir('rt-tiers');
 afterAll(removeTempDirs);
 
@@ -60,7 +61,7 @@ describe('Runtime decode from the tiers', () => {
       ['dram', { ...base, dramBudget: 64 * MiB }],
       ['dram+ssd', { ...base, dramBudget: SMALL, ssd: { dir: tmp(), streamHeads: 1 } }],
       ['dram+ssd, one select', { ...base, dramBudget: SMALL, ssd: { dir: tmp() } }],
-      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
+      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL_PIPELINED + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
       // sequential with an SSD: head by head (streamHeads 1), each head split against the hot tier at its headBase
       ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp(), streamHeads: 1 }, hotTier: { windows: 2, maxBytes: MiB } }],
     ];
@@ -78,8 +79,8 @@ describe('Runtime decode from the tiers', () => {
   });
 
   it.each(['sequential', 'pipelined'] as const)('a corrupt extent fails only the sequence that reads it, on every retry; the other decodes on; repaired, it continues as a clean run (%s)', async (mode) => {
-    const opts: RuntimeOptions = { ...base, dramBudget: SMALL, mode };
-    const clean = await openRuntime({ ...opts, mode: 'sequential', ssd: { dir: tmp() } });
+    const opts: RuntimeOptions = { ...base, dramBudget: mode === 'pipelined' ? SMALL_PIPELINED : SMALL, mode };
+    const clean = await openRuntime({ ...opts, dramBudget: SMALL, mode: 'sequential', ssd: { dir: tmp() } });
     const want = await decodeAll(clean, 2);
     await clean.close();
     const dir = tmp();

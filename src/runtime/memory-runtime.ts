@@ -98,6 +98,9 @@ export class MemoryRuntime {
     const config: Omit<KvMemoryConfig, 'ssd'> = { ...rest, concurrency, hotTierBytes: init.hotTier?.maxBytes ?? 0, selectArenaBytes };
     const ssd = init.ssd
       ? await SsdStore.open({
+          // One read batch per entry in flight (sequential: one): the engine's buffers for more
+          // batches would be reserved in the budget and never used.
+          maxBatches: concurrency,
           ...(init.ssd.io ?? {}),
           dir: init.ssd.dir,
           direct: init.ssd.direct ?? false,

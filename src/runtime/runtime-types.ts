@@ -84,7 +84,9 @@ export interface RuntimeOptions {
   /**
    * SSD store under `dir` (created if missing) for the sealed segments: cluster-contiguous
    * checksummed extents read through io_uring, the pread pool or memory-mapped (`io: { kind: 'mmap' }`; `io` as in IoEngineOptions;
-   * `direct` = O_DIRECT, no page cache, not with mmap). The runtime deletes its segments when a sequence closes
+   * `direct` = O_DIRECT, no page cache, not with mmap). `io.maxBatches` defaults to the entries that
+   * read at once (1 sequential, 4 pipelined): the engine's buffers for that many batches are
+   * reserved inside dramBudget. The runtime deletes its segments when a sequence closes
    * and at close. Needs `dramBudget`.
    *
    * `streamHeads` (integer in [1, kvHeads]; default kvHeads = no streaming): a sequential step
