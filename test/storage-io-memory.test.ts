@@ -26,10 +26,15 @@ const SLOT = (1 << 20) + 2 * 4096; // maxIoBytes 1 MiB + 2 x 4 KiB alignment roo
  */
 const tolerance = (bytes: number) => 4 * MiB + 0.03 * bytes;
 
+/**
+ * A file of `bytes` bytes, written 64 KiB at a time: a buffer of the whole size would be garbage
+ * whose pages the GC may hand back between two VmRSS readings, hiding what the engine added.
+ */
 function dataFile(bytes: number): string {
   const path = join(tempDir('io-mem'), 'data.bin');
   const fd = openSync(path, 'w');
-  writeSync(fd, new Uint8Array(bytes).fill(7));
+  const block = new Uint8Array(64 * 1024).fill(7);
+  for (let at = 0; at < bytes; at += block.length) writeSync(fd, block, 0, Math.min(block.length, bytes - at));
   closeSync(fd);
   return path;
 }
