@@ -6,6 +6,7 @@ import { expect } from 'vitest';
 import { isKvdriveError, type ErrorCode } from '../src/errors.js';
 import { mulberry32 } from '../src/model/sampler.js';
 import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
+import { entriesInFlight } from '../src/runtime/memory-runtime.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -60,8 +61,8 @@ export async function expectKvdError(fn: () => unknown, code: ErrorCode, message
  * giving a small budget on purpose add it, so their DRAM tier keeps the size they chose.
  */
 export function ioBufferBytes(io: IoEngineOptions = {}, mode: 'sequential' | 'pipelined' = 'sequential'): number {
-  // The runtime's engine defaults to one batch per entry reading at once (memory-runtime.ts).
-  const e = new IoEngine({ maxBatches: mode === 'pipelined' ? 4 : 1, ...io });
+  // The runtime's engine defaults to one batch per entry reading at once.
+  const e = new IoEngine({ maxBatches: entriesInFlight(mode), ...io });
   try {
     return e.info.bufferBytes;
   } finally {

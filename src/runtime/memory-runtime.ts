@@ -31,6 +31,14 @@ import { compiledPipelineModule } from '../pipeline/stage-pool.js';
 export type MemoryTraffic = Omit<EntryStepStats, 'selectMs' | 'fetchMs' | 'computeMs'>;
 
 /** What openRuntime needs to build a memory runtime. */
+/**
+ * Entries that run at once in a mode: each holds a fetch buffer and, with an SSD, one read batch of
+ * the I/O engine (pipelined: micro-batches in flight; sequential: one).
+ */
+export function entriesInFlight(mode: 'sequential' | 'pipelined'): number {
+  return mode === 'pipelined' ? 4 : 1;
+}
+
 export interface MemoryRuntimeInit extends Omit<KvMemoryConfig, 'ssd' | 'concurrency' | 'hotTierBytes' | 'selectArenaBytes'> {
   mode: 'sequential' | 'pipelined';
   microBatch: number;
@@ -91,8 +99,7 @@ export class MemoryRuntime {
   static async open(init: MemoryRuntimeInit): Promise<MemoryRuntime> {
     const { shape, dtype, policyOptions: p } = init;
     const { mode: _m, microBatch: _b, hotTier: _h, ssd: _s, ...rest } = init;
-    // Micro-batches in flight at once (pipelined): each holds a fetch buffer.
-    const concurrency = init.mode === 'pipelined' ? 4 : 1;
+    const concurrency = entriesInFlight(init.mode);
     const qLen = shape.qHeads * shape.headDim;
     const selectArenaBytes = init.mode === 'pipelined' ? SelectArena.bytes(concurrency, init.microBatch, qLen, shape.kvHeads, init.budget) : 0;
     const config: Omit<KvMemoryConfig, 'ssd'> = { ...rest, concurrency, hotTierBytes: init.hotTier?.maxBytes ?? 0, selectArenaBytes };
