@@ -18,6 +18,10 @@
  *
  *   node dist/bench/select-ab.js <a.node> <b.node> [context=131072] [budget=2048] [seed=3] [reps=40] ['{"preferSketch":true}']
  *   node dist/bench/select-ab.js <a.node> <b.node> 131072 2048 3 3 '{"steps":16}'
+ *
+ * `"b": {...}` in the options are policy options for B only (A and B may then be the same build):
+ *
+ *   node dist/bench/select-ab.js <x.node> <x.node> 131130 2048 3 3 '{"steps":16,"reclusterDelay":0,"b":{"reclusterDelay":256}}'
  */
 import { createRequire } from 'node:module';
 import os from 'node:os';
@@ -32,7 +36,7 @@ const CONTEXT = Number(process.argv[4] ?? 131072);
 const BUDGET = Number(process.argv[5] ?? 2048);
 const SEED = Number(process.argv[6] ?? 3);
 const REPS = Number(process.argv[7] ?? 40);
-const { keyed = false, steps: STEPS = 0, flushMiB: FLUSH_MIB = 256, ...OPTS } = process.argv[8] ? JSON.parse(process.argv[8]) : {};
+const { keyed = false, steps: STEPS = 0, flushMiB: FLUSH_MIB = 256, b: B_OPTS = {}, ...OPTS } = process.argv[8] ? JSON.parse(process.argv[8]) : {};
 
 const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: Math.max(1, STEPS), qHeads: 32, kvHeads: 8, headDim: 128, dtype: 'f16', seed: SEED });
 const layer = await trace.layer(0);
@@ -40,19 +44,23 @@ const { k } = layerKvWithNew(layer);
 const T = CONTEXT;
 const kv = prefixView(k, T + 1);
 const q = layer.q.subarray(0, 32 * 128);
-const { qHeads: _q, kvHeads: _k, headDim: _d, ...cfg } = resolvePolicyOptions('kvdrive', keyed ? OPTS : offloadedPolicyOptions('kvdrive', OPTS));
+const configOf = (opts: object) => {
+  const { qHeads: _q, kvHeads: _k, headDim: _d, ...cfg } = resolvePolicyOptions('kvdrive', keyed ? opts : offloadedPolicyOptions('kvdrive', opts));
+  return cfg;
+};
+const cfgs = [configOf(OPTS), configOf({ ...OPTS, ...B_OPTS })];
 const keys = keyed ? kv : undefined;
 type Sel = { chunkIds: Int32Array; offsets: Int32Array };
-const runs = [A, B].map((path) => {
+const runs = [A, B].map((path, i) => {
   const mod = require(path);
-  const index = new mod.SelectionIndex({ policy: 'kvdrive', ...cfg });
+  const index = new mod.SelectionIndex({ policy: 'kvdrive', ...cfgs[i] });
   index.buildSync(prefixView(k, T), T);
   index.extend(kv, T + 1);
   return { path, index, wall: [] as number[], cpu: 0, ext: [] as number[], extCpu: 0 };
 });
 const sels = runs.map((r) => r.index.select(q, BUDGET, undefined, keys) as Sel);
 const same = sels[0]!.chunkIds.length === sels[1]!.chunkIds.length && sels[0]!.chunkIds.every((x, i) => x === sels[1]!.chunkIds[i]);
-console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${JSON.stringify({ keyed, ...OPTS })}; same selection: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+console.log(`seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${JSON.stringify({ keyed, ...OPTS, b: B_OPTS })}; same selection: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 const timed = (run: (typeof runs)[number], query: Float32Array, keysNow: typeof keys) => {
   const c = process.cpuUsage();
   const t = performance.now();

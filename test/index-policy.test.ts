@@ -178,7 +178,9 @@ describe('selection policies', () => {
   });
 
   it('extend seals chunks incrementally; a filled segment is re-clustered; selections stay complete', async () => {
-    const p = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256 }) as NativeSelectionPolicy;
+    // reclusterDelay 0: the k-means runs inside the extend that fills (the deferred re-clustering is
+    // test/index-recluster.test.ts).
+    const p = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256, reclusterDelay: 0 }) as NativeSelectionPolicy;
     await p.build(kv(600), 600);
     const before = p.clusters(0);
     expect(before.at(-1)!.full).toBe(false); // 600 - 64 = 536 tokens: the third segment is partial
@@ -199,7 +201,7 @@ describe('selection policies', () => {
     expect(chunks).toBe(sel.tailStart / 4 - 1);
     expect(sel.offsets[1]).toBe(chunks);
     // The re-clustered segments equal a fresh build over the same tokens.
-    const fresh = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256 }) as NativeSelectionPolicy;
+    const fresh = createPolicy('kvdrive', { keySketch: false, segmentTokens: 256, reclusterDelay: 0 }) as NativeSelectionPolicy;
     await fresh.build(kv(), 900);
     expect(fresh.clusters(0).slice(0, 3)).toEqual(segs.slice(0, 3));
     // Quest / shadowkv extend too.

@@ -315,6 +315,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
                        {InstanceMethod("build", &SelectionIndex::Build), InstanceMethod("buildSync", &SelectionIndex::BuildSync),
                         InstanceMethod("extend", &SelectionIndex::Extend),
                         InstanceMethod("select", &SelectionIndex::Select), InstanceMethod("bytes", &SelectionIndex::Bytes),
+                        InstanceMethod("reserveBytes", &SelectionIndex::ReserveBytes),
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
                         InstanceMethod("scoreSketch", &SelectionIndex::ScoreSketch),
                         InstanceMethod("geometry", &SelectionIndex::Geometry),
@@ -324,7 +325,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
   //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
   //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
-  //   releaseChunkMeans, outlierChunks })
+  //   releaseChunkMeans, outlierChunks, reclusterDelay })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info), s_(std::make_shared<SharedIndex>()) {
     IndexConfig& cfg = s_->cfg;
     try {
@@ -346,6 +347,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       cfg.seed = uint64_t(GetIntOr(o, "seed", what, 0, (int64_t(1) << 53) - 1, 0));
       cfg.threads = int(GetIntOr(o, "threads", what, 1, 8, 2));
       cfg.outlierChunks = int(GetIntOr(o, "outlierChunks", what, 0, 1 << 20, 48));
+      cfg.reclusterDelay = GetIntOr(o, "reclusterDelay", what, 0, 1 << 20, 256);
       Napi::Value cf = o.Get("candidateFactor");
       if (!cf.IsUndefined()) {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
@@ -490,6 +492,17 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
     return Guard(info, [&]() -> Napi::Value {
       std::shared_lock<std::shared_mutex> lock(s_->mu);
       return Napi::Number::New(info.Env(), double(s_->index->Bytes()));
+    });
+  }
+
+  // reserveBytes() -> the most bytes the built index may hold beyond bytes() for a while (a pending
+  // background re-clustering, LayerIndex::ReclusterReserveBytes).
+  Napi::Value ReserveBytes(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      std::shared_lock<std::shared_mutex> lock(s_->mu);
+      const LayerIndex& index = *s_->index;
+      if (!index.built()) Throw("E_CONFIG", "reserveBytes: expected build() to have completed first, got an index that was never built");
+      return Napi::Number::New(info.Env(), double(index.ReclusterReserveBytes(index.heads(), index.dim())));
     });
   }
 

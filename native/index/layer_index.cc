@@ -1,6 +1,7 @@
 // LayerIndex: build / extend / select for the three selection policies (see layer_index.h).
 #include "index/layer_index.h"
 
+#include "common/background.h"
 #include "common/thread_pool.h"
 
 #include <algorithm>
@@ -263,8 +264,7 @@ void LayerIndex::ComputeReps(const KvView& kv, int h, int64_t c0, int64_t c1, in
   }
 }
 
-void LayerIndex::ClusterSegment(int h, Segment& seg) const {
-  const HeadIndex& H = heads_data_[h];
+void LayerIndex::ClusterSegment(const SegmentRows& rows, int h, Segment& seg) const {
   const size_t n = size_t(seg.c1 - seg.c0);
   int64_t toks = 0;
   for (int64_t j = seg.c0; j < seg.c1; ++j) toks += ChunkTokens(j);
@@ -273,7 +273,7 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   o.maxIters = cfg_.kmeansIters;
   o.trials = cfg_.kmeansTrials;
   o.seed = Mix(Mix(cfg_.seed, uint64_t(h)), uint64_t(seg.c0));
-  KMeansResult r = KMeans(Rep(H, seg.c0), n, dim_, o);
+  KMeansResult r = KMeans(rows.means, n, dim_, o);
   seg.k = o.k;
   seg.centroids = std::move(r.centroids);
   seg.assign = std::move(r.assignments);
@@ -282,23 +282,22 @@ void LayerIndex::ClusterSegment(int h, Segment& seg) const {
   seg.sums.assign(size_t(seg.k) * dim_, 0.0);
   seg.sumSq.assign(seg.k, 0.0);
   for (size_t i = 0; i < n; ++i) {
-    const int64_t j = seg.c0 + int64_t(i);
-    const float* p = Rep(H, j);
+    const float* p = rows.means + i * size_t(dim_);
     double* s = seg.sums.data() + size_t(seg.assign[i]) * dim_;
-    double sq = double(ChunkVar(H, j)) * dim_;
+    double sq = double(rows.var[i]) * dim_;
     for (int d = 0; d < dim_; ++d) s[d] += p[d], sq += double(p[d]) * p[d];
     seg.sumSq[seg.assign[i]] += sq;
     ++seg.counts[seg.assign[i]];
   }
   seg.var.assign(seg.k, 0.f);
-  for (int c = 0; c < seg.k; ++c) ClusterVariance(h, seg, c);
+  for (int c = 0; c < seg.k; ++c) ClusterVariance(seg, c);
   seg.radius.assign(seg.k, 0.f);
   for (size_t i = 0; i < n; ++i) {
     const int c = seg.assign[i];
     const int64_t j = seg.c0 + int64_t(i);
-    seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
+    seg.radius[c] = std::max(seg.radius[c], MemberRadius(rows, seg, j, seg.centroids.data() + size_t(c) * dim_));
   }
-  PickOutliers(h, seg);
+  PickOutliers(rows, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
   seg.tiles.resize(TileBytesI8(seg.k, dim_));
   seg.tileScales.resize(TileScalesI8(seg.k));
@@ -334,6 +333,17 @@ void LayerIndex::ReserveOpen(Segment& seg) const {
   seg.tileScales.reserve(TileScalesI8(kMax));
 }
 
+size_t LayerIndex::RowsRoom() const {
+  const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+  // An Extend installs a pending re-clustering before sealing past fill + reclusterDelay tokens:
+  // at most reclusterDelay / chunk + 1 chunks are sealed after the fill meanwhile.
+  return size_t(segChunks + (cfg_.reclusterDelay > 0 ? cfg_.reclusterDelay / cfg_.chunk + 1 : 0));
+}
+
+SegmentRows LayerIndex::RowsOf(const HeadIndex& H, const Segment& seg) const {
+  return {Rep(H, seg.c0), H.var.data() + (seg.c0 - H.repsFirst)};
+}
+
 void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
   if (upTo <= H.repsFirst) return;
   const size_t drop = size_t(upTo - H.repsFirst);
@@ -348,7 +358,7 @@ void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
   // than a segment at once leaves more: that goes back.
   H.reps.erase(H.reps.begin(), H.reps.begin() + std::ptrdiff_t(drop * size_t(dim_)));
   H.var.erase(H.var.begin(), H.var.begin() + std::ptrdiff_t(drop));
-  const size_t room = size_t(cfg_.segmentTokens / cfg_.chunk);
+  const size_t room = RowsRoom();
   if (H.var.capacity() > room || H.reps.capacity() > room * size_t(dim_)) {
     H.reps.shrink_to_fit();
     H.var.shrink_to_fit();
@@ -360,12 +370,12 @@ void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
 
 // The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
 // lower id), ascending by id.
-void LayerIndex::PickOutliers(int h, Segment& seg) const {
+void LayerIndex::PickOutliers(const SegmentRows& rows, Segment& seg) const {
   seg.outliers.clear();
   const size_t n = size_t(seg.c1 - seg.c0);
   const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
   if (want == 0) return;
-  const float* var = heads_data_[h].var.data() + (seg.c0 - heads_data_[h].repsFirst);
+  const float* var = rows.var;
   std::vector<Ranked> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = {var[i], int32_t(seg.c0 + int64_t(i))};
   std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
@@ -375,17 +385,16 @@ void LayerIndex::PickOutliers(int h, Segment& seg) const {
 
 // Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
 // (the chunk's own spread bounds any one token's distance from its mean).
-float LayerIndex::MemberRadius(int h, int64_t j, const float* c) const {
-  const HeadIndex& H = heads_data_[h];
-  const float* m = Rep(H, j);
+float LayerIndex::MemberRadius(const SegmentRows& rows, const Segment& seg, int64_t j, const float* c) const {
+  const float* m = rows.means + size_t(j - seg.c0) * dim_;
   double d2 = 0;
   for (int d = 0; d < dim_; ++d) d2 += double(m[d] - c[d]) * double(m[d] - c[d]);
-  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(ChunkVar(H, j))));
+  return float(std::sqrt(d2) + std::sqrt(double(ChunkTokens(j)) * dim_ * double(rows.var[j - seg.c0])));
 }
 
 // Variance of the member tokens around the centroid c, per dimension:
 // (E_members[mean_t |k_t|²] - 2 c·m + |c|²) / dim with m the mean of the member chunk means.
-void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
+void LayerIndex::ClusterVariance(Segment& seg, int c) const {
   if (seg.counts[c] == 0) {
     seg.var[c] = 0.f;
     return;
@@ -401,7 +410,7 @@ void LayerIndex::ClusterVariance(int, Segment& seg, int c) const {
 // Online step for a segment that is not full yet: the chunk opens a new cluster while the segment
 // has fewer than ceil(tokens / tokensPerCluster) clusters, else joins the nearest centroid, which
 // moves to the running mean of its members. A segment that fills up is re-clustered by k-means.
-void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
+bool LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j, bool defer) const {
   const HeadIndex& H = heads_data_[h];
   const float* x = Rep(H, j);
   // Tokens of chunks [c0, j]: one run [max(c0*chunk, sinks), (j+1)*chunk) (only firstChunk can
@@ -431,22 +440,32 @@ void LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j) const {
   seg.sumSq[c] += sq;
   ++seg.counts[c];
   for (int d = 0; d < dim_; ++d) seg.centroids[size_t(c) * dim_ + d] = float(s[d] / seg.counts[c]);
-  ClusterVariance(h, seg, c);
-  if (seg.radius.size() < size_t(seg.k)) seg.radius.resize(seg.k, 0.f);
-  seg.radius[c] = std::max(seg.radius[c], MemberRadius(h, j, seg.centroids.data() + size_t(c) * dim_));
-  seg.assign.push_back(c);
+  ClusterVariance(seg, c);
   seg.c1 = j + 1;
-  PickOutliers(h, seg);
-  if (seg.c1 == seg.cEnd) {
-    ClusterSegment(h, seg);
-  } else {
-    // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
-    // sits at t*dim*16 whatever k is, and padding lanes are zero).
-    seg.tiles.resize(TileBytesI8(seg.k, dim_), 0);
-    seg.tileScales.resize(TileScalesI8(seg.k), 0.f);
-    SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data());
-    RebuildCsr(seg);
+  const SegmentRows rows = RowsOf(H, seg);
+  if (seg.radius.size() < size_t(seg.k)) seg.radius.resize(seg.k, 0.f);
+  seg.radius[c] = std::max(seg.radius[c], MemberRadius(rows, seg, j, seg.centroids.data() + size_t(c) * dim_));
+  seg.assign.push_back(c);
+  PickOutliers(rows, seg);
+  const bool filled = seg.c1 == seg.cEnd;
+  if (filled && !defer) {
+    ClusterSegment(rows, h, seg);
+    return true;
   }
+  // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
+  // sits at t*dim*16 whatever k is, and padding lanes are zero).
+  seg.tiles.resize(TileBytesI8(seg.k, dim_), 0);
+  seg.tileScales.resize(TileScalesI8(seg.k), 0.f);
+  SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data());
+  RebuildCsr(seg);
+  if (filled) {
+    // Full, its k-means deferred: nothing joins it online any more, so the running sums and the
+    // row-major centroids go now (select reads the tiles; the k-means starts from the chunk means).
+    std::vector<double>().swap(seg.sums);
+    std::vector<double>().swap(seg.sumSq);
+    std::vector<float>().swap(seg.centroids);
+  }
+  return filled;
 }
 
 // Heads are independent: they run on the thread pool with at most cfg.threads workers. The
@@ -464,6 +483,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
                       "re-ranks every candidate), got " + std::string(cfg_.policy != PolicyKind::Kvdrive ? "another policy" : !cfg_.keySketch ? "keySketch false" : "rerankFactor 0"));
   if (cfg_.sketchBits != 8 && cfg_.sketchBits != 4)
     Throw("E_CONFIG", "sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
+  DropRecluster();  // its rows are about to go
   built_ = false;
   CheckKv(kv, tokens, "build");
   heads_ = kv.heads;
@@ -479,8 +499,9 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     // without copying them (a 128K context holds 16 MiB of chunk means per kv head, and copying
     // them all for one new chunk stalls that decode step). Reserved pages are not touched, so
     // this costs address space, not memory.
-    // With releaseChunkMeans only the open segment's rows are ever held: room for one segment.
-    const size_t room = release ? size_t(segChunks) : size_t(2 * (c1 - c0) + segChunks);
+    // With releaseChunkMeans only the open segment's rows are ever held, and a full segment's while
+    // its re-clustering is pending (RowsRoom).
+    const size_t room = release ? RowsRoom() : size_t(2 * (c1 - c0) + segChunks);
     HeadIndex& H = heads_data_[h];
     H.repsFirst = c0;
     H.reps.reserve(room * dim_);
@@ -505,7 +526,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       seg.c1 = std::min(c1, (s + 1) * segChunks);
       seg.cEnd = (s + 1) * segChunks;
       ComputeReps(kv, h, seg.c0, seg.c1);
-      ClusterSegment(h, seg);
+      ClusterSegment(RowsOf(H, seg), h, seg);
       if (cfg_.keySketch && seg.clusteredFull) OrderSketchRows(H, seg);
       if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
       H.segments.push_back(std::move(seg));
@@ -515,6 +536,13 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
   endChunk_ = c1;
   built_ = true;
 }
+
+struct LayerIndex::PendingRecluster {
+  int64_t installAt = 0;        // the token count at which Extend installs the result
+  std::vector<size_t> segAt;    // per kv head: the segment's position in HeadIndex::segments
+  std::vector<Segment> result;  // per kv head: written by the task alone until it finished
+  std::shared_ptr<BackgroundTask> task;
+};
 
 void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
   if (!built_) Throw("E_CONFIG", "extend: expected build() to have completed first, got an index that was never built");
@@ -529,6 +557,17 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
     Throw("E_RANGE", "extend tokens: expected >= " + std::to_string(tokens_) + " (the context only grows), got " +
                          std::to_string(tokens));
   const int64_t c0 = endChunk_, c1 = SealedEnd(tokens);
+  const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
+  // Some segment gets its last chunk in this extend (segments end at multiples of segChunks).
+  const int64_t fills = c1 / segChunks - c0 / segChunks;
+  if (pending_) {
+    // A pending re-clustering is installed at its token count, and earlier if this extend would
+    // move the rows it reads (more chunk means than their room holds) or fill another segment.
+    bool outgrows = false;
+    for (const HeadIndex& H : heads_data_)
+      outgrows = outgrows || H.reps.size() + size_t(c1 - c0) * dim_ > H.reps.capacity() || H.var.size() + size_t(c1 - c0) > H.var.capacity();
+    if (tokens >= pending_->installAt || fills > 0 || outgrows) InstallRecluster();
+  }
   if (c1 > c0) {
     // Validate the new representatives for every head before changing any state.
     for (int h = 0; h < heads_; ++h) {
@@ -547,10 +586,10 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
       }
     }
     if (cfg_.policy == PolicyKind::Kvdrive) {
-      const int64_t segChunks = cfg_.segmentTokens / cfg_.chunk;
-      // Usually one chunk per head; when a segment fills, its k-means runs here (heads split over
-      // threads like the build).
-      const bool fills = c1 / segChunks > c0 / segChunks;  // some segment gets its last chunk
+      // One segment filling is re-clustered on the background thread (reclusterDelay); several at
+      // once (a long extend) run their k-means here, heads split over threads like the build.
+      const bool defer = cfg_.reclusterDelay > 0 && fills == 1;
+      std::vector<size_t> filledAt(static_cast<size_t>(heads_), 0);
       auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
         // The sketch first: a segment that fills below orders its rows, so they must be there.
@@ -564,20 +603,66 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
             H.segments.push_back(std::move(seg));
           }
           Segment& seg = H.segments.back();
-          AddChunkOnline(h, seg, j);
+          if (AddChunkOnline(h, seg, j, defer)) filledAt[size_t(h)] = H.segments.size() - 1;
           if (cfg_.keySketch && seg.clusteredFull && !seg.slotOrder) OrderSketchRows(H, seg);
           if (cfg_.releaseChunkMeans && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
         }
       };
-      if (fills) ForEachHead(extendHead);
+      if (fills > 0 && !defer) ForEachHead(extendHead);
       else
         for (int h = 0; h < heads_; ++h) extendHead(h);
+      if (defer) StartRecluster(filledAt, tokens + cfg_.reclusterDelay);
     }
     endChunk_ = c1;
   } else if (cfg_.policy == PolicyKind::Kvdrive && cfg_.keySketch) {
     for (int h = 0; h < heads_; ++h) UpdateSketch(kv, h, tokens, first);
   }
   tokens_ = tokens;
+}
+
+LayerIndex::~LayerIndex() { DropRecluster(); }
+
+void LayerIndex::StartRecluster(const std::vector<size_t>& segAt, int64_t installAt) {
+  auto p = std::make_shared<PendingRecluster>();
+  p->installAt = installAt;
+  p->segAt = segAt;
+  p->result.resize(size_t(heads_));
+  std::vector<SegmentRows> rows(static_cast<size_t>(heads_));
+  for (int h = 0; h < heads_; ++h) {
+    const Segment& seg = heads_data_[size_t(h)].segments[segAt[size_t(h)]];
+    Segment& r = p->result[size_t(h)];
+    r.c0 = seg.c0, r.c1 = seg.c1, r.cEnd = seg.cEnd;
+    // The rows stay in place until the install: Extend installs before anything could move them.
+    rows[size_t(h)] = RowsOf(heads_data_[size_t(h)], seg);
+  }
+  // The task reads cfg_ and dim_ (fixed once built) and the rows; it writes only p->result. This
+  // index outlives it: Build, the install and the destructor wait for or cancel it first.
+  PendingRecluster* raw = p.get();
+  p->task = std::make_shared<BackgroundTask>([this, raw, rows = std::move(rows)] {
+    for (size_t h = 0; h < rows.size(); ++h) ClusterSegment(rows[h], int(h), raw->result[h]);
+  });
+  pending_ = std::move(p);
+  BackgroundQueue::Global().Post(pending_->task);
+}
+
+void LayerIndex::InstallRecluster() {
+  std::shared_ptr<PendingRecluster> p = std::move(pending_);
+  // Not started yet: it runs here. A failed k-means (out of memory) leaves the online clusters,
+  // which select reads as it did since the fill; the error reaches the caller.
+  p->task->Wait();
+  for (int h = 0; h < heads_; ++h) {
+    HeadIndex& H = heads_data_[size_t(h)];
+    Segment& seg = H.segments[p->segAt[size_t(h)]];
+    seg = std::move(p->result[size_t(h)]);
+    if (cfg_.keySketch) OrderSketchRows(H, seg);
+    if (cfg_.releaseChunkMeans) ReleaseChunkMeans(H, seg.cEnd);
+  }
+}
+
+void LayerIndex::DropRecluster() {
+  if (!pending_) return;
+  pending_->task->Cancel();
+  pending_.reset();
 }
 
 void LayerIndex::UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first) {
@@ -1035,6 +1120,15 @@ std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   return c;
 }
 
+namespace {
+// What Bytes counts for one segment's clusters (sizes, not capacities).
+int64_t SegmentBytes(const Segment& s) {
+  return int64_t(sizeof(Segment)) + int64_t(s.tiles.size()) +
+         int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 +
+         int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+}
+}  // namespace
+
 int64_t LayerIndex::Bytes() const {
   // Sizes, not capacities: build reserves room for the context to double, and untouched pages are
   // address space only; released chunk means leave one segment's room (ReleaseChunkMeans), what the
@@ -1043,12 +1137,34 @@ int64_t LayerIndex::Bytes() const {
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
          H.sketch.Bytes();
-    b += int64_t(H.segments.size() * sizeof(Segment));
-    for (const Segment& s : H.segments)
-      b += int64_t(s.tiles.size()) + int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 + int64_t(s.sums.size() + s.sumSq.size()) * 8 +
-           int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+    for (const Segment& s : H.segments) b += SegmentBytes(s);
+  }
+  if (pending_) {
+    // The result once written; while the task still writes it, the most it can take.
+    if (pending_->task->Finished())
+      for (const Segment& s : pending_->result) b += SegmentBytes(s);
+    else
+      b += int64_t(heads_) * ReclusterResultBytes(dim_);
   }
   return b;
+}
+
+int64_t LayerIndex::ReclusterResultBytes(int dim) const {
+  const int64_t n = cfg_.segmentTokens / cfg_.chunk;
+  const int64_t k = std::min(n, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
+  const int64_t outliers = std::min(n, int64_t(std::ceil(cfg_.outlierFraction * double(n))));
+  // A full segment's clusters as SegmentBytes counts them after ClusterSegment: tiles and scales,
+  // var, radius, outliers; counts, assign, offsets, members.
+  return int64_t(sizeof(Segment)) + int64_t(TileBytesI8(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 +
+         (k + k + outliers) * 4 + (k + n + (k + 1) + n) * 4;
+}
+
+int64_t LayerIndex::ReclusterReserveBytes(int heads, int dim) const {
+  if (cfg_.policy != PolicyKind::Kvdrive || cfg_.reclusterDelay == 0) return 0;
+  // With releaseChunkMeans the chunk means sealed while a re-clustering is pending are held beside
+  // the full segment's (RowsRoom beyond one segment); without it every row is held anyway.
+  const int64_t rows = cfg_.releaseChunkMeans ? (cfg_.reclusterDelay / cfg_.chunk + 1) * (int64_t(dim) * 4 + 4) : 0;
+  return int64_t(heads) * (ReclusterResultBytes(dim) + rows);
 }
 
 }  // namespace kvd

@@ -31,6 +31,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "index/index.h"
@@ -93,6 +94,12 @@ struct IndexConfig {
   bool preferSketch = false;
   // shadowkv: static outlier chunks selected first (the paper's configuration: 48).
   int outlierChunks = 48;
+  // kvdrive Extend: a segment that fills keeps the clusters it grew online, and its k-means runs on
+  // the background thread (common/background.h) instead of inside that decode step; the result
+  // replaces the online clusters at the first Extend reaching fill + reclusterDelay tokens (waiting
+  // for it there if it is not done), so selections depend on the token count only, never on timing.
+  // 0: the k-means runs inside the Extend that fills (as Build does for every full segment).
+  int64_t reclusterDelay = 256;
   int threads = 2;  // build and select split kv heads over this many pool workers
 };
 
@@ -129,6 +136,14 @@ struct Segment {
   double inertia = 0;             // of the last k-means run
 };
 
+// Chunk means and per-chunk variances of one segment's chunks: row i is chunk seg.c0 + i (what the
+// k-means reads; for a background re-clustering, rows the owning index keeps in place until it
+// installs the result).
+struct SegmentRows {
+  const float* means = nullptr;  // (c1 - c0) x dim
+  const float* var = nullptr;    // (c1 - c0)
+};
+
 struct HeadIndex {
   // reps / var / maxs / minCos hold chunks [repsFirst, endChunk): repsFirst = firstChunk, except for
   // kvdrive with releaseChunkMeans, where it is the first chunk of the open segment.
@@ -160,6 +175,11 @@ struct SelectResult {
 class LayerIndex {
  public:
   explicit LayerIndex(const IndexConfig& cfg) : cfg_(cfg) {}
+  // A background re-clustering not started yet is dropped, a running one waited for (it reads this
+  // index's chunk means).
+  ~LayerIndex();
+  LayerIndex(const LayerIndex&) = delete;
+  LayerIndex& operator=(const LayerIndex&) = delete;
 
   // Indexes tokens [0, tokens) of kv from scratch (replaces any previous state). Thread-safe with
   // respect to other LayerIndex objects; runs kv heads on cfg.threads threads.
@@ -194,9 +214,14 @@ class LayerIndex {
   // Row-major k x dim centroids of a segment (dequantized from the int8 tiles once the row-major
   // copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
-  // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch and
-  // the containers themselves.
+  // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch,
+  // a pending re-clustering's result and the containers themselves.
   int64_t Bytes() const;
+  // The most a pending re-clustering (reclusterDelay) adds for `heads` kv heads of dimension `dim`:
+  // its result (one full segment's clusters) and the chunk-mean rows sealed while it is pending.
+  int64_t ReclusterReserveBytes(int heads, int dim) const;
+  // One kv head's re-clustering result at its largest (a full segment's clusters).
+  int64_t ReclusterResultBytes(int dim) const;
 
  private:
   int64_t SealedEnd(int64_t tokens) const;  // endChunk for a context of `tokens`
@@ -208,12 +233,26 @@ class LayerIndex {
   // releaseChunkMeans: drops head h's chunk means and variances of chunks before `upTo` (a full,
   // clustered segment's end).
   void ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const;
-  void ClusterSegment(int h, Segment& seg) const;
-  void AddChunkOnline(int h, Segment& seg, int64_t j) const;
+  // Chunk-mean rows each head keeps in place: one segment's, plus those sealed while a
+  // re-clustering is pending (the rows it reads must not move).
+  size_t RowsRoom() const;
+  SegmentRows RowsOf(const HeadIndex& H, const Segment& seg) const;
+  // k-means over the segment's chunks [c0, c1) read from `rows` (h seeds it); reads nothing else
+  // of the index, so it can run on the background thread.
+  void ClusterSegment(const SegmentRows& rows, int h, Segment& seg) const;
+  // Adds chunk j to the open segment; returns true when that filled it. A segment that fills is
+  // re-clustered here unless `defer` (then the caller starts the background re-clustering).
+  bool AddChunkOnline(int h, Segment& seg, int64_t j, bool defer) const;
   void ReserveOpen(Segment& seg) const;  // capacity for an open segment to fill without reallocating
-  void ClusterVariance(int h, Segment& seg, int c) const;
-  void PickOutliers(int h, Segment& seg) const;
-  float MemberRadius(int h, int64_t j, const float* c) const;
+  void ClusterVariance(Segment& seg, int c) const;
+  void PickOutliers(const SegmentRows& rows, Segment& seg) const;
+  float MemberRadius(const SegmentRows& rows, const Segment& seg, int64_t j, const float* c) const;
+  // Background re-clustering (IndexConfig::reclusterDelay): started when an Extend fills exactly one
+  // segment, installed by a later Extend (or waited for and dropped by Build / the destructor).
+  struct PendingRecluster;
+  void StartRecluster(const std::vector<size_t>& segAt, int64_t installAt);
+  void InstallRecluster();
+  void DropRecluster();
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
   // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
@@ -243,6 +282,7 @@ class LayerIndex {
   int64_t tokens_ = 0;
   int64_t endChunk_ = 0;
   std::vector<HeadIndex> heads_data_;
+  std::shared_ptr<PendingRecluster> pending_;
 };
 
 }  // namespace kvd

@@ -124,6 +124,15 @@ export interface PolicyOptions {
    */
   releaseChunkMeans?: boolean;
   /**
+   * kvdrive only: tokens a segment that fills during extend() keeps the clusters it grew online
+   * (default 256; an integer in [0, 2^20]). Its k-means, ~50 ms per layer at 8 kv heads x 128 and
+   * 4096-token segments, then runs on the addon's background thread instead of inside that decode
+   * step, and the result replaces the online clusters at the first extend() reaching fill +
+   * reclusterDelay tokens (waiting for it there if needed): selections depend on the token count
+   * only, never on timing. 0: the k-means runs inside the extend() that fills.
+   */
+  reclusterDelay?: number;
+  /**
    * Worker threads (of the addon's thread pool) that the index build and every select split the
    * kv heads over (1 to 8, default 2; every policy).
    */
@@ -162,6 +171,7 @@ export interface ResolvedPolicyOptions {
   preferSketch: boolean;
   sketchBits: 4 | 8;
   releaseChunkMeans: boolean;
+  reclusterDelay: number;
   outlierChunks: number;
   threads: number;
   qHeads?: number;
@@ -170,7 +180,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -193,6 +203,7 @@ const schema = z
     preferSketch: z.boolean().optional(),
     sketchBits: z.union([z.literal(4), z.literal(8)]).optional(),
     releaseChunkMeans: z.boolean().optional(),
+    reclusterDelay: int(0, 1 << 20).optional(),
     outlierChunks: int(0, 1 << 20).optional(),
     threads: int(1, 8).optional(),
     qHeads: int(1, 4096).optional(),
@@ -219,6 +230,7 @@ const EXPECTED: Record<string, string> = {
   preferSketch: 'a boolean',
   sketchBits: '4 or 8',
   releaseChunkMeans: 'a boolean',
+  reclusterDelay: 'an integer in [0, 2^20]',
   outlierChunks: 'an integer in [0, 2^20]',
   threads: 'an integer in [1, 8]',
   qHeads: 'an integer in [1, 4096]',
@@ -279,6 +291,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     preferSketch: o.preferSketch ?? false,
     sketchBits: o.sketchBits ?? 8,
     releaseChunkMeans: o.releaseChunkMeans ?? false,
+    reclusterDelay: o.reclusterDelay ?? 256,
     outlierChunks: o.outlierChunks ?? 48,
     threads: o.threads ?? 2,
     qHeads: o.qHeads,

@@ -70,6 +70,12 @@ export interface SelectionPolicy {
   select(q: Float32Array, budget: number, opts?: SelectOptions): Selection;
   /** Bytes of index memory. */
   indexBytes(): number;
+  /**
+   * Bytes the built index may hold beyond indexBytes() for a while: kvdrive's pending background
+   * re-clustering (its result and the chunk means sealed meanwhile, see
+   * {@link PolicyOptions.reclusterDelay}); 0 for the other policies. Memory plans add it per layer.
+   */
+  reserveBytes(): number;
   /** Vectors and bytes scored by, and wall time of, the last select. */
   lastSelectStats(): SelectStats;
   /**
@@ -106,6 +112,7 @@ interface NativeIndex {
   extend(k: KvTensor, tokens: number, first?: number): void;
   select(q: Float32Array, budget: number, pool?: number, keys?: KvTensor): Selection & { vectorsScored: number; bytesScored: number };
   bytes(): number;
+  reserveBytes(): number;
   handle(): number;
   clusters(head: number): SegmentClusters[];
   scoreSketch(q: Float32Array, head: number, tokens: Int32Array): Float32Array;
@@ -206,6 +213,10 @@ export class NativeSelectionPolicy implements SelectionPolicy {
 
   indexBytes(): number {
     return call(() => this.index.bytes());
+  }
+
+  reserveBytes(): number {
+    return call(() => this.index.reserveBytes());
   }
 
   handle(): number {

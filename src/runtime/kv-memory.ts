@@ -376,6 +376,7 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   const S = p.segmentTokens;
   // Chunk j covers tokens [j c, (j+1) c) whatever the sinks; chunks are sealed once past the local window.
   const at = (full: number) => p.local + (full + 1) * S - p.chunkSize;
+  let reserve = 0;
   const measure = (tokens: number): number => {
     const data = new Float32Array(tokens * kvHeads * headDim);
     let x = 0x9e3779b9;
@@ -385,6 +386,9 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
     }
     const policy = createPolicy(c.policy, c.policyInput);
     policy.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim: headDim }, tokens);
+    // A pending re-clustering exists only once a segment can fill: its last chunk sealed, i.e. the
+    // segment plus the local window within maxTokens.
+    reserve = c.maxTokens >= p.local + S ? policy.reserveBytes() : 0;
     return policy.indexBytes();
   };
   const t1 = at(1);
@@ -393,12 +397,12 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   // bigger than the context can exist).
   if (c.maxTokens <= t2) {
     const tokens = Math.max(c.maxTokens, p.sinks + p.local + p.chunkSize);
-    return { perToken: Math.ceil(measure(tokens) / tokens), fixed: 0 };
+    return { perToken: Math.ceil(measure(tokens) / tokens), fixed: reserve };
   }
   const b1 = measure(t1);
   const b2 = measure(t2);
   const perToken = Math.ceil((b2 - b1) / (t2 - t1));
-  return { perToken, fixed: Math.max(0, b1 - perToken * t1) };
+  return { perToken, fixed: Math.max(0, b1 - perToken * t1) + reserve };
 }
 
 /** Splits dramBudget into its parts; E_BUDGET naming the bytes needed when it is too small. */
