@@ -4,6 +4,7 @@
 // index must be exactly the one whose k-means ran inside the extend that filled (reclusterDelay 0):
 // same clusters, same selections, same bytes. Meanwhile select still works, the extra memory stays
 // within reserveBytes(), and a rebuild while a re-clustering is pending gives a fresh index's result.
+import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { createPolicy, type SelectionPolicy } from '../src/index/policy.js';
 import type { PolicyOptions } from '../src/index.js';
@@ -116,6 +117,29 @@ describe('reclusterDelay: pending work and options', () => {
     b.extend(k, 600);
     expect(segments(a, 1).map((s) => s.full)).toEqual([true, true, false]);
     expect(Array.from(a.select(query(2), 40).chunkIds)).toEqual(Array.from(b.select(query(2), 40).chunkIds));
+  });
+
+  it('indexes collected while their re-clustering is queued or running free nothing the task still reads', () => {
+    // A child process with --expose-gc: 40 indexes each fill a 4096-token segment (8 kv heads x 128:
+    // ~100 ms of k-means each, so most are still queued when collected) and are dropped at once.
+    const policyJs = new URL('../dist/src/index/policy.js', import.meta.url).href;
+    const script = `import(${JSON.stringify(policyJs)}).then(({ createPolicy }) => {
+      const heads = 8, dim = 128, T = 4200;
+      const data = new Float32Array(T * heads * dim).map((_, i) => Math.sin(i * 0.731) + Math.cos(i * 0.017));
+      const k = { data, dtype: 'f32', tokens: T, heads, dim };
+      let policies = [];
+      for (let i = 0; i < 40; i++) {
+        const p = createPolicy('kvdrive', { segmentTokens: 4096, local: 64, reclusterDelay: 256, seed: i });
+        p.buildSync(k, 4150);
+        p.extend(k, 4160);
+        policies.push(p);
+      }
+      policies = null;
+      globalThis.gc();
+      setTimeout(() => { globalThis.gc(); console.log('alive'); }, 200);
+    });`;
+    const out = execFileSync(process.execPath, ['--expose-gc', '--input-type=module', '-e', script], { encoding: 'utf8' });
+    expect(out.trim()).toBe('alive');
   });
 
   it('reclusterDelay is validated and kvdrive-only', async () => {
