@@ -1,6 +1,8 @@
 // BackgroundQueue / BackgroundTask (background.h).
 #include "common/background.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -80,9 +82,11 @@ void BackgroundQueue::Post(std::shared_ptr<BackgroundTask> task) {
 }
 
 void BackgroundQueue::Loop() {
-  // Below the decode threads (nice 0): Linux applies setpriority to one thread given its tid.
-  // Failing (a sandbox refusing it) only costs the ordering, not correctness.
-  (void)setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), 10);
+  // Below the decode threads: SCHED_IDLE runs only on a core nothing else wants (the gaps between a
+  // decode step's kernels, its I/O waits); where that is refused, nice +10 (Linux applies
+  // setpriority to one thread given its tid). Failing both only costs the ordering, not correctness.
+  sched_param idle{};
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle) != 0) (void)setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), 10);
   for (;;) {
     std::shared_ptr<BackgroundTask> task;
     {

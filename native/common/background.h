@@ -7,8 +7,9 @@
 //   task->Wait();  // where the result is needed
 //
 // Semantics:
-//  - Tasks run one at a time, in the order posted, on a thread at nice +10, so a decode step's
-//    threads come first and the background work fills the gaps between its kernels.
+//  - Tasks run one at a time, in the order posted, on a thread scheduled SCHED_IDLE (nice +10
+//    where that is refused): it runs on a core no decode thread wants, in the gaps between a step's
+//    kernels and during its I/O waits.
 //  - Wait() runs the task on the caller when the thread has not started it yet (a queue full of
 //    other layers' work never delays a caller beyond its own task), else blocks until it finished.
 //    It rethrows the task's exception.
