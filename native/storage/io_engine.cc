@@ -761,10 +761,10 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
       else if (s == "mmap") opt.kind = IoKind::Mmap;
       else Throw("E_CONFIG", what + ".kind: expected 'auto', 'uring', 'pread' or 'mmap', got '" + s + "'");
     }
-    opt.queueDepth = int(GetIntOr(o, "queueDepth", what, 1, 4096, 32));
+    opt.queueDepth = int(GetIntOr(o, "queueDepth", what, 1, 4096, opt.queueDepth));
     opt.threads = int(GetIntOr(o, "threads", what, 1, 256, std::min(opt.queueDepth, 64)));
-    opt.maxBatches = int(GetIntOr(o, "maxBatches", what, 1, 64, 4));
-    opt.maxIoBytes = uint64_t(GetIntOr(o, "maxIoBytes", what, int64_t(kIoAlign), int64_t(64) << 20, 256 << 10));
+    opt.maxBatches = int(GetIntOr(o, "maxBatches", what, 1, 64, opt.maxBatches));
+    opt.maxIoBytes = uint64_t(GetIntOr(o, "maxIoBytes", what, int64_t(kIoAlign), int64_t(64) << 20, int64_t(opt.maxIoBytes)));
     if (opt.maxIoBytes % kIoAlign) Throw("E_CONFIG", what + ".maxIoBytes: expected a multiple of 4096, got " + std::to_string(opt.maxIoBytes));
     opt.coalesceGapBytes = uint64_t(GetIntOr(o, "coalesceGapBytes", what, 0, int64_t(opt.maxIoBytes), 0));
     opt.coalesce = BoolOr(o, "coalesce", true, what);

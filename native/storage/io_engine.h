@@ -42,12 +42,13 @@ constexpr uint64_t kIoAlign = 4096;  // O_DIRECT alignment for offset, length an
 
 enum class IoKind { Auto, Uring, Pread, Mmap };
 
+// The defaults here are the binding's too (ioEngine options, src/storage/io-engine.ts documents them).
 struct IoOptions {
   IoKind kind = IoKind::Auto;
   int queueDepth = 32;                   // physical reads in flight per batch (uring) / worker threads (pread)
   int maxBatches = 4;                    // batches in flight at once (uring: one ring + bounce slots each)
-  int threads = 4;                       // pread pool size
-  uint64_t maxIoBytes = 1 << 20;         // largest physical read after coalescing
+  int threads = 32;                      // pread pool size (the binding: min(queueDepth, 64) unless given)
+  uint64_t maxIoBytes = 256 << 10;       // largest physical read after coalescing
   uint64_t coalesceGapBytes = 0;         // merge neighbours separated by at most this many bytes
   bool coalesce = true;
   bool fixedBuffers = true;              // register bounce slots with the ring (uring only)
