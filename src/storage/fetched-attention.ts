@@ -59,6 +59,19 @@ export interface AttendFetchedOptions {
    * at every thread count.
    */
   threads?: number;
+  /**
+   * Kv heads to attend: one entry per kv head, 1 attend / 0 skip (default every head). A skipped
+   * head's pages are not read and its outputs (out / lse rows of its query heads, chunkMass entries)
+   * are not written: a caller attends the heads whose pages are ready while other heads' reads are
+   * in flight, then the rest into the same arrays (`into`). Each head's output is bit-identical to
+   * a call over every head.
+   */
+  heads?: Uint8Array;
+  /**
+   * Write the result into these arrays (out qHeads x dim, lse qHeads, chunkMass one per selection
+   * entry; exact lengths) instead of new ones; the result is then these arrays.
+   */
+  into?: FetchedAttentionResult;
 }
 
 /** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */
