@@ -92,7 +92,7 @@ describe('attendFetched', () => {
     expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
   });
 
-  it('kv-head masks: heads attended in two calls into one result equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
+  it('kv-head masks: heads attended in two calls into one result (fetchedMass: each page\'s mass) equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 21), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 22) };
     const cs = 4;
@@ -123,16 +123,29 @@ describe('attendFetched', () => {
     const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
     const q = randn(qHeads * D, 23);
     const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids), threads: 2 };
-    const whole = attendFetched(o);
+    const wholeMass = new Float32Array(ids.length);
+    const whole = attendFetched({ ...o, fetchedMass: wholeMass });
+    // fetchedMass: per page, the sum of the masses of its selected units (in selection order); units in the tail count in no page.
+    const wantMass = new Float32Array(ids.length);
+    for (let h = 0; h < kvHeads; h++)
+      for (let i = offsets[h]!; i < offsets[h + 1]!; i++) {
+        const p = ids.findIndex((c, e) => pageHead[e] === h && c === Math.floor(sel.chunkIds[i]! / cs));
+        if (p >= 0) wantMass[p]! += whole.chunkMass[i]!;
+      }
+    expect(bits(wholeMass)).toBe(bits(wantMass));
+    expect(wantMass.every((m) => m > 0)).toBe(true);
     // Head 0 while head 1's pages are still garbage (NaN): they are not read.
     const head1 = buf.subarray(pageOffsets[1]! * pb);
     new Float32Array(head1.buffer, head1.byteOffset, head1.byteLength / 4).fill(NaN);
     const into = { out: new Float32Array(qHeads * D), lse: new Float32Array(qHeads), chunkMass: new Float32Array(sel.chunkIds.length) };
-    const r0 = attendFetched({ ...o, heads: Uint8Array.of(1, 0), into });
+    const mass = new Float32Array(ids.length).fill(-1);
+    const r0 = attendFetched({ ...o, heads: Uint8Array.of(1, 0), into, fetchedMass: mass });
+    expect(mass[ids.length - 1]).toBe(-1); // head 1's pages: not written
     expect(r0.out).toBe(into.out);
     expect(into.lse[qHeads - 1]).toBe(0); // head 1's query heads not written yet
     ids.forEach((c, i) => pageHead[i] === 1 && buf.set(page(k, v, 1, c, cs), i * pb));
-    attendFetched({ ...o, heads: Uint8Array.of(0, 1), into });
+    attendFetched({ ...o, heads: Uint8Array.of(0, 1), into, fetchedMass: mass });
+    expect(bits(mass)).toBe(bits(wantMass));
     expect(bits(into.out)).toBe(bits(whole.out));
     expect(bits(into.lse)).toBe(bits(whole.lse));
     expect(bits(into.chunkMass)).toBe(bits(whole.chunkMass));
@@ -165,6 +178,8 @@ describe('attendFetched', () => {
     expect(code(() => attendFetched({ ...o, into: { ...into, chunkMass: new Float32Array(1) } }))).toMatch(/^E_SHAPE: attendFetched.into.chunkMass/);
     expect(code(() => attendFetched({ ...o, into: { ...into, lse: new Float64Array(qHeads) as unknown as Float32Array } }))).toMatch(/^E_DTYPE: attendFetched.into.lse/);
     expect(code(() => attendFetched({ ...o, into: 3 as unknown as typeof into }))).toMatch(/^E_TYPE: attendFetched.into: expected \{ out, lse, chunkMass \}/);
+    expect(code(() => attendFetched({ ...o, fetchedMass: new Float32Array(ids.length + 1) }))).toMatch(/^E_SHAPE: attendFetched.fetchedMass \(one per page entry\)/);
+    expect(code(() => attendFetched({ ...o, fetchedMass: new Uint8Array(4 * ids.length) as unknown as Float32Array }))).toMatch(/^E_DTYPE: attendFetched.fetchedMass/);
     expect(code(() => native.hotTierAdmitPages({ hot: { handle: tiers[0]!.handle, layer: 0 }, ...admit, heads: new Uint8Array(3) }))).toMatch(/^E_SHAPE: hotTierAdmitPages.heads/);
     expect(code(() => native.hotTierAdmitPages({ hot: { handle: tiers[0]!.handle, layer: 0 }, ...admit, heads: Uint8Array.of(0, 7) }))).toMatch(/^E_RANGE: hotTierAdmitPages.heads\[1\]/);
     for (const t of tiers) t.destroy();

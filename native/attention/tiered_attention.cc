@@ -68,6 +68,9 @@ struct FetchedJob {
   float* out = nullptr;
   float* lse = nullptr;
   float* chunkMass = nullptr;
+  // Optional (fetchedMass): per page entry, the sum of chunkMass over the selected units it holds,
+  // in unit order (the importance the DRAM tier ranks a fetched chunk by).
+  float* pageMass = nullptr;
 };
 
 // Where a span's rows live, for error messages.
@@ -180,6 +183,18 @@ void Run(const FetchedJob& job) {
     const size_t first = job.sinkEnd > 0 ? 1 : 0;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
       job.chunkMass[i] = rs.mass[rs.start[size_t(h)] + first + size_t(i - job.offsets[h])];
+    if (job.pageMass) {
+      // Units and this head's page ids both ascend: one cursor. Units read from the hot tier or the
+      // tail lie in no page entry and add nothing.
+      const int32_t p0 = job.fetchedOffsets[h], p1 = job.fetchedOffsets[h + 1];
+      std::fill(job.pageMass + p0, job.pageMass + p1, 0.f);
+      int32_t k = p0;
+      for (int32_t i = job.offsets[h]; i < job.offsets[h + 1] && k < p1; ++i) {
+        const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+        while (k < p1 && job.fetchedIds[k] < c) ++k;
+        if (k < p1 && job.fetchedIds[k] == c) job.pageMass[k] += job.chunkMass[i];
+      }
+    }
     if (!job.tier) continue;
     // Lookahead eviction ranks hot-tier residents by the mass they just received: per page, the
     // sum over the units selected in it.
@@ -358,6 +373,12 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.pageChunk, job.tier, job.hotSeq, job.hotLayer);
 
   job.heads = GetHeadMask(o, what, job.kvHeads);
+  if (!o.Get("fetchedMass").IsUndefined()) {
+    auto pm = GetF32(o.Get("fetchedMass"), what + ".fetchedMass");
+    ExpectLength(pm.length, nPages, what + ".fetchedMass (one per page entry)");
+    keep.push_back(pm.object);
+    job.pageMass = pm.data;
+  }
 
   result = Napi::Object::New(env);
   const Napi::Value iv = o.Get("into");

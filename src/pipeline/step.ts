@@ -424,6 +424,8 @@ interface EntryAttention {
   pages: StepPages;
   /** The result, filled head mask by head mask. */
   r: FetchedAttentionResult;
+  /** With an SSD: the attention mass of each tier page (pages.ids), what DRAM admission ranks it by. */
+  pageMass: Float32Array | undefined;
   /** Wall time of the attention calls, milliseconds. */
   computeMs: number;
 }
@@ -478,7 +480,8 @@ export async function fetchAttendEntry(
         ? tokSel
         : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sc.chunkOffsets, chunkIds: sc.chunkIds.subarray(0, nChunks) };
     const r = { out: new Float32Array(qHeads * shape.headDim), lse: new Float32Array(qHeads), chunkMass: new Float32Array(tokSel.chunkIds.length) };
-    return (att = { tokSel, sel, pages: mergeGroupPages(groups, sc, H, reads.buf), r, computeMs: 0 });
+    const pages = mergeGroupPages(groups, sc, H, reads.buf);
+    return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? new Float32Array(pages.ids.length) : undefined, computeMs: 0 });
   };
   /**
    * Hot-tier admission, then attention, of the kv heads in `heads` (every head when undefined), into
@@ -521,6 +524,7 @@ export async function fetchAttendEntry(
       ...hotArg,
       threads: ATTEND_THREADS,
       into: e.r,
+      ...(e.pageMass ? { fetchedMass: e.pageMass } : {}),
       ...mask,
     };
     if (offThread) await attendFetchedAsync(args);
@@ -546,7 +550,7 @@ export async function fetchAttendEntry(
     const e = attention(sc, nChunks);
     await attendHeads(e, rest);
     const t3 = performance.now();
-    const { tokSel, sel, pages, r } = e;
+    const { tokSel, pages, r } = e;
     const stats: EntryStepStats = {
       chunks: nChunks,
       hotChunks: 0,
@@ -563,11 +567,8 @@ export async function fetchAttendEntry(
     addGroupStats(groups, stats);
     // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
     // beats the least important resident (resident ones get their score refreshed).
-    if (pages.placement && mem.ssd) {
-      const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-      const tierSel = sc.tierEntry.subarray(0, pages.ids.length);
-      const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
-      stats.dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores }, reads.buf, pages.placement);
+    if (pages.placement && e.pageMass) {
+      stats.dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores: e.pageMass }, reads.buf, pages.placement);
     }
     // Fetch: the wall of select + fetch + attention not spent selecting or attending (the reads
     // neither hid, hot-tier admission).
@@ -582,21 +583,4 @@ export async function fetchAttendEntry(
     for (const g of groups) g.placement?.release();
     reads.release();
   }
-}
-
-
-/** Attention mass of each entry of the chunk selection `sel`: the sum over the tokens of `tokSel` in that chunk. */
-function massPerChunk(tokSel: Selection, tokMass: Float32Array, sel: Selection, chunkSize: number, heads: number): Float32Array {
-  if (tokSel === sel) return tokMass;
-  const f = chunkSize / tokSel.chunkSize;
-  const out = new Float32Array(sel.chunkIds.length);
-  for (let h = 0; h < heads; h++) {
-    let j = sel.offsets[h]!;
-    for (let i = tokSel.offsets[h]!; i < tokSel.offsets[h + 1]!; i++) {
-      const c = Math.floor(tokSel.chunkIds[i]! / f);
-      while (j < sel.offsets[h + 1]! && sel.chunkIds[j]! < c) j++;
-      if (j < sel.offsets[h + 1]! && sel.chunkIds[j] === c) out[j]! += tokMass[i]!;
-    }
-  }
-  return out;
 }

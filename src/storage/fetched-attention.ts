@@ -72,6 +72,13 @@ export interface AttendFetchedOptions {
    * entry; exact lengths) instead of new ones; the result is then these arrays.
    */
   into?: FetchedAttentionResult;
+  /**
+   * Written when given (one entry per page entry of fetchedIds, or per selection entry without
+   * page lists): each page's attention mass, the sum of chunkMass over the selected units it holds
+   * (in selection order; units read from the hot tier or the tail count in no page). Only the
+   * entries of the kv heads attended are written.
+   */
+  fetchedMass?: Float32Array;
 }
 
 /** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */
