@@ -92,6 +92,99 @@ describe('attendFetched', () => {
     expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
   });
 
+  it('kv-head masks: heads attended in two calls into one result (fetchedMass: each page\'s mass) equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
+    const k: KvTensor = { data: randn(T * kvHeads * D, 21), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
+    const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 22) };
+    const cs = 4;
+    const sinkEnd = 4;
+    const tailBase = 448;
+    const tailStart = 480;
+    const perHead = [
+      [9, 10, 40, 203, 300, 447, 450],
+      [5, 6, 100, 104, 333, 460],
+    ];
+    const offsets = new Int32Array(kvHeads + 1);
+    perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
+    const sel: Selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
+    const pb = 2 * cs * D * 4;
+    const pageOffsets = new Int32Array(kvHeads + 1);
+    const ids: number[] = [];
+    const pageHead: number[] = [];
+    for (let h = 0; h < kvHeads; h++) {
+      for (const c of [...new Set(perHead[h]!.map((t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase)) {
+        ids.push(c);
+        pageHead.push(h);
+      }
+      pageOffsets[h + 1] = ids.length;
+    }
+    const buf = new Uint8Array(ids.length * pb);
+    ids.forEach((c, i) => buf.set(page(k, v, pageHead[i]!, c, cs), i * pb));
+    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+    const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+    const q = randn(qHeads * D, 23);
+    const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids), threads: 2 };
+    const wholeMass = new Float32Array(ids.length);
+    const whole = attendFetched({ ...o, fetchedMass: wholeMass });
+    // fetchedMass: per page, the sum of the masses of its selected units (in selection order); units in the tail count in no page.
+    const wantMass = new Float32Array(ids.length);
+    for (let h = 0; h < kvHeads; h++)
+      for (let i = offsets[h]!; i < offsets[h + 1]!; i++) {
+        const p = ids.findIndex((c, e) => pageHead[e] === h && c === Math.floor(sel.chunkIds[i]! / cs));
+        if (p >= 0) wantMass[p]! += whole.chunkMass[i]!;
+      }
+    expect(bits(wholeMass)).toBe(bits(wantMass));
+    expect(wantMass.every((m) => m > 0)).toBe(true);
+    // Head 0 while head 1's pages are still garbage (NaN): they are not read.
+    const head1 = buf.subarray(pageOffsets[1]! * pb);
+    new Float32Array(head1.buffer, head1.byteOffset, head1.byteLength / 4).fill(NaN);
+    const into = { out: new Float32Array(qHeads * D), lse: new Float32Array(qHeads), chunkMass: new Float32Array(sel.chunkIds.length) };
+    const mass = new Float32Array(ids.length).fill(-1);
+    const r0 = attendFetched({ ...o, heads: Uint8Array.of(1, 0), into, fetchedMass: mass });
+    expect(mass[ids.length - 1]).toBe(-1); // head 1's pages: not written
+    expect(r0.out).toBe(into.out);
+    expect(into.lse[qHeads - 1]).toBe(0); // head 1's query heads not written yet
+    ids.forEach((c, i) => pageHead[i] === 1 && buf.set(page(k, v, 1, c, cs), i * pb));
+    attendFetched({ ...o, heads: Uint8Array.of(0, 1), into, fetchedMass: mass });
+    expect(bits(mass)).toBe(bits(wantMass));
+    expect(bits(into.out)).toBe(bits(whole.out));
+    expect(bits(into.lse)).toBe(bits(whole.lse));
+    expect(bits(into.chunkMass)).toBe(bits(whole.chunkMass));
+
+    // Hot-tier admission of head 1 then head 0 leaves what one call leaves: attention from the tier alone gives the same bits.
+    const chunkSel: Selection = { chunkSize: cs, tokens: T, sinkEnd, tailStart, offsets: pageOffsets, chunkIds: Int32Array.from(ids) };
+    const admit = { selection: chunkSel, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), tail, tailBase };
+    const tiers = [0, 1].map(() => new HotTier({ layers: 1, kvHeads, headDim: D, dtype: 'f32', chunkSize: cs, budget: 64, windows: 1, maxBytes: 1 << 24 }));
+    const one = native.hotTierAdmitPages({ hot: { handle: tiers[0]!.handle, layer: 0 }, ...admit }) as { admitted: number };
+    let admitted = 0;
+    for (const heads of [Uint8Array.of(0, 1), Uint8Array.of(1, 0)])
+      admitted += (native.hotTierAdmitPages({ hot: { handle: tiers[1]!.handle, layer: 0 }, ...admit, heads }) as { admitted: number }).admitted;
+    expect(admitted).toBe(one.admitted);
+    expect(admitted).toBe(ids.length);
+    const noPages = { fetched: new Uint8Array(0), fetchedOffsets: new Int32Array(kvHeads + 1), fetchedIds: new Int32Array(0) };
+    for (const t of tiers) expect(bits(attendFetched({ ...o, ...noPages, hot: { handle: t.handle, layer: 0 } }).out)).toBe(bits(whole.out));
+
+    const code = (f: () => unknown): string | undefined => {
+      try {
+        f();
+      } catch (e) {
+        return `${(e as { code?: string }).code}: ${(e as Error).message}`;
+      }
+      return undefined;
+    };
+    expect(code(() => attendFetched({ ...o, heads: Uint8Array.of(1) }))).toMatch(/^E_SHAPE: attendFetched.heads \(one per kv head\): expected 2 elements, got 1/);
+    expect(code(() => attendFetched({ ...o, heads: Uint8Array.of(1, 2) }))).toMatch(/^E_RANGE: attendFetched.heads\[1\]: expected 0 \(skip the kv head\) or 1 \(process it\), got 2/);
+    expect(code(() => attendFetched({ ...o, heads: Int32Array.of(1, 0) as unknown as Uint8Array }))).toMatch(/^E_DTYPE: attendFetched.heads: expected a Uint8Array/);
+    expect(code(() => attendFetched({ ...o, into: { ...into, out: new Float32Array(qHeads * D - 1) } }))).toMatch(/^E_SHAPE: attendFetched.into.out \(qHeads x dim\): expected 64 elements, got 63/);
+    expect(code(() => attendFetched({ ...o, into: { ...into, chunkMass: new Float32Array(1) } }))).toMatch(/^E_SHAPE: attendFetched.into.chunkMass/);
+    expect(code(() => attendFetched({ ...o, into: { ...into, lse: new Float64Array(qHeads) as unknown as Float32Array } }))).toMatch(/^E_DTYPE: attendFetched.into.lse/);
+    expect(code(() => attendFetched({ ...o, into: 3 as unknown as typeof into }))).toMatch(/^E_TYPE: attendFetched.into: expected \{ out, lse, chunkMass \}/);
+    expect(code(() => attendFetched({ ...o, fetchedMass: new Float32Array(ids.length + 1) }))).toMatch(/^E_SHAPE: attendFetched.fetchedMass \(one per page entry\)/);
+    expect(code(() => attendFetched({ ...o, fetchedMass: new Uint8Array(4 * ids.length) as unknown as Float32Array }))).toMatch(/^E_DTYPE: attendFetched.fetchedMass/);
+    expect(code(() => native.hotTierAdmitPages({ hot: { handle: tiers[0]!.handle, layer: 0 }, ...admit, heads: new Uint8Array(3) }))).toMatch(/^E_SHAPE: hotTierAdmitPages.heads/);
+    expect(code(() => native.hotTierAdmitPages({ hot: { handle: tiers[0]!.handle, layer: 0 }, ...admit, heads: Uint8Array.of(0, 7) }))).toMatch(/^E_RANGE: hotTierAdmitPages.heads\[1\]/);
+    for (const t of tiers) t.destroy();
+  });
+
   it('on the thread pool: bit-identical at every thread count and to attendSparse, past one KV-length part per head; a NaN row is named in any part', () => {
     // 2 kv heads x ~9000 selected tokens: more than kPartTokens (8192) per head, so each head is cut
     // into KV-length parts attended on different workers and merged by log-sum-exp.

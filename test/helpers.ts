@@ -6,7 +6,7 @@ import { expect } from 'vitest';
 import { isKvdriveError, type ErrorCode } from '../src/errors.js';
 import { mulberry32 } from '../src/model/sampler.js';
 import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
-import { entriesInFlight } from '../src/runtime/memory-runtime.js';
+import { runtimeIoDefaults } from '../src/runtime/memory-runtime.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -56,13 +56,12 @@ export async function expectKvdError(fn: () => unknown, code: ErrorCode, message
 }
 
 /**
- * What an SSD store with these I/O options (default: the store's defaults) reserves inside a
+ * What an SSD store with these I/O options (default: the runtime's, runtimeIoDefaults) reserves inside a
  * runtime's dramBudget for its engine (MemoryPlan.ioBufferBytes, IoEngineInfo.bufferBytes): tests
  * giving a small budget on purpose add it, so their DRAM tier keeps the size they chose.
  */
 export function ioBufferBytes(io: IoEngineOptions = {}, mode: 'sequential' | 'pipelined' = 'sequential'): number {
-  // The runtime's engine defaults to one batch per entry reading at once.
-  const e = new IoEngine({ maxBatches: entriesInFlight(mode), ...io });
+  const e = new IoEngine({ ...runtimeIoDefaults(mode), ...io });
   try {
     return e.info.bufferBytes;
   } finally {

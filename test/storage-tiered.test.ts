@@ -5,7 +5,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
 import { native } from '../src/native.js';
 import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
-import { chunkRows, TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
+import { chunkRows, TieredKv, type FetchPlacement, type FetchRequest } from '../src/storage/tiered-kv.js';
 import { attendSparse } from '../src/attention/kernels.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { expectKvdError, randn, rng } from './helpers.js';
@@ -79,6 +79,29 @@ describe('tiered KV fetch', () => {
     expect(dram!.put('b', 1, 1, [10], [200], new Uint8Array(cb), [0])).toBe(1);
     expect(dram!.lookup('a', 0, 0, 0)).toBe(-1);
     await expectKvdError(() => kv.fetchInPlace(req, new Uint8Array(cb)), 'E_SHAPE', /at least \d chunks/);
+  });
+
+  it('fetchInPlace says, within the call, where every page will be and which kv heads still wait for reads (onIssued)', async () => {
+    const { ssd, dram, data } = await setup(6);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });
+    // Resident: chunks 0-3 of head 0 and chunks 0, 5 of head 1 (layer 0).
+    dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i === 16 || i === 21 ? 10 : i === 0 ? 5 : i < 4 ? 1 : 0)));
+    const req = request(0, [[0, 1, 2], [0, 5, 17]]);
+    let early: { placement: FetchPlacement; pending: number[] } | undefined;
+    let dest = new Uint8Array(0);
+    const p = kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)), (placement, pending) => (early = { placement, pending: Array.from(pending) }));
+    expect(early?.pending).toEqual([0, 1]); // head 1's chunk 17 (segment b) is being read
+    expect(Array.from(early!.placement.source)).toEqual([1, 1, 1, 1, 1, 0]);
+    const { stats, placement } = await p;
+    expect(placement).toBe(early!.placement);
+    expect(stats.ssdChunks).toBe(1);
+    const cb = kv.chunkBytes;
+    expect(Buffer.compare(dest.subarray(placement.at[5]!, placement.at[5]! + cb), expectedChunk(shape, data[1]!, 0, 1, 1))).toBe(0);
+    placement.release();
+    let pending: number[] = [];
+    const hits = await kv.fetchInPlace(request(0, [[0], [5]]), new Uint8Array(0), (_, p) => (pending = Array.from(p)));
+    expect(pending).toEqual([0, 0]);
+    hits.placement.release();
   });
 
   it('a DRAM tier in several arena blocks: pages addressed by (block, offset), attention over them equals attendSparse bit for bit', async () => {

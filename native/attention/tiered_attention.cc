@@ -60,9 +60,17 @@ struct FetchedJob {
   // Optional hot tier (pageChunk-token chunks): a page resident there is read from its slot.
   std::shared_ptr<hot::Tier> tier;
   int hotSeq = 0, hotLayer = 0;
+  // Kv heads to attend (`heads`: one 0/1 entry per kv head); empty: every head. The outputs of a
+  // head left out (its out / lse rows, its chunkMass entries) are not written, and its pages are not
+  // read: a caller attends the heads whose pages are ready while the others' reads are in flight.
+  std::vector<uint8_t> heads;
+  bool Active(int h) const { return heads.empty() || heads[size_t(h)] != 0; }
   float* out = nullptr;
   float* lse = nullptr;
   float* chunkMass = nullptr;
+  // Optional (fetchedMass): per page entry, the sum of chunkMass over the selected units it holds,
+  // in unit order (the importance the DRAM tier ranks a fetched chunk by).
+  float* pageMass = nullptr;
 };
 
 // Where a span's rows live, for error messages.
@@ -91,6 +99,7 @@ void Run(const FetchedJob& job) {
   const size_t headOut = size_t(job.group) * size_t(job.dim);
   for (int h = 0; h < job.kvHeads; ++h) {
     rs.start[size_t(h)] = n;
+    if (!job.Active(h)) continue;
     // Units ascend, so the pages holding them do too: one cursor over this head's ascending page
     // ids finds each unit's page (hot-tier residents are simply not among them).
     const int32_t* pageAt = job.fetchedIds + job.fetchedOffsets[h];
@@ -142,16 +151,23 @@ void Run(const FetchedJob& job) {
     }
   }
   rs.start[kvHeads] = n;
+  // The heads attended, packed (headOf: packed index -> kv head).
+  std::vector<size_t> headOf;
+  headOf.reserve(kvHeads);
   for (size_t h = 0; h < kvHeads; ++h) {
+    if (!job.Active(int(h))) continue;
     const size_t s0 = rs.start[h], ns = rs.start[h + 1] - s0;
-    rs.heads[h] = HeadAttn{job.q + h * headOut, spans + s0, ns, job.out + h * headOut, job.lse + h * size_t(job.group),
-                           rs.mass.data() + s0};
+    rs.heads[headOf.size()] = HeadAttn{job.q + h * headOut, spans + s0, ns, job.out + h * headOut, job.lse + h * size_t(job.group),
+                                       rs.mass.data() + s0};
+    headOf.push_back(h);
   }
   try {
     // Heads of at most kPartTokens attended tokens are one part each: bit-identical to
-    // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way).
-    AttendSplit(rs.heads.data(), kvHeads, job.group, job.dim, job.dtype, job.scale, job.threads);
-  } catch (const NonFiniteRowError& e) {
+    // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way). Which
+    // other heads share the call never changes a head's bits (AttendSplit's grouping).
+    AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
+  } catch (const NonFiniteRowError& ne) {
+    const NonFiniteRowError e(headOf[ne.head], ne.span, ne.row, ne.inValue, ne.what());
     const size_t at = rs.start[e.head] + e.span;
     if (at >= rs.start[e.head + 1])  // no row to name: every value finite, the weighted sum overflowed f32
       Throw("E_NONFINITE", job.what + ": v: kv head " + std::to_string(e.head) + ": " + e.what());
@@ -163,9 +179,22 @@ void Run(const FetchedJob& job) {
   std::vector<int32_t> pageIds;
   std::vector<float> pageMass;
   for (int h = 0; h < job.kvHeads; ++h) {
+    if (!job.Active(h)) continue;
     const size_t first = job.sinkEnd > 0 ? 1 : 0;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
       job.chunkMass[i] = rs.mass[rs.start[size_t(h)] + first + size_t(i - job.offsets[h])];
+    if (job.pageMass) {
+      // Units and this head's page ids both ascend: one cursor. Units read from the hot tier or the
+      // tail lie in no page entry and add nothing.
+      const int32_t p0 = job.fetchedOffsets[h], p1 = job.fetchedOffsets[h + 1];
+      std::fill(job.pageMass + p0, job.pageMass + p1, 0.f);
+      int32_t k = p0;
+      for (int32_t i = job.offsets[h]; i < job.offsets[h + 1] && k < p1; ++i) {
+        const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+        while (k < p1 && job.fetchedIds[k] < c) ++k;
+        if (k < p1 && job.fetchedIds[k] == c) job.pageMass[k] += job.chunkMass[i];
+      }
+    }
     if (!job.tier) continue;
     // Lookahead eviction ranks hot-tier residents by the mass they just received: per page, the
     // sum over the units selected in it.
@@ -256,6 +285,22 @@ void GetHot(const Napi::Object& o, const std::string& what, int kvHeads, int dim
   layer = int(GetInt(h, "layer", what + ".hot", 0, c.layers - 1));
 }
 
+// The optional kv-head mask o.heads: a Uint8Array of one 0 (skip) / 1 (process) per kv head,
+// copied (an asynchronous call must not see later writes); empty when absent (every head).
+std::vector<uint8_t> GetHeadMask(const Napi::Object& o, const std::string& what, int kvHeads) {
+  std::vector<uint8_t> mask;
+  const Napi::Value v = o.Get("heads");
+  if (v.IsUndefined()) return mask;
+  const auto a = GetArray<uint8_t>(v, napi_uint8_array, what + ".heads");
+  ExpectLength(a.length, size_t(kvHeads), what + ".heads (one per kv head)");
+  mask.assign(a.data, a.data + a.length);
+  for (size_t h = 0; h < mask.size(); ++h)
+    if (mask[h] > 1)
+      Throw("E_RANGE", what + ".heads[" + std::to_string(h) + "]: expected 0 (skip the kv head) or 1 (process it), got " +
+                           std::to_string(mask[h]));
+  return mask;
+}
+
 void CheckPair(const KvView& k, const KvView& v, const std::string& what) {
   if (v.tokens != k.tokens || v.heads != k.heads || v.dim != k.dim || v.dtype != k.dtype)
     Throw("E_SHAPE", what + ".v: expected the shape and dtype of " + what + ".k (" + std::to_string(k.tokens) + " x " +
@@ -327,16 +372,43 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
                                  PageFirstChunkBytes(int(job.pageChunk), job.dim, job.dtype), what, keep);
   GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.pageChunk, job.tier, job.hotSeq, job.hotLayer);
 
-  auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
-  auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
-  auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
-  job.out = out.Data();
-  job.lse = lse.Data();
-  job.chunkMass = mass.Data();
+  job.heads = GetHeadMask(o, what, job.kvHeads);
+  if (!o.Get("fetchedMass").IsUndefined()) {
+    auto pm = GetF32(o.Get("fetchedMass"), what + ".fetchedMass");
+    ExpectLength(pm.length, nPages, what + ".fetchedMass (one per page entry)");
+    keep.push_back(pm.object);
+    job.pageMass = pm.data;
+  }
+
   result = Napi::Object::New(env);
-  result.Set("out", out);
-  result.Set("lse", lse);
-  result.Set("chunkMass", mass);
+  const Napi::Value iv = o.Get("into");
+  if (iv.IsUndefined()) {
+    auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
+    auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
+    auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
+    job.out = out.Data();
+    job.lse = lse.Data();
+    job.chunkMass = mass.Data();
+    result.Set("out", out);
+    result.Set("lse", lse);
+    result.Set("chunkMass", mass);
+  } else {
+    // The caller's result arrays (e.g. filled by two calls over complementary head masks).
+    if (!iv.IsObject()) Throw("E_TYPE", what + ".into: expected { out, lse, chunkMass } Float32Arrays");
+    const Napi::Object into = iv.As<Napi::Object>();
+    auto out = GetF32(into.Get("out"), what + ".into.out");
+    auto lse = GetF32(into.Get("lse"), what + ".into.lse");
+    auto mass = GetF32(into.Get("chunkMass"), what + ".into.chunkMass");
+    ExpectLength(out.length, size_t(job.qHeads) * size_t(job.dim), what + ".into.out (qHeads x dim)");
+    ExpectLength(lse.length, size_t(job.qHeads), what + ".into.lse (qHeads)");
+    ExpectLength(mass.length, job.nChunks, what + ".into.chunkMass (one per selection entry)");
+    job.out = out.data;
+    job.lse = lse.data;
+    job.chunkMass = mass.data;
+    result.Set("out", out.object);
+    result.Set("lse", lse.object);
+    result.Set("chunkMass", mass.object);
+  }
   keep.push_back(result);
   return job;
 }
@@ -364,9 +436,10 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
 }
 
 // hotTierAdmitPages({ hot: { handle, sequence?, layer }, selection, tokens, pages, pageOffsets,
-// pageIds }): the hot tier's F stage for one layer with the misses' rows taken from page-first
+// pageIds, pageAt?, pageIn?, tail?, tailBase?, heads? }): the hot tier's F stage for one layer with the misses' rows taken from page-first
 // chunks staged by the storage tiers (pages hold at least every selected chunk not resident; rows
-// exist for tokens [0, tokens)). Hits are marked used, residents evicted (lookahead: by attention
+// exist for tokens [0, tokens)), for the kv heads of the `heads` mask (default every head; each
+// kv head's residents are its own, so heads admitted in separate calls end as in one). Hits are marked used, residents evicted (lookahead: by attention
 // mass, the selection's pool protected), misses admitted. Returns the step's counters summed over
 // kv heads.
 Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
@@ -421,9 +494,11 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
       src.k = &tailK;
       src.v = &tailV;
     }
+    const std::vector<uint8_t> heads = GetHeadMask(o, what, c.kvHeads);
     hot::Tier::LayerLock lock(*tier, seq, layer);
     hot::Counters total;
     for (int h = 0; h < c.kvHeads; ++h) {
+      if (!heads.empty() && !heads[size_t(h)]) continue;
       hot::HeadSelection hs;
       hs.ids = ids.data + off.data[h];
       hs.n = off.data[h + 1] - off.data[h];

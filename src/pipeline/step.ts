@@ -8,7 +8,8 @@
  *   the step), chunks still in the tail in the tail; only SSD reads land in a fetch buffer
  *   (TieredKv.fetchInPlace) ─▶ hot-tier admission ─▶ exact attention over sinks + exactly the
  *   selected tokens, read where they lie + tail (attendFetched: bit-identical to attendSparse over
- *   a contiguous cache with the same selection, whichever tier served a token) ─▶ DRAM admission of
+ *   a contiguous cache with the same selection, whichever tier served a token; the kv heads no SSD
+ *   read touches are admitted and attended while the reads are in flight) ─▶ DRAM admission of
  *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
@@ -192,9 +193,15 @@ interface HeadGroup {
   /** Byte offset of the group's SSD reads in the entry's fetch buffer. */
   base: number;
   fetch?: Promise<{ stats: FetchStats; placement?: FetchPlacement }>;
-  /** Once the fetch settled: what it moved and where it left the pages (pins released at the end of the step). */
+  /** Once the fetch settled: what it moved. */
   fetched?: FetchStats;
+  /**
+   * Where the fetch left the pages (pins released at the end of the step): known once its reads
+   * are issued (TieredKv.fetchInPlace's onIssued), with `pending`, the kv heads whose pages are
+   * still being read.
+   */
   placement?: FetchPlacement;
+  pending?: Uint8Array;
 }
 
 /** The group selections of one entry, in head order, as one selection over every kv head. */
@@ -269,11 +276,17 @@ interface SelectedAndFetched {
  * Select and fetch stages of entry (seq, layer): selects head group by head group (or takes `s`, a
  * stage worker's selection, as one group), splits each group's chunks into hot residents, tail and
  * tier chunks (written into the entry's scratch after the previous groups'), and starts the group's
- * tier fetch (DRAM pins, SSD reads into `reads`) before selecting the next group. Returns once every
- * fetch settled. Each group is pushed on `groups` as soon as it exists, so the caller can release
+ * tier fetch (DRAM pins, SSD reads into `reads`) before selecting the next group. Once every
+ * group's fetch is issued and some SSD reads are in flight, `whileReading` runs (the caller
+ * computes the kv heads those reads do not touch). Returns once every fetch settled. Each group is pushed on `groups` as soon as it exists, so the caller can release
  * its pins whatever happens; a failure (select or read) is rethrown only after every read landed.
  */
-async function selectAndFetch(entry: EntryStep, groups: HeadGroup[], reads: EntryReads): Promise<SelectedAndFetched> {
+async function selectAndFetch(
+  entry: EntryStep,
+  groups: HeadGroup[],
+  reads: EntryReads,
+  whileReading: (sc: StepScratch, nChunks: number) => Promise<void>,
+): Promise<SelectedAndFetched> {
   const { mem, hot, seq, layer, a, q, s } = entry;
   const { lk } = a;
   const { shape, policyOptions: p, budget } = mem.config;
@@ -330,17 +343,19 @@ async function selectAndFetch(entry: EntryStep, groups: HeadGroup[], reads: Entr
       // The request spans every kv head (the tiers' shape), empty outside the group.
       const offsets = new Int32Array(H + 1);
       for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take);
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending) => {
+        g.placement = pl;
+        g.pending = pending;
+      });
     }
+    // Every group's reads are in flight: the heads they do not touch can be computed meanwhile.
+    if (groups.some((g) => g.pending?.includes(1))) await whileReading(sc, cBase);
   } finally {
     // Every read in flight lands before anything is released (also when a select threw).
     const settled = await Promise.allSettled(groups.map((g) => g.fetch));
     settled.forEach((r, i) => {
       if (r.status === 'rejected') failure ??= { error: r.reason };
-      else if (r.value) {
-        groups[i]!.placement = r.value.placement;
-        groups[i]!.fetched = r.value.stats;
-      }
+      else if (r.value) groups[i]!.fetched = r.value.stats;
     });
   }
   if (failure) throw failure.error;
@@ -361,10 +376,10 @@ interface StepPages {
 
 /**
  * The groups' tier pages as one request over every kv head: where each page lies (the groups'
- * fetch-buffer offsets made absolute), in the scratch's pageSource / pageAt; and the traffic of
- * the groups added to `stats`.
+ * fetch-buffer offsets made absolute), in the scratch's pageSource / pageAt. Valid once every
+ * group's reads are issued (pages still being read are placed, not yet there).
  */
-function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: number, readBuf: Uint8Array, stats: EntryStepStats): StepPages {
+function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: number, readBuf: Uint8Array): StepPages {
   const nTier = sc.tierOffsets[heads]!;
   const source = sc.pageSource.subarray(0, nTier);
   const at = sc.pageAt.subarray(0, nTier);
@@ -379,11 +394,6 @@ function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: n
       arenas = pl.arenas;
       inDest += pl.inDest;
     }
-    stats.hotChunks += g.hotChunks;
-    stats.tailChunks += g.tailChunks;
-    stats.dramChunks += g.fetched?.dramChunks ?? 0;
-    stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
-    stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
   }
   return {
     buffers: [readBuf, ...arenas],
@@ -395,6 +405,31 @@ function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: n
   };
 }
 
+/** The traffic of the groups (once their fetches settled) added to `stats`. */
+function addGroupStats(groups: readonly HeadGroup[], stats: EntryStepStats): void {
+  for (const g of groups) {
+    stats.hotChunks += g.hotChunks;
+    stats.tailChunks += g.tailChunks;
+    stats.dramChunks += g.fetched?.dramChunks ?? 0;
+    stats.ssdChunks += g.fetched?.ssdChunks ?? 0;
+    stats.ssdReadBytes += g.fetched?.ssdReadBytes ?? 0;
+  }
+}
+
+/** What attention of an entry runs over, fixed once every group's reads are issued. */
+interface EntryAttention {
+  tokSel: Selection;
+  /** The selection widened to the tiers' chunks (tokSel itself when it is chunk-granular). */
+  sel: Selection;
+  pages: StepPages;
+  /** The result, filled head mask by head mask. */
+  r: FetchedAttentionResult;
+  /** With an SSD: the attention mass of each tier page (pages.ids), what DRAM admission ranks it by. */
+  pageMass: Float32Array | undefined;
+  /** Wall time of the attention calls, milliseconds. */
+  computeMs: number;
+}
+
 /**
  * Fetch and compute stages of entry (seq, layer) once appended (`a`). `s`: its selection when a
  * stage worker made it (pipelined mode), fetched as one group; omitted, the selection is made
@@ -402,8 +437,10 @@ function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: n
  * heads — the runtime's ssd.streamHeads, default all of them; without one, one group of every
  * head), each group's tier chunks fetched (DRAM pins, SSD reads in flight on the I/O engine) while
  * the next group is selected. Kv heads select independently, so the groups concatenated are the
- * whole selection and the output does not depend on the mode. Then hot-tier admission, attention
- * with q, DRAM admission. `offThread`: attention runs off the JS thread (pipelined). Nothing is
+ * whole selection and the output does not depend on the mode. Then hot-tier admission and
+ * attention with q — of the kv heads no SSD read touches while the reads are in flight, of the others
+ * once they landed (per kv head the same calls in the same order as one pass: bit-identical) —
+ * and DRAM admission. `offThread`: attention runs off the JS thread (pipelined). Nothing is
  * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
  * advances and the seal this made due starts), so a failed step leaves every sequence where it
  * was; a failure mid-step (select or read) waits for the reads in flight, then releases every pin
@@ -427,9 +464,13 @@ export async function fetchAttendEntry(
   // DRAM-tier chunks stay in the arena, pinned until released below; SSD reads land in `reads`.
   const reads = new EntryReads(mem);
   const t1 = performance.now();
-  try {
-    const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads);
-    const { sc, nChunks } = f;
+  const tail = { k: tailK, v: tailV };
+  const hotArg = hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {};
+  let att: EntryAttention | undefined;
+  let hotAdmitted = 0;
+  /** What attention runs over, once every group's reads are issued (pages placed, maybe not landed). */
+  const attention = (sc: StepScratch, nChunks: number): EntryAttention => {
+    if (att) return att;
     const tokSel = concatSelections(
       groups.map((g) => g.tokSel),
       H,
@@ -438,25 +479,22 @@ export async function fetchAttendEntry(
       tokSel.chunkSize === cs
         ? tokSel
         : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sc.chunkOffsets, chunkIds: sc.chunkIds.subarray(0, nChunks) };
-    const stats: EntryStepStats = {
-      chunks: nChunks,
-      hotChunks: 0,
-      dramChunks: 0,
-      ssdChunks: 0,
-      tailChunks: 0,
-      ssdReadBytes: 0,
-      hotAdmitted: 0,
-      dramAdmitted: 0,
-      selectMs: a.extendMs + (s ? s.ms : f.selectMs),
-      fetchMs: 0,
-      computeMs: 0,
-    };
-    const pages = mergeGroupPages(groups, sc, H, reads.buf, stats);
-    const tail = { k: tailK, v: tailV };
+    const r = { out: new Float32Array(qHeads * shape.headDim), lse: new Float32Array(qHeads), chunkMass: new Float32Array(tokSel.chunkIds.length) };
+    const pages = mergeGroupPages(groups, sc, H, reads.buf);
+    return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? new Float32Array(pages.ids.length) : undefined, computeMs: 0 });
+  };
+  /**
+   * Hot-tier admission, then attention, of the kv heads in `heads` (every head when undefined), into
+   * the entry's result. Each kv head has its own hot-tier residents and attention output, so the
+   * heads done in two passes end exactly as in one.
+   */
+  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined): Promise<void> => {
+    const { pages } = e;
+    const mask = heads ? { heads } : {};
     if (hot) {
       const r = native.hotTierAdmitPages({
-        hot: { handle: hot.handle, sequence: seq, layer },
-        selection: sel,
+        ...hotArg,
+        selection: e.sel,
         tokens: T,
         pages: pages.buffers,
         pageOffsets: pages.offsets,
@@ -465,39 +503,76 @@ export async function fetchAttendEntry(
         pageIn: pages.source,
         tail,
         tailBase: lk.sealed,
+        ...mask,
       }) as { admitted: number };
-      stats.hotAdmitted = r.admitted;
+      hotAdmitted += r.admitted;
     }
-    const t2 = performance.now();
+    const t = performance.now();
     const args = {
       q,
       qHeads,
       sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
       tail,
       tailBase: lk.sealed,
-      selection: tokSel,
+      selection: e.tokSel,
       pageChunkSize: cs,
       fetched: pages.buffers,
       fetchedOffsets: pages.offsets,
       fetchedIds: pages.ids,
       fetchedAt: pages.at,
       fetchedIn: pages.source,
-      ...(hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {}),
+      ...hotArg,
       threads: ATTEND_THREADS,
+      into: e.r,
+      ...(e.pageMass ? { fetchedMass: e.pageMass } : {}),
+      ...mask,
     };
-    const r: FetchedAttentionResult = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+    if (offThread) await attendFetchedAsync(args);
+    else attendFetched(args);
+    e.computeMs += performance.now() - t;
+  };
+  // The kv heads left for after the reads (undefined: every head).
+  let rest: Uint8Array | undefined;
+  try {
+    const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
+      // While the SSD reads are in flight: hot-tier admission and attention of the kv heads none
+      // of them touches (their pages are all in the hot tier, the DRAM arena or the tail); the
+      // other heads after the reads land. A group whose fetch failed before placing its pages
+      // leaves everything to the error path.
+      if (groups.some((g) => g.tier > 0 && !g.pending)) return;
+      const pending = new Uint8Array(H);
+      for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
+      if (pending.every((x) => x === 1)) return;
+      rest = pending;
+      await attendHeads(attention(sc, nChunks), pending.map((x) => 1 - x));
+    });
+    const { sc, nChunks } = f;
+    const e = attention(sc, nChunks);
+    await attendHeads(e, rest);
     const t3 = performance.now();
+    const { tokSel, pages, r } = e;
+    const stats: EntryStepStats = {
+      chunks: nChunks,
+      hotChunks: 0,
+      dramChunks: 0,
+      ssdChunks: 0,
+      tailChunks: 0,
+      ssdReadBytes: 0,
+      hotAdmitted,
+      dramAdmitted: 0,
+      selectMs: a.extendMs + (s ? s.ms : f.selectMs),
+      fetchMs: 0,
+      computeMs: e.computeMs,
+    };
+    addGroupStats(groups, stats);
     // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
     // beats the least important resident (resident ones get their score refreshed).
-    if (pages.placement && mem.ssd) {
-      const chunkMass = massPerChunk(tokSel, r.chunkMass, sel, cs, H);
-      const tierSel = sc.tierEntry.subarray(0, pages.ids.length);
-      const scores = Float32Array.from(tierSel, (i) => chunkMass[i]!);
-      stats.dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores }, reads.buf, pages.placement);
+    if (pages.placement && e.pageMass) {
+      stats.dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores: e.pageMass }, reads.buf, pages.placement);
     }
-    // Fetch: the wall of select + fetch not spent selecting (the reads the select did not hide).
-    stats.fetchMs = t2 - t1 - f.selectMs;
-    stats.computeMs = t3 - t2;
+    // Fetch: the wall of select + fetch + attention not spent selecting or attending (the reads
+    // neither hid, hot-tier admission).
+    stats.fetchMs = t3 - t1 - f.selectMs - e.computeMs;
     const commit = () => {
       lk.tokens = T;
       mem.startSeal(seq, layer, lk);
@@ -508,21 +583,4 @@ export async function fetchAttendEntry(
     for (const g of groups) g.placement?.release();
     reads.release();
   }
-}
-
-
-/** Attention mass of each entry of the chunk selection `sel`: the sum over the tokens of `tokSel` in that chunk. */
-function massPerChunk(tokSel: Selection, tokMass: Float32Array, sel: Selection, chunkSize: number, heads: number): Float32Array {
-  if (tokSel === sel) return tokMass;
-  const f = chunkSize / tokSel.chunkSize;
-  const out = new Float32Array(sel.chunkIds.length);
-  for (let h = 0; h < heads; h++) {
-    let j = sel.offsets[h]!;
-    for (let i = tokSel.offsets[h]!; i < tokSel.offsets[h + 1]!; i++) {
-      const c = Math.floor(tokSel.chunkIds[i]! / f);
-      while (j < sel.offsets[h + 1]! && sel.chunkIds[j]! < c) j++;
-      if (j < sel.offsets[h + 1]! && sel.chunkIds[j] === c) out[j]! += tokMass[i]!;
-    }
-  }
-  return out;
 }

@@ -86,7 +86,8 @@ export interface RuntimeOptions {
    * checksummed extents read through io_uring, the pread pool or memory-mapped (`io: { kind: 'mmap' }`; `io` as in IoEngineOptions;
    * `direct` = O_DIRECT, no page cache, not with mmap). `io.maxBatches` defaults to the entries that
    * read at once (1 sequential, 4 pipelined): the engine's buffers for that many batches are
-   * reserved inside dramBudget. The runtime deletes its segments when a sequence closes
+   * reserved inside dramBudget; `io.queueDepth` to 64 and `io.maxIoBytes` to 64 KiB (9.0 MiB of
+   * io_uring bounce buffers per batch; the store alone defaults to 32 and 256 KiB, 16.5 MiB). The runtime deletes its segments when a sequence closes
    * and at close. Needs `dramBudget`.
    *
    * `streamHeads` (integer in [1, kvHeads]; default kvHeads = no streaming): a sequential step

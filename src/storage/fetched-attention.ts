@@ -59,6 +59,26 @@ export interface AttendFetchedOptions {
    * at every thread count.
    */
   threads?: number;
+  /**
+   * Kv heads to attend: one entry per kv head, 1 attend / 0 skip (default every head). A skipped
+   * head's pages are not read and its outputs (out / lse rows of its query heads, chunkMass entries)
+   * are not written: a caller attends the heads whose pages are ready while other heads' reads are
+   * in flight, then the rest into the same arrays (`into`). Each head's output is bit-identical to
+   * a call over every head.
+   */
+  heads?: Uint8Array;
+  /**
+   * Write the result into these arrays (out qHeads x dim, lse qHeads, chunkMass one per selection
+   * entry; exact lengths) instead of new ones; the result is then these arrays.
+   */
+  into?: FetchedAttentionResult;
+  /**
+   * Written when given (one entry per page entry of fetchedIds, or per selection entry without
+   * page lists): each page's attention mass, the sum of chunkMass over the selected units it holds
+   * (in selection order; units read from the hot tier or the tail count in no page). Only the
+   * entries of the kv heads attended are written.
+   */
+  fetchedMass?: Float32Array;
 }
 
 /** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */

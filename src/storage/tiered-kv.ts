@@ -290,13 +290,29 @@ export class TieredKv {
    * function giving one of at least the bytes it is called with (once, before any read; E_SHAPE
    * when too small). `placement` says where each entry's page is. For a reader that attends the
    * pages where they lie (the runtime's step); on error nothing stays pinned.
+   *
+   * `onIssued` (optional) is called within this call, before it returns its promise, once every
+   * entry is placed and the reads are in flight: with the placement (the object the promise
+   * resolves with; its `source` / `at` final, not to be released before the promise settles) and
+   * `pending`, one entry per kv head: 1 when some entry of that head still lands in `dest` (an SSD
+   * read, a prefetch), 0 when every page of the head can be read now. A reader attends the ready
+   * heads while the reads are in flight. Not called when the call fails before the reads are issued.
    */
-  async fetchInPlace(req: FetchRequest, dest: Uint8Array | ((bytes: number) => Uint8Array)): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
-    const r = await this.fetchInto(req, dest, true);
+  async fetchInPlace(
+    req: FetchRequest,
+    dest: Uint8Array | ((bytes: number) => Uint8Array),
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
+  ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
+    const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
   }
 
-  private async fetchInto(req: FetchRequest, destOrFn: Uint8Array | ((bytes: number) => Uint8Array), inPlace: boolean): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
+  private async fetchInto(
+    req: FetchRequest,
+    destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
+    inPlace: boolean,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
+  ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
     this.validate(req);
@@ -375,6 +391,19 @@ export class TieredKv {
         if (req.scores) {
           // Decode attention mass refreshes the importance of resident chunks.
           for (let q = 0; q < nDram; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[entries[q]!]!);
+        }
+      }
+      if (onIssued && placement) {
+        // Heads with an entry still to land: those with SSD misses or prefetched entries.
+        const pending = new Uint8Array(H);
+        for (const gk of groups.keys()) pending[gk % H] = 1;
+        for (const idx of stagedIdx) for (const i of idx) pending[this.headOfEntry(req, i)] = 1;
+        try {
+          onIssued(placement, pending);
+        } catch (e) {
+          // The reads write into dest: let them land before the caller may reuse it.
+          await reading?.catch(() => undefined);
+          throw e;
         }
       }
       await Promise.all(mine.map((p) => p.handle.done));
