@@ -83,26 +83,43 @@ size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / i
 
 // Calls kernel(head, tile, rows, n, aheadRows, nAhead) for every tile of kTileRows consecutive rows
 // (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
-// same positions are read together. Row pointers are collected kLookahead calls ahead and passed as
+// same positions are read together. Row pointers are collected `lookahead` calls ahead and passed as
 // aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
 // heads, token-granular selections) are requested before they are used.
 //
-// The distance is kLookahead * kTileRows = 16 rows (64 lines of 256-byte f16 rows): enough to cover
-// DRAM latency at the rate rows are consumed, few enough that the prefetches fit the core's miss
-// buffers. It used to be 4 x 32 = 128 rows (512 lines requested ahead), and the logits kernel's
-// samples sat almost all on its prefetch instructions; 16 rows measured faster (bench/RESULTS.md).
+// The distance depends on how the rows lie. Rows in short spans (sparse chunks, token-granular
+// selections, chunk selections of a page or so per span): kLookaheadScattered = 1 call = 16 rows
+// (64 lines of 256-byte f16 rows), enough to cover DRAM latency at the rate rows are consumed, few
+// enough that the prefetches fit the core's miss buffers (it used to be 4 x 32 = 128 rows, and the
+// logits kernel's samples sat almost all on its prefetch instructions; 16 rows measured faster,
+// bench/RESULTS.md). Rows in long spans (averaging kStreamedRowsPerSpan rows or more: dense
+// attention and its parts): kLookaheadStreamed = 4 calls, i.e. with the heads of a token-major
+// cache taking turns, 4 heads' tiles = 16 KiB further along the same stream. At 1 call the dense
+// kernel's samples sat on its key loads (perf: ~47% of LogitsBlock's on vcvtph2ps); 2-6 calls took
+// ~20% less CPU per dense call than 1 in alternated runs, 8 (the same head's next tile) did not
+// (bench/RESULTS.md, "Dense attention: a longer prefetch distance over long spans").
+constexpr size_t kLookaheadScattered = 1;
+constexpr size_t kLookaheadStreamed = 4;
+constexpr size_t kMaxLookahead = 4;
 //
 // `prefetchValues` (with keys): the VALUE rows of the tile ahead are requested too, into L2, before
 // each call, so the values pass later finds its scattered rows already near (token by token, a
 // selected row's K and V are requested together; the values pass still prefetches them into L1).
 // Measured on DRAM-tier pages (bench/attend-ab.ts): ~15-20% less CPU per attendFetched call.
-constexpr size_t kLookahead = 1;
-// Spans averaging fewer rows than this count as scattered (see AttendHeadsSpans).
+
+// Spans averaging fewer rows than kScatteredRowsPerSpan count as scattered (their values are
+// prefetched by the keys pass); averaging kStreamedRowsPerSpan or more, as streamed.
 constexpr size_t kScatteredRowsPerSpan = 16;
+constexpr size_t kStreamedRowsPerSpan = 256;
+bool Scattered(size_t rows, size_t spans) { return spans > 0 && rows < kScatteredRowsPerSpan * spans; }
+size_t LookaheadFor(size_t rows, size_t spans) {
+  return spans > 0 && rows >= kStreamedRowsPerSpan * spans ? kLookaheadStreamed : kLookaheadScattered;
+}
 
 template <typename Kernel>
 void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
-                 bool prefetchValues, size_t esz, size_t rowBytes, Kernel&& kernel) {
+                 bool prefetchValues, size_t lookahead, size_t esz, size_t rowBytes, Kernel&& kernel) {
+  lookahead = std::min(std::max<size_t>(lookahead, 1), kMaxLookahead);
   prefetchValues = prefetchValues && !values;
   std::vector<RowCursor> cursors, valueCursors;
   cursors.reserve(nHeads);
@@ -118,7 +135,7 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     const void* rows[kTileRows];
     const void* valueRows[kTileRows];  // with prefetchValues: the same rows' values
   };
-  Call ring[kLookahead + 1];
+  Call ring[kMaxLookahead + 1];
   size_t tile = 0, head = size_t(-1);
   // Collects the next (tile, head) call that has rows into c; false after the last.
   auto collect = [&](Call& c) {
@@ -140,17 +157,17 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     }
     return true;
   };
-  size_t filled = 0;  // calls collected so far; call i lives in ring[i % (kLookahead + 1)]
-  while (filled <= kLookahead && collect(ring[filled])) ++filled;
+  size_t filled = 0;  // calls collected so far; call i lives in ring[i % (lookahead + 1)]
+  while (filled <= lookahead && collect(ring[filled])) ++filled;
   for (size_t i = 0; i < filled; ++i) {
-    const size_t ahead = i + kLookahead;
+    const size_t ahead = i + lookahead;
     bool have = ahead < filled;
-    if (!have && ahead == filled && collect(ring[ahead % (kLookahead + 1)])) {
+    if (!have && ahead == filled && collect(ring[ahead % (lookahead + 1)])) {
       ++filled;
       have = true;
     }
-    const Call& c = ring[i % (kLookahead + 1)];
-    const Call* a = have ? &ring[ahead % (kLookahead + 1)] : nullptr;
+    const Call& c = ring[i % (lookahead + 1)];
+    const Call* a = have ? &ring[ahead % (lookahead + 1)] : nullptr;
     if (a && prefetchValues)
       for (size_t r = 0; r < a->n; ++r)
         for (size_t off = 0; off < rowBytes; off += 64) __builtin_prefetch(static_cast<const char*>(a->valueRows[r]) + off, 0, 2);
@@ -162,11 +179,11 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
 // Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled). `prefetchValues`: a
 // values pass follows (ForEachTile).
 void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
-            Dtype dt, bool prefetchValues) {
+            Dtype dt, bool prefetchValues, size_t lookahead) {
   const AttnKernels& attn = AttnSimd();
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
-  ForEachTile(heads, nHeads, totals, active.get(), false, prefetchValues, DtypeSize(dt), size_t(dim) * DtypeSize(dt),
+  ForEachTile(heads, nHeads, totals, active.get(), false, prefetchValues, lookahead, DtypeSize(dt), size_t(dim) * DtypeSize(dt),
               [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
                 attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows,
                                  size_t(totals[h]), next, nNext);
@@ -250,8 +267,9 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
     rows += size_t(totals[h]);
     spans += heads[h].nSpans;
   }
-  const bool scattered = spans > 0 && rows < kScatteredRowsPerSpan * spans;
-  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, scattered);
+  const bool scattered = Scattered(rows, spans);
+  const size_t lookahead = LookaheadFor(rows, spans);
+  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, scattered, lookahead);
 
   // Passes 2–3 per head.
   std::vector<float> ms(nHeads * size_t(group) * 2);
@@ -270,7 +288,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   {
     std::unique_ptr<bool[]> active(new bool[nHeads]);
     for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
-    ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, esz, size_t(dim) * esz,
+    ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, lookahead, esz, size_t(dim) * esz,
                 [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
                   attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows,
                                      n, dt, size_t(dim), next, nNext);
@@ -337,7 +355,7 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   const int64_t total = TotalTokens(spans, nSpans);
   if (total == 0) return;
   const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
-  Logits(&head, 1, &total, &probs, group, dim, dt, false);
+  Logits(&head, 1, &total, &probs, group, dim, dt, false, LookaheadFor(size_t(total), nSpans));
   std::vector<float> ms(size_t(group) * 2);
   if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))
     ThrowNonFiniteLogit(0, probs, group, total, spans, nSpans);
