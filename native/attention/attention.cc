@@ -57,17 +57,26 @@ void Locate(const Span* spans, size_t nSpans, int64_t pos, size_t* span, int64_t
 class RowCursor {
  public:
   RowCursor(const Span* spans, size_t n, bool values, size_t esz) : spans_(spans), n_(n), values_(values), esz_(esz) {}
-  // Next row, or nullptr after the last.
-  const uint8_t* Next() {
-    while (s_ < n_ && t_ >= spans_[s_].len) {
-      ++s_;
-      t_ = 0;
+  // Writes the next rows, up to `max`, to out (fewer after the last); returns how many. A span's
+  // run is written in one loop (a dense span fills a whole tile without per-row checks).
+  size_t Fill(const void** out, size_t max) {
+    size_t n = 0;
+    while (n < max && s_ < n_) {
+      const Span& sp = spans_[s_];
+      if (t_ >= sp.len) {
+        ++s_;
+        t_ = 0;
+        continue;
+      }
+      const uint8_t* base = static_cast<const uint8_t*>(values_ ? sp.v : sp.k);
+      const int64_t stride = (values_ ? sp.vStride : sp.kStride) * int64_t(esz_);
+      const size_t take = size_t(std::min<int64_t>(int64_t(max - n), sp.len - t_));
+      const uint8_t* p = base + t_ * stride;
+      for (size_t i = 0; i < take; ++i, p += stride) out[n + i] = p;
+      n += take;
+      t_ += int64_t(take);
     }
-    if (s_ >= n_) return nullptr;
-    const Span& sp = spans_[s_];
-    const uint8_t* base = static_cast<const uint8_t*>(values_ ? sp.v : sp.k);
-    const int64_t stride = (values_ ? sp.vStride : sp.kStride) * int64_t(esz_);
-    return base + (t_++) * stride;
+    return n;
   }
 
  private:
@@ -148,13 +157,8 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
     }
     c.head = head;
     c.tile = tile;
-    c.n = 0;
-    while (c.n < kTileRows) {
-      const uint8_t* p = cursors[head].Next();
-      if (!p) break;
-      if (prefetchValues) c.valueRows[c.n] = valueCursors[head].Next();
-      c.rows[c.n++] = p;
-    }
+    c.n = cursors[head].Fill(c.rows, kTileRows);
+    if (prefetchValues) valueCursors[head].Fill(c.valueRows, c.n);
     return true;
   };
   size_t filled = 0;  // calls collected so far; call i lives in ring[i % (lookahead + 1)]
