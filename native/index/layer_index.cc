@@ -50,23 +50,25 @@ inline uint32_t ScoreKey(float s) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
-// same set as std::nth_element at k - 1 (ByRank is a strict total order, so that set is unique),
-// found by a radix select on the score bits: each entry's key is computed once (kept in `scratch`
-// beside the histogram), a histogram of its top 11 bits and, unless that digit's group is taken
-// whole, one of the next 11 bits over that group only; then a single partition of the entries (and
-// their keys) by the 22-bit threshold, and ByRank over the entries that share it.
-void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& scratch) {
-  const size_t n = size_t(last - first);
-  if (k == 0 || k >= n) return;
-  constexpr size_t kBins = 2048;
-  scratch.resize(kBins + n);
+// The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
+// is computed once (kept in `scratch` after kCutBins histogram words), a histogram of its top 11
+// bits and, unless that digit's group is taken whole, one of the next 11 bits over that group only.
+// The best k are then the entries with key >> shift above prefix and the ByRank-best `need` of those
+// equal to it (ByRank is a strict total order, so that set is unique).
+constexpr size_t kCutBins = 2048;
+struct RadixCut {
+  uint32_t prefix;
+  int shift;
+  size_t need;
+};
+RadixCut CutBest(const Ranked* first, size_t n, size_t k, std::vector<uint32_t>& scratch) {
+  scratch.resize(kCutBins + n);
   uint32_t* hist = scratch.data();
-  uint32_t* key = hist + kBins;
+  uint32_t* key = hist + kCutBins;
   // Digit b of a histogram: every entry with a higher digit is taken, need - (their count) from b.
   auto cut = [&](size_t& need) {
     size_t above = 0;
-    uint32_t b = kBins - 1;
+    uint32_t b = kCutBins - 1;
     for (;; --b) {
       if (above + hist[b] >= need) break;
       above += hist[b];
@@ -74,39 +76,74 @@ void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& sc
     need -= above;
     return b;
   };
-  std::fill(hist, hist + kBins, 0u);
+  std::fill(hist, hist + kCutBins, 0u);
   for (size_t i = 0; i < n; ++i) {
     key[i] = ScoreKey(first[i].score);
     ++hist[key[i] >> 21];
   }
   size_t need = k;
   const uint32_t b1 = cut(need);
-  // Threshold on key >> shift: entries above it are taken, `need` of those equal to it.
-  uint32_t prefix = b1;
-  int shift = 21;
   if (need < hist[b1]) {
-    std::fill(hist, hist + kBins, 0u);
+    std::fill(hist, hist + kCutBins, 0u);
     for (size_t i = 0; i < n; ++i)
-      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kBins - 1)];
-    prefix = (b1 << 11) | cut(need);
-    shift = 10;
+      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
+    const uint32_t b2 = cut(need);
+    return {(b1 << 11) | b2, 10, need};
   }
+  return {b1, 21, need};
+}
+
+// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
+// same set as std::nth_element at k - 1, by CutBest then a single partition of the entries (and
+// their keys) by its threshold, and ByRank over the entries that share it.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& scratch) {
+  const size_t n = size_t(last - first);
+  if (k == 0 || k >= n) return;
+  const RadixCut c = CutBest(first, n, k, scratch);
+  uint32_t* key = scratch.data() + kCutBins;
   // Entries above the threshold to the front, then those equal to it.
   size_t w = 0;
   for (size_t i = 0; i < n; ++i)
-    if ((key[i] >> shift) > prefix) {
+    if ((key[i] >> c.shift) > c.prefix) {
       std::swap(first[w], first[i]);
       std::swap(key[w], key[i]);
       ++w;
     }
   size_t e = w;
   for (size_t i = w; i < n; ++i)
-    if ((key[i] >> shift) == prefix) {
+    if ((key[i] >> c.shift) == c.prefix) {
       std::swap(first[e], first[i]);
       std::swap(key[e], key[i]);
       ++e;
     }
-  if (need < e - w) std::nth_element(first + w, first + w + (need - 1), first + e, ByRank());
+  if (c.need < e - w) std::nth_element(first + w, first + w + (c.need - 1), first + e, ByRank());
+}
+// Sets in `bits` the ids of the best k entries of v (the set SelectBest moves to the front) without
+// moving any: the entries above CutBest's threshold directly, the `need` best of those equal to it
+// through `ties` (scratch). v keeps its order.
+void MarkBest(const std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& scratch, std::vector<Ranked>& ties,
+              std::vector<uint64_t>& bits) {
+  // Raw pointers: the vectors live in thread-local scratch, and through the references the compiler
+  // re-derived their address (a __tls_get_addr call) on every marked entry.
+  uint64_t* bp = bits.data();
+  const Ranked* vp = v.data();
+  auto mark = [bp](int32_t id) { bp[size_t(id) >> 6] |= uint64_t(1) << (id & 63); };
+  const size_t n = v.size();
+  if (k == 0) return;
+  if (k >= n) {
+    for (size_t i = 0; i < n; ++i) mark(vp[i].id);
+    return;
+  }
+  const RadixCut c = CutBest(vp, n, k, scratch);
+  const uint32_t* key = scratch.data() + kCutBins;
+  ties.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t d = key[i] >> c.shift;
+    if (d > c.prefix) mark(vp[i].id);
+    else if (d == c.prefix) ties.push_back(vp[i]);
+  }
+  if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
+  for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
 }
 void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
   SelectBest(v.data(), v.data() + v.size(), k, hist);
@@ -134,8 +171,9 @@ void SetBits(std::vector<uint64_t>& bits, int64_t a, int64_t b) {
 // order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
 // sorting every cluster and walking, without the sort. One pass bins the scores linearly between
 // their min and max (a monotonic map: a higher bin means a higher score) and sums each bin's tokens;
-// every cluster above the bin where the running sum reaches the target is taken, and only the
-// clusters from that bin up are sorted and walked.
+// every cluster above the bin where the running sum reaches the target is taken unsorted (their
+// tokens sum below the target, so the walk takes them all first), and only that bin's clusters are
+// sorted and walked.
 void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& ctoks, double target,
                   std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
   chosen.assign((ctoks.size() + 63) / 64, 0);
@@ -155,13 +193,22 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   double above = 0;
   int b = kBins - 1;
   for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
-  // Clusters of bins >= b, best first; those above b are all taken (their tokens sum below target).
-  auto mid = std::partition(clusters.begin(), clusters.end(), [&](const Ranked& r) { return bin(r.score) >= b; });
-  std::sort(clusters.begin(), mid, ByRank());
-  double taken = 0;
-  for (auto it = clusters.begin(); it != mid && taken < target; ++it) {
-    chosen[size_t(it->id) >> 6] |= uint64_t(1) << (it->id & 63);
-    taken += ctoks[size_t(it->id)];
+  // Clusters above bin b are all taken (their tokens sum to `above` < target); bin b's go to the
+  // front, best first, and are walked from there.
+  double taken = above;
+  size_t nb = 0;
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    const int bi = bin(clusters[i].score);
+    if (bi > b) {
+      chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
+    } else if (bi == b) {
+      std::swap(clusters[nb++], clusters[i]);
+    }
+  }
+  std::sort(clusters.begin(), clusters.begin() + std::ptrdiff_t(nb), ByRank());
+  for (size_t i = 0; i < nb && taken < target; ++i) {
+    chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
+    taken += ctoks[size_t(clusters[i].id)];
   }
 }
 
@@ -171,7 +218,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
 // allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
-  std::vector<Ranked> ranked, clusters, tok;
+  std::vector<Ranked> ranked, clusters, tok, outliers, ties;
   std::vector<int32_t> ids, rows, ctoks;
   std::vector<uint64_t> chosen;
   std::vector<float> scores, coef, extra, ones, logits, share;
@@ -369,9 +416,13 @@ void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
 }
 
 // The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
-// lower id), ascending by id.
+// lower id), ascending by id, with their chunk means as int8 tiles and their variances (what
+// Select ranks them by).
 void LayerIndex::PickOutliers(const SegmentRows& rows, Segment& seg) const {
   seg.outliers.clear();
+  seg.outlierTiles.clear();
+  seg.outlierScales.clear();
+  seg.outlierVar.clear();
   const size_t n = size_t(seg.c1 - seg.c0);
   const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
   if (want == 0) return;
@@ -381,6 +432,16 @@ void LayerIndex::PickOutliers(const SegmentRows& rows, Segment& seg) const {
   std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
   for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
   std::sort(seg.outliers.begin(), seg.outliers.end());
+  std::vector<float> means(want * size_t(dim_));
+  seg.outlierVar.resize(want);
+  for (size_t i = 0; i < want; ++i) {
+    const size_t row = size_t(seg.outliers[i] - seg.c0);
+    std::memcpy(means.data() + i * size_t(dim_), rows.means + row * size_t(dim_), size_t(dim_) * 4);
+    seg.outlierVar[i] = rows.var[row];
+  }
+  seg.outlierTiles.resize(TileBytesI8(want, dim_));
+  seg.outlierScales.resize(TileScalesI8(want));
+  QuantizeTilesI8(means.data(), want, dim_, seg.outlierTiles.data(), seg.outlierScales.data());
 }
 
 // Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
@@ -735,10 +796,15 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
     // (The segment may not be in H.segments yet: its slots come from its own members.)
     std::vector<int32_t> slot(static_cast<size_t>(n), 0);
     for (int64_t p = 0; p < n; ++p) slot[size_t(seg.members[size_t(p)] - seg.c0)] = int32_t(seg.c0 + p);
+    // Kept in chunk id order, the order of their tiles.
     for (int32_t& id : seg.outliers) id = slot[size_t(id - seg.c0)];
-    std::sort(seg.outliers.begin(), seg.outliers.end());
     seg.slotOrder = true;
   }
+}
+
+size_t LayerIndex::OutlierChunks(int64_t budget) const {
+  const double m = std::ceil(cfg_.outlierFactor * double(budget) / cfg_.chunk);
+  return m >= double(std::numeric_limits<int32_t>::max()) ? std::numeric_limits<size_t>::max() : size_t(m);
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
@@ -748,7 +814,7 @@ size_t LayerIndex::RerankChunks(int64_t budget) const {
 }
 
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                             std::vector<Ranked>& ranked, SelectResult& out, SelectScratch& sc) const {
+                             std::vector<Ranked>& ranked, bool allMarked, SelectResult& out, SelectScratch& sc) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
   const size_t n = std::min(ranked.size(), RerankChunks(budget));
@@ -760,9 +826,13 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   // sketch rows are read as runs, one per taken cluster.
   const HeadIndex& H = heads_data_[size_t(h)];
   const bool useKeys = keys && !cfg_.preferSketch;
+  // Select passes every candidate, ascending, already marked in sc.bits (re-marking them is a pass
+  // over the candidates and the bit set for nothing).
   std::vector<uint64_t>& bits = sc.bits;
-  bits.assign(size_t(endChunk_ + 63) / 64, 0);
-  for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  if (!allMarked) {
+    bits.assign(size_t(endChunk_ + 63) / 64, 0);
+    for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  }
   std::vector<int64_t>& toksAt = sc.toksAt;
   std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
   const int64_t chunk = cfg_.chunk;
@@ -972,31 +1042,58 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           }
         }
       }
-      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
-      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
-      if (cfg_.outlierFraction > 0)
+      // Outlier chunks (highest key variance of each segment) join the candidates outside level 1:
+      // one strong key among weak, opposed neighbours drags its cluster's centroid away from any
+      // query. Those not candidates already are ranked by their own chunk mean (int8, plus the
+      // variance term, max over the group) and the best OutlierChunks(K) join; when that covers
+      // them all, all join unscored.
+      if (cfg_.outlierFraction > 0) {
+        std::vector<Ranked>& extraOut = sc.outliers;
+        extraOut.clear();
         for (const Segment& seg : H.segments)
-          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-      // ids: the candidate slots, ascending (level 3 reads their sketch rows forwards).
+          for (int32_t id : seg.outliers)
+            if (!(bits[size_t(id) >> 6] >> (id & 63) & 1)) extraOut.push_back({0.f, id});
+        const size_t m = OutlierChunks(budget);
+        if (m == 0) {
+          extraOut.clear();
+        } else if (m < extraOut.size()) {
+          extraOut.clear();
+          for (const Segment& seg : H.segments) {
+            const size_t no = seg.outliers.size();
+            if (no == 0) continue;
+            scores.resize(no);
+            ScoreTilesMaxI8(sc.queryI8, seg.outlierTiles.data(), seg.outlierScales.data(), no, scores.data(),
+                            useVar ? seg.outlierVar.data() : nullptr, coef.data());
+            out.vectorsScored += int64_t(no);
+            i8Vectors += int64_t(no);
+            for (size_t i = 0; i < no; ++i) {
+              const int32_t id = seg.outliers[i];
+              if (!(bits[size_t(id) >> 6] >> (id & 63) & 1)) extraOut.push_back({scores[i], id});
+            }
+          }
+          SelectBest(extraOut, m, sc.hist);
+          extraOut.resize(m);
+        }
+        for (const Ranked& r : extraOut) bits[size_t(r.id) >> 6] |= uint64_t(1) << (r.id & 63);
+      }
       size_t nIds = 0;
       for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
-      ids.resize(nIds);
-      for (size_t w = 0, at = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
       const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
-      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
-      if (rerank && RerankChunks(budget) >= ids.size()) {
+      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && nIds > 0;
+      if (rerank && RerankChunks(budget) >= nIds) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
-        // chunk-mean scores would never be read.
-        // Written by index: a push_back per id re-read the thread-local scratch on every call
-        // (__tls_get_addr, ~8% of the head task in perf).
-        ranked.resize(ids.size());
-        for (size_t t = 0; t < ids.size(); ++t) ranked[t] = {0.f, ids[t]};
-        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
+        // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
+        // and writes every entry of `ranked`.
+        ranked.resize(nIds);
+        RerankExact(qh, g, h, keys, budget, want, ranked, true, out, sc);
         reranked = true;
         goto fill;
       }
+      // ids: the candidate slots, ascending.
+      ids.resize(nIds);
+      for (size_t w = 0, at = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
       if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
         Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
@@ -1010,7 +1107,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
+        RerankExact(qh, g, h, keys, budget, want, ranked, false, out, sc);
         reranked = true;
       } else {
         for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
@@ -1045,12 +1142,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     if (tokens && pool == 0) {
       // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
       // ranking order needed, the ids are returned ascending).
+      // Marked in a bit set over the tokens where they lie (no partition of `ranked`), read back
+      // ascending (cheaper than sorting the ids).
       const size_t take = std::min(ranked.size(), size_t(budget));
-      SelectBest(ranked, take, sc.hist);
-      // Ascending through a bit set over the tokens (cheaper than sorting the ids).
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(tokens_ + 63) / 64, 0);
-      for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+      MarkBest(ranked, take, sc.hist, sc.ties, bits);
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
       return;
@@ -1125,6 +1222,7 @@ namespace {
 int64_t SegmentBytes(const Segment& s) {
   return int64_t(sizeof(Segment)) + int64_t(s.tiles.size()) +
          int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 +
+         int64_t(s.outlierTiles.size()) + int64_t(s.outlierScales.size() + s.outlierVar.size()) * 4 +
          int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
 }
 }  // namespace
@@ -1154,9 +1252,10 @@ int64_t LayerIndex::ReclusterResultBytes(int dim) const {
   const int64_t k = std::min(n, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
   const int64_t outliers = std::min(n, int64_t(std::ceil(cfg_.outlierFraction * double(n))));
   // A full segment's clusters as SegmentBytes counts them after ClusterSegment: tiles and scales,
-  // var, radius, outliers; counts, assign, offsets, members.
+  // var, radius, outliers with their tiles, scales and variances; counts, assign, offsets, members.
   return int64_t(sizeof(Segment)) + int64_t(TileBytesI8(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 +
-         (k + k + outliers) * 4 + (k + n + (k + 1) + n) * 4;
+         (k + k + outliers) * 4 + int64_t(TileBytesI8(size_t(outliers), dim)) +
+         (int64_t(TileScalesI8(size_t(outliers))) + outliers) * 4 + (k + n + (k + 1) + n) * 4;
 }
 
 int64_t LayerIndex::ReclusterReserveBytes(int heads, int dim) const {
