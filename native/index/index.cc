@@ -324,7 +324,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
   //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
-  //   rerankFactor, radiusWeight, outlierFraction, outlierFactor, tokenGranular, keySketch, preferSketch, sketchBits,
+  //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
   //   releaseChunkMeans, outlierChunks, reclusterDelay })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info), s_(std::make_shared<SharedIndex>()) {
     IndexConfig& cfg = s_->cfg;
@@ -377,12 +377,6 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = of.IsNumber() ? of.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".outlierFraction: expected a number in [0, 1], got " + (of.IsNumber() ? Num(v) : "a non-number"));
         cfg.outlierFraction = v;
-      }
-      Napi::Value ox = o.Get("outlierFactor");
-      if (!ox.IsUndefined()) {
-        double v = ox.IsNumber() ? ox.As<Napi::Number>().DoubleValue() : NAN;
-        if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".outlierFactor: expected a number in [0, 1e6], got " + (ox.IsNumber() ? Num(v) : "a non-number"));
-        cfg.outlierFactor = v;
       }
       Napi::Value tg = o.Get("tokenGranular");
       if (!tg.IsUndefined()) {

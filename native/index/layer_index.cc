@@ -218,7 +218,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
 // allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
-  std::vector<Ranked> ranked, clusters, tok, outliers, ties;
+  std::vector<Ranked> ranked, clusters, tok, ties;
   std::vector<int32_t> ids, rows, ctoks;
   std::vector<uint64_t> chosen;
   std::vector<float> scores, coef, extra, ones, logits, share;
@@ -416,13 +416,9 @@ void LayerIndex::ReleaseChunkMeans(HeadIndex& H, int64_t upTo) const {
 }
 
 // The ceil(outlierFraction x chunks) chunks of the segment with the highest key variance (ties:
-// lower id), ascending by id, with their chunk means as int8 tiles and their variances (what
-// Select ranks them by).
+// lower id), ascending by id.
 void LayerIndex::PickOutliers(const SegmentRows& rows, Segment& seg) const {
   seg.outliers.clear();
-  seg.outlierTiles.clear();
-  seg.outlierScales.clear();
-  seg.outlierVar.clear();
   const size_t n = size_t(seg.c1 - seg.c0);
   const size_t want = std::min(n, size_t(std::ceil(cfg_.outlierFraction * double(n))));
   if (want == 0) return;
@@ -432,16 +428,6 @@ void LayerIndex::PickOutliers(const SegmentRows& rows, Segment& seg) const {
   std::nth_element(r.begin(), r.begin() + (want - 1), r.end(), ByRank());
   for (size_t i = 0; i < want; ++i) seg.outliers.push_back(r[i].id);
   std::sort(seg.outliers.begin(), seg.outliers.end());
-  std::vector<float> means(want * size_t(dim_));
-  seg.outlierVar.resize(want);
-  for (size_t i = 0; i < want; ++i) {
-    const size_t row = size_t(seg.outliers[i] - seg.c0);
-    std::memcpy(means.data() + i * size_t(dim_), rows.means + row * size_t(dim_), size_t(dim_) * 4);
-    seg.outlierVar[i] = rows.var[row];
-  }
-  seg.outlierTiles.resize(TileBytesI8(want, dim_));
-  seg.outlierScales.resize(TileScalesI8(want));
-  QuantizeTilesI8(means.data(), want, dim_, seg.outlierTiles.data(), seg.outlierScales.data());
 }
 
 // Bound on the distance of chunk j's tokens from centre c: |mean_j - c| + sqrt(n_j * dim * var_j)
@@ -796,15 +782,10 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
     // (The segment may not be in H.segments yet: its slots come from its own members.)
     std::vector<int32_t> slot(static_cast<size_t>(n), 0);
     for (int64_t p = 0; p < n; ++p) slot[size_t(seg.members[size_t(p)] - seg.c0)] = int32_t(seg.c0 + p);
-    // Kept in chunk id order, the order of their tiles.
     for (int32_t& id : seg.outliers) id = slot[size_t(id - seg.c0)];
+    std::sort(seg.outliers.begin(), seg.outliers.end());
     seg.slotOrder = true;
   }
-}
-
-size_t LayerIndex::OutlierChunks(int64_t budget) const {
-  const double m = std::ceil(cfg_.outlierFactor * double(budget) / cfg_.chunk);
-  return m >= double(std::numeric_limits<int32_t>::max()) ? std::numeric_limits<size_t>::max() : size_t(m);
 }
 
 size_t LayerIndex::RerankChunks(int64_t budget) const {
@@ -1042,40 +1023,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           }
         }
       }
-      // Outlier chunks (highest key variance of each segment) join the candidates outside level 1:
-      // one strong key among weak, opposed neighbours drags its cluster's centroid away from any
-      // query. Those not candidates already are ranked by their own chunk mean (int8, plus the
-      // variance term, max over the group) and the best OutlierChunks(K) join; when that covers
-      // them all, all join unscored.
-      if (cfg_.outlierFraction > 0) {
-        std::vector<Ranked>& extraOut = sc.outliers;
-        extraOut.clear();
+      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
+      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
+      if (cfg_.outlierFraction > 0)
         for (const Segment& seg : H.segments)
-          for (int32_t id : seg.outliers)
-            if (!(bits[size_t(id) >> 6] >> (id & 63) & 1)) extraOut.push_back({0.f, id});
-        const size_t m = OutlierChunks(budget);
-        if (m == 0) {
-          extraOut.clear();
-        } else if (m < extraOut.size()) {
-          extraOut.clear();
-          for (const Segment& seg : H.segments) {
-            const size_t no = seg.outliers.size();
-            if (no == 0) continue;
-            scores.resize(no);
-            ScoreTilesMaxI8(sc.queryI8, seg.outlierTiles.data(), seg.outlierScales.data(), no, scores.data(),
-                            useVar ? seg.outlierVar.data() : nullptr, coef.data());
-            out.vectorsScored += int64_t(no);
-            i8Vectors += int64_t(no);
-            for (size_t i = 0; i < no; ++i) {
-              const int32_t id = seg.outliers[i];
-              if (!(bits[size_t(id) >> 6] >> (id & 63) & 1)) extraOut.push_back({scores[i], id});
-            }
-          }
-          SelectBest(extraOut, m, sc.hist);
-          extraOut.resize(m);
-        }
-        for (const Ranked& r : extraOut) bits[size_t(r.id) >> 6] |= uint64_t(1) << (r.id & 63);
-      }
+          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
       size_t nIds = 0;
       for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
@@ -1222,7 +1174,6 @@ namespace {
 int64_t SegmentBytes(const Segment& s) {
   return int64_t(sizeof(Segment)) + int64_t(s.tiles.size()) +
          int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 +
-         int64_t(s.outlierTiles.size()) + int64_t(s.outlierScales.size() + s.outlierVar.size()) * 4 +
          int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
 }
 }  // namespace
@@ -1252,10 +1203,9 @@ int64_t LayerIndex::ReclusterResultBytes(int dim) const {
   const int64_t k = std::min(n, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
   const int64_t outliers = std::min(n, int64_t(std::ceil(cfg_.outlierFraction * double(n))));
   // A full segment's clusters as SegmentBytes counts them after ClusterSegment: tiles and scales,
-  // var, radius, outliers with their tiles, scales and variances; counts, assign, offsets, members.
+  // var, radius, outliers; counts, assign, offsets, members.
   return int64_t(sizeof(Segment)) + int64_t(TileBytesI8(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 +
-         (k + k + outliers) * 4 + int64_t(TileBytesI8(size_t(outliers), dim)) +
-         (int64_t(TileScalesI8(size_t(outliers))) + outliers) * 4 + (k + n + (k + 1) + n) * 4;
+         (k + k + outliers) * 4 + (k + n + (k + 1) + n) * 4;
 }
 
 int64_t LayerIndex::ReclusterReserveBytes(int heads, int dim) const {

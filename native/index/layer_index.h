@@ -75,12 +75,6 @@ struct IndexConfig {
   // kvdrive: share of each segment's chunks, those with the highest key variance, that join the
   // level-2 candidates whatever their cluster scores (0: none).
   double outlierFraction = 0.03;
-  // kvdrive: how many of those outlier chunks join the candidates of one select: the best
-  // ceil(outlierFactor x K / chunk) of them (at least one) by their level-2 score (q·chunk mean plus
-  // the variance term, max over the group) read from int8 copies of their chunk means
-  // (Segment::outlierTiles), so the re-rank's outlier share follows the budget instead of being
-  // ~outlierFraction x context tokens at every budget. Infinity: every outlier chunk.
-  double outlierFactor = 4.0;  // src/index/options.ts default (tuned there)
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;
@@ -129,12 +123,7 @@ struct Segment {
                                   // released once the segment is full
   std::vector<float> var;         // k: per-dimension variance of the member tokens around the centroid
   std::vector<int32_t> outliers;  // chunks with the highest key variance (outlierFraction): their chunk
-                                  // ids, or with slotOrder their slots; in ascending chunk id order
-                                  // (the order of their tiles below)
-  // The outlier chunks' means as int8 tiles (TileBytesI8(outliers, dim), index.h) with their scales
-  // and their per-chunk key variances: what Select ranks them by (IndexConfig::outlierFactor).
-  std::vector<int8_t> outlierTiles;
-  std::vector<float> outlierScales, outlierVar;
+                                  // ids, or with slotOrder their slots; ascending
   // The head's key sketch holds this (full) segment's rows in slot order: slot c0 + p is the chunk
   // members[p], so cluster c's chunks are slots [c0 + offsets[c], c0 + offsets[c + 1]) and their
   // sketch rows one contiguous run (rows slot x chunk ...). The keyless re-rank then reads the
@@ -266,9 +255,6 @@ class LayerIndex {
   void DropRecluster();
   void CheckKv(const KvView& kv, int64_t tokens, const char* what) const;
   void ForEachHead(const std::function<void(int)>& fn) const;
-  // Outlier chunks that join one select's candidates (beyond those already candidates):
-  // ceil(outlierFactor x K / chunk).
-  size_t OutlierChunks(int64_t budget) const;
   // Chunks level 3 re-ranks: ceil(rerankFactor x K / chunk), at least one.
   size_t RerankChunks(int64_t budget) const;
   // Level 3 of kvdrive select for one kv head (see the header comment); ranked is level 2's output,

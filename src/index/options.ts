@@ -82,16 +82,6 @@ export interface PolicyOptions {
    */
   outlierFraction?: number;
   /**
-   * kvdrive only: how many outlier chunks (see outlierFraction) join one select's candidates: those
-   * not candidates already are ranked by q·(their chunk mean) plus the variance term (max over the
-   * GQA group, from an int8 copy of each outlier chunk's mean kept in the index) and the best
-   * ceil(outlierFactor x budget / chunkSize) join (default 1; in [0, 1e6]; 1e6 = every outlier
-   * chunk, the behaviour before this option). Makes the re-rank's outlier share follow the budget:
-   * all of them are ~outlierFraction x context tokens (~3,900 per kv head at 128K), i.e. about the
-   * whole re-rank at budget 512. Tuned in bench/index.md ("Outlier chunks proportional to the budget").
-   */
-  outlierFactor?: number;
-  /**
    * kvdrive only: with the keyed re-rank, select single tokens (the Selection's chunkSize is then 1)
    * — the best tokens of the re-ranked chunks by exact score — rather than whole chunks (default
    * true). Whole chunks cap recall at the best chunk set, which misses the token oracle where
@@ -176,7 +166,6 @@ export interface ResolvedPolicyOptions {
   rerankFactor: number;
   radiusWeight: number;
   outlierFraction: number;
-  outlierFactor: number;
   tokenGranular: boolean;
   keySketch: boolean;
   preferSketch: boolean;
@@ -191,7 +180,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'outlierFactor', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -209,7 +198,6 @@ const schema = z
     rerankFactor: z.number().min(0).max(1e6).optional(),
     radiusWeight: z.number().min(0).max(1000).optional(),
     outlierFraction: z.number().min(0).max(1).optional(),
-    outlierFactor: z.number().min(0).max(1e6).optional(),
     tokenGranular: z.boolean().optional(),
     keySketch: z.boolean().optional(),
     preferSketch: z.boolean().optional(),
@@ -237,7 +225,6 @@ const EXPECTED: Record<string, string> = {
   rerankFactor: 'a number in [0, 1e6]',
   radiusWeight: 'a number in [0, 1000]',
   outlierFraction: 'a number in [0, 1]',
-  outlierFactor: 'a number in [0, 1e6]',
   tokenGranular: 'a boolean',
   keySketch: 'a boolean',
   preferSketch: 'a boolean',
@@ -299,7 +286,6 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
     outlierFraction: o.outlierFraction ?? 0.03,
-    outlierFactor: o.outlierFactor ?? 4,
     tokenGranular: o.tokenGranular ?? true,
     keySketch,
     preferSketch: o.preferSketch ?? false,
