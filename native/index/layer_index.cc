@@ -744,17 +744,12 @@ const Segment* LayerIndex::SegmentOf(const HeadIndex& H, int64_t j) const {
 
 int64_t LayerIndex::SlotOf(const HeadIndex& H, int64_t j) const {
   const Segment* seg = SegmentOf(H, j);
-  if (!seg || !seg->slotOrder) return j;
-  // Members of a cluster are ascending: j's position among its cluster's members.
-  const int c = seg->assign[size_t(j - seg->c0)];
-  const int32_t* b = seg->members.data() + seg->offsets[size_t(c)];
-  const int32_t* e = seg->members.data() + seg->offsets[size_t(c) + 1];
-  return seg->c0 + (std::lower_bound(b, e, int32_t(j)) - seg->members.data());
+  return seg && seg->slotOrder ? seg->chunkSlots[size_t(j - seg->c0)] : j;
 }
 
 int64_t LayerIndex::ChunkOfSlot(const HeadIndex& H, int64_t s) const {
   const Segment* seg = SegmentOf(H, s);  // a segment's slots are its chunk range
-  return seg && seg->slotOrder ? seg->members[size_t(s - seg->c0)] : s;
+  return seg && seg->slotOrder ? seg->slotChunks[size_t(s - seg->c0)] : s;
 }
 
 int64_t LayerIndex::SketchRow(int h, int64_t t) const {
@@ -770,21 +765,34 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
                             std::to_string(sk.tokens()));
   // Whole chunks move (a first chunk that holds sinks too: its sink rows move with it, SketchRow
   // finds them). The segment's rows are copied out once (256 KiB at 4096 tokens, 4 bits).
+  if (!seg.slotOrder) {
+    // The slot order (see Segment::slotChunks), from the segment's own members and outliers (chunk
+    // ids until now; it may not be in H.segments yet).
+    std::vector<char> outlier(static_cast<size_t>(n), 0);
+    for (int32_t id : seg.outliers) outlier[size_t(id - seg.c0)] = 1;
+    seg.slotChunks.resize(size_t(n));
+    seg.runs.assign(size_t(seg.k) + 2, 0);
+    size_t p = 0;
+    for (int c = 0; c < seg.k; ++c) {
+      seg.runs[size_t(c)] = int32_t(p);
+      for (int32_t q = seg.offsets[size_t(c)]; q < seg.offsets[size_t(c) + 1]; ++q)
+        if (!outlier[size_t(seg.members[size_t(q)] - seg.c0)]) seg.slotChunks[p++] = seg.members[size_t(q)];
+    }
+    seg.runs[size_t(seg.k)] = int32_t(p);
+    for (int32_t id : seg.outliers) seg.slotChunks[p++] = id;  // ascending
+    seg.runs[size_t(seg.k) + 1] = int32_t(p);
+    seg.chunkSlots.resize(size_t(n));
+    for (size_t i = 0; i < size_t(n); ++i) seg.chunkSlots[size_t(seg.slotChunks[i] - seg.c0)] = int32_t(seg.c0 + int64_t(i));
+    for (int32_t& id : seg.outliers) id = seg.chunkSlots[size_t(id - seg.c0)];  // still ascending
+    seg.slotOrder = true;
+  }
   const size_t rb = size_t(sk.RowBytes()), r0 = size_t(seg.c0 * chunk), rows = size_t(n * chunk);
   std::vector<int8_t> codes(sk.codes.begin() + std::ptrdiff_t(r0 * rb), sk.codes.begin() + std::ptrdiff_t((r0 + rows) * rb));
   std::vector<float> scales(sk.rowScale.begin() + std::ptrdiff_t(r0), sk.rowScale.begin() + std::ptrdiff_t(r0 + rows));
   for (int64_t p = 0; p < n; ++p) {
-    const size_t from = size_t((seg.members[size_t(p)] - seg.c0) * chunk), to = size_t(p * chunk);
+    const size_t from = size_t((seg.slotChunks[size_t(p)] - seg.c0) * chunk), to = size_t(p * chunk);
     std::memcpy(sk.codes.data() + (r0 + to) * rb, codes.data() + from * rb, size_t(chunk) * rb);
     std::memcpy(sk.rowScale.data() + r0 + to, scales.data() + from, size_t(chunk) * 4);
-  }
-  if (!seg.slotOrder) {
-    // (The segment may not be in H.segments yet: its slots come from its own members.)
-    std::vector<int32_t> slot(static_cast<size_t>(n), 0);
-    for (int64_t p = 0; p < n; ++p) slot[size_t(seg.members[size_t(p)] - seg.c0)] = int32_t(seg.c0 + p);
-    for (int32_t& id : seg.outliers) id = slot[size_t(id - seg.c0)];
-    std::sort(seg.outliers.begin(), seg.outliers.end());
-    seg.slotOrder = true;
   }
 }
 
@@ -828,7 +836,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     while (segAt < H.segments.size() && H.segments[segAt].c1 <= slot) ++segAt;
     if (segAt == H.segments.size()) return slot;
     const Segment& seg = H.segments[segAt];
-    return seg.slotOrder && slot >= seg.c0 ? seg.members[size_t(slot - seg.c0)] : slot;
+    return seg.slotOrder && slot >= seg.c0 ? seg.slotChunks[size_t(slot - seg.c0)] : slot;
   };
   for (size_t w = 0; w < bits.size(); ++w)
     for (uint64_t b = bits[w]; b; b &= b - 1) {
@@ -1003,11 +1011,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
         const Segment& seg = H.segments[s];
         if (seg.slotOrder) {
-          // A taken cluster's chunks are one run of slots.
+          // A taken cluster's chunks are one run of slots (its outlier chunks are in the segment's
+          // outlier run, marked below).
           for (int c = 0; c < seg.k; ++c) {
             const size_t gid = base + size_t(c);
             if (chosen[gid >> 6] >> (gid & 63) & 1)
-              SetBits(bits, seg.c0 + seg.offsets[size_t(c)], seg.c0 + seg.offsets[size_t(c) + 1]);
+              SetBits(bits, seg.c0 + seg.runs[size_t(c)], seg.c0 + seg.runs[size_t(c) + 1]);
           }
           continue;
         }
@@ -1174,7 +1183,8 @@ namespace {
 int64_t SegmentBytes(const Segment& s) {
   return int64_t(sizeof(Segment)) + int64_t(s.tiles.size()) +
          int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 +
-         int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+         int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4 +
+         int64_t(s.slotChunks.size() + s.chunkSlots.size() + s.runs.size()) * 4;
 }
 }  // namespace
 

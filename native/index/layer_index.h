@@ -125,10 +125,13 @@ struct Segment {
   std::vector<int32_t> outliers;  // chunks with the highest key variance (outlierFraction): their chunk
                                   // ids, or with slotOrder their slots; ascending
   // The head's key sketch holds this (full) segment's rows in slot order: slot c0 + p is the chunk
-  // members[p], so cluster c's chunks are slots [c0 + offsets[c], c0 + offsets[c + 1]) and their
-  // sketch rows one contiguous run (rows slot x chunk ...). The keyless re-rank then reads the
-  // chosen clusters' rows as a few long runs, not one scattered run per chunk. Set for full
-  // segments of an index with keySketch; otherwise slots are chunk ids.
+  // slotChunks[p]. Cluster c's chunks other than outliers are slots [c0 + runs[c], c0 + runs[c + 1])
+  // and the outlier chunks (candidates at every select) the last run [c0 + runs[k], c1), ascending
+  // by chunk id inside each run; chunkSlots[j - c0] is chunk j's slot. The keyless re-rank then
+  // reads the chosen clusters' rows and the segment's outliers as a few long runs, not one
+  // scattered run per chunk. Set for full segments of an index with keySketch; otherwise slots are
+  // chunk ids (and the three arrays empty).
+  std::vector<int32_t> slotChunks, chunkSlots, runs;
   bool slotOrder = false;
   std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
                                   // (max over member chunks of |mean - centroid| + chunk spread);
