@@ -50,23 +50,25 @@ inline uint32_t ScoreKey(float s) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
-// same set as std::nth_element at k - 1 (ByRank is a strict total order, so that set is unique),
-// found by a radix select on the score bits: each entry's key is computed once (kept in `scratch`
-// beside the histogram), a histogram of its top 11 bits and, unless that digit's group is taken
-// whole, one of the next 11 bits over that group only; then a single partition of the entries (and
-// their keys) by the 22-bit threshold, and ByRank over the entries that share it.
-void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& scratch) {
-  const size_t n = size_t(last - first);
-  if (k == 0 || k >= n) return;
-  constexpr size_t kBins = 2048;
-  scratch.resize(kBins + n);
+// The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
+// is computed once (kept in `scratch` after kCutBins histogram words), a histogram of its top 11
+// bits and, unless that digit's group is taken whole, one of the next 11 bits over that group only.
+// The best k are then the entries with key >> shift above prefix and the ByRank-best `need` of those
+// equal to it (ByRank is a strict total order, so that set is unique).
+constexpr size_t kCutBins = 2048;
+struct RadixCut {
+  uint32_t prefix;
+  int shift;
+  size_t need;
+};
+RadixCut CutBest(const Ranked* first, size_t n, size_t k, std::vector<uint32_t>& scratch) {
+  scratch.resize(kCutBins + n);
   uint32_t* hist = scratch.data();
-  uint32_t* key = hist + kBins;
+  uint32_t* key = hist + kCutBins;
   // Digit b of a histogram: every entry with a higher digit is taken, need - (their count) from b.
   auto cut = [&](size_t& need) {
     size_t above = 0;
-    uint32_t b = kBins - 1;
+    uint32_t b = kCutBins - 1;
     for (;; --b) {
       if (above + hist[b] >= need) break;
       above += hist[b];
@@ -74,39 +76,74 @@ void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& sc
     need -= above;
     return b;
   };
-  std::fill(hist, hist + kBins, 0u);
+  std::fill(hist, hist + kCutBins, 0u);
   for (size_t i = 0; i < n; ++i) {
     key[i] = ScoreKey(first[i].score);
     ++hist[key[i] >> 21];
   }
   size_t need = k;
   const uint32_t b1 = cut(need);
-  // Threshold on key >> shift: entries above it are taken, `need` of those equal to it.
-  uint32_t prefix = b1;
-  int shift = 21;
   if (need < hist[b1]) {
-    std::fill(hist, hist + kBins, 0u);
+    std::fill(hist, hist + kCutBins, 0u);
     for (size_t i = 0; i < n; ++i)
-      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kBins - 1)];
-    prefix = (b1 << 11) | cut(need);
-    shift = 10;
+      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
+    const uint32_t b2 = cut(need);
+    return {(b1 << 11) | b2, 10, need};
   }
+  return {b1, 21, need};
+}
+
+// Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
+// same set as std::nth_element at k - 1, by CutBest then a single partition of the entries (and
+// their keys) by its threshold, and ByRank over the entries that share it.
+void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& scratch) {
+  const size_t n = size_t(last - first);
+  if (k == 0 || k >= n) return;
+  const RadixCut c = CutBest(first, n, k, scratch);
+  uint32_t* key = scratch.data() + kCutBins;
   // Entries above the threshold to the front, then those equal to it.
   size_t w = 0;
   for (size_t i = 0; i < n; ++i)
-    if ((key[i] >> shift) > prefix) {
+    if ((key[i] >> c.shift) > c.prefix) {
       std::swap(first[w], first[i]);
       std::swap(key[w], key[i]);
       ++w;
     }
   size_t e = w;
   for (size_t i = w; i < n; ++i)
-    if ((key[i] >> shift) == prefix) {
+    if ((key[i] >> c.shift) == c.prefix) {
       std::swap(first[e], first[i]);
       std::swap(key[e], key[i]);
       ++e;
     }
-  if (need < e - w) std::nth_element(first + w, first + w + (need - 1), first + e, ByRank());
+  if (c.need < e - w) std::nth_element(first + w, first + w + (c.need - 1), first + e, ByRank());
+}
+// Sets in `bits` the ids of the best k entries of v (the set SelectBest moves to the front) without
+// moving any: the entries above CutBest's threshold directly, the `need` best of those equal to it
+// through `ties` (scratch). v keeps its order.
+void MarkBest(const std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& scratch, std::vector<Ranked>& ties,
+              std::vector<uint64_t>& bits) {
+  // Raw pointers: the vectors live in thread-local scratch, and through the references the compiler
+  // re-derived their address (a __tls_get_addr call) on every marked entry.
+  uint64_t* bp = bits.data();
+  const Ranked* vp = v.data();
+  auto mark = [bp](int32_t id) { bp[size_t(id) >> 6] |= uint64_t(1) << (id & 63); };
+  const size_t n = v.size();
+  if (k == 0) return;
+  if (k >= n) {
+    for (size_t i = 0; i < n; ++i) mark(vp[i].id);
+    return;
+  }
+  const RadixCut c = CutBest(vp, n, k, scratch);
+  const uint32_t* key = scratch.data() + kCutBins;
+  ties.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t d = key[i] >> c.shift;
+    if (d > c.prefix) mark(vp[i].id);
+    else if (d == c.prefix) ties.push_back(vp[i]);
+  }
+  if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
+  for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
 }
 void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
   SelectBest(v.data(), v.data() + v.size(), k, hist);
@@ -134,8 +171,9 @@ void SetBits(std::vector<uint64_t>& bits, int64_t a, int64_t b) {
 // order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
 // sorting every cluster and walking, without the sort. One pass bins the scores linearly between
 // their min and max (a monotonic map: a higher bin means a higher score) and sums each bin's tokens;
-// every cluster above the bin where the running sum reaches the target is taken, and only the
-// clusters from that bin up are sorted and walked.
+// every cluster above the bin where the running sum reaches the target is taken unsorted (their
+// tokens sum below the target, so the walk takes them all first), and only that bin's clusters are
+// sorted and walked.
 void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& ctoks, double target,
                   std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
   chosen.assign((ctoks.size() + 63) / 64, 0);
@@ -155,13 +193,22 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   double above = 0;
   int b = kBins - 1;
   for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
-  // Clusters of bins >= b, best first; those above b are all taken (their tokens sum below target).
-  auto mid = std::partition(clusters.begin(), clusters.end(), [&](const Ranked& r) { return bin(r.score) >= b; });
-  std::sort(clusters.begin(), mid, ByRank());
-  double taken = 0;
-  for (auto it = clusters.begin(); it != mid && taken < target; ++it) {
-    chosen[size_t(it->id) >> 6] |= uint64_t(1) << (it->id & 63);
-    taken += ctoks[size_t(it->id)];
+  // Clusters above bin b are all taken (their tokens sum to `above` < target); bin b's go to the
+  // front, best first, and are walked from there.
+  double taken = above;
+  size_t nb = 0;
+  for (size_t i = 0; i < clusters.size(); ++i) {
+    const int bi = bin(clusters[i].score);
+    if (bi > b) {
+      chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
+    } else if (bi == b) {
+      std::swap(clusters[nb++], clusters[i]);
+    }
+  }
+  std::sort(clusters.begin(), clusters.begin() + std::ptrdiff_t(nb), ByRank());
+  for (size_t i = 0; i < nb && taken < target; ++i) {
+    chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
+    taken += ctoks[size_t(clusters[i].id)];
   }
 }
 
@@ -171,7 +218,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
 // allocates nothing (fresh large blocks cost page faults and zeroing every call). Contents never
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
-  std::vector<Ranked> ranked, clusters, tok;
+  std::vector<Ranked> ranked, clusters, tok, ties;
   std::vector<int32_t> ids, rows, ctoks;
   std::vector<uint64_t> chosen;
   std::vector<float> scores, coef, extra, ones, logits, share;
@@ -697,17 +744,12 @@ const Segment* LayerIndex::SegmentOf(const HeadIndex& H, int64_t j) const {
 
 int64_t LayerIndex::SlotOf(const HeadIndex& H, int64_t j) const {
   const Segment* seg = SegmentOf(H, j);
-  if (!seg || !seg->slotOrder) return j;
-  // Members of a cluster are ascending: j's position among its cluster's members.
-  const int c = seg->assign[size_t(j - seg->c0)];
-  const int32_t* b = seg->members.data() + seg->offsets[size_t(c)];
-  const int32_t* e = seg->members.data() + seg->offsets[size_t(c) + 1];
-  return seg->c0 + (std::lower_bound(b, e, int32_t(j)) - seg->members.data());
+  return seg && seg->slotOrder ? seg->chunkSlots[size_t(j - seg->c0)] : j;
 }
 
 int64_t LayerIndex::ChunkOfSlot(const HeadIndex& H, int64_t s) const {
   const Segment* seg = SegmentOf(H, s);  // a segment's slots are its chunk range
-  return seg && seg->slotOrder ? seg->members[size_t(s - seg->c0)] : s;
+  return seg && seg->slotOrder ? seg->slotChunks[size_t(s - seg->c0)] : s;
 }
 
 int64_t LayerIndex::SketchRow(int h, int64_t t) const {
@@ -723,21 +765,34 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
                             std::to_string(sk.tokens()));
   // Whole chunks move (a first chunk that holds sinks too: its sink rows move with it, SketchRow
   // finds them). The segment's rows are copied out once (256 KiB at 4096 tokens, 4 bits).
+  if (!seg.slotOrder) {
+    // The slot order (see Segment::slotChunks), from the segment's own members and outliers (chunk
+    // ids until now; it may not be in H.segments yet).
+    std::vector<char> outlier(static_cast<size_t>(n), 0);
+    for (int32_t id : seg.outliers) outlier[size_t(id - seg.c0)] = 1;
+    seg.slotChunks.resize(size_t(n));
+    seg.runs.assign(size_t(seg.k) + 2, 0);
+    size_t p = 0;
+    for (int c = 0; c < seg.k; ++c) {
+      seg.runs[size_t(c)] = int32_t(p);
+      for (int32_t q = seg.offsets[size_t(c)]; q < seg.offsets[size_t(c) + 1]; ++q)
+        if (!outlier[size_t(seg.members[size_t(q)] - seg.c0)]) seg.slotChunks[p++] = seg.members[size_t(q)];
+    }
+    seg.runs[size_t(seg.k)] = int32_t(p);
+    for (int32_t id : seg.outliers) seg.slotChunks[p++] = id;  // ascending
+    seg.runs[size_t(seg.k) + 1] = int32_t(p);
+    seg.chunkSlots.resize(size_t(n));
+    for (size_t i = 0; i < size_t(n); ++i) seg.chunkSlots[size_t(seg.slotChunks[i] - seg.c0)] = int32_t(seg.c0 + int64_t(i));
+    for (int32_t& id : seg.outliers) id = seg.chunkSlots[size_t(id - seg.c0)];  // still ascending
+    seg.slotOrder = true;
+  }
   const size_t rb = size_t(sk.RowBytes()), r0 = size_t(seg.c0 * chunk), rows = size_t(n * chunk);
   std::vector<int8_t> codes(sk.codes.begin() + std::ptrdiff_t(r0 * rb), sk.codes.begin() + std::ptrdiff_t((r0 + rows) * rb));
   std::vector<float> scales(sk.rowScale.begin() + std::ptrdiff_t(r0), sk.rowScale.begin() + std::ptrdiff_t(r0 + rows));
   for (int64_t p = 0; p < n; ++p) {
-    const size_t from = size_t((seg.members[size_t(p)] - seg.c0) * chunk), to = size_t(p * chunk);
+    const size_t from = size_t((seg.slotChunks[size_t(p)] - seg.c0) * chunk), to = size_t(p * chunk);
     std::memcpy(sk.codes.data() + (r0 + to) * rb, codes.data() + from * rb, size_t(chunk) * rb);
     std::memcpy(sk.rowScale.data() + r0 + to, scales.data() + from, size_t(chunk) * 4);
-  }
-  if (!seg.slotOrder) {
-    // (The segment may not be in H.segments yet: its slots come from its own members.)
-    std::vector<int32_t> slot(static_cast<size_t>(n), 0);
-    for (int64_t p = 0; p < n; ++p) slot[size_t(seg.members[size_t(p)] - seg.c0)] = int32_t(seg.c0 + p);
-    for (int32_t& id : seg.outliers) id = slot[size_t(id - seg.c0)];
-    std::sort(seg.outliers.begin(), seg.outliers.end());
-    seg.slotOrder = true;
   }
 }
 
@@ -748,7 +803,7 @@ size_t LayerIndex::RerankChunks(int64_t budget) const {
 }
 
 void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                             std::vector<Ranked>& ranked, SelectResult& out, SelectScratch& sc) const {
+                             std::vector<Ranked>& ranked, bool allMarked, SelectResult& out, SelectScratch& sc) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
   const size_t n = std::min(ranked.size(), RerankChunks(budget));
@@ -760,9 +815,13 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   // sketch rows are read as runs, one per taken cluster.
   const HeadIndex& H = heads_data_[size_t(h)];
   const bool useKeys = keys && !cfg_.preferSketch;
+  // Select passes every candidate, ascending, already marked in sc.bits (re-marking them is a pass
+  // over the candidates and the bit set for nothing).
   std::vector<uint64_t>& bits = sc.bits;
-  bits.assign(size_t(endChunk_ + 63) / 64, 0);
-  for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  if (!allMarked) {
+    bits.assign(size_t(endChunk_ + 63) / 64, 0);
+    for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+  }
   std::vector<int64_t>& toksAt = sc.toksAt;
   std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
   const int64_t chunk = cfg_.chunk;
@@ -777,7 +836,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     while (segAt < H.segments.size() && H.segments[segAt].c1 <= slot) ++segAt;
     if (segAt == H.segments.size()) return slot;
     const Segment& seg = H.segments[segAt];
-    return seg.slotOrder && slot >= seg.c0 ? seg.members[size_t(slot - seg.c0)] : slot;
+    return seg.slotOrder && slot >= seg.c0 ? seg.slotChunks[size_t(slot - seg.c0)] : slot;
   };
   for (size_t w = 0; w < bits.size(); ++w)
     for (uint64_t b = bits[w]; b; b &= b - 1) {
@@ -952,11 +1011,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
         const Segment& seg = H.segments[s];
         if (seg.slotOrder) {
-          // A taken cluster's chunks are one run of slots.
+          // A taken cluster's chunks are one run of slots (its outlier chunks are in the segment's
+          // outlier run, marked below).
           for (int c = 0; c < seg.k; ++c) {
             const size_t gid = base + size_t(c);
             if (chosen[gid >> 6] >> (gid & 63) & 1)
-              SetBits(bits, seg.c0 + seg.offsets[size_t(c)], seg.c0 + seg.offsets[size_t(c) + 1]);
+              SetBits(bits, seg.c0 + seg.runs[size_t(c)], seg.c0 + seg.runs[size_t(c) + 1]);
           }
           continue;
         }
@@ -977,26 +1037,24 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       if (cfg_.outlierFraction > 0)
         for (const Segment& seg : H.segments)
           for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-      // ids: the candidate slots, ascending (level 3 reads their sketch rows forwards).
       size_t nIds = 0;
       for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
-      ids.resize(nIds);
-      for (size_t w = 0, at = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
       const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
-      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && !ids.empty();
-      if (rerank && RerankChunks(budget) >= ids.size()) {
+      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && nIds > 0;
+      if (rerank && RerankChunks(budget) >= nIds) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
-        // chunk-mean scores would never be read.
-        // Written by index: a push_back per id re-read the thread-local scratch on every call
-        // (__tls_get_addr, ~8% of the head task in perf).
-        ranked.resize(ids.size());
-        for (size_t t = 0; t < ids.size(); ++t) ranked[t] = {0.f, ids[t]};
-        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
+        // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
+        // and writes every entry of `ranked`.
+        ranked.resize(nIds);
+        RerankExact(qh, g, h, keys, budget, want, ranked, true, out, sc);
         reranked = true;
         goto fill;
       }
+      // ids: the candidate slots, ascending.
+      ids.resize(nIds);
+      for (size_t w = 0, at = 0; w < bits.size(); ++w)
+        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
       // Level 2: re-rank the candidates' chunks by q·chunk-mean.
       if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
         Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
@@ -1010,7 +1068,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, keys, budget, want, ranked, out, sc);
+        RerankExact(qh, g, h, keys, budget, want, ranked, false, out, sc);
         reranked = true;
       } else {
         for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
@@ -1045,12 +1103,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     if (tokens && pool == 0) {
       // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
       // ranking order needed, the ids are returned ascending).
+      // Marked in a bit set over the tokens where they lie (no partition of `ranked`), read back
+      // ascending (cheaper than sorting the ids).
       const size_t take = std::min(ranked.size(), size_t(budget));
-      SelectBest(ranked, take, sc.hist);
-      // Ascending through a bit set over the tokens (cheaper than sorting the ids).
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(tokens_ + 63) / 64, 0);
-      for (size_t i = 0; i < take; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
+      MarkBest(ranked, take, sc.hist, sc.ties, bits);
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
       return;
@@ -1125,7 +1183,8 @@ namespace {
 int64_t SegmentBytes(const Segment& s) {
   return int64_t(sizeof(Segment)) + int64_t(s.tiles.size()) +
          int64_t(s.tileScales.size() + s.centroids.size() + s.var.size() + s.radius.size() + s.outliers.size()) * 4 +
-         int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4;
+         int64_t(s.sums.size() + s.sumSq.size()) * 8 + int64_t(s.counts.size() + s.assign.size() + s.offsets.size() + s.members.size()) * 4 +
+         int64_t(s.slotChunks.size() + s.chunkSlots.size() + s.runs.size()) * 4;
 }
 }  // namespace
 

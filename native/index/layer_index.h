@@ -125,10 +125,13 @@ struct Segment {
   std::vector<int32_t> outliers;  // chunks with the highest key variance (outlierFraction): their chunk
                                   // ids, or with slotOrder their slots; ascending
   // The head's key sketch holds this (full) segment's rows in slot order: slot c0 + p is the chunk
-  // members[p], so cluster c's chunks are slots [c0 + offsets[c], c0 + offsets[c + 1]) and their
-  // sketch rows one contiguous run (rows slot x chunk ...). The keyless re-rank then reads the
-  // chosen clusters' rows as a few long runs, not one scattered run per chunk. Set for full
-  // segments of an index with keySketch; otherwise slots are chunk ids.
+  // slotChunks[p]. Cluster c's chunks other than outliers are slots [c0 + runs[c], c0 + runs[c + 1])
+  // and the outlier chunks (candidates at every select) the last run [c0 + runs[k], c1), ascending
+  // by chunk id inside each run; chunkSlots[j - c0] is chunk j's slot. The keyless re-rank then
+  // reads the chosen clusters' rows and the segment's outliers as a few long runs, not one
+  // scattered run per chunk. Set for full segments of an index with keySketch; otherwise slots are
+  // chunk ids (and the three arrays empty).
+  std::vector<int32_t> slotChunks, chunkSlots, runs;
   bool slotOrder = false;
   std::vector<float> radius;      // k: bound on the distance of any member token from the centroid
                                   // (max over member chunks of |mean - centroid| + chunk spread);
@@ -262,8 +265,9 @@ class LayerIndex {
   // tokenGranular).
   // want: max(budget, pool) tokens the caller will fill.
   // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
+  // allMarked: ranked holds every candidate and its ids are already set in sc.bits (over slots).
   void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                   std::vector<Ranked>& ranked, SelectResult& out, SelectScratch& sc) const;
+                   std::vector<Ranked>& ranked, bool allMarked, SelectResult& out, SelectScratch& sc) const;
   // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
   // is short, see Extend).
   void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
