@@ -104,6 +104,88 @@ describe('tiered KV fetch', () => {
     hits.placement.release();
   });
 
+  it('segmentRead reports every item once as it lands (onItem), its chunks in place by then; a throwing onItem is dropped; a non-function is E_TYPE', async () => {
+    const { ssd, data } = await setup();
+    const cb = ssd.chunkBytes;
+    // Items: (a, layer 1, head 0) chunks 3, 0, 9; (a, layer 1, head 1) chunk 7; (b, layer 1, head 0) chunks 15, 2.
+    const items = [
+      { seg: 'a', head: 0, ids: [3, 0, 9] },
+      { seg: 'b', head: 0, ids: [15, 2] },
+      { seg: 'a', head: 1, ids: [7] },
+    ];
+    const req = (dest: Uint8Array, onItem?: unknown) => ({
+      segments: Int32Array.from(items, (it) => ssd.segmentHandle(it.seg)),
+      layers: Int32Array.from(items, () => 1),
+      heads: Int32Array.from(items, (it) => it.head),
+      itemOffsets: Int32Array.from([0, 3, 5, 6]),
+      chunkIds: Int32Array.from(items.flatMap((it) => it.ids)),
+      dest,
+      destOffsets: Float64Array.from({ length: 6 }, (_, k) => (5 - k) * cb), // reversed: scattered
+      ...(onItem === undefined ? {} : { onItem: onItem as (i: number) => void }),
+    });
+    const inPlace = (dest: Uint8Array, i: number) => {
+      const first = [0, 3, 5][i]!;
+      return items[i]!.ids.every((c, j) => Buffer.compare(dest.subarray((5 - first - j) * cb, (6 - first - j) * cb), expectedChunk(shape, data[items[i]!.seg === 'a' ? 0 : 1]!, 1, items[i]!.head, c)) === 0);
+    };
+    const until = async (done: () => boolean) => {
+      for (let t = 0; t < 200 && !done(); t++) await new Promise((r) => setTimeout(r, 10));
+    };
+    const dest = new Uint8Array(6 * cb);
+    const seen: Array<[number, boolean]> = [];
+    await ssd.readArrays(req(dest, (i: number) => seen.push([i, inPlace(dest, i)])));
+    await until(() => seen.length >= 3); // reports are queued: some may come after the promise
+    expect(seen.map(([i]) => i).sort()).toEqual([0, 1, 2]);
+    expect(seen.every(([, ok]) => ok)).toBe(true);
+    // An onItem that throws: the read completes, the exception goes nowhere (no crash).
+    const dest2 = new Uint8Array(6 * cb);
+    let calls = 0;
+    await ssd.readArrays(
+      req(dest2, () => {
+        calls++;
+        throw new Error('onItem failed');
+      }),
+    );
+    await until(() => calls >= 3);
+    expect(calls).toBe(3);
+    expect([0, 1, 2].every((i) => inPlace(dest2, i))).toBe(true);
+    await expectKvdError(() => ssd.readArrays(req(new Uint8Array(6 * cb), 5)), 'E_TYPE', /segmentRead\.onItem: expected a function/);
+  });
+
+  it('fetchInPlace reports a kv head once its own SSD reads landed (onLanded): its pages in place then, only heads with reads, at most once, never after the promise settled', async () => {
+    const { ssd, dram, data } = await setup(6);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });
+    const cb = kv.chunkBytes;
+    // Resident: chunks 0-3 of head 0 (layer 0): head 0 reads nothing, heads 1 reads 3 chunks.
+    dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i < 4 ? 5 : 0)));
+    for (let round = 0; round < 5; round++) {
+      const req = request(0, [[0, 1, 2], [4, 9, 17]]);
+      let dest = new Uint8Array(0);
+      let placement: FetchPlacement | undefined;
+      let settled = false;
+      const reported: Array<{ head: number; ok: boolean }> = [];
+      const p = kv.fetchInPlace(
+        req,
+        (bytes) => (dest = new Uint8Array(bytes)),
+        (pl) => (placement = pl),
+        (head) => {
+          let ok = !settled;
+          for (let i = req.offsets[head]!; i < req.offsets[head + 1]!; i++) {
+            const g = req.chunkIds[i]!;
+            const at = placement!.at[i]!;
+            ok &&= placement!.source[i] === 0 && Buffer.compare(dest.subarray(at, at + cb), expectedChunk(shape, data[g >> 4]!, 0, head, g % 16)) === 0;
+          }
+          reported.push({ head, ok });
+        },
+      );
+      const { placement: pl } = await p;
+      settled = true;
+      await new Promise((r) => setTimeout(r, 20)); // a report queued past the promise is dropped
+      expect(reported.length).toBeLessThanOrEqual(1);
+      for (const r of reported) expect(r).toEqual({ head: 1, ok: true });
+      pl.release();
+    }
+  });
+
   it('a DRAM tier in several arena blocks: pages addressed by (block, offset), attention over them equals attendSparse bit for bit', async () => {
     const { ssd, data } = await setup();
     const cb = ssd.chunkBytes;
