@@ -489,10 +489,7 @@ struct ReadResult {
 // by file offset, neighbours merged into one run when no whole untouched 4 KiB page (plus the
 // engine's coalesceGapBytes) lies between them, so O_DIRECT's page alignment never reads a page
 // twice. Every chunk is verified against its own crc32c before any of its bytes are copied out.
-// `onItem` (optional) is called with item i's index, on the thread that delivered it, as soon as
-// every chunk of item i is verified and copied (while other runs are still being read; an item
-// with a corrupt or unread chunk is never reported).
-void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, ReadResult& res, const std::function<void(size_t)>* onItem = nullptr) {
+void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, ReadResult& res) {
   struct Need {
     Segment* seg;
     int region;
@@ -535,31 +532,17 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     res.chunks += it.n;
     res.payloadBytes += it.n * it.seg->chunkBytes;
   }
-  // Chunks of each item still to land (onItem reports an item when its count reaches 0).
-  std::unique_ptr<std::atomic<uint32_t>[]> itemLeft(onItem ? new std::atomic<uint32_t>[items.size()] : nullptr);
-  if (onItem)
-    for (size_t i = 0; i < items.size(); ++i) {
-      itemLeft[i] = uint32_t(items[i].n);
-      if (items[i].n == 0) (*onItem)(i);
-    }
   if (needs.empty()) return;
   // Destinations grouped by need (CSR): a chunk requested twice is read once and copied twice.
   std::vector<uint32_t> copyStart(needs.size() + 1, 0);
   for (uint32_t n : needOfChunk) copyStart[n + 1]++;
   for (size_t n = 0; n < needs.size(); ++n) copyStart[n + 1] += copyStart[n];
   std::vector<uint8_t*> copyDest(needOfChunk.size());
-  std::vector<uint32_t> copyItem(onItem ? needOfChunk.size() : 0);  // the item each copy belongs to
   {
     std::vector<uint32_t> fill(copyStart.begin(), copyStart.end() - 1);
     size_t k = 0;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const ReadItem& it = items[i];
-      for (size_t j = 0; j < it.n; ++j, ++k) {
-        const uint32_t c = fill[needOfChunk[k]]++;
-        copyDest[c] = it.dest + uint64_t(it.destOfs[j]);
-        if (onItem) copyItem[c] = uint32_t(i);
-      }
-    }
+    for (ReadItem& it : items)
+      for (size_t j = 0; j < it.n; ++j, ++k) copyDest[fill[needOfChunk[k]]++] = it.dest + uint64_t(it.destOfs[j]);
   }
   // Sort by file position and group neighbours into runs; each run is one read.
   std::vector<uint32_t> ord(needs.size());
@@ -641,10 +624,7 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
         }
         continue;
       }
-      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) {
-        std::memcpy(copyDest[c], src, cb);
-        if (onItem && itemLeft[copyItem[c]].fetch_sub(1) == 1) (*onItem)(copyItem[c]);
-      }
+      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src, cb);
     }
   };
   try {
@@ -787,37 +767,10 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     }
     std::shared_ptr<std::atomic<bool>> cancel;
     if (info.Length() > 1 && info[1].IsNumber()) cancel = CancelFlagByHandle(HandleArg(info, 1, "segmentRead(cancel)"));
-    // onItem(i): item i landed (RunRead), delivered on the JS thread through a thread-safe function
-    // released when the read ends. Calls are queued, not awaited: some may run after the promise
-    // settled, and none is made for an item that did not land.
-    Napi::Value onItemV = o.Get("onItem");
-    if (!onItemV.IsUndefined() && !onItemV.IsFunction()) Throw("E_TYPE", "segmentRead.onItem: expected a function (item index) or undefined");
-    std::shared_ptr<Napi::ThreadSafeFunction> tsfn;
-    if (onItemV.IsFunction())
-      tsfn = std::make_shared<Napi::ThreadSafeFunction>(Napi::ThreadSafeFunction::New(env, onItemV.As<Napi::Function>(), "kvdrive.segmentRead.onItem", 0, 1));
     auto res = std::make_shared<ReadResult>();
     auto itemsP = std::make_shared<std::vector<ReadItem>>(std::move(items));
     return PromiseWorker::Start(
-        env,
-        [itemsP, cancel, res, tsfn] {
-          if (!tsfn) return RunRead(*itemsP, cancel.get(), *res);
-          const std::function<void(size_t)> onItem = [&tsfn](size_t i) {
-            tsfn->NonBlockingCall([i](Napi::Env env, Napi::Function fn) {
-              // The callback must not throw (TieredKv's catches and reports through the read's
-              // caller): an exception here could reach no promise, so it is dropped, not crashed on.
-              try {
-                fn.Call({Napi::Number::New(env, double(i))});
-              } catch (const Napi::Error&) {
-              }
-            });
-          };
-          // Released however the read ends (the function's queue drains on the JS thread).
-          struct Release {
-            Napi::ThreadSafeFunction& f;
-            ~Release() { f.Release(); }
-          } release{*tsfn};
-          RunRead(*itemsP, cancel.get(), *res, &onItem);
-        },
+        env, [itemsP, cancel, res] { RunRead(*itemsP, cancel.get(), *res); },
         [res, itemsP](Napi::Env env) -> Napi::Value {
           Napi::Object r = Napi::Object::New(env);
           r.Set("chunks", double(res->chunks));

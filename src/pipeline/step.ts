@@ -286,7 +286,6 @@ async function selectAndFetch(
   groups: HeadGroup[],
   reads: EntryReads,
   whileReading: (sc: StepScratch, nChunks: number) => Promise<void>,
-  onLanded: (head: number) => void,
 ): Promise<SelectedAndFetched> {
   const { mem, hot, seq, layer, a, q, s } = entry;
   const { lk } = a;
@@ -344,15 +343,10 @@ async function selectAndFetch(
       // The request spans every kv head (the tiers' shape), empty outside the group.
       const offsets = new Int32Array(H + 1);
       for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-      g.fetch = lk.tiers!.fetchInPlace(
-        { layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs },
-        reads.take,
-        (pl, pending) => {
-          g.placement = pl;
-          g.pending = pending;
-        },
-        onLanded,
-      );
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending) => {
+        g.placement = pl;
+        g.pending = pending;
+      });
     }
     // Every group's reads are in flight: the heads they do not touch can be computed meanwhile.
     if (groups.some((g) => g.pending?.includes(1))) await whileReading(sc, cBase);
@@ -444,9 +438,8 @@ interface EntryAttention {
  * head), each group's tier chunks fetched (DRAM pins, SSD reads in flight on the I/O engine) while
  * the next group is selected. Kv heads select independently, so the groups concatenated are the
  * whole selection and the output does not depend on the mode. Then hot-tier admission and
- * attention with q — of the kv heads no SSD read touches while the reads are in flight, of each
- * other head as soon as its own reads landed (TieredKv's onLanded), of any left once every read
- * settled (per kv head the same calls in the same order as one pass: bit-identical) —
+ * attention with q — of the kv heads no SSD read touches while the reads are in flight, of the others
+ * once they landed (per kv head the same calls in the same order as one pass: bit-identical) —
  * and DRAM admission. `offThread`: attention runs off the JS thread (pipelined). Nothing is
  * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
  * advances and the seal this made due starts), so a failed step leaves every sequence where it
@@ -538,62 +531,24 @@ export async function fetchAttendEntry(
     else attendFetched(args);
     e.computeMs += performance.now() - t;
   };
-  // The kv heads not attended yet once the reads settled (1 each; undefined: every head).
+  // The kv heads left for after the reads (undefined: every head).
   let rest: Uint8Array | undefined;
-  // Kv heads whose SSD reads all landed (TieredKv's onLanded), and the wake-up of the loop below
-  // waiting for the next one.
-  const landed = new Uint8Array(H);
-  let wake: (() => void) | undefined;
-  const onLanded = (h: number) => {
-    landed[h] = 1;
-    wake?.();
-  };
   try {
-    const f = await selectAndFetch(
-      { mem, hot, seq, layer, a, q, s },
-      groups,
-      reads,
-      async (sc, nChunks) => {
-        // While the SSD reads are in flight: hot-tier admission and attention of the kv heads none
-        // of them touches (their pages are all in the hot tier, the DRAM arena or the tail), then of
-        // each other head as soon as its own reads landed (they land roughly head by head: the
-        // reads go in file order, a (layer, kv head) region after another), until every fetch
-        // settled; what is left after that. A group whose fetch failed before placing its pages
-        // leaves everything to the error path.
-        if (groups.some((g) => g.tier > 0 && !g.pending)) return;
-        const pending = new Uint8Array(H);
-        for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
-        const e = attention(sc, nChunks);
-        rest = pending;
-        if (!pending.every((x) => x === 1)) await attendHeads(e, pending.map((x) => 1 - x));
-        let settled = false;
-        void Promise.allSettled(groups.map((g) => g.fetch)).then(() => {
-          settled = true;
-          wake?.();
-        });
-        for (;;) {
-          const ready = new Uint8Array(H);
-          let any = false;
-          for (let h = 0; h < H; h++)
-            if (rest[h] && landed[h]) {
-              ready[h] = 1;
-              rest[h] = 0;
-              any = true;
-            }
-          if (any) {
-            await attendHeads(e, ready);
-            continue;
-          }
-          if (settled || !rest.includes(1)) break;
-          await new Promise<void>((resolve) => (wake = resolve));
-          wake = undefined;
-        }
-      },
-      onLanded,
-    );
+    const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
+      // While the SSD reads are in flight: hot-tier admission and attention of the kv heads none
+      // of them touches (their pages are all in the hot tier, the DRAM arena or the tail); the
+      // other heads after the reads land. A group whose fetch failed before placing its pages
+      // leaves everything to the error path.
+      if (groups.some((g) => g.tier > 0 && !g.pending)) return;
+      const pending = new Uint8Array(H);
+      for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
+      if (pending.every((x) => x === 1)) return;
+      rest = pending;
+      await attendHeads(attention(sc, nChunks), pending.map((x) => 1 - x));
+    });
     const { sc, nChunks } = f;
     const e = attention(sc, nChunks);
-    if (!rest || rest.includes(1)) await attendHeads(e, rest);
+    await attendHeads(e, rest);
     const t3 = performance.now();
     const { tokSel, pages, r } = e;
     const stats: EntryStepStats = {

@@ -496,24 +496,9 @@ export class SsdStore {
     return this.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets: dofs }, cancelFlag);
   }
 
-  /**
-   * {@link readBatch} with native segment handles and typed arrays (the per-step hot path).
-   * `req.onItem` (optional): called on this thread with item i's index as soon as every chunk of
-   * item i is verified and in `dest`, while the other reads go on; calls are queued, so some may
-   * come after the promise settled; an item that did not land (a read error, a corrupt chunk, a
-   * cancel) is never reported. It must not throw (an exception is dropped).
-   */
+  /** {@link readBatch} with native segment handles and typed arrays (the per-step hot path). */
   readArrays(
-    req: {
-      segments: Int32Array;
-      layers: Int32Array;
-      heads: Int32Array;
-      itemOffsets: Int32Array;
-      chunkIds: Int32Array;
-      dest: Uint8Array;
-      destOffsets: Float64Array;
-      onItem?: (item: number) => void;
-    },
+    req: { segments: Int32Array; layers: Int32Array; heads: Int32Array; itemOffsets: Int32Array; chunkIds: Int32Array; dest: Uint8Array; destOffsets: Float64Array },
     cancelFlag?: number,
   ): Promise<SsdReadStats> {
     this.check();

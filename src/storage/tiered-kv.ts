@@ -297,21 +297,13 @@ export class TieredKv {
    * `pending`, one entry per kv head: 1 when some entry of that head still lands in `dest` (an SSD
    * read, a prefetch), 0 when every page of the head can be read now. A reader attends the ready
    * heads while the reads are in flight. Not called when the call fails before the reads are issued.
-   *
-   * `onLanded` (optional) is called with kv head h, at most once per head and only before the
-   * promise settles, as soon as every SSD read of head h in this fetch landed (verified, in `dest`)
-   * while other heads' reads go on: a reader attends head h then. Only heads whose pending entries
-   * are all SSD reads of this call are reported (not those waiting for a prefetch); a head not
-   * reported is complete when the promise resolves. An exception it throws rejects the fetch
-   * (after the reads landed).
    */
   async fetchInPlace(
     req: FetchRequest,
     dest: Uint8Array | ((bytes: number) => Uint8Array),
     onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
-    onLanded?: (head: number) => void,
   ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
-    const r = await this.fetchInto(req, dest, true, onIssued, onLanded);
+    const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
   }
 
@@ -320,7 +312,6 @@ export class TieredKv {
     destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
     inPlace: boolean,
     onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
-    onLanded?: (head: number) => void,
   ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
@@ -363,8 +354,6 @@ export class TieredKv {
       : undefined;
     let pinned: Int32Array | undefined;
     let missIdx: number[] = [];
-    let landedOpen = true;
-    let landedError: { error: unknown } | undefined;
     // Misses grouped by (segment, head) so each group is one item of the SSD read.
     const groups = new Map<number, number[]>();
     const addMiss = (into: Map<number, number[]>, h: number, i: number) => {
@@ -392,28 +381,9 @@ export class TieredKv {
         if (!(dest instanceof Uint8Array) || dest.length < k * cb) fail('E_SHAPE', 'fetch dest', `a Uint8Array of at least ${k} chunks x ${cb} bytes (the entries not resident in DRAM)`, dest);
       }
       const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
-      // Heads reported as their reads land (onLanded): those with SSD misses and no staged entry,
-      // until the reads settle (a report queued past that is dropped).
-      let landed: ((h: number) => void) | undefined;
-      if (onLanded && placement) {
-        const staged = new Uint8Array(H);
-        for (const idx of stagedIdx) for (const i of idx) staged[this.headOfEntry(req, i)] = 1;
-        landed = (h) => {
-          if (landedOpen && !staged[h]) {
-            try {
-              onLanded(h);
-            } catch (e) {
-              landedError ??= { error: e };
-            }
-          }
-        };
-      }
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
-      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf, undefined, landed) : undefined;
-      reading?.then(
-        () => (landedOpen = false),
-        () => (landedOpen = false),
-      ); // awaited below; never an unhandled rejection if a copy throws first
+      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf) : undefined;
+      reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (nDram) {
         const entries = out.entries;
         if (!placement) this.dram!.copyOut(dramSlots, dest, Float64Array.from(entries.subarray(0, nDram), (i) => i * cb));
@@ -464,7 +434,6 @@ export class TieredKv {
         st.ssdExtents += r.extents;
         st.ssdRuns += r.runs;
       }
-      if (landedError) throw landedError.error;
       if (this.dram && this.promote && missIdx.length) st.promoted = this.promoteFrom(layer, req, Int32Array.from(missIdx), dest, placement?.at);
     } catch (e) {
       if (pinned) this.dram!.unpin(pinned);
@@ -513,11 +482,8 @@ export class TieredKv {
     return h;
   }
 
-  /**
-   * One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. `onHead(h)`: every
-   * group of kv head h landed (one report per head, as the native read reports its items).
-   */
-  private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number, onHead?: (h: number) => void) {
+  /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
+  private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number) {
     if (!this.ssd)
       throw new KvdriveError('E_INTERNAL', `TieredKv fetch: expected every chunk resident in DRAM (no SSD store), got ${groups.size} (segment, kv head) groups with misses`);
     const H = this.shape.kvHeads;
@@ -543,17 +509,7 @@ export class TieredKv {
       }
       itemOffsets[++it] = k;
     }
-    let onItem: ((item: number) => void) | undefined;
-    if (onHead) {
-      // Items (groups) left per kv head.
-      const left = new Int32Array(H);
-      for (let i = 0; i < nItems; i++) left[heads[i]!]!++;
-      onItem = (item) => {
-        const h = heads[item]!;
-        if (--left[h]! === 0) onHead(h);
-      };
-    }
-    return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets, ...(onItem ? { onItem } : {}) }, flag);
+    return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets }, flag);
   }
 
   /**
