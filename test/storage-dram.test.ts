@@ -98,6 +98,26 @@ describe('DRAM store', () => {
     expect(d.lookup('s', 0, 0, 2)).toBeGreaterThanOrEqual(0);
   });
 
+  it('refreshScores re-scores a lookup\'s hits like setSlotScore, and checks every slot and score before changing any', async () => {
+    const d = new DramStore({ budgetBytes: 3 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
+    d.addSegment('s', 16);
+    d.put('s', 0, 0, [0, 1, 2], [1, 2, 3], page(768, 1), [0, 256, 512]);
+    const slots = Int32Array.from([0, 1, 2], (c) => d.lookup('s', 0, 0, c));
+    // Entries name positions in a request's scores (a fetch's hits: entries 4, 0, 2 of 5).
+    d.refreshScores(slots, Int32Array.of(4, 0, 2), Float32Array.of(0.5, 9, 7, 9, 6));
+    expect([0, 1, 2].map((c) => d.scoreOf(d.lookup('s', 0, 0, c)))).toEqual([6, 0.5, 7]);
+    // Chunk 1 is now the least important: the next admission evicts it.
+    expect(d.put('s', 0, 0, [3], [1], page(256, 2), [0])).toBe(1);
+    expect([0, 1, 2, 3].map((c) => d.lookup('s', 0, 0, c) >= 0)).toEqual([true, false, true, true]);
+    const live = Int32Array.from([0, 2], (c) => d.lookup('s', 0, 0, c));
+    await expectKvdError(() => d.refreshScores(live, Int32Array.of(0), Float32Array.of(1)), 'E_SHAPE', /entries/);
+    await expectKvdError(() => d.refreshScores(Int32Array.of(live[0]!, 3), Int32Array.of(0, 0), Float32Array.of(1)), 'E_RANGE', /slots\[1\]: expected a slot in \[0, 3\)/);
+    await expectKvdError(() => d.refreshScores(live, Int32Array.of(0, 1), Float32Array.of(1, NaN)), 'E_NONFINITE', /scores\[entries\[1\]\]/);
+    await expectKvdError(() => d.refreshScores(live, Int32Array.of(0, 5), Float32Array.of(1)), 'E_NONFINITE', /entries\[1\] = 5 of 1 scores/);
+    // Nothing changed by the rejected calls.
+    expect([0, 2].map((c) => d.scoreOf(d.lookup('s', 0, 0, c)))).toEqual([6, 7]);
+  });
+
   it('a pinned least-important chunk does not refuse admissions: the next one is evicted, the pinned one competes again once unpinned', () => {
     const d = new DramStore({ budgetBytes: 3 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
     d.addSegment('s', 32);

@@ -140,7 +140,7 @@ export class DramStore {
     const cap = Math.floor(o.budgetBytes / (this.chunkBytes + DramStore.metadataBytesPerSlot));
     if (cap < 1)
       fail('E_BUDGET', 'DramStore options.budgetBytes', `at least one chunk plus metadata (${this.chunkBytes + DramStore.metadataBytesPerSlot} bytes)`, o.budgetBytes);
-    if (cap > 0x7fffffff) fail('E_BUDGET', 'DramStore options.budgetBytes', 'fewer than 2^31 chunks', o.budgetBytes);
+    if (cap > Math.min(0x7fffffff, SlotHeap.maxSlots)) fail('E_BUDGET', 'DramStore options.budgetBytes', `at most ${Math.min(0x7fffffff, SlotHeap.maxSlots)} chunks`, o.budgetBytes);
     const blockBytes = o.blockBytes ?? DramStore.defaultBlockBytes;
     const perBlock = Math.floor(blockBytes / this.chunkBytes);
     if (perBlock < 1) fail('E_CONFIG', 'DramStore options.blockBytes', `at least one chunk (${this.chunkBytes} bytes)`, blockBytes);
@@ -365,12 +365,12 @@ export class DramStore {
     // A pinned chunk at the top (one a step attends in place, e.g. another entry's while a deferred
     // admission runs) would refuse every admission: set it aside, out of the heap, until a later
     // put finds it unpinned (restoreAside).
-    while (victim >= 0 && this.pins[victim] !== 0 && this.heap.score[victim]! < score) {
+    while (victim >= 0 && this.pins[victim] !== 0 && this.heap.scoreOf(victim) < score) {
       this.heap.remove(victim);
       this.aside.push(victim);
       victim = this.heap.peek();
     }
-    if (victim < 0 || this.heap.score[victim]! >= score || this.pins[victim] !== 0) return -1;
+    if (victim < 0 || this.heap.scoreOf(victim) >= score || this.pins[victim] !== 0) return -1;
     this.release(victim);
     this.counters.evicted++;
     return this.free[--this.freeTop]!;
@@ -383,7 +383,7 @@ export class DramStore {
       // Released since (and maybe reused: then it is in the heap again): nothing to restore.
       if (this.slotOwner[slot] === -1 || this.heap.has(slot)) continue;
       if (this.pins[slot] !== 0) this.aside[k++] = slot;
-      else this.heap.insert(slot, this.heap.score[slot]!);
+      else this.heap.insert(slot, this.heap.scoreOf(slot));
     }
     this.aside.length = k;
   }
@@ -407,6 +407,27 @@ export class DramStore {
     }
   }
 
+  /**
+   * Sets the importance of resident slots: slots[k] gets scores[entries[k]] (the hits of a
+   * {@link locate}: their slots and entry indices into a request's scores), in order. The DRAM
+   * admission after each decode step refreshes every resident chunk it attended this way (~3,000 a
+   * layer-step): no per-slot residency read (locate took the slots from the slot maps; an update of
+   * a free slot only writes its score), slots range-checked, scores checked finite.
+   */
+  refreshScores(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
+    if (entries.length !== slots.length) fail('E_SHAPE', 'DramStore.refreshScores entries', `${slots.length} entries (one per slot)`, entries.length);
+    const cap = this.capacityChunks;
+    // Every slot and score is checked before any score changes.
+    for (let k = 0; k < slots.length; k++) {
+      const slot = slots[k]!;
+      const score = scores[entries[k]!];
+      if (!(slot >= 0 && slot < cap)) fail('E_RANGE', `DramStore.refreshScores slots[${k}]`, `a slot in [0, ${cap})`, slot);
+      if (!Number.isFinite(score)) fail('E_NONFINITE', `DramStore.refreshScores scores[entries[${k}]]`, `a finite number (entries[${k}] = ${entries[k]} of ${scores.length} scores)`, score);
+    }
+    const heap = this.heap;
+    for (let k = 0; k < slots.length; k++) heap.update(slots[k]!, scores[entries[k]!]!);
+  }
+
   /** Sets the importance of a resident slot (hot path of the tiered fetch). */
   setSlotScore(slot: number, score: number): void {
     if (!(slot >= 0 && slot < this.capacityChunks) || this.slotOwner[slot] === -1) fail('E_RANGE', 'DramStore.setSlotScore slot', 'a resident slot', slot);
@@ -416,7 +437,7 @@ export class DramStore {
 
   /** Score of a resident chunk's slot. */
   scoreOf(slot: number): number {
-    return this.heap.score[slot]!;
+    return this.heap.scoreOf(slot);
   }
 
   /** Evicts one chunk if resident and not pinned; returns whether it was evicted. */

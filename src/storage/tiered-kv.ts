@@ -390,7 +390,7 @@ export class TieredKv {
         st.dramChunks = nDram;
         if (req.scores) {
           // Decode attention mass refreshes the importance of resident chunks.
-          for (let q = 0; q < nDram; q++) this.dram!.setSlotScore(dramSlots[q]!, req.scores[entries[q]!]!);
+          this.dram!.refreshScores(dramSlots, entries.subarray(0, nDram), req.scores);
         }
       }
       if (onIssued && placement) {
@@ -575,16 +575,24 @@ export class TieredKv {
     if (!(src instanceof Uint8Array) || src.length < need * this.chunkBytes)
       fail('E_SHAPE', 'TieredKv.admit src', `a Uint8Array of at least ${need} chunks x ${this.chunkBytes} bytes`, src);
     if (!this.dram || !req.chunkIds.length) return 0;
-    const missing = new Int32Array(req.chunkIds.length);
-    let nMissing = 0;
-    for (let h = 0; h < this.shape.kvHeads; h++)
-      for (let i = req.offsets[h]!; i < req.offsets[h + 1]!; i++) {
-        const slot = this.dramSlot(req.layer, h, req.chunkIds[i]!);
-        if (slot >= 0) this.dram.setSlotScore(slot, req.scores[i]!);
-        else if (srcAt && srcAt.source[i]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${i} resident (left in the arena, pinned)`, 'evicted');
-        else missing[nMissing++] = i;
-      }
-    return nMissing ? this.promoteFrom(req.layer, req, missing.subarray(0, nMissing), src, srcAt ? srcAt.at : undefined) : 0;
+    // The DRAM lookups in one native pass (DramStore.locate, nothing pinned): the resident entries
+    // get their score refreshed, in entry order; the others are offered for admission.
+    const n = req.chunkIds.length;
+    const scratch = this.takeScratch(n);
+    try {
+      const { lists } = scratch;
+      const cap = lists.length / 3;
+      const out = { slots: lists.subarray(0, n), entries: lists.subarray(cap, cap + n), misses: lists.subarray(2 * cap, 2 * cap + n) };
+      const found = DramStore.locate(this.dram, req, this.chain, out, { kvHeads: this.shape.kvHeads, chunkBytes: this.chunkBytes, pin: false });
+      this.dram.refreshScores(out.slots.subarray(0, found.hits), out.entries.subarray(0, found.hits), req.scores);
+      const missing = out.misses.subarray(0, found.misses);
+      if (srcAt)
+        for (let k = 0; k < missing.length; k++)
+          if (srcAt.source[missing[k]!]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${missing[k]} resident (left in the arena, pinned)`, 'evicted');
+      return missing.length ? this.promoteFrom(req.layer, req, missing, src, srcAt ? srcAt.at : undefined) : 0;
+    } finally {
+      this.scratchFree.push(scratch);
+    }
   }
 
   /**
