@@ -183,6 +183,36 @@ describe('determinism contract', () => {
   });
 });
 
+describe('scattered rows copied before the kernels', () => {
+  // Single-token spans (a token-granular selection) are copied a block at a time into a scratch
+  // buffer and attended there; one long span (dense) is walked in place. Every token selected, the
+  // two read the same rows in the same order, so the results must be bit-identical: row sizes that
+  // are whole 64-byte lines (copied inline) and not (memcpy), several blocks per head, and rows so
+  // wide that a block is a single tile.
+  const cases: { dtype: Dtype; dim: number; tokens: number }[] = [
+    { dtype: 'f16', dim: 128, tokens: 700 }, // 256 B rows, blocks of 256 rows: 3 per head
+    { dtype: 'bf16', dim: 160, tokens: 300 }, // 320 B rows
+    { dtype: 'f32', dim: 40, tokens: 333 }, // 160 B rows: not whole lines
+    { dtype: 'f32', dim: 2048, tokens: 90 }, // 8 KiB rows: 16-row blocks
+  ];
+  for (const { dtype, dim, tokens } of cases) {
+    it(`single-token spans equal dense bit for bit (${dtype}, dim ${dim}, ${tokens} tokens)`, () => {
+      const kvHeads = 2;
+      const qHeads = 8;
+      const k = randomKv(tokens, kvHeads, dim, dtype, 91 + dim, 1.5);
+      const v = randomKv(tokens, kvHeads, dim, dtype, 92 + dim);
+      const q = randn(qHeads * dim, 93 + dim);
+      const dense = attendDense({ q, qHeads, k: k.tensor, v: v.tensor });
+      const sel = allChunks(tokens, kvHeads, 1, 4, tokens - 16);
+      for (const threads of [1, 2]) {
+        const sparse = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel, threads });
+        expect(Array.from(sparse.out)).toEqual(Array.from(dense.out));
+        expect(Array.from(sparse.lse)).toEqual(Array.from(dense.lse));
+      }
+    });
+  }
+});
+
 describe('mergeAttention', () => {
   it('merging two disjoint halves equals attention over the whole', () => {
     const kvHeads = 2;

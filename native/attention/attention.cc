@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -94,10 +95,11 @@ size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / i
 // (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
 // same positions are read together. Row pointers are collected `lookahead` calls ahead and passed as
 // aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
-// heads, token-granular selections) are requested before they are used.
+// heads) are requested before they are used. (Rows in runs of a row or two, token-granular
+// selections, are copied together first instead: ForEachGatheredTile.)
 //
-// The distance depends on how the rows lie. Rows in short spans (sparse chunks, token-granular
-// selections, chunk selections of a page or so per span): kLookaheadScattered = 1 call = 16 rows
+// The distance depends on how the rows lie. Rows in short spans (sparse chunks, chunk selections of
+// a page or so per span): kLookaheadScattered = 1 call = 16 rows
 // (64 lines of 256-byte f16 rows), enough to cover DRAM latency at the rate rows are consumed, few
 // enough that the prefetches fit the core's miss buffers (it used to be 4 x 32 = 128 rows, and the
 // logits kernel's samples sat almost all on its prefetch instructions; 16 rows measured faster,
@@ -180,18 +182,98 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
   }
 }
 
-// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled). `prefetchValues`: a
-// values pass follows (ForEachTile).
+// Rows that lie in runs averaging fewer than kGatheredRowsPerRun rows (a run: consecutive spans whose
+// rows follow each other in memory; token-granular selections, ~1-2 rows per run) are first copied,
+// a block of positions of one head at a time, into a contiguous per-thread buffer, and the row
+// kernels then run over the copy. Why: with the kernels' arithmetic between the loads, this machine
+// keeps few misses in flight — a random 256-byte row cost ~140 ns inside the logits loop, prefetched
+// or not — while a loop that only copies keeps many (~24 ns per row), and the copy is then read from
+// L2 (bench/RESULTS.md, "Scattered rows copied together before the row kernels"). Runs of ~4 rows or
+// more gained nothing from the copy there and are walked in place (ForEachTile). The copy holds the
+// same bytes in the same order and tiles are still cut every kTileRows positions, so every output is
+// bit-identical to the walk in place (the determinism contract of attention.h).
+//
+// A block is at most kGatherRows rows and kGatherBytes (256 f16 rows of dim 128 = 64 KiB), at
+// least one tile; each row's lines are requested kGatherAhead rows before it is copied (without
+// that the copy waited on each row in turn: ~2.5x slower per row).
+constexpr size_t kGatheredRowsPerRun = 3;
+constexpr size_t kGatherRows = 256;
+constexpr size_t kGatherBytes = size_t(128) << 10;
+constexpr size_t kGatherAhead = 16;
+
+// Calls kernel(head, tile, rows, n, nullptr, 0) like ForEachTile, head after head, over copies of
+// the rows (keys or values) made a block at a time into `buf` (grown as needed, kept by the caller).
+template <typename Kernel>
+void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
+                         size_t esz, size_t rowBytes, std::vector<uint8_t>& buf, Kernel&& kernel) {
+  const size_t block = std::clamp(kGatherBytes / rowBytes / kTileRows * kTileRows, kTileRows, kGatherRows);
+  if (buf.size() < block * rowBytes) buf.resize(block * rowBytes);
+  uint8_t* const base = buf.data();
+  const void* copies[kGatherRows];
+  for (size_t i = 0; i < block; ++i) copies[i] = base + i * rowBytes;
+  const void* src[kGatherRows];
+  auto request = [&](const void* row) {
+    for (size_t off = 0; off < rowBytes; off += 64) __builtin_prefetch(static_cast<const uint8_t*>(row) + off, 0, 3);
+  };
+  for (size_t h = 0; h < nHeads; ++h) {
+    if (!active[h]) continue;
+    RowCursor cursor(heads[h].spans, heads[h].nSpans, values, esz);
+    for (int64_t pos = 0; pos < totals[h]; pos += int64_t(block)) {
+      const size_t n = cursor.Fill(src, block);
+      for (size_t i = 0; i < std::min(n, kGatherAhead); ++i) request(src[i]);
+      for (size_t i = 0; i < n; ++i) {
+        if (i + kGatherAhead < n) request(src[i + kGatherAhead]);
+        uint8_t* to = base + i * rowBytes;
+        const uint8_t* from = static_cast<const uint8_t*>(src[i]);
+        // Whole 64-byte lines inline (rows of dim 128 are 256 / 512 B); any other size by memcpy.
+        if (rowBytes % 64 == 0) {
+          for (size_t off = 0; off < rowBytes; off += 64) std::memcpy(to + off, from + off, 64);
+        } else {
+          std::memcpy(to, from, rowBytes);
+        }
+      }
+      for (size_t t = 0; t < n; t += kTileRows)
+        kernel(h, size_t(pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0));
+    }
+  }
+}
+
+// Runs of rows in the heads' span lists: spans that do not continue the previous one of their head
+// in memory (keys and values both), and empty spans not at all.
+size_t RowRuns(const HeadAttn* heads, size_t nHeads, size_t esz) {
+  size_t runs = 0;
+  for (size_t h = 0; h < nHeads; ++h) {
+    const Span* prev = nullptr;
+    for (size_t s = 0; s < heads[h].nSpans; ++s) {
+      const Span& sp = heads[h].spans[s];
+      if (sp.len <= 0) continue;
+      const bool follows = prev && sp.kStride == prev->kStride && sp.vStride == prev->vStride &&
+                           sp.k == static_cast<const uint8_t*>(prev->k) + prev->len * prev->kStride * int64_t(esz) &&
+                           sp.v == static_cast<const uint8_t*>(prev->v) + prev->len * prev->vStride * int64_t(esz);
+      runs += !follows;
+      prev = &sp;
+    }
+  }
+  return runs;
+}
+
+// Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled). `gather`: the rows
+// are copied into `buf` first (ForEachGatheredTile); else walked in place (ForEachTile), and
+// `prefetchValues`: a values pass follows.
 void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
-            Dtype dt, bool prefetchValues, size_t lookahead) {
+            Dtype dt, bool gather, bool prefetchValues, size_t lookahead, std::vector<uint8_t>& buf) {
   const AttnKernels& attn = AttnSimd();
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
-  ForEachTile(heads, nHeads, totals, active.get(), false, prefetchValues, lookahead, DtypeSize(dt), size_t(dim) * DtypeSize(dt),
-              [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
-                attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows,
-                                 size_t(totals[h]), next, nNext);
-              });
+  const size_t esz = DtypeSize(dt), rowBytes = size_t(dim) * esz;
+  auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+    attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows, size_t(totals[h]),
+                     next, nNext);
+  };
+  if (gather)
+    ForEachGatheredTile(heads, nHeads, totals, active.get(), false, esz, rowBytes, buf, kernel);
+  else
+    ForEachTile(heads, nHeads, totals, active.get(), false, prefetchValues, lookahead, esz, rowBytes, kernel);
 }
 
 [[noreturn]] void ThrowNonFiniteLogit(size_t head, const float* L, int group, int64_t total, const Span* spans,
@@ -261,19 +343,22 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   std::vector<float*> Ls(nHeads);
   for (size_t h = 0; h < nHeads; ++h) Ls[h] = scratch.logits.data() + offsets[h];
 
-  // Pass 1: logits of every head. The values of the tile ahead are prefetched only when the rows
-  // are scattered (short spans, a sparse selection): over long spans (dense attention, whole pages)
-  // the hardware prefetcher already streams them and the extra requests could only cost. (Demo runs
-  // showed dense 36 vs 31 ms with them, but dense moved that much between runs of either build, so
-  // that was not established; with this guard the kernel bench shows dense not slower.)
+  // Pass 1: logits of every head. Rows in runs of a row or two (token-granular selections) are
+  // copied together before the kernels run, in this pass and in pass 4. Otherwise the values of the
+  // tile ahead are prefetched only when the rows are scattered (short spans, a sparse selection):
+  // over long spans (dense attention, whole pages) the hardware prefetcher already streams them and
+  // the extra requests could only cost. (Demo runs showed dense 36 vs 31 ms with them, but dense
+  // moved that much between runs of either build, so that was not established; with this guard the
+  // kernel bench shows dense not slower.)
   size_t rows = 0, spans = 0;
   for (size_t h = 0; h < nHeads; ++h) {
     rows += size_t(totals[h]);
     spans += heads[h].nSpans;
   }
   const bool scattered = Scattered(rows, spans);
+  const bool gather = scattered && rows < kGatheredRowsPerRun * RowRuns(heads, nHeads, esz);
   const size_t lookahead = LookaheadFor(rows, spans);
-  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, scattered, lookahead);
+  Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, gather, scattered, lookahead, scratch.gathered);
 
   // Passes 2–3 per head.
   std::vector<float> ms(nHeads * size_t(group) * 2);
@@ -292,11 +377,14 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   {
     std::unique_ptr<bool[]> active(new bool[nHeads]);
     for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
-    ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, lookahead, esz, size_t(dim) * esz,
-                [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
-                  attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows,
-                                     n, dt, size_t(dim), next, nNext);
-                });
+    auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+      attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows, n, dt,
+                         size_t(dim), next, nNext);
+    };
+    if (gather)
+      ForEachGatheredTile(heads, nHeads, totals.data(), active.get(), true, esz, size_t(dim) * esz, scratch.gathered, kernel);
+    else
+      ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, lookahead, esz, size_t(dim) * esz, kernel);
   }
 
   // Normalise, lse, output check, span mass.
@@ -359,7 +447,9 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   const int64_t total = TotalTokens(spans, nSpans);
   if (total == 0) return;
   const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
-  Logits(&head, 1, &total, &probs, group, dim, dt, false, LookaheadFor(size_t(total), nSpans));
+  const bool gather = Scattered(size_t(total), nSpans) && size_t(total) < kGatheredRowsPerRun * RowRuns(&head, 1, DtypeSize(dt));
+  std::vector<uint8_t> gathered;
+  Logits(&head, 1, &total, &probs, group, dim, dt, gather, false, LookaheadFor(size_t(total), nSpans), gathered);
   std::vector<float> ms(size_t(group) * 2);
   if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))
     ThrowNonFiniteLogit(0, probs, group, total, spans, nSpans);

@@ -26,9 +26,11 @@ struct Span {
   int64_t vStride;
 };
 
-// Per-thread scratch reused across calls (logits buffer); never shared between threads.
+// Per-thread scratch reused across calls (logits; scattered rows copied together, see
+// attention.cc); never shared between threads.
 struct AttnScratch {
   std::vector<float> logits;
+  std::vector<uint8_t> gathered;
 };
 
 // One kv head's GQA group: `group` query heads (qGroup: group x dim, f32, contiguous) attend over
