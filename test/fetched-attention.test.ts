@@ -32,12 +32,16 @@ function page(k: KvTensor, v: KvTensor, h: number, c: number, cs: number): Uint8
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
 
 describe('attendFetched', () => {
-  it('token-granular: selected tokens read from pages in several buffers, hot-tier slots and the tail in place equal attendSparse bit for bit', () => {
+  // Pages of 4 tokens (the runtime's: a power of two) and of 6 (any multiple of the selection's unit).
+  for (const [cs, tailBase] of [
+    [4, 448],
+    [6, 444],
+  ] as const) {
+  it(`token-granular: selected tokens read from pages (of ${cs} tokens) in several buffers, hot-tier slots and the tail in place equal attendSparse bit for bit`, () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 11), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 12) };
-    const cs = 4;
     const sinkEnd = 4;
-    const tailBase = 448; // tokens [448, 512) are the open tail (sealed: [0, 448))
+    // tokens [tailBase, 512) are the open tail (sealed: [0, tailBase))
     const tailStart = 496;
     const tokSel = (ids: number[][]): Selection => {
       const offsets = new Int32Array(kvHeads + 1);
@@ -92,6 +96,7 @@ describe('attendFetched', () => {
     expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
   });
 
+  }
   it('kv-head masks: heads attended in two calls into one result (fetchedMass: each page\'s mass) equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 21), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 22) };

@@ -76,8 +76,21 @@ struct FetchedJob {
 // Where a span's rows live, for error messages.
 enum SpanKind : uint8_t { kSink, kFetched, kTail, kHot };
 
+// The page (of pageChunk tokens) holding token t >= 0. Pages are a power of two in the runtime (its
+// chunk size): a shift then, rather than a 64-bit division per selected unit.
+class PageOf {
+ public:
+  explicit PageOf(int64_t pageChunk) : pc_(pageChunk), shift_(pageChunk > 0 && (pageChunk & (pageChunk - 1)) == 0 ? __builtin_ctzll(uint64_t(pageChunk)) : -1) {}
+  int64_t operator()(int64_t t) const { return shift_ >= 0 ? t >> shift_ : t / pc_; }
+
+ private:
+  int64_t pc_;
+  int shift_;
+};
+
 void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
+  const PageOf pageOf(pc);
   const size_t es = DtypeSize(job.dtype);
   const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
@@ -125,7 +138,7 @@ void Run(const FetchedJob& job) {
         Throw("E_RANGE", job.what + ": selected tokens [" + std::to_string(a) + ", " + std::to_string(b) + ") of kv head " +
                              std::to_string(h) + " straddle tailBase " + std::to_string(job.tailBase) +
                              " (expected tailBase on a selection chunk boundary)");
-      const int32_t c = int32_t(a / pc);
+      const int32_t c = int32_t(pageOf(a));
       const int64_t skip = a - int64_t(c) * pc;  // rows of the page before the unit's first attended row
       if (pair) {
         const int32_t slot = pair->Find(c);
@@ -190,7 +203,7 @@ void Run(const FetchedJob& job) {
       std::fill(job.pageMass + p0, job.pageMass + p1, 0.f);
       int32_t k = p0;
       for (int32_t i = job.offsets[h]; i < job.offsets[h + 1] && k < p1; ++i) {
-        const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+        const int32_t c = int32_t(pageOf(int64_t(job.chunkIds[i]) * job.chunkSize));
         while (k < p1 && job.fetchedIds[k] < c) ++k;
         if (k < p1 && job.fetchedIds[k] == c) job.pageMass[k] += job.chunkMass[i];
       }
@@ -201,7 +214,7 @@ void Run(const FetchedJob& job) {
     pageIds.clear();
     pageMass.clear();
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
-      const int32_t c = int32_t(int64_t(job.chunkIds[i]) * job.chunkSize / job.pageChunk);
+      const int32_t c = int32_t(pageOf(int64_t(job.chunkIds[i]) * job.chunkSize));
       if (pageIds.empty() || pageIds.back() != c) {
         pageIds.push_back(c);
         pageMass.push_back(0.f);
