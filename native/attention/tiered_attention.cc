@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
 constexpr size_t kMaxPageBuffers = 256;  // buffer indices are Uint8Array entries
+
+// Page pointers of one call, one per page entry. Not a std::vector: value-initialising ~10K entries
+// per layer-step (and faulting the freed pages back in) showed up on the calling thread's profile.
+using PagePtrs = std::unique_ptr<const uint8_t*[]>;
 
 struct FetchedJob {
   std::string what;
@@ -56,7 +61,7 @@ struct FetchedJob {
   // entry i's page at pagePtrs[i] (inside a buffer kept alive by the call).
   const int32_t* fetchedOffsets = nullptr;
   const int32_t* fetchedIds = nullptr;
-  std::vector<const uint8_t*> pagePtrs;
+  PagePtrs pagePtrs;
   // Optional hot tier (pageChunk-token chunks): a page resident there is read from its slot.
   std::shared_ptr<hot::Tier> tier;
   int hotSeq = 0, hotLayer = 0;
@@ -229,9 +234,8 @@ void Run(const FetchedJob& job) {
 // them; entry i of the page lists (n entries) at o[atKey][i] bytes (Float64Array) into buffer
 // o[inKey][i] (Uint8Array, default 0), or — without atKey — at i * pageBytes of the single buffer.
 // Every page must lie inside its buffer (checked here: native code reads them unchecked later).
-std::vector<const uint8_t*> GetPagePointers(const Napi::Object& o, const char* bufKey, const char* atKey, const char* inKey,
-                                            size_t n, size_t pageBytes, const std::string& what,
-                                            std::vector<Napi::Object>& keep) {
+PagePtrs GetPagePointers(const Napi::Object& o, const char* bufKey, const char* atKey, const char* inKey, size_t n,
+                         size_t pageBytes, const std::string& what, std::vector<Napi::Object>& keep) {
   std::vector<ArrayArg<uint8_t>> bufs;
   const Napi::Value bv = o.Get(bufKey);
   if (bv.IsArray()) {
@@ -245,7 +249,7 @@ std::vector<const uint8_t*> GetPagePointers(const Napi::Object& o, const char* b
     bufs.push_back(GetArray<uint8_t>(bv, napi_uint8_array, what + "." + bufKey));
   }
   for (const auto& b : bufs) keep.push_back(b.object);
-  std::vector<const uint8_t*> ptrs(n);
+  PagePtrs ptrs(new const uint8_t*[n]);  // every entry is written below
   if (o.Get(atKey).IsUndefined()) {
     if (!o.Get(inKey).IsUndefined()) Throw("E_CONFIG", what + "." + inKey + ": expected it only with " + atKey);
     const uint64_t need = CheckedMul(n, pageBytes, what + "." + bufKey + " size");
@@ -441,10 +445,11 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
   return GuardPromise(info.Env(), "attendFetchedAsync", [&]() -> Napi::Value {
     std::vector<Napi::Object> keep;
     Napi::Object result;
-    FetchedJob job = Prepare(info, "attendFetchedAsync", keep, result);
+    // Shared, not copied: the work function is copyable and the job owns its page pointers.
+    auto job = std::make_shared<const FetchedJob>(Prepare(info, "attendFetchedAsync", keep, result));
     auto ref = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result));
     return PromiseWorker::Start(
-        info.Env(), [job]() { Run(job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep);
+        info.Env(), [job]() { Run(*job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep);
   });
 }
 
@@ -483,9 +488,9 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
     ArrayArg<int32_t> pOff, pIds;
     GetChunkLists(o, "pageOffsets", "pageIds", c.kvHeads, INT32_MAX, what, "", pOff, pIds);
     std::vector<Napi::Object> keep;
-    const std::vector<const uint8_t*> ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", pIds.length,
-                                                             PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
-    hot::PagedChunks paged{pOff.data, pIds.data, ptrs.data()};
+    const PagePtrs ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", pIds.length,
+                                          PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
+    hot::PagedChunks paged{pOff.data, pIds.data, ptrs.get()};
     hot::Source src{nullptr, nullptr, &paged, tokens};
     // Optional: chunks no page holds that lie wholly at or after tailBase are copied from the open
     // tail's token rows (tail: { k, v } holding tokens [tailBase, tokens)).
