@@ -13,8 +13,8 @@
  * call (/proc/self/task/{tid}/schedstat), split into the two select threads (the two threads with
  * the most time in the back-to-back phase: the JS thread and the pool worker) and the process's
  * other threads (V8's compiler and GC, libuv). The schedstat reads run on the JS thread inside the
- * per-thread window (not the timed one): they add the same ~0.5 ms per call to every phase's
- * select-thread figure.
+ * per-thread window (not the timed one): they add to every phase's select-thread figure (0.4-1.1 ms
+ * per call over the process CPU of the same calls, measured out of the step on a loaded machine).
  *
  *   npm run build:ts && node dist/bench/select-runtime.js [context=131072] [steps=40] [seed=1] [windows.json]
  *
