@@ -1,7 +1,9 @@
 /**
  * Same-process A/B of kvdrive select between two builds of the addon (for a loaded machine, where
  * separate runs are not comparable): builds one layer's index in each, checks that both select the
- * same tokens, then alternates select calls and reports min / median wall and CPU per call of each.
+ * same tokens, then alternates select calls and reports min / median wall and CPU per call of each
+ * (process CPU: mean, and the median call, which the V8 threads compiling the bench's own JS early
+ * on, counted in whichever build runs then, do not move).
  * The options are the runtime's (`offloadedPolicyOptions`, keyless select on the key sketch);
  * `"keyed": true` in them takes them as given and selects with the keys.
  *
@@ -56,7 +58,7 @@ const runs = [A, B].map((path, i) => {
   const index = new mod.SelectionIndex({ policy: 'kvdrive', ...cfgs[i] });
   index.buildSync(prefixView(k, T), T);
   index.extend(kv, T + 1);
-  return { path, index, wall: [] as number[], cpu: 0, ext: [] as number[], extCpu: 0 };
+  return { path, index, wall: [] as number[], cpu: 0, cpus: [] as number[], ext: [] as number[], extCpu: 0 };
 });
 const sels = runs.map((r) => r.index.select(q, BUDGET, undefined, keys) as Sel);
 const same = sels[0]!.chunkIds.length === sels[1]!.chunkIds.length && sels[0]!.chunkIds.every((x, i) => x === sels[1]!.chunkIds[i]);
@@ -68,6 +70,7 @@ const timed = (run: (typeof runs)[number], query: Float32Array, keysNow: typeof 
   run.wall.push(performance.now() - t);
   const d = process.cpuUsage(c);
   run.cpu += (d.user + d.system) / 1000;
+  run.cpus.push((d.user + d.system) / 1000);
   return sel;
 };
 let calls = REPS;
@@ -113,6 +116,6 @@ const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
 for (const run of runs) {
   const ext = run.ext.length ? `; extend mean ${mean(run.ext).toFixed(3)} max ${Math.max(...run.ext).toFixed(2)} ms, CPU ${(run.extCpu / run.ext.length).toFixed(3)} ms/call` : '';
-  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} mean ${mean(run.wall).toFixed(2)} ms, CPU ${(run.cpu / calls).toFixed(2)} ms/call${ext}`);
+  console.log(`${run.path}: select min ${Math.min(...run.wall).toFixed(2)} p50 ${median(run.wall).toFixed(2)} mean ${mean(run.wall).toFixed(2)} ms, CPU ${(run.cpu / calls).toFixed(2)} ms/call (p50 ${median(run.cpus).toFixed(2)})${ext}`);
 }
 console.log(`load after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
