@@ -18,6 +18,7 @@ import type { HotTierOptions } from '../cache/hot-tier.js';
 import { ioEngineOptionsSchema } from '../storage/io-engine.js';
 import { calibrate, type CalibrationResult } from './calibrate.js';
 import { MemoryRuntime, toDtype, type MemoryEntry } from './memory-runtime.js';
+import { selectEntry } from '../pipeline/select-stage.js';
 import type { AttendEntry, RuntimeOptions, RuntimeStats, StepBreakdown, TracedOutput } from './runtime-types.js';
 
 export type { AttendEntry, RuntimeOptions, RuntimeStats, StepBreakdown, TracedOutput } from './runtime-types.js';
@@ -257,8 +258,24 @@ export class Runtime {
       }
       const conv = (name: string, t: KvTensor): KvTensor => ({ ...t, layout: 'thd', dtype, data: toDtype(`prefill ${name}`, toThd(t), dtype) });
       await this.memory.prefill(seq, layer, conv('k', k), conv('v', v), obsQ);
+      this.warmSelect(seq, layer);
       this.tokens[seq * this.shape.layers + layer] = k.tokens;
     });
+  }
+
+  /**
+   * One select on the index the prefill just built, with a constant query, its result dropped.
+   * Select only reads the index, so nothing changes but the select threads' scratch, which grows
+   * to this context's size here rather than in the first decode step: the process's first select
+   * took 29-35 ms wall against ~7 ms later, about half of it page faults of that growth
+   * (bench/index.md, "The runtime's select column vs the same select out of the step").
+   */
+  private warmSelect(seq: number, layer: number): void {
+    const { memory } = this.memory;
+    const lk = memory.layer(seq, layer);
+    if (!lk.policy || lk.tokens === 0) return;
+    const q = new Float32Array(this.shape.qHeads * this.shape.headDim).fill(1 / Math.sqrt(this.shape.headDim));
+    selectEntry(lk.policy.handle(), q, memory.config.budget);
   }
 
   /**
