@@ -73,6 +73,10 @@ interface StepScratch {
   tierEntry: Int32Array;
   pageSource: Uint8Array;
   pageAt: Float64Array;
+  /** Attention mass per selected unit (attendFetched's chunkMass; not read after the step). */
+  unitMass: Float32Array;
+  /** With an SSD: attention mass per tier page (the DRAM admission's scores). */
+  pageMass: Float32Array;
 }
 const stepScratch = new WeakMap<LayerKv, StepScratch>();
 
@@ -80,7 +84,7 @@ function scratchFor(lk: LayerKv, heads: number, units: number): StepScratch {
   let s = stepScratch.get(lk);
   if (!s || s.chunkIds.length < units) {
     const cap = Math.max(units, 2 * (s?.chunkIds.length ?? 0), 1024);
-    const grown = <A extends Int32Array | Uint8Array | Float64Array>(old: A | undefined, make: (n: number) => A): A => {
+    const grown = <A extends Int32Array | Uint8Array | Float32Array | Float64Array>(old: A | undefined, make: (n: number) => A): A => {
       const a = make(cap);
       if (old) a.set(old as never);
       return a;
@@ -93,6 +97,8 @@ function scratchFor(lk: LayerKv, heads: number, units: number): StepScratch {
       tierEntry: grown(s?.tierEntry, (n) => new Int32Array(n)),
       pageSource: grown(s?.pageSource, (n) => new Uint8Array(n)),
       pageAt: grown(s?.pageAt, (n) => new Float64Array(n)),
+      unitMass: new Float32Array(cap),
+      pageMass: new Float32Array(cap),
     };
     stepScratch.set(lk, s);
   }
@@ -479,9 +485,13 @@ export async function fetchAttendEntry(
       tokSel.chunkSize === cs
         ? tokSel
         : { chunkSize: cs, tokens: tokSel.tokens, sinkEnd: tokSel.sinkEnd, tailStart: tokSel.tailStart, offsets: sc.chunkOffsets, chunkIds: sc.chunkIds.subarray(0, nChunks) };
-    const r = { out: new Float32Array(qHeads * shape.headDim), lse: new Float32Array(qHeads), chunkMass: new Float32Array(tokSel.chunkIds.length) };
+    // The masses live in the entry's scratch (reused across steps): every entry of them is written
+    // by the attention calls (each head's by the call attending it) before anything reads it.
+    // (The scratch is sized by chunks written; units can be more, with several head groups.)
+    if (sc.unitMass.length < tokSel.chunkIds.length) sc.unitMass = new Float32Array(tokSel.chunkIds.length);
+    const r = { out: new Float32Array(qHeads * shape.headDim), lse: new Float32Array(qHeads), chunkMass: sc.unitMass.subarray(0, tokSel.chunkIds.length) };
     const pages = mergeGroupPages(groups, sc, H, reads.buf);
-    return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? new Float32Array(pages.ids.length) : undefined, computeMs: 0 });
+    return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? sc.pageMass.subarray(0, pages.ids.length) : undefined, computeMs: 0 });
   };
   /**
    * Hot-tier admission, then attention, of the kv heads in `heads` (every head when undefined), into
