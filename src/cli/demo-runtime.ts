@@ -16,7 +16,7 @@ import { bytes, ms, table } from '../eval/format.js';
 import { openRuntime, type Runtime, type RuntimeStats } from '../runtime/runtime.js';
 import { checkMemory, formatMemoryCheck, processMemory, type MemoryCheck } from '../runtime/process-memory.js';
 import type { SyntheticTrace } from '../trace/synthetic.js';
-import { toF32 } from '../util/f16.js';
+import { f32ArrayToBf16, f32ArrayToF16, toF32 } from '../util/f16.js';
 import type { KvTensor } from '../types.js';
 import { ProgressBar } from './progress.js';
 import { HotTier } from '../cache/hot-tier.js';
@@ -261,6 +261,38 @@ function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
   }
 }
 
+/** Tokens and decode steps of {@link warmUp}'s throwaway sequence: 8192 and 40, within the runtime's maxTokens. */
+export function warmUpShape(meta: Pick<SyntheticTrace['meta'], 'promptTokens' | 'decodeSteps'>): { tokens: number; steps: number } {
+  const tokens = Math.min(8192, meta.promptTokens);
+  return { tokens, steps: Math.min(40, meta.decodeSteps + meta.promptTokens - tokens) };
+}
+
+/**
+ * Decodes a throwaway sequence (random KV, {@link warmUpShape}: 8192 tokens or the prompt if
+ * shorter, 40 steps of layer 0) and closes it, before the timed rows. Why: the demo decodes only 8 steps a
+ * layer, and V8 compiles the step's JS on a third thread for the first ~25-40 steps of a process,
+ * competing with the select's two threads for the two cores (bench/index.md, "The runtime's select
+ * column vs the same select out of the step"); the policy rows are single native calls with no such
+ * code. Warmed up, the runtime rows show the steps a long decode has. The sequence is independent of
+ * the timed ones (their outputs do not depend on it) and its DRAM-tier slots are free again after.
+ */
+async function warmUp(rt: Runtime, meta: SyntheticTrace['meta'], dtype: SyntheticTrace['dtype']): Promise<void> {
+  const { qHeads, kvHeads, headDim } = meta;
+  const { tokens, steps } = warmUpShape(meta);
+  const row = kvHeads * headDim;
+  let x = 0x2545f491;
+  const random = (n: number) => Float32Array.from({ length: n }, () => ((x = (Math.imul(x, 1103515245) + 12345) | 0) >>> 8) / 2 ** 24 - 0.5);
+  const stored = (a: Float32Array): Float32Array | Uint16Array => (dtype === 'f16' ? f32ArrayToF16(a) : dtype === 'bf16' ? f32ArrayToBf16(a) : a);
+  const seq = rt.createSequence();
+  try {
+    const kv = (): KvTensor => ({ data: stored(random(tokens * row)), dtype, tokens, heads: kvHeads, dim: headDim });
+    await rt.prefill(seq, 0, kv(), kv());
+    for (let s = 0; s < steps; s++) await rt.attend(0, [{ seq, q: random(qHeads * headDim), kNew: random(row), vNew: random(row) }]);
+  } finally {
+    await rt.closeSequence(seq);
+  }
+}
+
 /**
  * One row of the default demo: kvdrive decoded through openRuntime (the memory model, DRAM only,
  * its default budget) in one mode, as an eval source (ReplayOptions.attended): before the eval
@@ -298,6 +330,7 @@ export class RuntimeRow implements AttendedSource {
       maxTokens: promptTokens + decodeSteps,
       policyOptions: { threads: o.threads },
     });
+    await warmUp(rt, meta, dtype);
     return new RuntimeRow(o.mode, rt, o.onStep);
   }
 
