@@ -6,7 +6,8 @@
  *     compact per-head arena (the hot tier's layout; 8.7 MB, cache-resident), scattered over the
  *     128K cache with the same selection every call (cache-resident, but every chunk on another
  *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM); and the
- *     runtime's attendFetched over the same tokens as page-first pages in a DRAM-tier arena;
+ *     runtime's attendFetched over the same tokens as page-first pages in a DRAM-tier arena, and over
+ *     2048 single tokens per head at random places (how the runtime's token-granular selections lie);
  *   - centroid scoring as kvdrive's select runs it (int8 tiles, 8192 clusters x 8 kv heads, one thread).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
@@ -53,6 +54,24 @@ function randomSelection(tokens: number, seed: number): Selection {
     offsets[h + 1] = (h + 1) * perHead;
   }
   return { chunkSize: CHUNK, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
+}
+
+/**
+ * BUDGET single tokens per kv head at random places (chunkSize 1), ascending: the runtime's
+ * token-granular selections lie like this — about one or two selected tokens per 4-token page.
+ */
+function randomTokenSelection(tokens: number, seed: number): Selection {
+  const next = xorshift(seed);
+  const tailStart = tokens - LOCAL;
+  const offsets = new Int32Array(KV_HEADS + 1);
+  const ids = new Int32Array(BUDGET * KV_HEADS);
+  for (let h = 0; h < KV_HEADS; h++) {
+    const chosen = new Set<number>();
+    while (chosen.size < BUDGET) chosen.add(SINKS + (next() % (tailStart - SINKS)));
+    ids.set(Int32Array.from([...chosen].sort((a, b) => a - b)), h * BUDGET);
+    offsets[h + 1] = (h + 1) * BUDGET;
+  }
+  return { chunkSize: 1, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
 }
 
 interface Row {
@@ -242,8 +261,8 @@ async function main(): Promise<void> {
     const rowsOf = (data: Uint16Array, from: number, n: number): KvTensor => ({ data: data.subarray(from * KV_HEADS * DIM, (from + n) * KV_HEADS * DIM), dtype: 'f16', tokens: n, heads: KV_HEADS, dim: DIM });
     const sink = { k: rowsOf(kData, 0, SINKS), v: rowsOf(vData, 0, SINKS) };
     const tail = { k: rowsOf(kData, tailBase, LOCAL), v: rowsOf(vData, tailBase, LOCAL) };
-    const fetchedArgs = (chunkSel: Selection) => {
-      const selection = tok(chunkSel);
+    const fetchedArgs = (chunkSel: Selection) => fetchedArgsOf(tok(chunkSel));
+    const fetchedArgsOf = (selection: Selection) => {
       const fetchedOffsets = new Int32Array(KV_HEADS + 1);
       const ids: number[] = [];
       for (let h = 0; h < KV_HEADS; h++) {
@@ -260,7 +279,10 @@ async function main(): Promise<void> {
     };
     const hotArgs = fetchedArgs(hotSel);
     const coldArgs = coldSels.map(fetchedArgs);
+    // Single tokens at random places (runs of one: copied together before the row kernels).
+    const scatteredArgs = Array.from({ length: 16 }, (_, i) => fetchedArgsOf(randomTokenSelection(MAX_TOKENS, 200 + i)));
     let coldF = 0;
+    let scatteredF = 0;
     for (const threads of [1, 2]) {
       add(
         { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, hot (${threads}T)` },
@@ -269,6 +291,10 @@ async function main(): Promise<void> {
       add(
         { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, cold (${threads}T)` },
         () => attendFetched({ ...coldArgs[coldF++ % 16]!, threads }),
+      );
+      add(
+        { name: `attendFetched 2048 scattered single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        () => attendFetched({ ...scatteredArgs[scatteredF++ % 16]!, threads }),
       );
     }
   }
