@@ -25,9 +25,6 @@ import { chunkBytesOf, storeShapeSchema } from './ssd-store.js';
 import { parseOptions } from './io-engine.js';
 import { SlotHeap } from './slot-heap.js';
 
-/** Slot map of a removed segment (DramStore.mapsByOrdinal keeps ordinals dense). */
-const EMPTY_MAP = new Int32Array(0);
-
 /** Options of a {@link DramStore}. */
 export interface DramStoreOptions {
   /** Hard budget for resident chunk data plus per-slot metadata, bytes (>= one chunk). */
@@ -111,13 +108,10 @@ export class DramStore {
   private readonly heap: SlotHeap;
   /** Resident slots allocate took out of the heap while pinned (see there); restoreAside puts them back. */
   private readonly aside: number[] = [];
-  private readonly free: Int32Array; // stack of free slots, freeTop[0] entries
+  private readonly free: Int32Array; // stack of free slots, freeTop entries
   /** Readers attending a slot in place (off the JS thread); a pinned slot is never evicted. */
   private readonly pins: Uint16Array;
-  /** [free slots on the stack] (an array: the native admission pops and pushes it). */
-  private readonly freeTop = new Int32Array(1);
-  /** Slot map of each segment ordinal (an empty array once removed), for the native admission's evictions. */
-  private readonly mapsByOrdinal: Int32Array[] = [];
+  private freeTop = 0;
   private readonly segs = new Map<string, SegmentEntry>();
   private readonly byOrdinal = new Map<number, SegmentEntry>();
   private nextOrdinal = 0;
@@ -167,7 +161,7 @@ export class DramStore {
     this.heap = new SlotHeap(cap);
     this.free = new Int32Array(cap);
     this.pins = new Uint16Array(cap);
-    for (let s = cap - 1; s >= 0; s--) this.free[this.freeTop[0]!++] = s;
+    for (let s = cap - 1; s >= 0; s--) this.free[this.freeTop++] = s;
   }
 
   /** Registers a sealed segment of `tokens` tokens so its chunks can become resident. */
@@ -179,7 +173,6 @@ export class DramStore {
     const e: SegmentEntry = { ordinal: this.nextOrdinal++, chunks, slots: new Int32Array(this.shape.layers * this.shape.kvHeads * chunks).fill(-1) };
     this.segs.set(id, e);
     this.byOrdinal.set(e.ordinal, e);
-    this.mapsByOrdinal.push(e.slots);
   }
 
   /** Drops a segment and frees its resident chunks (none may be pinned: E_INTERNAL). */
@@ -190,7 +183,6 @@ export class DramStore {
     for (let k = 0; k < e.slots.length; k++) if (e.slots[k]! >= 0) this.release(e.slots[k]!);
     this.segs.delete(id);
     this.byOrdinal.delete(e.ordinal);
-    this.mapsByOrdinal[e.ordinal] = EMPTY_MAP;
   }
 
   hasSegment(id: string): boolean {
@@ -282,33 +274,39 @@ export class DramStore {
     this.restoreAside();
     if (scores.length !== ids.length || srcOffsets.length !== ids.length)
       fail('E_SHAPE', 'DramStore.put scores/srcOffsets', `${ids.length} entries (one per chunk id)`, `${scores.length}/${srcOffsets.length}`);
-    const keys = new Int32Array(ids.length);
-    for (let i = 0; i < ids.length; i++) keys[i] = this.key(e, id, layer, head, ids[i]!);
-    // The admission loop in one native pass (native/cache/dram_tier.cc dramPut): scores and byte
-    // offsets checked there before any change, then per chunk a score refresh or a slot (free, or
-    // the least important unpinned resident's), its bytes copied into the arena at once.
-    const r = native.dramPut({
-      heap: this.heap.state,
-      owner: this.slotOwner,
-      slotKey: this.slotKey,
-      pins: this.pins,
-      free: this.free,
-      freeTop: this.freeTop,
-      maps: this.mapsByOrdinal,
-      ordinal: e.ordinal,
-      keys,
-      scores: scores instanceof Float32Array || scores instanceof Float64Array ? scores : Float64Array.from(scores),
-      src,
-      srcOffsets: srcOffsets instanceof Float64Array ? srcOffsets : Float64Array.from(srcOffsets),
-      arenas: this.arenas,
-      slotsPerBlock: this.slotsPerBlock,
-      chunkBytes: this.chunkBytes,
-    }) as { admitted: number; rejected: number; evicted: number; aside?: Int32Array };
-    if (r.aside) for (const slot of r.aside) this.aside.push(slot);
-    this.counters.admitted += r.admitted;
-    this.counters.rejected += r.rejected;
-    this.counters.evicted += r.evicted;
-    return r.admitted;
+    // Validate everything before changing any state.
+    for (let i = 0; i < ids.length; i++) {
+      this.key(e, id, layer, head, ids[i]!);
+      if (!Number.isFinite(scores[i]!)) fail('E_NONFINITE', `DramStore.put score of chunk ${ids[i]}`, 'a finite number', scores[i]);
+      const o = srcOffsets[i]!;
+      if (!Number.isInteger(o) || o < 0 || o + this.chunkBytes > src.length)
+        fail('E_RANGE', `DramStore.put srcOffsets[${i}]`, `an offset with offset + ${this.chunkBytes} <= src.length ${src.length}`, o);
+    }
+    const from: number[] = [];
+    const to: number[] = []; // slots
+    for (let i = 0; i < ids.length; i++) {
+      const k = this.key(e, id, layer, head, ids[i]!);
+      const score = scores[i]!;
+      const existing = e.slots[k]!;
+      if (existing >= 0) {
+        this.heap.update(existing, score);
+        continue;
+      }
+      const slot = this.allocate(score);
+      if (slot < 0) {
+        this.counters.rejected++;
+        continue;
+      }
+      this.slotOwner[slot] = e.ordinal;
+      this.slotKey[slot] = k;
+      e.slots[k] = slot;
+      this.heap.insert(slot, score);
+      from.push(srcOffsets[i]!);
+      to.push(slot);
+      this.counters.admitted++;
+    }
+    this.moveChunks(true, to, src, from);
+    return from.length;
   }
 
   /**
@@ -358,9 +356,27 @@ export class DramStore {
   }
 
   /**
-   * Puts the slots an admission set aside (pinned least important chunks, taken out of the heap so
-   * they would not refuse every admission) back into the heap once unpinned, with their current score.
+   * A free slot, evicting the least important chunk when that scores below `score`; -1 if none.
+   * While the least important chunk is pinned (being attended in place) the newcomer is rejected.
    */
+  private allocate(score: number): number {
+    if (this.freeTop > 0) return this.free[--this.freeTop]!;
+    let victim = this.heap.peek();
+    // A pinned chunk at the top (one a step attends in place, e.g. another entry's while a deferred
+    // admission runs) would refuse every admission: set it aside, out of the heap, until a later
+    // put finds it unpinned (restoreAside).
+    while (victim >= 0 && this.pins[victim] !== 0 && this.heap.scoreOf(victim) < score) {
+      this.heap.remove(victim);
+      this.aside.push(victim);
+      victim = this.heap.peek();
+    }
+    if (victim < 0 || this.heap.scoreOf(victim) >= score || this.pins[victim] !== 0) return -1;
+    this.release(victim);
+    this.counters.evicted++;
+    return this.free[--this.freeTop]!;
+  }
+
+  /** Puts the slots allocate set aside back into the heap once unpinned (with their current score). */
   private restoreAside(): void {
     let k = 0;
     for (const slot of this.aside) {
@@ -377,7 +393,7 @@ export class DramStore {
     if (owner) owner.slots[this.slotKey[slot]!] = -1;
     this.slotOwner[slot] = -1;
     this.heap.remove(slot);
-    this.free[this.freeTop[0]!++] = slot;
+    this.free[this.freeTop++] = slot;
   }
 
   /** Sets importance scores of resident chunks (non-resident ids are ignored). */
@@ -400,8 +416,16 @@ export class DramStore {
    */
   refreshScores(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
     if (entries.length !== slots.length) fail('E_SHAPE', 'DramStore.refreshScores entries', `${slots.length} entries (one per slot)`, entries.length);
-    // One native pass (native/cache/dram_tier.cc slotHeap): every slot, entry and score checked first.
-    this.heap.updateMany(slots, scores, entries);
+    const cap = this.capacityChunks;
+    // Every slot and score is checked before any score changes.
+    for (let k = 0; k < slots.length; k++) {
+      const slot = slots[k]!;
+      const score = scores[entries[k]!];
+      if (!(slot >= 0 && slot < cap)) fail('E_RANGE', `DramStore.refreshScores slots[${k}]`, `a slot in [0, ${cap})`, slot);
+      if (!Number.isFinite(score)) fail('E_NONFINITE', `DramStore.refreshScores scores[entries[${k}]]`, `a finite number (entries[${k}] = ${entries[k]} of ${scores.length} scores)`, score);
+    }
+    const heap = this.heap;
+    for (let k = 0; k < slots.length; k++) heap.update(slots[k]!, scores[entries[k]!]!);
   }
 
   /** Sets the importance of a resident slot (hot path of the tiered fetch). */
@@ -477,7 +501,7 @@ export class DramStore {
   stats(): DramStats {
     let indexBytes = 0;
     for (const e of this.segs.values()) indexBytes += e.slots.byteLength;
-    const resident = this.capacityChunks - this.freeTop[0]!;
+    const resident = this.capacityChunks - this.freeTop;
     return {
       budgetBytes: this.budgetBytes,
       capacityChunks: this.capacityChunks,
