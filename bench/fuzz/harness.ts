@@ -252,8 +252,13 @@ function runChild(target: string, from: number, o: RunOptions, dir: string, r: T
     p.stderr.on('data', (b: Buffer) => {
       stderr = (stderr + b.toString()).slice(-4000);
     });
-    p.on('exit', (code, signal) => {
+    // 'close', not 'exit': 'exit' can come before the child's last stdout lines are read ('close'
+    // fires once the child's stdio has ended). A hang is a child our timer killed: on a starved
+    // machine the timer can run after the child already died of its own signal (timers run before
+    // the exit is seen), and that death is a crash.
+    p.on('close', (code, signal) => {
       if (timer) clearTimeout(timer);
+      hung = hung && signal === 'SIGKILL';
       if (pending) {
         // The child died (or was killed) while running `pending`: that input is the finding.
         r.inputs++;
