@@ -38,41 +38,34 @@ const LOCAL = 64;
 const ROW_BYTES = DIM * 2; // f16
 const TIME_MS = Number(process.env.KVD_BENCH_TIME_MS ?? 1500);
 
-/** A random budget-K selection per kv head over the whole context: BUDGET/CHUNK chunks, ascending. */
-function randomSelection(tokens: number, seed: number): Selection {
+/**
+ * A random selection of `perHead` distinct units (of `unit` tokens) per kv head, ascending, among the
+ * units between the sinks and the 64-token tail.
+ */
+function randomUnits(tokens: number, seed: number, unit: number, perHead: number): Selection {
   const next = xorshift(seed);
-  const firstChunk = Math.ceil(SINKS / CHUNK);
+  const first = Math.ceil(SINKS / unit);
   const tailStart = tokens - LOCAL;
-  const lastChunk = Math.floor(tailStart / CHUNK); // exclusive
-  const perHead = BUDGET / CHUNK;
+  const last = Math.floor(tailStart / unit); // exclusive
   const offsets = new Int32Array(KV_HEADS + 1);
   const ids = new Int32Array(perHead * KV_HEADS);
   for (let h = 0; h < KV_HEADS; h++) {
     const chosen = new Set<number>();
-    while (chosen.size < perHead) chosen.add(firstChunk + (next() % (lastChunk - firstChunk)));
+    while (chosen.size < perHead) chosen.add(first + (next() % (last - first)));
     ids.set(Int32Array.from([...chosen].sort((a, b) => a - b)), h * perHead);
     offsets[h + 1] = (h + 1) * perHead;
   }
-  return { chunkSize: CHUNK, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
+  return { chunkSize: unit, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
 }
+
+/** A random budget-K selection per kv head over the whole context: BUDGET/CHUNK chunks, ascending. */
+const randomSelection = (tokens: number, seed: number): Selection => randomUnits(tokens, seed, CHUNK, BUDGET / CHUNK);
 
 /**
  * BUDGET single tokens per kv head at random places (chunkSize 1), ascending: the runtime's
  * token-granular selections lie like this — about one or two selected tokens per 4-token page.
  */
-function randomTokenSelection(tokens: number, seed: number): Selection {
-  const next = xorshift(seed);
-  const tailStart = tokens - LOCAL;
-  const offsets = new Int32Array(KV_HEADS + 1);
-  const ids = new Int32Array(BUDGET * KV_HEADS);
-  for (let h = 0; h < KV_HEADS; h++) {
-    const chosen = new Set<number>();
-    while (chosen.size < BUDGET) chosen.add(SINKS + (next() % (tailStart - SINKS)));
-    ids.set(Int32Array.from([...chosen].sort((a, b) => a - b)), h * BUDGET);
-    offsets[h + 1] = (h + 1) * BUDGET;
-  }
-  return { chunkSize: 1, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
-}
+const randomTokenSelection = (tokens: number, seed: number): Selection => randomUnits(tokens, seed, 1, BUDGET);
 
 interface Row {
   name: string;
