@@ -37,66 +37,66 @@ describe('attendFetched', () => {
     [4, 448],
     [6, 444],
   ] as const) {
-  it(`token-granular: selected tokens read from pages (of ${cs} tokens) in several buffers, hot-tier slots and the tail in place equal attendSparse bit for bit`, () => {
-    const k: KvTensor = { data: randn(T * kvHeads * D, 11), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
-    const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 12) };
-    const sinkEnd = 4;
-    // tokens [tailBase, 512) are the open tail (sealed: [0, tailBase))
-    const tailStart = 496;
-    const tokSel = (ids: number[][]): Selection => {
+    it(`token-granular: selected tokens read from pages (of ${cs} tokens) in several buffers, hot-tier slots and the tail in place equal attendSparse bit for bit`, () => {
+      const k: KvTensor = { data: randn(T * kvHeads * D, 11), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
+      const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 12) };
+      const sinkEnd = 4;
+      // tokens [tailBase, 512) are the open tail (sealed: [0, tailBase))
+      const tailStart = 496;
+      const tokSel = (ids: number[][]): Selection => {
+        const offsets = new Int32Array(kvHeads + 1);
+        ids.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
+        return { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(ids.flat()) };
+      };
+      // Scattered tokens (several in one chunk, some in the tail region before tailStart, one in the sinks' range clipped away).
+      const sel = tokSel([
+        [2, 9, 10, 11, 40, 41, 203, 300, 447, 448, 450, 470, 495],
+        [5, 6, 7, 8, 100, 101, 102, 103, 104, 333, 460],
+      ]);
+      const q = randn(qHeads * D, 13);
+      const want = attendSparse({ q, qHeads, k, v, selection: sel });
+      const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+      const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+      // Pages of the sealed chunks holding selected tokens, alternately in two buffers at odd slots.
       const offsets = new Int32Array(kvHeads + 1);
-      ids.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
-      return { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(ids.flat()) };
-    };
-    // Scattered tokens (several in one chunk, some in the tail region before tailStart, one in the sinks' range clipped away).
-    const sel = tokSel([
-      [2, 9, 10, 11, 40, 41, 203, 300, 447, 448, 450, 470, 495],
-      [5, 6, 7, 8, 100, 101, 102, 103, 104, 333, 460],
-    ]);
-    const q = randn(qHeads * D, 13);
-    const want = attendSparse({ q, qHeads, k, v, selection: sel });
-    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
-    const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
-    // Pages of the sealed chunks holding selected tokens, alternately in two buffers at odd slots.
-    const offsets = new Int32Array(kvHeads + 1);
-    const ids: number[] = [];
-    const at: number[] = [];
-    const inBuf: number[] = [];
-    const bufs = [new Uint8Array(64 * 2 * cs * D * 4), new Uint8Array(64 * 2 * cs * D * 4)];
-    const pb = 2 * cs * D * 4;
-    for (let h = 0; h < kvHeads; h++) {
-      const chunks = [...new Set(Array.from(sel.chunkIds.subarray(sel.offsets[h]!, sel.offsets[h + 1]!), (t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase);
-      for (const c of chunks) {
-        const b = ids.length % 2;
-        const slot = 3 + 2 * ids.length;
-        bufs[b]!.set(page(k, v, h, c, cs), slot * pb);
-        ids.push(c);
-        at.push(slot * pb);
-        inBuf.push(b);
+      const ids: number[] = [];
+      const at: number[] = [];
+      const inBuf: number[] = [];
+      const bufs = [new Uint8Array(64 * 2 * cs * D * 4), new Uint8Array(64 * 2 * cs * D * 4)];
+      const pb = 2 * cs * D * 4;
+      for (let h = 0; h < kvHeads; h++) {
+        const chunks = [...new Set(Array.from(sel.chunkIds.subarray(sel.offsets[h]!, sel.offsets[h + 1]!), (t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase);
+        for (const c of chunks) {
+          const b = ids.length % 2;
+          const slot = 3 + 2 * ids.length;
+          bufs[b]!.set(page(k, v, h, c, cs), slot * pb);
+          ids.push(c);
+          at.push(slot * pb);
+          inBuf.push(b);
+        }
+        offsets[h + 1] = ids.length;
       }
-      offsets[h + 1] = ids.length;
-    }
-    const pages = { fetched: bufs, fetchedOffsets: offsets, fetchedIds: Int32Array.from(ids), fetchedAt: Float64Array.from(at), fetchedIn: Uint8Array.from(inBuf) };
-    const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, ...pages };
-    const got = attendFetched(o);
-    expect(bits(got.out)).toBe(bits(want.out));
-    expect(bits(got.lse)).toBe(bits(want.lse));
-    expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
-    // With a hot tier holding some of the chunks, read from their slots: still the same bits.
-    const tier = new HotTier({ layers: 1, kvHeads, headDim: D, dtype: 'f32', chunkSize: cs, budget: 64, windows: 1, maxBytes: 1 << 24 });
-    const chunkSel: Selection = { chunkSize: cs, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(ids) };
-    native.hotTierAdmitPages({ hot: { handle: tier.handle, layer: 0 }, selection: chunkSel, tokens: T, pages: bufs, pageOffsets: offsets, pageIds: Int32Array.from(ids), pageAt: Float64Array.from(at), pageIn: Uint8Array.from(inBuf), tail, tailBase });
-    const hot = attendFetched({ ...o, fetched: new Uint8Array(0), fetchedOffsets: new Int32Array(kvHeads + 1), fetchedIds: new Int32Array(0), fetchedAt: new Float64Array(0), fetchedIn: new Uint8Array(0), hot: { handle: tier.handle, layer: 0 } });
-    expect(bits(hot.out)).toBe(bits(want.out));
-    tier.destroy();
-    // Pages must lie inside their buffers; a page list must come with a finer selection.
-    expect(() => attendFetched({ ...o, fetchedAt: Float64Array.from(at, (x, i) => (i === 2 ? bufs[0]!.length - 8 : x)) })).toThrow(/fetchedAt\[2\]: expected an integer byte offset/);
-    expect(() => attendFetched({ ...o, fetchedIn: Uint8Array.from(inBuf, (b, i) => (i === 1 ? 2 : b)) })).toThrow(/fetchedIn\[1\]: expected a buffer index in \[0, 2\)/);
-    expect(() => attendFetched({ q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: bufs[0]! })).toThrow(/fetchedOffsets: expected the page lists/);
-    expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
-  });
-
+      const pages = { fetched: bufs, fetchedOffsets: offsets, fetchedIds: Int32Array.from(ids), fetchedAt: Float64Array.from(at), fetchedIn: Uint8Array.from(inBuf) };
+      const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, ...pages };
+      const got = attendFetched(o);
+      expect(bits(got.out)).toBe(bits(want.out));
+      expect(bits(got.lse)).toBe(bits(want.lse));
+      expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
+      // With a hot tier holding some of the chunks, read from their slots: still the same bits.
+      const tier = new HotTier({ layers: 1, kvHeads, headDim: D, dtype: 'f32', chunkSize: cs, budget: 64, windows: 1, maxBytes: 1 << 24 });
+      const chunkSel: Selection = { chunkSize: cs, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(ids) };
+      native.hotTierAdmitPages({ hot: { handle: tier.handle, layer: 0 }, selection: chunkSel, tokens: T, pages: bufs, pageOffsets: offsets, pageIds: Int32Array.from(ids), pageAt: Float64Array.from(at), pageIn: Uint8Array.from(inBuf), tail, tailBase });
+      const hot = attendFetched({ ...o, fetched: new Uint8Array(0), fetchedOffsets: new Int32Array(kvHeads + 1), fetchedIds: new Int32Array(0), fetchedAt: new Float64Array(0), fetchedIn: new Uint8Array(0), hot: { handle: tier.handle, layer: 0 } });
+      expect(bits(hot.out)).toBe(bits(want.out));
+      tier.destroy();
+      // Pages must lie inside their buffers; a page list must come with a finer selection.
+      expect(() => attendFetched({ ...o, fetchedAt: Float64Array.from(at, (x, i) => (i === 2 ? bufs[0]!.length - 8 : x)) })).toThrow(/fetchedAt\[2\]: expected an integer byte offset/);
+      expect(() => attendFetched({ ...o, fetchedIn: Uint8Array.from(inBuf, (b, i) => (i === 1 ? 2 : b)) })).toThrow(/fetchedIn\[1\]: expected a buffer index in \[0, 2\)/);
+      expect(() => attendFetched({ q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: bufs[0]! })).toThrow(/fetchedOffsets: expected the page lists/);
+      expect(() => attendFetched({ ...o, pageChunkSize: 6, selection: { ...sel, chunkSize: 4, offsets: Int32Array.of(0, 1, 1), chunkIds: Int32Array.of(1) } })).toThrow(/pageChunkSize: expected a multiple of selection.chunkSize 4/);
+    });
   }
+
   it('kv-head masks: heads attended in two calls into one result (fetchedMass: each page\'s mass) equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 21), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 22) };
