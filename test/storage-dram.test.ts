@@ -113,7 +113,7 @@ describe('DRAM store', () => {
     await expectKvdError(() => d.refreshScores(live, Int32Array.of(0), Float32Array.of(1)), 'E_SHAPE', /entries/);
     await expectKvdError(() => d.refreshScores(Int32Array.of(live[0]!, 3), Int32Array.of(0, 0), Float32Array.of(1)), 'E_RANGE', /slots\[1\]: expected a slot in \[0, 3\)/);
     await expectKvdError(() => d.refreshScores(live, Int32Array.of(0, 1), Float32Array.of(1, NaN)), 'E_NONFINITE', /scores\[entries\[1\]\]/);
-    await expectKvdError(() => d.refreshScores(live, Int32Array.of(0, 5), Float32Array.of(1)), 'E_NONFINITE', /entries\[1\] = 5 of 1 scores/);
+    await expectKvdError(() => d.refreshScores(live, Int32Array.of(0, 5), Float32Array.of(1)), 'E_RANGE', /entries\[1\]: expected an index into the 1 scores, got 5/);
     // Nothing changed by the rejected calls.
     expect([0, 2].map((c) => d.scoreOf(d.lookup('s', 0, 0, c)))).toEqual([6, 7]);
   });

@@ -420,8 +420,10 @@ export class DramStore {
     // Every slot and score is checked before any score changes.
     for (let k = 0; k < slots.length; k++) {
       const slot = slots[k]!;
-      const score = scores[entries[k]!];
+      const entry = entries[k]!;
       if (!(slot >= 0 && slot < cap)) fail('E_RANGE', `DramStore.refreshScores slots[${k}]`, `a slot in [0, ${cap})`, slot);
+      if (!(entry >= 0 && entry < scores.length)) fail('E_RANGE', `DramStore.refreshScores entries[${k}]`, `an index into the ${scores.length} scores`, entry);
+      const score = scores[entry];
       if (!Number.isFinite(score)) fail('E_NONFINITE', `DramStore.refreshScores scores[entries[${k}]]`, `a finite number (entries[${k}] = ${entries[k]} of ${scores.length} scores)`, score);
     }
     const heap = this.heap;
