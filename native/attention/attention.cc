@@ -257,6 +257,12 @@ size_t RowRuns(const HeadAttn* heads, size_t nHeads, size_t esz) {
   return runs;
 }
 
+// Whether the heads' rows (rows in spans spans) are copied before the kernels: scattered, and in
+// runs averaging fewer than kGatheredRowsPerRun rows (RowRuns only counted when scattered).
+bool CopyFirst(const HeadAttn* heads, size_t nHeads, size_t rows, size_t spans, size_t esz) {
+  return Scattered(rows, spans) && rows < kGatheredRowsPerRun * RowRuns(heads, nHeads, esz);
+}
+
 // Pass 1 for several heads: L_h[j * total_h + pos] = q_j · k_pos (unscaled). `gather`: the rows
 // are copied into `buf` first (ForEachGatheredTile); else walked in place (ForEachTile), and
 // `prefetchValues`: a values pass follows.
@@ -356,7 +362,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
     spans += heads[h].nSpans;
   }
   const bool scattered = Scattered(rows, spans);
-  const bool gather = scattered && rows < kGatheredRowsPerRun * RowRuns(heads, nHeads, esz);
+  const bool gather = CopyFirst(heads, nHeads, rows, spans, esz);
   const size_t lookahead = LookaheadFor(rows, spans);
   Logits(heads, nHeads, totals.data(), Ls.data(), group, dim, dt, gather, scattered, lookahead, scratch.gathered);
 
@@ -447,7 +453,7 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   const int64_t total = TotalTokens(spans, nSpans);
   if (total == 0) return;
   const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
-  const bool gather = Scattered(size_t(total), nSpans) && size_t(total) < kGatheredRowsPerRun * RowRuns(&head, 1, DtypeSize(dt));
+  const bool gather = CopyFirst(&head, 1, size_t(total), nSpans, DtypeSize(dt));
   std::vector<uint8_t> gathered;
   Logits(&head, 1, &total, &probs, group, dim, dt, gather, false, LookaheadFor(size_t(total), nSpans), gathered);
   std::vector<float> ms(size_t(group) * 2);
