@@ -11,6 +11,7 @@ import type { KvTensor } from '../src/types.js';
 import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
 import type { IoEngineOptions } from '../src/storage/io-engine.js';
 import { osThreads } from './threads.js';
+import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 
 const shape = { layers: 2, qHeads: 8, kvHeads: 2, headDim: 16 };
 const PROMPT = 402; // not a multiple of the chunk size: the last partial chunk stays in DRAM
@@ -132,6 +133,36 @@ describe('SSD-backed runtime', () => {
     expect(ssd.st.hits).toBe(dram.st.hits);
     expect(ssd.st.ssdChunks).toBeGreaterThan(0);
     expect(ssd.st.ssdChunks).toBeLessThanOrEqual(ssd.st.misses); // only misses are read from SSD
+  });
+
+  it("a prefill's observation window ranks what the DRAM tier keeps: fewer SSD reads, the same outputs", async () => {
+    // A synthetic trace's own prompt-end queries (what a host's prefill computes) against none: the
+    // DRAM tier (a third of the sealed chunks) then fills in chunk order.
+    const trace = generateSyntheticTrace({ layers: 1, promptTokens: 4096, decodeSteps: 8, qHeads: 8, kvHeads: 2, headDim: 32, dtype: 'f32', seed: 21 });
+    const { promptTokens: T, decodeSteps: S, qHeads, kvHeads, headDim } = trace.meta;
+    const d = trace.layerData(0);
+    const opts: RuntimeOptions = { shape: { layers: 1, qHeads, kvHeads, headDim }, budget: 64, maxSequences: 1, maxTokens: T + S };
+    const dramBudget = await tierBudget(opts, 1 / 3);
+    const run = async (obs: boolean) => {
+      const rt = await openRuntime({ ...opts, dramBudget, ssd: { dir: tmp() } });
+      const s = rt.createSequence();
+      const t = (data: Float32Array | Uint16Array): KvTensor => ({ data, dtype: 'f32', tokens: T, heads: kvHeads, dim: headDim });
+      await rt.prefill(s, 0, t(d.k), t(d.v), obs ? trace.observationQueries(0, 16) : undefined);
+      const outs: string[] = [];
+      const r = kvHeads * headDim;
+      for (let i = 0; i < S; i++) {
+        const [o] = await rt.attend(0, [{ seq: s, q: (d.q as Float32Array).slice(i * qHeads * headDim, (i + 1) * qHeads * headDim), kNew: (d.kNew as Float32Array).slice(i * r, (i + 1) * r), vNew: (d.vNew as Float32Array).slice(i * r, (i + 1) * r) }]);
+        outs.push(bits(o!));
+      }
+      const st = await rt.stats();
+      await rt.close();
+      return { outs, ssd: st.ssdChunks };
+    };
+    const cold = await run(false);
+    const ranked = await run(true);
+    expect(ranked.outs).toEqual(cold.outs);
+    expect(cold.ssd).toBeGreaterThan(0);
+    expect(ranked.ssd).toBeLessThan(cold.ssd / 2);
   });
 
   it('closing a sequence deletes its segments and the handle is reused', async () => {

@@ -64,8 +64,10 @@ describe('kvdrive demo --storage', () => {
     expect(t.memory.measuredBytes).toBeGreaterThan(t.memory.overhead[0]!.bytes);
     // Segments are deleted afterwards; the store's manifest stays.
     expect(readdirSync(dir)).toEqual(['manifest.json']);
-    const text = await run(['--storage', dir, '--tiers-only', '--hot-windows', '0']);
+    const text = await run(['--storage', dir, '--tiers-only', '--hot-windows', '0', '--obs-window', '0']);
     expect(text).toMatch(/hot tier 0 B \(window x0\)/);
+    expect(text).toMatch(/no observation window \(the DRAM tier fills in chunk order\)/);
+    expect(await run(['--storage', dir, '--tiers-only', '--obs-window', '16'])).toMatch(/prefill given the queries of the prompt's last 16 positions/);
     expect(text).toMatch(/DRAM\+SSD vs DRAM-only throughput .*: \d/);
     expect(text).toMatch(/bit-identical/);
     expect(text).toMatch(/peak RSS \(VmHWM\)/);
@@ -76,6 +78,7 @@ describe('kvdrive demo --storage', () => {
     await expectKvdError(() => run(['--storage', dir, '--dram-budget', 'lots']), 'E_CONFIG', /--dram-budget/);
     await expectKvdError(() => run(['--storage', dir, '--dram-budget', '100']), 'E_BUDGET', /dramBudget/);
     await expectKvdError(() => run(['--tiers-only']), 'E_CONFIG', /--storage/);
+    await expectKvdError(() => run(['--storage', dir, '--obs-window', '-1']), 'E_CONFIG', /--obs-window/);
   });
 });
 

@@ -10,13 +10,10 @@ import { expectKvdError } from './helpers.js';
 const dir = mkdtempSync(join(tmpdir(), 'kvd-synth-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-/** Dense attention of query head hq at decode step s: softmax over tokens [0, T+s+1), scale 1/√D. */
-function attention(tr: SyntheticTrace, layer: TraceLayer, kAll: Float32Array, hq: number, s: number): Float64Array {
-  const { qHeads: Hq, kvHeads: H, headDim: D, promptTokens: T } = tr.meta;
-  const h = Math.floor(hq / (Hq / H));
-  const n = T + s + 1;
+/** Dense attention of query `q` (head dim D) against kv head h over tokens [0, n): softmax, scale 1/√D. */
+function attend(tr: SyntheticTrace, kAll: Float32Array, q: Float32Array, h: number, n: number): Float64Array {
+  const { kvHeads: H, headDim: D } = tr.meta;
   const p = new Float64Array(n);
-  const q = layer.q.subarray((s * Hq + hq) * D, (s * Hq + hq + 1) * D);
   let m = -Infinity;
   for (let t = 0; t < n; t++) {
     let d = 0;
@@ -29,6 +26,12 @@ function attention(tr: SyntheticTrace, layer: TraceLayer, kAll: Float32Array, hq
   for (let t = 0; t < n; t++) z += p[t] = Math.exp(p[t]! - m);
   for (let t = 0; t < n; t++) p[t]! /= z;
   return p;
+}
+
+/** Dense attention of query head hq at decode step s: softmax over tokens [0, T+s+1), scale 1/√D. */
+function attention(tr: SyntheticTrace, layer: TraceLayer, kAll: Float32Array, hq: number, s: number): Float64Array {
+  const { qHeads: Hq, kvHeads: H, headDim: D, promptTokens: T } = tr.meta;
+  return attend(tr, kAll, layer.q.subarray((s * Hq + hq) * D, (s * Hq + hq + 1) * D), Math.floor(hq / (Hq / H)), T + s + 1);
 }
 
 function topK(p: Float64Array, k: number): Set<number> {
@@ -156,6 +159,41 @@ describe('synthetic traces', () => {
       return acc / c;
     };
     expect(await meanOverlap(frozen)).toBeGreaterThan(await meanOverlap(wild));
+  });
+
+  it("observation queries: the prompt's last positions, leading into the decode steps' top-K, the rest of the trace unchanged", async () => {
+    const tr = generateSyntheticTrace({ seed: 12 });
+    const { qHeads: Hq, kvHeads: H, headDim: D, promptTokens: T } = tr.meta;
+    const before = tr.layerData(0);
+    const W = 8;
+    const obs = tr.observationQueries(0, W);
+    expect(obs).toBeInstanceOf(Float32Array);
+    expect(obs.length).toBe(W * Hq * D);
+    expect(Array.from(tr.observationQueries(0, W))).toEqual(Array.from(obs));
+    // Generated backwards from step 0: a shorter window is the end of a longer one.
+    expect(Array.from(tr.observationQueries(0, 3))).toEqual(Array.from(obs.subarray((W - 3) * Hq * D)));
+    // Its own stream: every other tensor is what it was.
+    const after = tr.layerData(0);
+    for (const key of ['k', 'v', 'q', 'kNew', 'vNew'] as const) expect(Buffer.compare(Buffer.from(after[key].buffer), Buffer.from(before[key].buffer))).toBe(0);
+    // Position T-1's query attends the prompt much as decode step 0 does (same heads, one step of
+    // drift apart); another layer's last query, with other directions, does not.
+    const K = 64;
+    const { layer, kAll } = await denseLayer(tr, 0);
+    const other = tr.observationQueries(1, 1);
+    let same = 0;
+    let unrelated = 0;
+    for (let hq = 0; hq < Hq; hq++) {
+      const h = Math.floor(hq / (Hq / H));
+      const step0 = topK(attention(tr, layer, kAll, hq, 0).subarray(0, T), K);
+      const overlap = (q: Float32Array) => [...topK(attend(tr, kAll, q, h, T), K)].filter((t) => step0.has(t)).length / K;
+      same += overlap(obs.subarray(((W - 1) * Hq + hq) * D, ((W - 1) * Hq + hq + 1) * D));
+      unrelated += overlap(other.subarray(hq * D, (hq + 1) * D));
+    }
+    expect(same / Hq).toBeGreaterThan(0.6);
+    expect(unrelated / Hq).toBeLessThan(same / Hq - 0.2);
+    await expectKvdError(() => tr.observationQueries(0, 0), 'E_RANGE', /observation window: expected an integer in \[1, 2048\]/);
+    await expectKvdError(() => tr.observationQueries(0, T + 1), 'E_RANGE', /observation window/);
+    await expectKvdError(() => tr.observationQueries(2, 4), 'E_RANGE', /layer: expected an integer in \[0, 2\)/);
   });
 
   it('has sinks every head attends and local heads focused on the recent window', async () => {

@@ -36,6 +36,12 @@ export interface RuntimeDemoOptions {
   hotWindows: number;
   /** RuntimeOptions.ssd.streamHeads of the DRAM+SSD runtimes (default: every kv head, no streaming). */
   streamHeads?: number;
+  /**
+   * Queries of the prompt's last obsWindow positions handed to every prefill (Runtime.prefill's
+   * obsQ, what a host's prefill computes): they rank the sealed chunks for the DRAM tier's fill and
+   * warm the hot tier. 0: none (the DRAM tier fills in chunk order, the hot tier starts empty).
+   */
+  obsWindow: number;
 }
 
 /** Per decode step, summed over layers. */
@@ -87,13 +93,14 @@ function cpuMs(): number {
 type Inputs = { q: Float32Array[]; kNew: (Float32Array | Uint16Array)[]; vNew: (Float32Array | Uint16Array)[] };
 
 /** Prefills layers [0, layers) of `trace` into `rt` one at a time; keeps only the decode inputs. */
-async function streamPrefill(rt: Runtime, seq: number, trace: SyntheticTrace, layers: number, inputs: Inputs[], tick: (l: number) => void): Promise<void> {
+async function streamPrefill(rt: Runtime, seq: number, trace: SyntheticTrace, layers: number, obsWindow: number, inputs: Inputs[], tick: (l: number) => void): Promise<void> {
   const { promptTokens: T, decodeSteps: S, kvHeads: H, headDim: D, qHeads } = trace.meta;
   const dtype = trace.dtype;
   for (let l = 0; l < layers; l++) {
     let d: ReturnType<SyntheticTrace['layerData']> | undefined = trace.layerData(l);
     const t = (data: Float32Array | Uint16Array): KvTensor => ({ data, dtype, tokens: T, heads: H, dim: D });
-    await rt.prefill(seq, l, t(d.k), t(d.v));
+    // The observation window ranks the sealed chunks for the DRAM tier's fill and warms the hot tier.
+    await rt.prefill(seq, l, t(d.k), t(d.v), obsWindow > 0 ? trace.observationQueries(l, obsWindow) : undefined);
     if (!inputs[l]) {
       const q = toF32(d.q, dtype);
       const row = H * D;
@@ -127,7 +134,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   try {
     const seq = rt.createSequence();
     const p0 = performance.now();
-    await streamPrefill(rt, seq, trace, L, inputs, (l) => bar.tick(`prefill layer ${l}`));
+    await streamPrefill(rt, seq, trace, L, o.obsWindow, inputs, (l) => bar.tick(`prefill layer ${l}`));
     prefillMs = performance.now() - p0;
     for (let s = 0; s < S; s++) {
       const m0 = (await rt.stats()).memory!.traffic;
@@ -180,7 +187,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
     runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: ratioDramBudget, ssd: { dir: ratioDir, direct: true, streamHeads: o.streamHeads } }));
     runtimes.push(await openRuntime({ ...common, shape: { ...shape, layers: R }, dramBudget: dramOnlyBudget }));
     const seqs = runtimes.map((r) => r.createSequence());
-    for (let k = 0; k < 2; k++) await streamPrefill(runtimes[k]!, seqs[k]!, trace, R, inputs, () => undefined);
+    for (let k = 0; k < 2; k++) await streamPrefill(runtimes[k]!, seqs[k]!, trace, R, o.obsWindow, inputs, () => undefined);
     const st0: Stages[] = [];
     for (let s = 0; s < S; s++) {
       if (s === 1) for (const r of runtimes) st0.push(stagesOf(await r.stats())); // the first step warms caches
@@ -238,7 +245,7 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
     '',
     '',
     `runtime memory model (${o.mode}, kvdrive policy, budget ${o.budget}): KV ${bytes(r.kvBytes)} streamed in layer by layer, sealed to SSD at ${o.dir} (O_DIRECT); ` +
-      `DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)}${p.selectArenaBytes ? ` + select arena ${bytes(p.selectArenaBytes)}` : ''} + I/O engine buffers ${bytes(p.ioBufferBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
+      `${o.obsWindow > 0 ? `prefill given the queries of the prompt's last ${o.obsWindow} positions (they rank what the DRAM tier keeps)` : 'no observation window (the DRAM tier fills in chunk order)'}; DRAM budget ${bytes(o.dramBudget)} = tails ${bytes(p.residentBytes)} + index ${bytes(p.indexBytes)} (${p.indexBytesPerToken} B/token/layer + ${bytes(p.indexFixedBytes)} per layer) + hot tier ${bytes(p.hotTierBytes)} (window x${o.hotWindows}) + fetch ${bytes(p.fetchBytes)}${p.selectArenaBytes ? ` + select arena ${bytes(p.selectArenaBytes)}` : ''} + I/O engine buffers ${bytes(p.ioBufferBytes)} + DRAM tier ${bytes(p.dramTierBytes)}; bytes per step are summed over layers`,
     '',
     table(rows),
     '',

@@ -37,6 +37,8 @@ export const DEMO_DEFAULTS = {
   seed: 1,
   /** Both cores of the reference machine, for dense attention and for every policy alike. */
   threads: 2,
+  /** With --storage: the prefill's observation window, prompt positions (SnapKV's default size). */
+  obsWindow: 32,
 };
 
 interface DemoCliOptions {
@@ -63,6 +65,8 @@ interface DemoCliOptions {
   hotWindows: number;
   /** With --storage: kv heads per streamed select group (RuntimeOptions.ssd.streamHeads). */
   streamHeads?: number;
+  /** With --storage: prompt positions whose queries prefill gets as its observation window (0 = none). */
+  obsWindow: number;
   /** --pareto: time against recall / oracle per policy at budgets 512..4096 (demo-pareto.ts). */
   pareto?: boolean;
 }
@@ -152,6 +156,7 @@ export function register(program: Command): void {
     .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
     .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
     .option('--stream-heads <n>', 'with --storage: a sequential step selects n kv heads at a time, their SSD reads in flight while the next are selected (default: all, no streaming)', integerOption('--stream-heads', 1, DEMO_DEFAULTS.kvHeads))
+    .option('--obs-window <n>', "with --storage: hand prefill the queries of the prompt's last n positions (what a host's prefill computes), which rank the chunks the DRAM tier keeps and warm the hot tier (0 = none)", integerOption('--obs-window', 0, 4096), DEMO_DEFAULTS.obsWindow)
     .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
     .option('--pareto', 'time per layer-step beside recall / oracle for every policy at budgets 512, 1024, 2048, 4096')
     .action(async (o: DemoCliOptions, cmd: Command) => {
@@ -172,7 +177,7 @@ export function register(program: Command): void {
         seed: o.seed,
       });
       let tiers: RuntimeDemoResult | undefined;
-      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows, streamHeads: o.streamHeads };
+      const runtimeOpts = { dir: o.storage ?? '', dramBudget: o.dramBudget ?? 2 ** 30, budget: o.budget, mode: o.mode === 'pipelined' ? ('pipelined' as const) : ('sequential' as const), hotWindows: o.hotWindows, streamHeads: o.streamHeads, obsWindow: Math.min(o.obsWindow, o.context) };
       if (o.storage !== undefined) tiers = await runRuntimeDemo(trace, runtimeOpts);
       if (o.tiersOnly) {
         if (!tiers) throw new KvdriveError('E_CONFIG', 'demo --tiers-only: expected --storage, got none');

@@ -175,6 +175,14 @@ export interface SyntheticTrace extends TraceReader {
   readonly topicOf: Int32Array;
   /** Generates layer l's data in storage form (what writeTrace takes). */
   layerData(l: number): TraceLayerData;
+  /**
+   * Queries of layer l's last `window` prompt positions (T-window .. T-1), f32, window x qHeads x
+   * headDim after RoPE: what a host's prefill computes and hands the runtime as its observation
+   * window (`Runtime.prefill`'s obsQ). Same heads and focus as the decode queries, their noise on a
+   * stream of its own (the trace's other tensors do not change); no needle is active in it.
+   * E_RANGE for a layer outside [0, layers) or a window outside [1, promptTokens].
+   */
+  observationQueries(l: number, window: number): Float32Array;
   /** Writes the trace (and the needles tensor) to a file, one layer in memory at a time. */
   write(path: string): Promise<void>;
 }
@@ -386,6 +394,8 @@ interface LayerPlan {
   needleKeys: Map<number, Float32Array>[];
   /** S × Hq × D queries after RoPE (f32). */
   q: Float32Array;
+  /** The queries of prompt positions T-W..T-1 (W × Hq × D after RoPE, f32): see planLayer. */
+  observe: (W: number) => Float32Array;
   valueSeed: number;
   keySeed: number;
   newSeed: number;
@@ -508,38 +518,58 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
   const zSigma = o.queryNoise / (o.keyNoise * Math.sqrt(1 + (POS_NORM ** 2 + TOPIC_NORM ** 2) / D) || 1);
   const noise = new Float64Array(Hq * D);
   for (let i = 0; i < noise.length; i++) noise[i] = zSigma * r.normal();
+  const noise0 = noise.slice(); // step 0's state: the observation window runs back from it
   const v = new Float64Array(D);
+  /** Query head hq at `position` from the noise state `state`, with needle directions `active`, into out at off. */
+  const query = (hq: number, state: Float64Array, active: { dir: Float64Array }[], position: number, out: Float32Array, off: number) => {
+    const h = Math.floor(hq / g);
+    const role = roles[hq]!;
+    const aSink = (o.sinkLogit * sqrtD) / (SINK_NORM * o.keyNoise);
+    const aPos = ((role === 'local' ? 1 : role === 'mixed' ? 0.5 : 0) * o.localLogit * sqrtD) / (POS_NORM * o.keyNoise);
+    const aTopic = ((role === 'retrieval' ? 1 : role === 'mixed' ? 0.5 : 0) * o.topicLogit * sqrtD) / (TOPIC_NORM * o.keyNoise);
+    const c = centres[h]![focus[hq]!]!;
+    // The noise stays off the sink pairs and off the needle directions active now: its job is the
+    // step-to-step drift of ordinary tokens' scores, not to move the few strong keys at random.
+    const z = state.slice(hq * D, (hq + 1) * D);
+    for (let p = bands.sinkBand[0]; p < bands.sinkBand[1]; p++) z[bands.first[p]!] = z[bands.second[p]!] = 0;
+    for (const { dir } of active) {
+      let d = 0;
+      for (let i = 0; i < D; i++) d += z[i]! * dir[i]!;
+      for (let i = 0; i < D; i++) z[i]! -= d * dir[i]!;
+    }
+    for (let i = 0; i < D; i++) v[i] = aSink * sinkDir[h]![i]! + aPos * posDir[h]![i]! + aTopic * c[i]! + z[i]!;
+    for (const { dir } of active) {
+      const a = (o.needleLogit * sqrtD) / (NEEDLE_NORM * o.keyNoise);
+      for (let i = 0; i < D; i++) v[i]! += a * dir[i]!;
+    }
+    rotate(v, position, bands);
+    out.set(v, off);
+  };
   for (let s = 0; s < S; s++) {
     if (s > 0) for (let i = 0; i < noise.length; i++) noise[i] = rho * noise[i]! + innov * zSigma * r.normal();
     for (let hq = 0; hq < Hq; hq++) {
-      const h = Math.floor(hq / g);
-      const role = roles[hq]!;
-      const aSink = (o.sinkLogit * sqrtD) / (SINK_NORM * o.keyNoise);
-      const aPos = ((role === 'local' ? 1 : role === 'mixed' ? 0.5 : 0) * o.localLogit * sqrtD) / (POS_NORM * o.keyNoise);
-      const aTopic = ((role === 'retrieval' ? 1 : role === 'mixed' ? 0.5 : 0) * o.topicLogit * sqrtD) / (TOPIC_NORM * o.keyNoise);
-      const c = centres[h]![focus[hq]!]!;
-      // The noise stays off the sink pairs and off the needle directions active now: its job is the
-      // step-to-step drift of ordinary tokens' scores, not to move the few strong keys at random.
-      const z = noise.slice(hq * D, (hq + 1) * D);
-      for (let p = bands.sinkBand[0]; p < bands.sinkBand[1]; p++) z[bands.first[p]!] = z[bands.second[p]!] = 0;
       const active = needleDirs.filter(({ n }) => n.qHead === hq && s >= n.firstStep && s <= n.lastStep);
-      for (const { dir } of active) {
-        let d = 0;
-        for (let i = 0; i < D; i++) d += z[i]! * dir[i]!;
-        for (let i = 0; i < D; i++) z[i]! -= d * dir[i]!;
-      }
-      for (let i = 0; i < D; i++) v[i] = aSink * sinkDir[h]![i]! + aPos * posDir[h]![i]! + aTopic * c[i]! + z[i]!;
-      for (const { dir } of active) {
-        const a = (o.needleLogit * sqrtD) / (NEEDLE_NORM * o.keyNoise);
-        for (let i = 0; i < D; i++) v[i]! += a * dir[i]!;
-      }
-      rotate(v, T + s, bands);
-      q.set(v, (s * Hq + hq) * D);
+      query(hq, noise, active, T + s, q, (s * Hq + hq) * D);
     }
   }
+  // The last W prompt positions' queries, as a host's prefill computes them: the same heads, the
+  // AR(1) noise run backwards from step 0's state (a stationary Gaussian AR(1) reads the same either
+  // way) on its own stream, so the decode queries above do not change. No needle is active there:
+  // which far token a later step retrieves is not announced by the prompt's end.
+  const observe = (W: number): Float32Array => {
+    const out = new Float32Array(W * Hq * D);
+    const rb = new PlanRng(hashSeed(o.seed, l, 0x0b5e));
+    const state = noise0.slice();
+    for (let w = W - 1; w >= 0; w--) {
+      for (let i = 0; i < state.length; i++) state[i] = rho * state[i]! + innov * zSigma * rb.normal();
+      for (let hq = 0; hq < Hq; hq++) query(hq, state, [], T - W + w, out, (w * Hq + hq) * D);
+    }
+    return out;
+  };
   return {
     roles,
     needles,
+    observe,
     common: commons.map((c) => Float32Array.from(c)),
     topicVec,
     sinkBase,
@@ -762,6 +792,12 @@ export function generateSyntheticTrace(options: SyntheticTraceOptions = {}): Syn
     headRoles: plans.map((p) => p.roles),
     topicOf,
     layerData,
+    observationQueries: (l: number, window: number) => {
+      if (!Number.isInteger(l) || l < 0 || l >= o.layers) fail('E_RANGE', 'synthetic trace layer', `an integer in [0, ${o.layers})`, l);
+      if (!Number.isInteger(window) || window < 1 || window > o.promptTokens)
+        fail('E_RANGE', 'synthetic observation window', `an integer in [1, ${o.promptTokens}] (prompt tokens)`, window);
+      return plans[l]!.observe(window);
+    },
     write: (path: string) =>
       writeTrace(
         path,
