@@ -54,3 +54,24 @@ describe('KvMemory fetch buffers', () => {
     expectKvdError(() => mem.acquireFetchBuffer(-1), 'E_INTERNAL');
   });
 });
+
+describe('KvMemory sealing without an SSD', () => {
+  it('the DRAM tier holds the only copy: every sealed chunk stays unevictable, whatever scores prefill ranked it by', async () => {
+    const mem = memory(1);
+    mem.openSequence(0);
+    const lk = mem.layer(0, 0);
+    const tokens = 256;
+    const row = 2 * 16;
+    const kv = new Uint16Array(tokens * row).fill(0x3c00); // f16 1.0
+    const chunks = tokens / mem.config.policyOptions.chunkSize;
+    // An observation window's ranking (finite scores) must not make the only copy evictable.
+    const scores = Float32Array.from({ length: 2 * chunks }, (_, i) => i / 100);
+    await mem.seal(0, 0, lk, kv, kv, tokens, scores);
+    for (let h = 0; h < 2; h++)
+      for (let c = 0; c < chunks; c++) {
+        const slot = mem.dram.lookup(lk.segments[0]!, 0, h, c);
+        expect(slot).toBeGreaterThanOrEqual(0);
+        expect(mem.dram.scoreOf(slot)).toBe(3.4028234663852886e38);
+      }
+  });
+});

@@ -141,11 +141,15 @@ describe('DRAM store', () => {
     d.addSegment('w', 32);
     const scores = Float32Array.from({ length: 32 }, (_, i) => (i * 7) % 32);
     expect(d.warm('w', data, scores)).toBe(10);
+    const slots: number[] = [];
     for (let k = 0; k < 32; k++) {
       const slot = d.lookup('w', k >> 4, (k >> 3) & 1, k & 7);
       expect(slot >= 0).toBe(scores[k]! >= 22);
       if (slot >= 0) expect(d.chunk(slot)).toEqual(expectedChunk(shape, data, k >> 4, (k >> 3) & 1, k & 7));
+      if (slot >= 0) slots.push(slot);
     }
+    // Admitted in (layer, head, chunk) order, not score order: slots ascend as the chunks do.
+    expect(slots).toEqual([...slots].sort((a, b) => a - b));
   });
 
   it('RSS growth stays within the configured budget plus stated overhead', () => {

@@ -296,8 +296,9 @@ export class KvMemory {
     try {
       this.dram.addSegment(id, n);
       const s = new Float32Array(kvHeads * chunks);
-      if (scores) s.set(scores.subarray(0, s.length));
-      else if (!this.ssd) s.fill(F32_MAX); // the only copy: never evicted
+      // Without an SSD the tier holds the only copy: never evicted, whatever the window ranked.
+      if (!this.ssd) s.fill(F32_MAX);
+      else if (scores) s.set(scores.subarray(0, s.length));
       const admitted = this.dram.warm(id, { layers: [{ k: kt, v: vt }] }, s);
       if (!this.ssd && admitted !== kvHeads * chunks)
         throw new KvdriveError('E_BUDGET', `memory: expected the DRAM tier to hold every sealed chunk (no SSD store), got room for ${admitted} of ${kvHeads * chunks}`);

@@ -462,7 +462,10 @@ export class DramStore {
     const s = this.shape;
     if (scores.length !== e.slots.length) fail('E_SHAPE', 'DramStore.warm scores', `${e.slots.length} entries (layers*kvHeads*chunks)`, scores.length);
     const order = Array.from({ length: scores.length }, (_, i) => i).sort((a, b) => scores[b]! - scores[a]!);
-    const take = order.slice(0, Math.min(order.length, this.capacityChunks));
+    // The best-scored chunks, admitted in (layer, head, chunk) order: which are admitted is the same
+    // in any order (each admission evicts the least important resident below it), and slots taken in
+    // chunk order keep a head's chunks in ascending slots, as a whole-segment fill lays them out.
+    const take = order.slice(0, Math.min(order.length, this.capacityChunks)).sort((a, b) => a - b);
     const es = s.dtype === 'f32' ? 4 : 2;
     const rowBytes = s.headDim * es;
     const page = new Uint8Array(this.chunkBytes);
