@@ -81,6 +81,27 @@ describe('tiered KV fetch', () => {
     await expectKvdError(() => kv.fetchInPlace(req, new Uint8Array(cb)), 'E_SHAPE', /at least \d chunks/);
   });
 
+  it("admit with fetchInPlace's placement: residents re-scored at their arena slots, SSD reads offered, as a lookup would", async () => {
+    const { ssd, dram, data } = await setup(6);
+    const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });
+    dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i === 16 || i === 21 ? 10 : i === 0 ? 5 : i < 4 ? 1 : 0)));
+    const req = request(0, [[0, 5, 17], [0, 5, 16]], [0.25, 3, 4, 0.5, 0.75, 2]);
+    let dest = new Uint8Array(0);
+    // Fetched without scores (a step learns them by attending), admitted with them.
+    const { placement } = await kv.fetchInPlace({ ...req, scores: undefined }, (bytes) => (dest = new Uint8Array(bytes)));
+    // Residents: head 0 chunk 0, head 1 chunks 0 and 5 (entries 0, 3, 4); the rest came from SSD.
+    expect(Array.from(placement.source).map((x) => x >= 1)).toEqual([true, false, false, true, true, false]);
+    // A placement naming a position that is no slot is refused before any score changes.
+    const forged = { ...placement, at: Float64Array.from(placement.at, (x, i) => (i === 3 ? x + 1 : x)) };
+    await expectKvdError(() => kv.admit(req, dest, forged), 'E_RANGE', /srcAt.at\[3\]: expected a multiple of \d+ bytes/);
+    expect(dram!.scoreOf(dram!.lookup('a', 0, 0, 0))).toBe(5);
+    expect(kv.admit(req, dest, placement)).toBe(3);
+    expect([dram!.lookup('a', 0, 0, 0), dram!.lookup('a', 0, 1, 0), dram!.lookup('a', 0, 1, 5)].map((slot) => dram!.scoreOf(slot))).toEqual([0.25, 0.5, 0.75]);
+    expect(dram!.scoreOf(dram!.lookup('a', 0, 0, 5))).toBe(3);
+    expect(dram!.scoreOf(dram!.lookup('b', 0, 0, 1))).toBe(4);
+    placement.release();
+  });
+
   it('fetchInPlace says, within the call, where every page will be and which kv heads still wait for reads (onIssued)', async () => {
     const { ssd, dram, data } = await setup(6);
     const kv = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false });

@@ -562,8 +562,9 @@ export class TieredKv {
    * fetch buffer) with importance `req.scores` (required): resident chunks get their score
    * updated, others are admitted if they beat the least important resident chunk. For callers
    * that know a chunk's importance only after attending it (decode attention mass), with
-   * `promote: false`. `srcAt` (a placement of {@link fetchInPlace}): entry i's page at
-   * src[srcAt.at[i]] (entries left in the arena are resident, so only their score changes).
+   * `promote: false`. `srcAt` (the placement {@link fetchInPlace} gave for this request, its pins
+   * still held): entry i's page at src[srcAt.at[i]]; the entries it left in the arena are resident
+   * (their slot is their arena position), so only their score changes.
    * Returns how many chunks were admitted.
    */
   admit(req: FetchRequest, src: Uint8Array, srcAt?: FetchPlacement): number {
@@ -583,12 +584,31 @@ export class TieredKv {
       const { lists } = scratch;
       const cap = lists.length / 3;
       const out = { slots: lists.subarray(0, n), entries: lists.subarray(cap, cap + n), misses: lists.subarray(2 * cap, 2 * cap + n) };
-      const found = DramStore.locate(this.dram, req, this.chain, out, { kvHeads: this.shape.kvHeads, chunkBytes: this.chunkBytes, pin: false });
+      let found: { hits: number; misses: number };
+      if (srcAt && srcAt.arenas === this.dram.arenas) {
+        // The fetch's own placement already says which entries it left in the arena (resident,
+        // pinned until the caller releases them) and where: the slot is the arena position. No
+        // second lookup of the slot maps (one cache miss per chunk).
+        found = { hits: 0, misses: 0 };
+        const perBlock = this.dram.slotsPerBlock;
+        const cb = this.chunkBytes;
+        for (let i = 0; i < n; i++) {
+          const b = srcAt.source[i]!;
+          if (b >= 1) {
+            const slot = (b - 1) * perBlock + srcAt.at[i]! / cb;
+            if (!Number.isInteger(slot)) fail('E_RANGE', `TieredKv.admit srcAt.at[${i}]`, `a multiple of ${cb} bytes (an arena slot's offset)`, srcAt.at[i]);
+            out.slots[found.hits] = slot;
+            out.entries[found.hits++] = i;
+          } else out.misses[found.misses++] = i;
+        }
+      } else {
+        found = DramStore.locate(this.dram, req, this.chain, out, { kvHeads: this.shape.kvHeads, chunkBytes: this.chunkBytes, pin: false });
+        if (srcAt)
+          for (let k = 0; k < found.misses; k++)
+            if (srcAt.source[out.misses[k]!]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${out.misses[k]} resident (left in the arena, pinned)`, 'evicted');
+      }
       this.dram.refreshScores(out.slots.subarray(0, found.hits), out.entries.subarray(0, found.hits), req.scores);
       const missing = out.misses.subarray(0, found.misses);
-      if (srcAt)
-        for (let k = 0; k < missing.length; k++)
-          if (srcAt.source[missing[k]!]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${missing[k]} resident (left in the arena, pinned)`, 'evicted');
       return missing.length ? this.promoteFrom(req.layer, req, missing, src, srcAt ? srcAt.at : undefined) : 0;
     } finally {
       this.scratchFree.push(scratch);
