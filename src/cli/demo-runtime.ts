@@ -22,6 +22,9 @@ import { ProgressBar } from './progress.js';
 import { HotTier } from '../cache/hot-tier.js';
 import { resolvePolicyOptions } from '../index/options.js';
 import { KvdriveError } from '../errors.js';
+import { createPolicy } from '../index/policy.js';
+import type { PolicyName } from '../index/selection.js';
+import { attendSparse } from '../attention/kernels.js';
 import { prefixView, type AttendedSource, type AttendedStep, type ReplayLayer } from '../eval/replay.js';
 
 export interface RuntimeDemoOptions {
@@ -287,9 +290,7 @@ async function warmUp(rt: Runtime, meta: SyntheticTrace['meta'], dtype: Syntheti
   const { qHeads, kvHeads, headDim } = meta;
   const { tokens, steps } = warmUpShape(meta);
   const row = kvHeads * headDim;
-  let x = 0x2545f491;
-  const random = (n: number) => Float32Array.from({ length: n }, () => ((x = (Math.imul(x, 1103515245) + 12345) | 0) >>> 8) / 2 ** 24 - 0.5);
-  const stored = (a: Float32Array): Float32Array | Uint16Array => (dtype === 'f16' ? f32ArrayToF16(a) : dtype === 'bf16' ? f32ArrayToBf16(a) : a);
+  const { random, stored } = warmUpData(dtype);
   const seq = rt.createSequence();
   try {
     const kv = (): KvTensor => ({ data: stored(random(tokens * row)), dtype, tokens, heads: kvHeads, dim: headDim });
@@ -297,6 +298,37 @@ async function warmUp(rt: Runtime, meta: SyntheticTrace['meta'], dtype: Syntheti
     for (let s = 0; s < steps; s++) await rt.attend(0, [{ seq, q: random(qHeads * headDim), kNew: random(row), vNew: random(row) }]);
   } finally {
     await rt.closeSequence(seq);
+  }
+}
+
+/** Deterministic throwaway data of the warm-ups: random f32 in [-0.5, 0.5) and its storage form. */
+function warmUpData(dtype: SyntheticTrace['dtype']) {
+  let x = 0x2545f491;
+  const random = (n: number) => Float32Array.from({ length: n }, () => ((x = (Math.imul(x, 1103515245) + 12345) | 0) >>> 8) / 2 ** 24 - 0.5);
+  const stored = (a: Float32Array): Float32Array | Uint16Array => (dtype === 'f16' ? f32ArrayToF16(a) : dtype === 'bf16' ? f32ArrayToBf16(a) : a);
+  return { random, stored };
+}
+
+/**
+ * The policy rows' counterpart of {@link warmUp}: each policy object (quest, shadowkv) indexes a
+ * throwaway context of the same shape and selects and attends over it as many steps, untimed, with
+ * the keys as the eval gives them. Its scratch growth and first calls then happen before the timed
+ * steps, as the runtime rows' do: every row of the table times steady steps.
+ */
+export async function warmUpPolicies(names: readonly PolicyName[], meta: SyntheticTrace['meta'], dtype: SyntheticTrace['dtype'], budget: number, threads: number): Promise<void> {
+  const { qHeads, kvHeads, headDim } = meta;
+  const { tokens, steps } = warmUpShape(meta);
+  const { random, stored } = warmUpData(dtype);
+  const kv = (): KvTensor => ({ data: stored(random(tokens * kvHeads * headDim)), dtype, tokens, heads: kvHeads, dim: headDim });
+  const k = kv();
+  const v = kv();
+  for (const name of names) {
+    const policy = createPolicy(name, { qHeads, kvHeads, headDim, threads });
+    await policy.build(k, tokens);
+    for (let s = 0; s < steps; s++) {
+      const q = random(qHeads * headDim);
+      attendSparse({ q, qHeads, k, v, selection: policy.select(q, Math.min(budget, tokens), { keys: k }), threads });
+    }
   }
 }
 

@@ -18,7 +18,7 @@ import { choiceListOption, choiceOption, integerOption } from './options.js';
 import { ProgressBar } from './progress.js';
 import { runBatchDemo } from './demo-batch.js';
 import { parseBytes } from '../cache/window-solver.js';
-import { RuntimeRow, renderRuntimeDemo, runRuntimeDemo, warmUpShape, type RuntimeDemoResult } from './demo-runtime.js';
+import { RuntimeRow, renderRuntimeDemo, runRuntimeDemo, warmUpPolicies, warmUpShape, type RuntimeDemoResult } from './demo-runtime.js';
 import { runParetoDemo } from './demo-pareto.js';
 
 const POLICIES: readonly PolicyName[] = ['kvdrive', 'quest', 'shadowkv'];
@@ -124,7 +124,8 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
           `kvdrive (runtime, mode): openRuntime as a host embeds it (memory model, DRAM only: ${bytes(runtimeRows[0]!.dramBudgetBytes)} default budget, ${ev.dtype} KV); time = whole attend() ` +
             `(select: index extend + select on its key sketch; fetch: DRAM tier + tail staging; attend: attention); the modes' outputs are bit-identical (checked). ` +
             `One sequence is one micro-batch, so pipelined has nothing to overlap and runs it as sequential does; \`--batch N\` shows the overlap across sequences. ` +
-            `Each runtime first decodes a throwaway sequence (${warmUpShape(m).tokens} random tokens, ${warmUpShape(m).steps} steps, not timed), so V8 has compiled the step's JS before the timed steps.`,
+            `Each runtime first decodes a throwaway sequence (${warmUpShape(m).tokens} random tokens, ${warmUpShape(m).steps} steps, not timed), so V8 has compiled the step's JS before the timed steps; ` +
+            `each policy object (quest, shadowkv) first indexes, selects and attends over one of the same shape, so every row times steady steps.`,
         ]
       : []),
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens (the runtime's own);`,
@@ -198,6 +199,7 @@ export function register(program: Command): void {
       try {
         if (viaRuntime)
           for (const mode of modes) rows.push(await RuntimeRow.open(trace.meta, trace.dtype, { budget: o.budget, threads: o.threads, mode, onStep: (what) => bar.tick(what) }));
+        await warmUpPolicies(policies, trace.meta, trace.dtype, o.budget, o.threads);
         ev = await evaluateTrace(trace, {
           policies,
           budget: o.budget,
