@@ -553,8 +553,21 @@ export async function fetchAttendEntry(
       const pending = new Uint8Array(H);
       for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
       if (pending.every((x) => x === 1)) return;
-      rest = pending;
-      await attendHeads(attention(sc, nChunks), pending.map((x) => 1 - x));
+      const early = pending.map((x) => 1 - x);
+      // Attention splits whole kv heads over the pool (a sparse head is one part, attention_split.h):
+      // a call with a head count that is no multiple of the workers leaves some idle for a head's
+      // time, and both calls would. So ready heads beyond a multiple go with the later call (a head
+      // attends the same bits in either); fewer ready heads than workers all go early (they overlap
+      // the reads).
+      const ready = early.reduce((a, b) => a + b, 0);
+      let hold = ready >= ATTEND_THREADS ? ready % ATTEND_THREADS : 0;
+      for (let h = H - 1; h >= 0 && hold > 0; h--)
+        if (early[h]) {
+          early[h] = 0;
+          hold--;
+        }
+      rest = early.map((x) => 1 - x);
+      await attendHeads(attention(sc, nChunks), early);
     });
     const { sc, nChunks } = f;
     const e = attention(sc, nChunks);
