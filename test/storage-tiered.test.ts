@@ -93,7 +93,9 @@ describe('tiered KV fetch', () => {
     expect(Array.from(placement.source).map((x) => x >= 1)).toEqual([true, false, false, true, true, false]);
     // A placement naming a position that is no slot is refused before any score changes.
     const forged = { ...placement, at: Float64Array.from(placement.at, (x, i) => (i === 3 ? x + 1 : x)) };
-    await expectKvdError(() => kv.admit(req, dest, forged), 'E_RANGE', /srcAt.at\[3\]: expected a multiple of \d+ bytes/);
+    await expectKvdError(() => kv.admit(req, dest, forged), 'E_RANGE', /srcAt entry 3: expected an arena slot's place \(a multiple of \d+ bytes, slot below 6\)/);
+    const far = { ...placement, at: Float64Array.from(placement.at, (x, i) => (i === 3 ? 2 ** 40 * kv.chunkBytes : x)) };
+    await expectKvdError(() => kv.admit(req, dest, far), 'E_RANGE', /srcAt entry 3: .*got "block 0, byte 2814/);
     expect(dram!.scoreOf(dram!.lookup('a', 0, 0, 0))).toBe(5);
     expect(kv.admit(req, dest, placement)).toBe(3);
     expect([dram!.lookup('a', 0, 0, 0), dram!.lookup('a', 0, 1, 0), dram!.lookup('a', 0, 1, 5)].map((slot) => dram!.scoreOf(slot))).toEqual([0.25, 0.5, 0.75]);

@@ -592,11 +592,13 @@ export class TieredKv {
         found = { hits: 0, misses: 0 };
         const perBlock = this.dram.slotsPerBlock;
         const cb = this.chunkBytes;
+        const cap = this.dram.capacityChunks;
         for (let i = 0; i < n; i++) {
           const b = srcAt.source[i]!;
           if (b >= 1) {
             const slot = (b - 1) * perBlock + srcAt.at[i]! / cb;
-            if (!Number.isInteger(slot)) fail('E_RANGE', `TieredKv.admit srcAt.at[${i}]`, `a multiple of ${cb} bytes (an arena slot's offset)`, srcAt.at[i]);
+            if (!(Number.isInteger(slot) && slot >= 0 && slot < cap))
+              fail('E_RANGE', `TieredKv.admit srcAt entry ${i}`, `an arena slot's place (a multiple of ${cb} bytes, slot below ${cap})`, `block ${b - 1}, byte ${srcAt.at[i]}`);
             out.slots[found.hits] = slot;
             out.entries[found.hits++] = i;
           } else out.misses[found.misses++] = i;
