@@ -520,6 +520,11 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
   for (let i = 0; i < noise.length; i++) noise[i] = zSigma * r.normal();
   const noise0 = noise.slice(); // step 0's state: the observation window runs back from it
   const v = new Float64Array(D);
+  // Each query head's focus topic centre: what the queries (and the observation window, generated
+  // later from a closure over this scope) need of `centres`, which then need not outlive the plan.
+  // (A loop, not a map callback: a callback naming `centres` would keep it alive with this scope.)
+  const focusDir: Float64Array[] = [];
+  for (let hq = 0; hq < Hq; hq++) focusDir.push(centres[Math.floor(hq / g)]![focus[hq]!]!);
   /** Query head hq at `position` from the noise state `state`, with needle directions `active`, into out at off. */
   const query = (hq: number, state: Float64Array, active: { dir: Float64Array }[], position: number, out: Float32Array, off: number) => {
     const h = Math.floor(hq / g);
@@ -527,7 +532,7 @@ function planLayer(o: ResolvedSyntheticOptions, bands: Bands, topicOf: Int32Arra
     const aSink = (o.sinkLogit * sqrtD) / (SINK_NORM * o.keyNoise);
     const aPos = ((role === 'local' ? 1 : role === 'mixed' ? 0.5 : 0) * o.localLogit * sqrtD) / (POS_NORM * o.keyNoise);
     const aTopic = ((role === 'retrieval' ? 1 : role === 'mixed' ? 0.5 : 0) * o.topicLogit * sqrtD) / (TOPIC_NORM * o.keyNoise);
-    const c = centres[h]![focus[hq]!]!;
+    const c = focusDir[hq]!;
     // The noise stays off the sink pairs and off the needle directions active now: its job is the
     // step-to-step drift of ordinary tokens' scores, not to move the few strong keys at random.
     const z = state.slice(hq * D, (hq + 1) * D);
