@@ -94,6 +94,7 @@ describe('tiered KV fetch', () => {
     // A placement naming a position that is no slot is refused before any score changes.
     const forged = { ...placement, at: Float64Array.from(placement.at, (x, i) => (i === 3 ? x + 1 : x)) };
     await expectKvdError(() => kv.admit(req, dest, forged), 'E_RANGE', /srcAt entry 3: expected an arena slot's place \(a multiple of \d+ bytes, slot below 6\)/);
+    await expectKvdError(() => kv.admit(req, dest, { ...placement, arenas: [new Uint8Array(64)] }), 'E_CONFIG', /srcAt: expected a placement this TieredKv's fetchInPlace made/);
     const far = { ...placement, at: Float64Array.from(placement.at, (x, i) => (i === 3 ? 2 ** 40 * kv.chunkBytes : x)) };
     await expectKvdError(() => kv.admit(req, dest, far), 'E_RANGE', /srcAt entry 3: .*got "block 0, byte 2814/);
     expect(dram!.scoreOf(dram!.lookup('a', 0, 0, 0))).toBe(5);

@@ -585,30 +585,26 @@ export class TieredKv {
       const cap = lists.length / 3;
       const out = { slots: lists.subarray(0, n), entries: lists.subarray(cap, cap + n), misses: lists.subarray(2 * cap, 2 * cap + n) };
       let found: { hits: number; misses: number };
-      if (srcAt && srcAt.arenas === this.dram.arenas) {
+      if (srcAt) {
         // The fetch's own placement already says which entries it left in the arena (resident,
         // pinned until the caller releases them) and where: the slot is the arena position. No
         // second lookup of the slot maps (one cache miss per chunk).
+        if (srcAt.arenas !== this.dram.arenas) fail('E_CONFIG', 'TieredKv.admit srcAt', "a placement this TieredKv's fetchInPlace made (its DRAM tier's arenas)", 'a placement over other buffers');
         found = { hits: 0, misses: 0 };
         const perBlock = this.dram.slotsPerBlock;
         const cb = this.chunkBytes;
-        const cap = this.dram.capacityChunks;
+        const slotCount = this.dram.capacityChunks;
         for (let i = 0; i < n; i++) {
           const b = srcAt.source[i]!;
           if (b >= 1) {
             const slot = (b - 1) * perBlock + srcAt.at[i]! / cb;
-            if (!(Number.isInteger(slot) && slot >= 0 && slot < cap))
-              fail('E_RANGE', `TieredKv.admit srcAt entry ${i}`, `an arena slot's place (a multiple of ${cb} bytes, slot below ${cap})`, `block ${b - 1}, byte ${srcAt.at[i]}`);
+            if (!(Number.isInteger(slot) && slot >= 0 && slot < slotCount))
+              fail('E_RANGE', `TieredKv.admit srcAt entry ${i}`, `an arena slot's place (a multiple of ${cb} bytes, slot below ${slotCount})`, `block ${b - 1}, byte ${srcAt.at[i]}`);
             out.slots[found.hits] = slot;
             out.entries[found.hits++] = i;
           } else out.misses[found.misses++] = i;
         }
-      } else {
-        found = DramStore.locate(this.dram, req, this.chain, out, { kvHeads: this.shape.kvHeads, chunkBytes: this.chunkBytes, pin: false });
-        if (srcAt)
-          for (let k = 0; k < found.misses; k++)
-            if (srcAt.source[out.misses[k]!]! >= 1) fail('E_INTERNAL', 'TieredKv.admit', `entry ${out.misses[k]} resident (left in the arena, pinned)`, 'evicted');
-      }
+      } else found = DramStore.locate(this.dram, req, this.chain, out, { kvHeads: this.shape.kvHeads, chunkBytes: this.chunkBytes, pin: false });
       this.dram.refreshScores(out.slots.subarray(0, found.hits), out.entries.subarray(0, found.hits), req.scores);
       const missing = out.misses.subarray(0, found.misses);
       return missing.length ? this.promoteFrom(req.layer, req, missing, src, srcAt ? srcAt.at : undefined) : 0;
