@@ -26,14 +26,26 @@ function quantize(x: Float32Array): { codes: Int8Array; scale: number } {
 const tileByte = (i: number, d: number, dim: number) => Math.floor(i / 16) * 16 * dim4(dim) + Math.floor(d / 4) * 64 + (i % 16) * 4 + (d % 4);
 
 /** Reference scores: exact integer dots of the query codes with the tile bytes, then the f32 epilogue. */
-function reference(q: Float32Array, g: number, tiles: Int8Array, scales: Float32Array, n: number, dim: number): Float32Array {
+// With `spread`, the select's level-1 term coef[j] * var[i] is added to each head's score (each
+// operation rounded to f32 once, in this order) before the max.
+function reference(
+  q: Float32Array,
+  g: number,
+  tiles: Int8Array,
+  scales: Float32Array,
+  n: number,
+  dim: number,
+  spread?: { var: Float32Array; coef: Float32Array },
+): Float32Array {
   const out = new Float32Array(n).fill(-Infinity);
   for (let j = 0; j < g; j++) {
     const { codes, scale } = quantize(q.subarray(j * dim, (j + 1) * dim));
     for (let i = 0; i < n; i++) {
       let dot = 0;
       for (let d = 0; d < dim; d++) dot += codes[d]! * tiles[tileByte(i, d, dim)]!;
-      out[i] = Math.max(out[i]!, Math.fround(Math.fround(dot * scale) * scales[i]!));
+      let s = Math.fround(Math.fround(dot * scale) * scales[i]!);
+      if (spread) s = Math.fround(s + Math.fround(spread.coef[j]! * spread.var[i]!));
+      out[i] = Math.max(out[i]!, s);
     }
   }
   return out;
@@ -95,6 +107,25 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     expect(indexKernelLevel()).toBe(best);
   });
 
+  it('with the spread term (coef[j] * var[i]) too: the reference bits at every SIMD level', () => {
+    const best = indexKernelLevel('best');
+    // Group 6 covers a partial block of four query heads; n 37 a partial last tile.
+    for (const [g, dim, n] of [[4, 128, 40], [6, 64, 37], [1, 16, 5]] as const) {
+      const q = randn(g * dim, 21 + g);
+      const t = centroidTiles(randn(n * dim, 5 + n), n, dim, 'i8');
+      const r = rng(g + n);
+      const spread = { var: Float32Array.from({ length: n }, () => r() * 3), coef: Float32Array.from({ length: g }, () => r() * 0.7) };
+      const want = reference(q, g, t.tiles, t.scales, n, dim, spread);
+      expect(want).not.toEqual(reference(q, g, t.tiles, t.scales, n, dim));
+      for (const level of LEVELS) {
+        indexKernelLevel(level);
+        expect(scoreCentroids(q, g, t, n, dim, 'tiles8', spread)).toEqual(want);
+      }
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
   it('any tile byte (-128 too) scores exactly at every level', () => {
     const best = indexKernelLevel('best');
     const [g, dim, n] = [4, 128, 32];
@@ -120,6 +151,10 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     expectKvdError(() => centroidTiles(randn(48, 2), 3, 16, 'f16' as never), 'E_DTYPE', /centroidTiles dtype: expected 'f32' or 'i8', got 'f16'/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: new Int8Array(48), scales: t.scales }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.tiles \(ceil\(n\/16\)\*16\*ceil4\(dim\)\): expected 256 elements, got 48/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: new Float32Array(3) }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.scales \(ceil\(n\/16\)\*16\): expected 16 elements, got 3/);
+    const spread = { var: new Float32Array(3), coef: new Float32Array(2) };
+    expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, var: new Float32Array(2) }), 'E_SHAPE', /spread.var \(n\): expected 3 elements, got 2/);
+    expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, coef: new Float32Array([1, NaN]) }), 'E_NONFINITE', /spread.coef/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'rows', spread), 'E_CONFIG', /spread: expected it only with layout 'tiles8'/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: new Uint8Array(256) as never, scales: t.scales }, 3, 16, 'tiles8'), 'E_DTYPE', /expected a Int8Array, got a Uint8Array/);
     expectKvdError(() => scoreCentroids(q, 2, new Float32Array(256), 3, 16, 'tiles8'), 'E_TYPE', /centroids \(tiles8\): expected an options object \{ tiles: Int8Array, scales: Float32Array \}, got a typed array/);
     expectKvdError(() => scoreCentroids(q, 2, [1, 2] as never, 3, 16, 'tiles8'), 'E_TYPE', /centroids \(tiles8\): expected an options object \{ tiles: Int8Array, scales: Float32Array \}, got an array/);

@@ -129,7 +129,8 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
 // group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
 // 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles8': int8 tiles
 // ({ tiles: Int8Array, scales: Float32Array } from centroidTiles(.., 'i8')), the layout the index
-// scores, with q quantized inside the call.
+// scores, with q quantized inside the call; then an optional 7th argument { var, coef } adds the
+// select's spread term, coef[j] * var[i], to each head's score before the max.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto q = GetF32(info[0], "scoreCentroids q");
@@ -152,11 +153,27 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       ExpectLength(t.length, TileBytesI8(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*16*ceil4(dim))");
       ExpectLength(sc.length, TileScalesI8(size_t(n)), "scoreCentroids centroids.scales (ceil(n/16)*16)");
       CheckFinite(sc.data, sc.length, "scoreCentroids centroids.scales");
+      // Optional spread term, as the select's level 1 adds it: + coef[j] * var[i] inside the max.
+      const float* var = nullptr;
+      const float* coef = nullptr;
+      if (info.Length() > 6 && !info[6].IsUndefined()) {
+        Napi::Object sp = GetOptionsArg(info, 6, "scoreCentroids spread", "{ var: Float32Array(n), coef: Float32Array(groupSize) }");
+        auto v = GetF32(sp.Get("var"), "scoreCentroids spread.var");
+        auto cf = GetF32(sp.Get("coef"), "scoreCentroids spread.coef");
+        ExpectLength(v.length, size_t(n), "scoreCentroids spread.var (n)");
+        ExpectLength(cf.length, size_t(g), "scoreCentroids spread.coef (groupSize)");
+        CheckFinite(v.data, v.length, "scoreCentroids spread.var");
+        CheckFinite(cf.data, cf.length, "scoreCentroids spread.coef");
+        var = v.data;
+        coef = cf.data;
+      }
       QueryI8 qq;
       QuantizeQueryI8(q.data, g, dim, qq);
-      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data());
+      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef);
       return out;
     }
+    if (info.Length() > 6 && !info[6].IsUndefined())
+      Throw("E_CONFIG", "scoreCentroids spread: expected it only with layout 'tiles8', got it with '" + layout + "'");
     auto c = GetF32(info[2], "scoreCentroids centroids");
     if (layout == "tiles") {
       ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");

@@ -255,9 +255,10 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
 // ---- int8 centroid tiles (see ScoreTilesMaxI8 in index.h) ----
 //
 // Every level computes the same exact int32 dot products of the int8 query with each int8
-// centroid, then the same float epilogue (ScoreTilesI8), so the scores are bit-identical at every
-// level. Tile layout: per tile of 16 centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds
-// lane l's dims 4p..4p+3 at bytes 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
+// centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesI8Vnni runs the same operations
+// on registers), so the scores are bit-identical at every level. Tile layout: per tile of 16
+// centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds lane l's dims 4p..4p+3 at bytes
+// 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
 
 // Per-tile kernels: dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l
 // of one tile (`quads` 64-byte quads). ScoreTilesI8 runs one of them per tile and turns the dots into
@@ -305,30 +306,6 @@ __attribute__((target("avx2"))) void TileDotsAvx2(const QueryI8& qq, const int8_
   }
 }
 
-// AVX-512 VNNI: one VPDPBUSD per quad and query head (16 centroids x 4 dims). It multiplies
-// unsigned by signed bytes, so the centroid bytes are biased to unsigned (x ^ 0x80 = x + 128) and
-// 128 * sum(q_j) is subtracted at the end: exact. Four query heads per pass.
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void TileDotsVnni(const QueryI8& qq, const int8_t* c,
-                                                                           size_t quads, int32_t* dots) {
-  const __m512i bias = _mm512_set1_epi8(char(0x80));
-  for (int j0 = 0; j0 < qq.group; j0 += 4) {
-    const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
-    const int32_t* qp[4];
-    for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t p = 0; p < quads; ++p) {
-      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
-      a0 = _mm512_dpbusd_epi32(a0, w, _mm512_set1_epi32(qp[0][p]));
-      a1 = _mm512_dpbusd_epi32(a1, w, _mm512_set1_epi32(qp[1][p]));
-      a2 = _mm512_dpbusd_epi32(a2, w, _mm512_set1_epi32(qp[2][p]));
-      a3 = _mm512_dpbusd_epi32(a3, w, _mm512_set1_epi32(qp[3][p]));
-    }
-    const __m512i acc[4] = {a0, a1, a2, a3};
-    for (int r = 0; r < nj; ++r)
-      _mm512_storeu_si512(dots + size_t(j0 + r) * 16, _mm512_sub_epi32(acc[r], _mm512_set1_epi32(128 * qq.sum[j0 + r])));
-  }
-}
-
 // out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h).
 // One f32 code path for every level (|dot| < 2^31, converted to f32 the same way everywhere), so
 // the scores are bit-identical whichever tileDots ran.
@@ -355,6 +332,57 @@ void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, cons
       best = s > best ? s : best;
     }
     for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = best[l];
+  }
+}
+
+// AVX-512 VNNI, fused: the dots of a tile stay in registers and the f32 epilogue of ScoreTilesI8
+// runs on them in place, with the same operations in the same order (one rounding each: the
+// empty asm statements keep the compiler from contracting a multiply and the add after it into
+// one FMA, which the portable levels cannot do), so the scores are the same bits. One VPDPBUSD
+// per quad and query head (16 centroids x 4 dims); it multiplies unsigned by signed bytes, so the
+// centroid bytes are biased to unsigned (x ^ 0x80 = x + 128) and 128 * sum(q_j) is subtracted at
+// the end: exact. Four query heads per pass over a tile (four accumulators, the query's 4 codes
+// broadcast per quad). Per-tile dots through memory and an epilogue on portable vectors took ~2.7x
+// the time of this (bench/RESULTS.md).
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(const QueryI8& qq, const int8_t* ct,
+                                                                                const float* scales, size_t k, float* out,
+                                                                                const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  for (size_t t = 0; t < tiles; ++t) {
+    const int8_t* c = ct + t * quads * 64;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    const __mmask16 lanes = __mmask16((1u << jn) - 1);
+    const __m512 cs = _mm512_loadu_ps(scales + t * 16);  // scales hold whole tiles, padding lanes 0
+    const __m512 vv = var ? _mm512_maskz_loadu_ps(lanes, var + t * 16) : _mm512_setzero_ps();
+    __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int j0 = 0; j0 < qq.group; j0 += 4) {
+      const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
+      const int32_t* qp[4];
+      for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
+      __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+      for (size_t p = 0; p < quads; ++p) {
+        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+        a[0] = _mm512_dpbusd_epi32(a[0], w, _mm512_set1_epi32(qp[0][p]));
+        a[1] = _mm512_dpbusd_epi32(a[1], w, _mm512_set1_epi32(qp[1][p]));
+        a[2] = _mm512_dpbusd_epi32(a[2], w, _mm512_set1_epi32(qp[2][p]));
+        a[3] = _mm512_dpbusd_epi32(a[3], w, _mm512_set1_epi32(qp[3][p]));
+      }
+      for (int r = 0; r < nj; ++r) {
+        const int j = j0 + r;
+        const __m512i d = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * qq.sum[j]));
+        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(qq.scale[j]));
+        s = _mm512_mul_ps(s, cs);
+        __asm__("" : "+v"(s));
+        if (var) {
+          __m512 v = _mm512_mul_ps(vv, _mm512_set1_ps(coef[j]));
+          __asm__("" : "+v"(v));
+          s = _mm512_add_ps(s, v);
+        }
+        best = _mm512_max_ps(s, best);  // s > best ? s : best, as ScoreTilesI8 (NaN s keeps best)
+      }
+    }
+    _mm512_mask_storeu_ps(out + t * 16, lanes, best);
   }
 }
 
@@ -803,7 +831,8 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
   switch (IndexKernelLevel()) {
     case SimdLevel::Avx512:
       // AVX-512F without VNNI: the AVX2 kernel.
-      return ScoreTilesI8(CpuHasVnni512() ? TileDotsVnni : TileDotsAvx2, q, ct, scales, k, out, var, coef);
+      if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
+      return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
     case SimdLevel::Avx2: return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
     default: return ScoreTilesI8(TileDotsScalar, q, ct, scales, k, out, var, coef);
   }

@@ -52,7 +52,8 @@ export interface CentroidTilesI8 {
  * alone); 'tiles8': int8 tiles from `centroidTiles(.., 'i8')` — what the index stores and scores:
  * the query is quantized to int8 per head inside the call, the dot products are exact integers, then
  * scaled by both scales, so scores are bit-identical at every SIMD level and approximate the f32
- * scores within the two quantizations' rounding.
+ * scores within the two quantizations' rounding. `spread` (tiles8 only): the select's level-1
+ * spread term, out[i] = max_j (q_j·centroid_i + coef[j] * var[i]); var: n, coef: groupSize.
  */
 export function scoreCentroids(
   q: Float32Array,
@@ -61,8 +62,9 @@ export function scoreCentroids(
   n: number,
   dim: number,
   layout: 'rows' | 'tiles' | 'tiles8' = 'rows',
+  spread?: { var: Float32Array; coef: Float32Array },
 ): Float32Array {
-  return native.scoreCentroids(q, groupSize, centroids, n, dim, layout) as Float32Array;
+  return native.scoreCentroids(q, groupSize, centroids, n, dim, layout, spread) as Float32Array;
 }
 
 /**
