@@ -306,6 +306,13 @@ describe('attendFetched', () => {
     expect(() =>
       native.hotTierAdmitPages({ hot: { handle: tier.handle, layer: 0 }, selection: sel, tokens: T, pages: new Uint8Array(512), pageOffsets: Int32Array.of(0, 1, 1), pageIds: Int32Array.of(5) }),
     ).toThrow(/chunk 3 of kv head 0 must be admitted but the page source does not hold it/);
+    // Kv heads admit on the addon's pool: with both heads lacking a page, the error is head 0's
+    // whichever thread failed first.
+    const both: Selection = { ...sel, offsets: Int32Array.of(0, 1, 2), chunkIds: Int32Array.of(3, 2) };
+    for (let i = 0; i < 20; i++)
+      expect(() =>
+        native.hotTierAdmitPages({ hot: { handle: tier.handle, layer: 1 }, selection: both, tokens: T, pages: new Uint8Array(512), pageOffsets: Int32Array.of(0, 1, 1), pageIds: Int32Array.of(5) }),
+      ).toThrow(/chunk 3 of kv head 0 must be admitted/);
     tier.destroy();
   });
 });
