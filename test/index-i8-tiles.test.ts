@@ -155,6 +155,11 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, var: new Float32Array(2) }), 'E_SHAPE', /spread.var \(n\): expected 3 elements, got 2/);
     expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, coef: new Float32Array([1, NaN]) }), 'E_NONFINITE', /spread.coef/);
     expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'rows', spread), 'E_CONFIG', /spread: expected it only with layout 'tiles8'/);
+    // A huge n with small arrays is a shape error, before any output of n floats is allocated
+    // (found by the kernels fuzz target: the allocation came first and aborted the process).
+    expectKvdError(() => scoreCentroids(q, 2, t, 2 ** 40, 16, 'tiles8'), 'E_SHAPE', /centroids.tiles/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 2 ** 40, 16, 'tiles'), 'E_SHAPE', /centroids \(tiles/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 2 ** 40, 16), 'E_SHAPE', /centroids \(n\*dim\)/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: new Uint8Array(256) as never, scales: t.scales }, 3, 16, 'tiles8'), 'E_DTYPE', /expected a Int8Array, got a Uint8Array/);
     expectKvdError(() => scoreCentroids(q, 2, new Float32Array(256), 3, 16, 'tiles8'), 'E_TYPE', /centroids \(tiles8\): expected an options object \{ tiles: Int8Array, scales: Float32Array \}, got a typed array/);
     expectKvdError(() => scoreCentroids(q, 2, [1, 2] as never, 3, 16, 'tiles8'), 'E_TYPE', /centroids \(tiles8\): expected an options object \{ tiles: Int8Array, scales: Float32Array \}, got an array/);

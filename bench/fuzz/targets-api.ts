@@ -21,6 +21,7 @@ import { native } from '../../src/native.js';
 // Parts that are not in the public index but are exported by their modules, fuzzed all the same.
 import { attendDenseAsync, attendSparseAsync, attentionWeights } from '../../src/attention/kernels.js';
 import { attendFetched, attendFetchedAsync } from '../../src/storage/fetched-attention.js';
+import { centroidTiles, scoreCentroids } from '../../src/index/kernels.js';
 import { HotTier } from '../../src/cache/hot-tier.js';
 import { DramStore } from '../../src/storage/dram-store.js';
 import { f32ArrayToF16 } from '../../src/util/f16.js';
@@ -173,7 +174,7 @@ interface Call {
   args: unknown[];
 }
 
-const KERNELS = ['attendDense', 'attendDenseAsync', 'attendSparse', 'attendSparseAsync', 'attentionWeights', 'mergeAttention', 'attendFetched', 'attendFetchedAsync'] as const;
+const KERNELS = ['attendDense', 'attendDenseAsync', 'attendSparse', 'attendSparseAsync', 'attentionWeights', 'mergeAttention', 'attendFetched', 'attendFetchedAsync', 'scoreCentroids'] as const;
 
 function kernelCall(g: Gen): Call {
   const fn = g.pick(KERNELS);
@@ -186,6 +187,15 @@ function kernelCall(g: Gen): Call {
     const args = { outA: g.f32(heads * dim), lseA: lse(), outB: g.f32(heads * dim), lseB: lse(), heads, dim };
     const m = mutate(g, args);
     return { fn, args: [m.outA, m.lseA, m.outB, m.lseB, m.heads, m.dim] };
+  }
+  if (fn === 'scoreCentroids') {
+    // The select's level 1: int8 tiles of n centroids, the GQA group's queries, maybe the spread
+    // term ({ var: n, coef: group }), every argument possibly mutated.
+    const n = g.int(0, 40), dim = g.pick([1, 5, 16, 37, 128]), group = g.int(1, 9);
+    const tiles = centroidTiles(g.f32(n * dim), n, dim, 'i8');
+    const spread = g.bool(0.5) ? { var: g.f32(n, g.bool(0.05)), coef: g.f32(group, g.bool(0.05)) } : undefined;
+    const m = mutate(g, { q: g.f32(group * dim, g.bool(0.03)), group, tiles, n, dim, layout: g.bool(0.9) ? 'tiles8' : g.pick(['rows', 'tiles', 'x']), spread });
+    return { fn, args: [m.q, m.group, m.tiles, m.n, m.dim, m.layout, m.spread] };
   }
   if (g.bool(0.04)) {
     // A KV view whose claimed size overflows 64 bits: tokens*heads*dim = 2^40 * 256 * 65536 = 2^64
@@ -249,6 +259,7 @@ const kernelFns: Record<string, (...a: unknown[]) => unknown> = {
   mergeAttention: api.mergeAttention as never,
   attendFetched: attendFetched as never,
   attendFetchedAsync: attendFetchedAsync as never,
+  scoreCentroids: scoreCentroids as never,
 };
 
 export const kernelsTarget = defineTarget<Call>({

@@ -145,7 +145,8 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
-    auto out = Napi::Float32Array::New(info.Env(), size_t(n));
+    // The output is allocated only once the centroids are checked to hold n (a huge n given with
+    // small arrays is E_SHAPE, not an allocation that aborts the process).
     if (layout == "tiles8") {
       Napi::Object o = GetOptionsArg(info, 2, "scoreCentroids centroids (tiles8)", "{ tiles: Int8Array, scales: Float32Array }");
       auto t = GetArray<int8_t>(o.Get("tiles"), napi_int8_array, "scoreCentroids centroids.tiles (int8 tiles)");
@@ -169,6 +170,7 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       }
       QueryI8 qq;
       QuantizeQueryI8(q.data, g, dim, qq);
+      auto out = Napi::Float32Array::New(info.Env(), size_t(n));
       ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef);
       return out;
     }
@@ -177,14 +179,17 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     auto c = GetF32(info[2], "scoreCentroids centroids");
     if (layout == "tiles") {
       ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
+      auto out = Napi::Float32Array::New(info.Env(), size_t(n));
       ScoreTilesMax(q.data, g, c.data, size_t(n), dim, out.Data());
+      return out;
     } else {
       ExpectLength(c.length, size_t(n) * dim, "scoreCentroids centroids (n*dim)");
+      auto out = Napi::Float32Array::New(info.Env(), size_t(n));
       std::vector<float> tiles(TileFloats(size_t(n), dim));
       TransposeTiles(c.data, size_t(n), dim, tiles.data());
       ScoreTilesMax(q.data, g, tiles.data(), size_t(n), dim, out.Data());
+      return out;
     }
-    return out;
   });
 }
 
