@@ -228,6 +228,15 @@ export class DramStore {
     return (slot % this.slotsPerBlock) * this.chunkBytes;
   }
 
+  /**
+   * The slot whose bytes start at `byte` of arena block `block` (the inverse of {@link blockOf} /
+   * {@link offsetOf}), or -1 when no slot starts there.
+   */
+  slotAt(block: number, byte: number): number {
+    const slot = block * this.slotsPerBlock + byte / this.chunkBytes;
+    return Number.isInteger(block) && block >= 0 && byte >= 0 && byte < this.slotsPerBlock * this.chunkBytes && Number.isInteger(slot) && slot < this.capacityChunks ? slot : -1;
+  }
+
   /** View of a resident chunk's page-first bytes (valid until it is evicted). */
   chunk(slot: number): Uint8Array {
     const at = this.offsetOf(slot);

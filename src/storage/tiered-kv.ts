@@ -591,15 +591,13 @@ export class TieredKv {
         // second lookup of the slot maps (one cache miss per chunk).
         if (srcAt.arenas !== this.dram.arenas) fail('E_CONFIG', 'TieredKv.admit srcAt', "a placement this TieredKv's fetchInPlace made (its DRAM tier's arenas)", 'a placement over other buffers');
         found = { hits: 0, misses: 0 };
-        const perBlock = this.dram.slotsPerBlock;
-        const cb = this.chunkBytes;
-        const slotCount = this.dram.capacityChunks;
+        const dram = this.dram;
         for (let i = 0; i < n; i++) {
           const b = srcAt.source[i]!;
           if (b >= 1) {
-            const slot = (b - 1) * perBlock + srcAt.at[i]! / cb;
-            if (!(Number.isInteger(slot) && slot >= 0 && slot < slotCount))
-              fail('E_RANGE', `TieredKv.admit srcAt entry ${i}`, `an arena slot's place (a multiple of ${cb} bytes, slot below ${slotCount})`, `block ${b - 1}, byte ${srcAt.at[i]}`);
+            const slot = dram.slotAt(b - 1, srcAt.at[i]!);
+            if (slot < 0)
+              fail('E_RANGE', `TieredKv.admit srcAt entry ${i}`, `an arena slot's place (a multiple of ${this.chunkBytes} bytes, slot below ${dram.capacityChunks})`, `block ${b - 1}, byte ${srcAt.at[i]}`);
             out.slots[found.hits] = slot;
             out.entries[found.hits++] = i;
           } else out.misses[found.misses++] = i;
