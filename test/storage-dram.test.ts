@@ -40,6 +40,49 @@ describe('slot heap (lazy increases)', () => {
     }
     expect(h.size).toBe(live.size);
   });
+
+  it('refresh (native, batched) ends where update one by one does: same scores, same eviction order', () => {
+    const r = rng(21);
+    const n = 500;
+    const a = new SlotHeap(n);
+    const b = new SlotHeap(n);
+    for (let s = 0; s < n; s++) {
+      // Every fifth slot stays out of the heap (a refresh of it only keeps its score).
+      if (s % 5 === 4) continue;
+      const x = Math.floor(r() * 40) / 40;
+      a.insert(s, x);
+      b.insert(s, x);
+    }
+    for (let round = 0; round < 30; round++) {
+      // Distinct slots (a lookup's hits), scores read through entries, increases and decreases mixed.
+      const slots = Int32Array.from({ length: n }, (_, k) => k).sort(() => r() - 0.5).subarray(0, 1 + Math.floor(r() * 200));
+      const scores = Float32Array.from({ length: 300 }, () => Math.floor(r() * 40) / 40);
+      const entries = Int32Array.from(slots, () => Math.floor(r() * scores.length));
+      a.refresh(slots, entries, scores);
+      for (let k = 0; k < slots.length; k++) b.update(slots[k]!, scores[entries[k]!]!);
+      for (let s = 0; s < n; s++) expect(a.scoreOf(s)).toBe(b.scoreOf(s));
+      if (round % 3 === 2) {
+        // Evict a few: the same slots leave in the same order.
+        for (let j = 0; j < 5; j++) {
+          const top = a.peek();
+          expect(top).toBe(b.peek());
+          a.remove(top);
+          b.remove(top);
+        }
+      }
+    }
+  });
+
+  it('refresh checks every slot, entry and score before changing any', async () => {
+    const h = new SlotHeap(4);
+    h.insert(1, 0.5);
+    h.insert(2, 0.25);
+    await expectKvdError(() => h.refresh(Int32Array.of(1, 4), Int32Array.of(0, 0), Float32Array.of(0.1)), 'E_RANGE', /slots\[1\]: expected a slot in \[0, 4\), got 4/);
+    await expectKvdError(() => h.refresh(Int32Array.of(1, 2), Int32Array.of(0, 3), Float32Array.of(0.1)), 'E_RANGE', /entries\[1\]: expected an index into the 1 scores, got 3/);
+    await expectKvdError(() => h.refresh(Int32Array.of(1, 2), Int32Array.of(0, 1), Float32Array.of(0.1, Infinity)), 'E_NONFINITE', /scores\[entries\[1\]\]/);
+    await expectKvdError(() => h.refresh(Int32Array.of(1, 2), Int32Array.of(0), Float32Array.of(0.1)), 'E_SHAPE', /entries/);
+    expect([h.scoreOf(1), h.scoreOf(2), h.peek()]).toEqual([0.5, 0.25, 2]);
+  });
 });
 
 describe('DRAM store', () => {

@@ -398,12 +398,12 @@ export const hotTierTarget = defineTarget<HotInput>({
   },
 });
 
-// ---- DRAM tier lookups and pins (dramLocate, dramPins: native/cache/dram_tier.cc) ----
+// ---- DRAM tier lookups, pins and score refreshes (dramLocate, dramPins, dramHeapRefresh: native/cache/dram_tier.cc) ----
 
 interface DramInput {
   chunks: number;
   resident: number[];
-  ops: { op: 'locate' | 'pins'; args: Obj }[];
+  ops: { op: 'locate' | 'pins' | 'refresh'; args: Obj }[];
 }
 
 export const dramTierTarget = defineTarget<DramInput>({
@@ -418,7 +418,24 @@ export const dramTierTarget = defineTarget<DramInput>({
         const n = (sel.chunkIds as Int32Array).length;
         const out = { slots: new Int32Array(n), entries: new Int32Array(n), misses: new Int32Array(n), ...(g.bool(0.7) ? { source: new Uint8Array(n), at: new Float64Array(n) } : {}) };
         ops.push({ op: 'locate', args: mutate(g, { offsets: sel.offsets, chunkIds: sel.chunkIds, kvHeads: 2, layer: 0, pin: g.bool(0.7), ...(g.bool(0.2) ? { skip: new Uint8Array(n).fill(1, 0, n >> 1) } : {}), out }) });
-      } else ops.push({ op: 'pins', args: mutate(g, { slots: Int32Array.from({ length: g.int(0, 6) }, () => g.int(-1, 2 * chunks)), delta: g.pick([1, -1]) }) });
+      } else if (g.bool(0.5)) ops.push({ op: 'pins', args: mutate(g, { slots: Int32Array.from({ length: g.int(0, 6) }, () => g.int(-1, 2 * chunks)), delta: g.pick([1, -1]) }) });
+      else {
+        // A heap's records and positions as SlotHeap keeps them, here with any positions at all:
+        // the native pass reads them, so garbage there must not crash it either.
+        const cap = g.int(1, 12);
+        const records = new Float32Array(3 * cap);
+        const pos = new Int32Array(records.buffer);
+        for (let s = 0; s < cap; s++) {
+          records[3 * s] = g.pick([0, 0.5, 1, -3]);
+          records[3 * s + 1] = g.pick([0, 0.25, 2]);
+          pos[3 * s + 2] = g.int(-2, 2 * cap);
+        }
+        const heap = Int32Array.from({ length: cap }, () => g.int(-2, 2 * cap));
+        const n = g.int(0, 8);
+        const scores = Float32Array.from({ length: g.int(1, 6) }, () => g.pick([0.1, 1, 3, NaN]));
+        const args = { records, heap, slots: Int32Array.from({ length: n }, () => g.int(-1, cap)), entries: Int32Array.from({ length: n }, () => g.int(-1, scores.length)), scores, out: { slots: new Int32Array(g.int(0, n + 1)), scores: new Float32Array(g.int(0, n + 1)) } };
+        ops.push({ op: 'refresh', args: mutate(g, args) });
+      }
     }
     return { chunks, resident, ops };
   },
@@ -446,6 +463,8 @@ export const dramTierTarget = defineTarget<DramInput>({
           if (priv.pins.some((p, i) => p !== before[i])) throw new Error('dramLocate failed and left pins changed');
           throw e;
         }
+      } else if (o.op === 'refresh') {
+        native.dramHeapRefresh(a);
       } else {
         const before = Uint16Array.from(priv.pins);
         try {

@@ -15,6 +15,7 @@
 // rejected call leaves the tier as it was.
 #include <napi.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -215,9 +216,81 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
   });
 }
 
+// dramHeapRefresh({ records: Float32Array, heap: Int32Array, slots: Int32Array, entries: Int32Array,
+//                   scores: Float32Array, out: { slots: Int32Array, scores: Float32Array } }) -> decreases
+// The cold half of the DRAM tier's per-step score refresh (src/storage/slot-heap.ts owns the heap):
+// slot slots[k] gets score scores[entries[k]]. `records` holds 3 words per slot (score f32, heap key
+// f32, heap position i32 or -1) and `heap` the slot at each position. Updates that need no sift —
+// the slot is not in the heap, or the score is not below its key (a lazy increase) — are applied
+// here; the others (decreases: the key must drop and the slot sift up) are written to out in order
+// and applied by the caller's heap, whose sift reads the records and parents this pass has just
+// brought into cache. Why native: the ~3,000 slots a layer-step refreshes lie at random in a
+// ~3 MB record array that attention has just evicted from cache; one after another each update is a
+// cache miss (~70 ns), while here the loads are prefetched a few slots ahead and overlap.
+// Every slot, entry and score is checked before anything is written.
+Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "dramHeapRefresh";
+    Napi::Object o = GetOptionsArg(info, 0, what);
+    auto rec = GetF32(o.Get("records"), what + ".records");
+    auto heap = GetI32(o.Get("heap"), what + ".heap");
+    auto slots = GetI32(o.Get("slots"), what + ".slots");
+    auto entries = GetI32(o.Get("entries"), what + ".entries");
+    auto scores = GetF32(o.Get("scores"), what + ".scores");
+    if (rec.length % 3 != 0)
+      Throw("E_SHAPE", what + ".records: expected 3 words per slot (score, key, position), got " + std::to_string(rec.length) + " words");
+    const size_t cap = rec.length / 3;
+    ExpectLength(heap.length, cap, what + ".heap (one position per slot)");
+    const size_t n = slots.length;
+    ExpectLength(entries.length, n, what + ".entries (one per slot)");
+    if (!o.Get("out").IsObject()) Throw("E_TYPE", what + ".out: expected { slots: Int32Array, scores: Float32Array }");
+    Napi::Object out = o.Get("out").As<Napi::Object>();
+    auto oSlots = GetOutArray<int32_t>(out, "slots", napi_int32_array, n, what);
+    auto oScores = GetOutArray<float>(out, "scores", napi_float32_array, n, what);
+    for (size_t k = 0; k < n; ++k) {
+      const int32_t slot = slots.data[k], e = entries.data[k];
+      if (slot < 0 || size_t(slot) >= cap)
+        Throw("E_RANGE", what + ".slots[" + std::to_string(k) + "]: expected a slot in [0, " + std::to_string(cap) + "), got " + std::to_string(slot));
+      if (e < 0 || size_t(e) >= scores.length)
+        Throw("E_RANGE", what + ".entries[" + std::to_string(k) + "]: expected an index into the " + std::to_string(scores.length) +
+                             " scores, got " + std::to_string(e));
+      if (!std::isfinite(scores.data[e]))
+        Throw("E_NONFINITE", what + ".scores[entries[" + std::to_string(k) + "]]: expected a finite number, got " + Num(scores.data[e]));
+    }
+    float* r = rec.data;
+    int32_t* pos = reinterpret_cast<int32_t*>(rec.data);  // word 3s+2 of a record is an i32
+    constexpr size_t kAhead = 16;                          // slots prefetched ahead of the one updated
+    for (size_t k = 0; k < n && k < kAhead; ++k) __builtin_prefetch(r + 3 * size_t(slots.data[k]), 1);
+    size_t dec = 0;
+    for (size_t k = 0; k < n; ++k) {
+      if (k + kAhead < n) __builtin_prefetch(r + 3 * size_t(slots.data[k + kAhead]), 1);
+      const size_t b = 3 * size_t(slots.data[k]);
+      const float score = scores.data[entries.data[k]];
+      r[b] = score;
+      const int32_t at = pos[b + 2];
+      if (at < 0) {
+        r[b + 1] = score;
+      } else if (score < r[b + 1]) {
+        oSlots.data[dec] = slots.data[k];
+        oScores.data[dec++] = score;
+        // The sift compares with the parent first: its heap entry now, its record below.
+        if (at > 0 && size_t(at) < cap) __builtin_prefetch(heap.data + (at - 1) / 2);
+      }
+    }
+    for (size_t j = 0; j < dec; ++j) {
+      const int32_t at = pos[3 * size_t(oSlots.data[j]) + 2];
+      if (at <= 0 || size_t(at) >= cap) continue;
+      const int32_t parent = heap.data[(at - 1) / 2];
+      if (parent >= 0 && size_t(parent) < cap) __builtin_prefetch(r + 3 * size_t(parent));
+    }
+    return Napi::Number::New(info.Env(), double(dec));
+  });
+}
+
 void InitDramTier(Napi::Env env, Napi::Object exports) {
   exports.Set("dramLocate", Napi::Function::New(env, DramLocate, "dramLocate"));
   exports.Set("dramPins", Napi::Function::New(env, DramPins, "dramPins"));
+  exports.Set("dramHeapRefresh", Napi::Function::New(env, DramHeapRefresh, "dramHeapRefresh"));
 }
 
 }  // namespace

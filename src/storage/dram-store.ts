@@ -425,18 +425,8 @@ export class DramStore {
    */
   refreshScores(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
     if (entries.length !== slots.length) fail('E_SHAPE', 'DramStore.refreshScores entries', `${slots.length} entries (one per slot)`, entries.length);
-    const cap = this.capacityChunks;
-    // Every slot and score is checked before any score changes.
-    for (let k = 0; k < slots.length; k++) {
-      const slot = slots[k]!;
-      const entry = entries[k]!;
-      if (!(slot >= 0 && slot < cap)) fail('E_RANGE', `DramStore.refreshScores slots[${k}]`, `a slot in [0, ${cap})`, slot);
-      if (!(entry >= 0 && entry < scores.length)) fail('E_RANGE', `DramStore.refreshScores entries[${k}]`, `an index into the ${scores.length} scores`, entry);
-      const score = scores[entry];
-      if (!Number.isFinite(score)) fail('E_NONFINITE', `DramStore.refreshScores scores[entries[${k}]]`, `a finite number (entries[${k}] = ${entries[k]} of ${scores.length} scores)`, score);
-    }
-    const heap = this.heap;
-    for (let k = 0; k < slots.length; k++) heap.update(slots[k]!, scores[entries[k]!]!);
+    // Every slot and score is checked (natively) before any score changes.
+    this.heap.refresh(slots, entries, scores);
   }
 
   /** Sets the importance of a resident slot (hot path of the tiered fetch). */

@@ -16,6 +16,7 @@
  */
 import { constants as bufferConstants } from 'node:buffer';
 import { fail } from '../errors.js';
+import { native } from '../native.js';
 
 /** Words per slot record: score, key, position. */
 const REC = 3;
@@ -32,6 +33,9 @@ export class SlotHeap {
   private readonly recI: Int32Array;
   private readonly heap: Int32Array;
   private n = 0;
+  /** The decreases {@link refresh} leaves for the sift (grown to the largest refresh seen). */
+  private decSlots = new Int32Array(0);
+  private decScores = new Float32Array(0);
 
   constructor(capacity: number) {
     if (!Number.isInteger(capacity) || capacity < 0 || capacity > SlotHeap.maxSlots) fail('E_BUDGET', 'SlotHeap capacity', `an integer in [0, ${SlotHeap.maxSlots}]`, capacity);
@@ -86,6 +90,22 @@ export class SlotHeap {
       r[b + 1] = score;
       this.up(i);
     }
+  }
+  /**
+   * Many updates at once: slots[k] gets scores[entries[k]], in order (the same end state as
+   * {@link update} one by one). A native pass (native/cache/dram_tier.cc, dramHeapRefresh) checks
+   * every argument (E_RANGE / E_NONFINITE before anything changes), applies the updates that need
+   * no sift with its loads prefetched, and returns the decreases, which sift here. For the DRAM
+   * tier's per-step refresh of ~3,000 slots at random: one by one, each is a cache miss.
+   */
+  refresh(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
+    const n = slots.length;
+    if (this.decSlots.length < n) {
+      this.decSlots = new Int32Array(n);
+      this.decScores = new Float32Array(n);
+    }
+    const dec = native.dramHeapRefresh({ records: this.recF, heap: this.heap, slots, entries, scores, out: { slots: this.decSlots, scores: this.decScores } }) as number;
+    for (let j = 0; j < dec; j++) this.update(this.decSlots[j]!, this.decScores[j]!);
   }
   /** Takes a slot out of the heap (its score is kept); nothing for a slot not in it. */
   remove(slot: number): void {
