@@ -16,6 +16,7 @@
 #include <napi.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -258,7 +259,12 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
         Throw("E_NONFINITE", what + ".scores[entries[" + std::to_string(k) + "]]: expected a finite number, got " + Num(scores.data[e]));
     }
     float* r = rec.data;
-    int32_t* pos = reinterpret_cast<int32_t*>(rec.data);  // word 3s+2 of a record is an i32
+    // Word 3s+2 of a record is an i32 (JS writes it through an Int32Array over the same buffer).
+    auto pos = [r](size_t word) {
+      int32_t v;
+      std::memcpy(&v, r + word, sizeof v);
+      return v;
+    };
     constexpr size_t kAhead = 16;                          // slots prefetched ahead of the one updated
     for (size_t k = 0; k < n && k < kAhead; ++k) __builtin_prefetch(r + 3 * size_t(slots.data[k]), 1);
     size_t dec = 0;
@@ -267,7 +273,7 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       const size_t b = 3 * size_t(slots.data[k]);
       const float score = scores.data[entries.data[k]];
       r[b] = score;
-      const int32_t at = pos[b + 2];
+      const int32_t at = pos(b + 2);
       if (at < 0) {
         r[b + 1] = score;
       } else if (score < r[b + 1]) {
@@ -278,7 +284,7 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       }
     }
     for (size_t j = 0; j < dec; ++j) {
-      const int32_t at = pos[3 * size_t(oSlots.data[j]) + 2];
+      const int32_t at = pos(3 * size_t(oSlots.data[j]) + 2);
       if (at <= 0 || size_t(at) >= cap) continue;
       const int32_t parent = heap.data[(at - 1) / 2];
       if (parent >= 0 && size_t(parent) < cap) __builtin_prefetch(r + 3 * size_t(parent));
