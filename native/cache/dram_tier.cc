@@ -29,6 +29,9 @@ namespace dram {
 namespace {
 
 constexpr uint16_t kMaxPins = 0xffff;
+// How many entries ahead the passes below prefetch what they will read at random (slot maps, pins,
+// heap records): a step's ~3,000 lookups each miss the cache otherwise, one after another.
+constexpr size_t kPrefetchAhead = 16;
 
 // The tier's slot state: owner (Int32Array, -1 = free) and optionally pins (Uint16Array), one entry
 // per slot.
@@ -57,6 +60,8 @@ SlotState GetSlotState(const Napi::Object& o, bool needPins, const std::string& 
 void ApplyPins(const SlotState& st, const int32_t* slots, size_t n, int delta, bool checkOwner, const std::string& what) {
   const size_t cap = st.capacity();
   for (size_t i = 0; i < n; ++i) {
+    // The pins of a step's hits lie at random: fetch a few ahead (checked below when reached).
+    if (i + kPrefetchAhead < n && uint32_t(slots[i + kPrefetchAhead]) < cap) __builtin_prefetch(st.pins.data + slots[i + kPrefetchAhead], 1);
     const int32_t s = slots[i];
     const char* code = nullptr;
     std::string error;
@@ -172,8 +177,25 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
 
     const size_t cap = st.capacity();
     size_t hits = 0, misses = 0, inDest = 0;
+    // Prefetches the slot-map entry of entry j (kv head hj) when every index on the way is valid;
+    // the loop below checks them again before reading.
+    auto prefetchMap = [&](int32_t j, int hj) {
+      if (!hasTier || (hasSkip && skip.data[j])) return;
+      const int32_t g = ids.data[j];
+      const int32_t sj = chunkSeg.data[g];
+      if (sj < 0 || size_t(sj) >= nSeg) return;
+      const int64_t key = (layer * kvHeads + hj) * (int64_t(segStart.data[sj + 1]) - segStart.data[sj]) + (g - segStart.data[sj]);
+      if (key >= 0 && size_t(key) < maps[size_t(sj)].length) __builtin_prefetch(maps[size_t(sj)].data + key);
+    };
     for (int h = 0; h < kvHeads; ++h) {
       for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i) {
+        // Entry i + kPrefetchAhead, possibly of a later kv head (offsets are non-decreasing).
+        if (size_t(i) + kPrefetchAhead < n) {
+          const int32_t j = i + int32_t(kPrefetchAhead);
+          int hj = h;
+          while (hj < kvHeads && j >= off.data[hj + 1]) ++hj;
+          if (hj < kvHeads) prefetchMap(j, hj);
+        }
         int32_t slot = -1;
         if (hasTier && (!hasSkip || !skip.data[i])) {
           const int32_t g = ids.data[i];
@@ -265,11 +287,10 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       std::memcpy(&v, r + word, sizeof v);
       return v;
     };
-    constexpr size_t kAhead = 16;                          // slots prefetched ahead of the one updated
-    for (size_t k = 0; k < n && k < kAhead; ++k) __builtin_prefetch(r + 3 * size_t(slots.data[k]), 1);
+    for (size_t k = 0; k < n && k < kPrefetchAhead; ++k) __builtin_prefetch(r + 3 * size_t(slots.data[k]), 1);
     size_t dec = 0;
     for (size_t k = 0; k < n; ++k) {
-      if (k + kAhead < n) __builtin_prefetch(r + 3 * size_t(slots.data[k + kAhead]), 1);
+      if (k + kPrefetchAhead < n) __builtin_prefetch(r + 3 * size_t(slots.data[k + kPrefetchAhead]), 1);
       const size_t b = 3 * size_t(slots.data[k]);
       const float score = scores.data[entries.data[k]];
       r[b] = score;
