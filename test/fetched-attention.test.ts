@@ -176,6 +176,36 @@ describe('attendFetched', () => {
       }
       return undefined;
     };
+
+    // Admission while some pages are still being read (pageLanding: every other page, its bytes
+    // NaN until it "lands"): the same residents and counters as one admission after the reads; the
+    // copies from the landing pages are made by hotTierLandPages, after which attention from the
+    // tier alone gives the same bits. With drop: true those slots are freed instead.
+    const landing = Uint8Array.from(ids, (_, i) => i % 2);
+    const garbage = Uint8Array.from(buf);
+    ids.forEach((_, i) => landing[i] && new Float32Array(garbage.buffer, i * pb, pb / 4).fill(NaN));
+    const late = [0, 1].map(() => new HotTier({ layers: 1, kvHeads, headDim: D, dtype: 'f32', chunkSize: cs, budget: 64, windows: 1, maxBytes: 1 << 24 }));
+    for (const [n, t] of late.entries()) {
+      const r = native.hotTierAdmitPages({ hot: { handle: t.handle, layer: 0 }, ...admit, pages: garbage, pageLanding: landing }) as { admitted: number; bytesAdmitted: number; landing: Int32Array };
+      expect(r.admitted).toBe(one.admitted);
+      expect(r.landing.length).toBe(4 * landing.reduce((a, b) => a + b, 0)); // (kv head, slot, chunk, from) per landing page
+      for (let h = 0; h < kvHeads; h++) expect(t.residents(0, h)).toEqual(tiers[0]!.residents(0, h));
+      expect(t.stats()).toEqual(tiers[0]!.stats());
+      native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), tail, tailBase, landing: r.landing, ...(n === 1 ? { drop: true } : {}) });
+      expect(t.check()).toBe('');
+      if (n === 0) expect(bits(attendFetched({ ...o, ...noPages, hot: { handle: t.handle, layer: 0 } }).out)).toBe(bits(whole.out));
+      else {
+        // Dropped: the landing pages' chunks left the tier; attention reads them from the pages.
+        expect([0, 1].reduce((a, h) => a + t.residents(0, h).length, 0)).toBe(ids.length - landing.reduce((a, b) => a + b, 0));
+        expect(bits(attendFetched({ ...o, hot: { handle: t.handle, layer: 0 } }).out)).toBe(bits(whole.out));
+      }
+      expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(0, 0, 99, 0) }))).toMatch(/^E_INTERNAL: hot tier: a landing copy names slot 0 for chunk 99/);
+      expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(5, 0, 0, 0) }))).toMatch(/^E_RANGE: hotTierLandPages.landing\[0\]: expected a kv head in \[0, 2\), got 5/);
+      expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(0, 0, 0) }))).toMatch(/^E_SHAPE: hotTierLandPages.landing: expected \(kv head, slot, chunk, from\) quads, got 3 numbers/);
+      expect(code(() => native.hotTierAdmitPages({ hot: { handle: t.handle, layer: 0 }, ...admit, pageLanding: new Uint8Array(1) }))).toMatch(/^E_SHAPE: hotTierAdmitPages.pageLanding/);
+      t.destroy();
+    }
+
     expect(code(() => attendFetched({ ...o, heads: Uint8Array.of(1) }))).toMatch(/^E_SHAPE: attendFetched.heads \(one per kv head\): expected 2 elements, got 1/);
     expect(code(() => attendFetched({ ...o, heads: Uint8Array.of(1, 2) }))).toMatch(/^E_RANGE: attendFetched.heads\[1\]: expected 0 \(skip the kv head\) or 1 \(process it\), got 2/);
     expect(code(() => attendFetched({ ...o, heads: Int32Array.of(1, 0) as unknown as Uint8Array }))).toMatch(/^E_DTYPE: attendFetched.heads: expected a Uint8Array/);

@@ -357,7 +357,11 @@ export const hotTierTarget = defineTarget<HotInput>({
       else if (op === 'recordMass') a = { sequence: base.sequence, layer: base.layer, selection: sel, chunkMass: g.f32((sel.chunkIds as Int32Array).length) };
       else if (op === 'admitPages') {
         const cb = 2 * chunkSize * s.dim * (s.dtype === 'f32' ? 4 : 2);
-        a = { hot: { sequence: base.sequence, layer: base.layer }, selection: sel, tokens: sel.tokens, pages: new Uint8Array((sel.chunkIds as Int32Array).length * cb), pageOffsets: sel.offsets, pageIds: sel.chunkIds };
+        const n = (sel.chunkIds as Int32Array).length;
+        a = { hot: { sequence: base.sequence, layer: base.layer }, selection: sel, tokens: sel.tokens, pages: new Uint8Array(n * cb), pageOffsets: sel.offsets, pageIds: sel.chunkIds };
+        // Some pages still "being read": their copies are left for hotTierLandPages (landed, dropped,
+        // never made, or asked for with garbage quads).
+        if (g.bool(0.5)) Object.assign(a, { pageLanding: Uint8Array.from({ length: n }, () => g.int(0, 1)), land: g.pick(['land', 'drop', 'none', 'garbage']) });
       } else if (op === 'split') {
         // fetchSplit over a finer selection (pageChunkSize a multiple of its chunk size), the tier's residents split out.
         const fine = selection(g, s.kvHeads, sel.tokens as number, g.pick([1, chunkSize]));
@@ -377,7 +381,12 @@ export const hotTierTarget = defineTarget<HotInput>({
         const a = o.args[0] as Obj;
         if (o.op === 'admitPages') {
           if (a.hot && typeof a.hot === 'object') (a.hot as Obj).handle = t.handle;
-          await settle(native.hotTierAdmitPages(a));
+          const { land, ...admit } = a;
+          const r = (await settle(native.hotTierAdmitPages(admit))) as { landing?: Int32Array } | undefined;
+          if (r?.landing && land !== 'none') {
+            const landing = land === 'garbage' ? Int32Array.from(r.landing, (x, i) => (i % 5 === 1 ? x + 3 : x)) : r.landing;
+            await settle(native.hotTierLandPages({ hot: admit.hot, tokens: admit.tokens, pages: admit.pages, pageOffsets: admit.pageOffsets, pageIds: admit.pageIds, landing, drop: land === 'drop' }));
+          }
         } else if (o.op === 'split') {
           if (a.hot && typeof a.hot === 'object') (a.hot as Obj).handle = t.handle;
           await settle(native.fetchSplit(a));

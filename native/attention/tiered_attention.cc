@@ -454,6 +454,51 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
   });
 }
 
+// The page source of a hot-tier admission (hotTierAdmitPages, hotTierLandPages): the page-first
+// chunks of o.pages / pageOffsets / pageIds / pageAt / pageIn (rows of tokens [0, tokens)) and,
+// optionally, the open tail's rows (o.tail, tokens [tailBase, tokens)) for chunks no page holds.
+// `landing` (optional, o.pageLanding): one flag per page entry, 1 = still being read.
+struct PageSource {
+  ArrayArg<int32_t> pOff, pIds;
+  PagePtrs ptrs;
+  ArrayArg<uint8_t> landing;
+  hot::PagedChunks paged;
+  KvView tailK, tailV;
+  hot::Source src{nullptr, nullptr, nullptr, 0};
+};
+
+void GetPageSource(const Napi::Object& o, const std::string& what, const hot::TierConfig& c, int64_t tokens,
+                   std::vector<Napi::Object>& keep, PageSource& ps) {
+  GetChunkLists(o, "pageOffsets", "pageIds", c.kvHeads, INT32_MAX, what, "", ps.pOff, ps.pIds);
+  ps.ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", ps.pIds.length, PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
+  ps.paged = hot::PagedChunks{ps.pOff.data, ps.pIds.data, ps.ptrs.get()};
+  if (!o.Get("pageLanding").IsUndefined()) {
+    ps.landing = GetArray<uint8_t>(o.Get("pageLanding"), napi_uint8_array, what + ".pageLanding");
+    ExpectLength(ps.landing.length, ps.pIds.length, what + ".pageLanding (one flag per page entry)");
+    ps.paged.landing = ps.landing.data;
+  }
+  ps.src = hot::Source{nullptr, nullptr, &ps.paged, tokens};
+  // Optional: chunks no page holds that lie wholly at or after tailBase are copied from the open
+  // tail's token rows (tail: { k, v } holding tokens [tailBase, tokens)).
+  if (!o.Get("tail").IsUndefined()) {
+    if (!o.Get("tail").IsObject()) Throw("E_TYPE", what + ".tail: expected { k, v } KV tensors");
+    Napi::Object t = o.Get("tail").As<Napi::Object>();
+    ps.tailK = GetKvView(t.Get("k"), what + ".tail.k");
+    ps.tailV = GetKvView(t.Get("v"), what + ".tail.v");
+    CheckPair(ps.tailK, ps.tailV, what + ".tail");
+    if (ps.tailK.heads != c.kvHeads || ps.tailK.dim != c.dim || ps.tailK.dtype != c.dtype)
+      Throw("E_SHAPE", what + ".tail: expected " + std::to_string(c.kvHeads) + " kv heads x " + std::to_string(c.dim) + " " +
+                           DtypeName(c.dtype) + ", got " + std::to_string(ps.tailK.heads) + " x " + std::to_string(ps.tailK.dim) + " " +
+                           DtypeName(ps.tailK.dtype));
+    ps.src.kBase = GetInt(o, "tailBase", what, 0, tokens);
+    if (ps.src.kBase + ps.tailK.tokens < tokens)
+      Throw("E_SHAPE", what + ".tail: expected rows of tokens [" + std::to_string(ps.src.kBase) + ", " + std::to_string(tokens) +
+                           "), got " + std::to_string(ps.tailK.tokens) + " tokens");
+    ps.src.k = &ps.tailK;
+    ps.src.v = &ps.tailV;
+  }
+}
+
 // hotTierAdmitPages({ hot: { handle, sequence?, layer }, selection, tokens, pages, pageOffsets,
 // pageIds, pageAt?, pageIn?, tail?, tailBase?, heads? }): the hot tier's F stage for one layer with the misses' rows taken from page-first
 // chunks staged by the storage tiers (pages hold at least every selected chunk not resident; rows
@@ -486,33 +531,10 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
                            std::to_string(tailStart));
     const ArrayArg<int32_t>& off = sel.offsets;
     const ArrayArg<int32_t>& ids = sel.chunkIds;
-    ArrayArg<int32_t> pOff, pIds;
-    GetChunkLists(o, "pageOffsets", "pageIds", c.kvHeads, INT32_MAX, what, "", pOff, pIds);
     std::vector<Napi::Object> keep;
-    const PagePtrs ptrs = GetPagePointers(o, "pages", "pageAt", "pageIn", pIds.length,
-                                          PageFirstChunkBytes(c.chunkSize, c.dim, c.dtype), what, keep);
-    hot::PagedChunks paged{pOff.data, pIds.data, ptrs.get()};
-    hot::Source src{nullptr, nullptr, &paged, tokens};
-    // Optional: chunks no page holds that lie wholly at or after tailBase are copied from the open
-    // tail's token rows (tail: { k, v } holding tokens [tailBase, tokens)).
-    KvView tailK, tailV;
-    if (!o.Get("tail").IsUndefined()) {
-      if (!o.Get("tail").IsObject()) Throw("E_TYPE", what + ".tail: expected { k, v } KV tensors");
-      Napi::Object t = o.Get("tail").As<Napi::Object>();
-      tailK = GetKvView(t.Get("k"), what + ".tail.k");
-      tailV = GetKvView(t.Get("v"), what + ".tail.v");
-      CheckPair(tailK, tailV, what + ".tail");
-      if (tailK.heads != c.kvHeads || tailK.dim != c.dim || tailK.dtype != c.dtype)
-        Throw("E_SHAPE", what + ".tail: expected " + std::to_string(c.kvHeads) + " kv heads x " + std::to_string(c.dim) + " " +
-                             DtypeName(c.dtype) + ", got " + std::to_string(tailK.heads) + " x " + std::to_string(tailK.dim) + " " +
-                             DtypeName(tailK.dtype));
-      src.kBase = GetInt(o, "tailBase", what, 0, tokens);
-      if (src.kBase + tailK.tokens < tokens)
-        Throw("E_SHAPE", what + ".tail: expected rows of tokens [" + std::to_string(src.kBase) + ", " + std::to_string(tokens) +
-                             "), got " + std::to_string(tailK.tokens) + " tokens");
-      src.k = &tailK;
-      src.v = &tailV;
-    }
+    PageSource ps;
+    GetPageSource(o, what, c, tokens, keep, ps);
+    const bool deferLanding = ps.paged.landing != nullptr;
     const std::vector<uint8_t> heads = GetHeadMask(o, what, c.kvHeads);
     hot::Tier::LayerLock lock(*tier, seq, layer);
     // Kv heads admit on the addon's pool: each head's residents, slots and arena are its own, and
@@ -522,6 +544,7 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
     for (int h = 0; h < c.kvHeads; ++h)
       if (heads.empty() || heads[size_t(h)]) active.push_back(h);
     std::vector<hot::Counters> perHead(active.size());
+    std::vector<std::vector<int32_t>> landing(deferLanding ? active.size() : 0);
     ThreadPool::Global().ParallelFor(active.size(), [&](size_t i) {
       const int h = active[i];
       hot::HeadSelection hs;
@@ -533,7 +556,7 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
         hs.poolScores = sel.poolScores.data + po[h];
         hs.poolN = po[h + 1] - po[h];
       }
-      perHead[i] = tier->Fetch(seq, layer, h, hs, tailStart, src);
+      perHead[i] = tier->Fetch(seq, layer, h, hs, tailStart, ps.src, deferLanding ? &landing[i] : nullptr);
     });
     hot::Counters total;
     for (const hot::Counters& ch : perHead) total.Add(ch);
@@ -545,12 +568,70 @@ Napi::Value HotTierAdmitPages(const Napi::CallbackInfo& info) {
     r.Set("streamed", double(total.streamed));
     r.Set("evictions", double(total.evictions));
     r.Set("bytesAdmitted", double(total.bytesAdmitted));
+    if (deferLanding) {
+      // The copies left for hotTierLandPages: (kv head, slot, chunk, from row) quads, heads in order.
+      size_t quads = 0;
+      for (const auto& l : landing) quads += l.size() / 3;
+      Napi::Int32Array out = Napi::Int32Array::New(env, 4 * quads);
+      size_t k = 0;
+      for (size_t i = 0; i < active.size(); ++i)
+        for (size_t t = 0; t + 2 < landing[i].size(); t += 3) {
+          out[k++] = active[i];
+          out[k++] = landing[i][t];
+          out[k++] = landing[i][t + 1];
+          out[k++] = landing[i][t + 2];
+        }
+      r.Set("landing", out);
+    }
     return r;
+  });
+}
+
+// hotTierLandPages({ hot, tokens, pages, pageOffsets, pageIds, pageAt?, pageIn?, tail?, tailBase?,
+// landing: Int32Array, drop? }): the copies a hotTierAdmitPages with pageLanding left (its result's
+// `landing` quads: kv head, slot, chunk, from row), made now that their pages have landed (the same
+// page lists, whose bytes are now all there), or with drop: true the slots freed instead (the reads
+// failed). Kv heads on the addon's pool. Returns { bytes } copied.
+Napi::Value HotTierLandPages(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "hotTierLandPages";
+    Napi::Object o = GetOptionsArg(info, 0, what);
+    Napi::Value hv = o.Get("hot");
+    if (!hv.IsObject()) Throw("E_TYPE", what + ".hot: expected { handle, sequence?, layer }");
+    std::shared_ptr<hot::Tier> tier = hot::Acquire(int32_t(GetInt(hv.As<Napi::Object>(), "handle", what + ".hot", 0, int64_t(1) << 30)));
+    const hot::TierConfig& c = tier->config();
+    int seq = 0, layer = 0;
+    GetHot(o, what, c.kvHeads, c.dim, c.dtype, c.chunkSize, tier, seq, layer);
+    const int64_t tokens = GetInt(o, "tokens", what, 0, kMaxTokens);
+    std::vector<Napi::Object> keep;
+    PageSource ps;
+    GetPageSource(o, what, c, tokens, keep, ps);
+    ps.paged.landing = nullptr;  // every page has landed now
+    auto quads = GetI32(o.Get("landing"), what + ".landing");
+    if (quads.length % 4 != 0) Throw("E_SHAPE", what + ".landing: expected (kv head, slot, chunk, from) quads, got " + std::to_string(quads.length) + " numbers");
+    const bool drop = !o.Get("drop").IsUndefined() && o.Get("drop").ToBoolean().Value();
+    // Per kv head, its triples (heads ascend in a hotTierAdmitPages result; any order is accepted).
+    std::vector<std::vector<int32_t>> perHead(size_t(c.kvHeads));
+    for (size_t q = 0; q < quads.length / 4; ++q) {
+      const int32_t h = quads.data[4 * q];
+      if (h < 0 || h >= c.kvHeads)
+        Throw("E_RANGE", what + ".landing[" + std::to_string(4 * q) + "]: expected a kv head in [0, " + std::to_string(c.kvHeads) + "), got " + std::to_string(h));
+      perHead[size_t(h)].insert(perHead[size_t(h)].end(), {quads.data[4 * q + 1], quads.data[4 * q + 2], quads.data[4 * q + 3]});
+    }
+    hot::Tier::LayerLock lock(*tier, seq, layer);
+    std::vector<int64_t> bytes(size_t(c.kvHeads), 0);
+    ThreadPool::Global().ParallelFor(size_t(c.kvHeads), [&](size_t h) {
+      if (!perHead[h].empty()) bytes[h] = tier->Land(seq, layer, int(h), perHead[h].data(), perHead[h].size() / 3, ps.src, drop);
+    });
+    int64_t total = 0;
+    for (int64_t b : bytes) total += b;
+    return NumbersObject(info.Env(), {{"bytes", double(total)}});
   });
 }
 
 void InitTieredAttention(Napi::Env env, Napi::Object exports) {
   exports.Set("hotTierAdmitPages", Napi::Function::New(env, HotTierAdmitPages, "hotTierAdmitPages"));
+  exports.Set("hotTierLandPages", Napi::Function::New(env, HotTierLandPages, "hotTierLandPages"));
   exports.Set("attendFetched", Napi::Function::New(env, AttendFetched, "attendFetched"));
   exports.Set("attendFetchedAsync", Napi::Function::New(env, AttendFetchedAsync, "attendFetchedAsync"));
 }

@@ -202,26 +202,38 @@ void Tier::ResetSequence(int seq) {
   }
 }
 
-const uint8_t* PagedChunks::Page(int head, int32_t chunk) const {
+int64_t PagedChunks::Entry(int head, int32_t chunk) const {
   const int32_t* a = ids + offsets[head];
   const int32_t* b = ids + offsets[head + 1];
   const int32_t* at = std::lower_bound(a, b, chunk);
-  return at != b && *at == chunk ? ptrs[at - ids] : nullptr;
+  return at != b && *at == chunk ? int64_t(at - ids) : -1;
 }
 
-int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src) {
+const uint8_t* PagedChunks::Page(int head, int32_t chunk) const {
+  const int64_t e = Entry(head, chunk);
+  return e >= 0 ? ptrs[e] : nullptr;
+}
+
+int64_t Tier::CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src,
+                       std::vector<int32_t>* landing) {
   const int64_t first = int64_t(chunk) * cfg_.chunkSize;
   const int64_t avail = std::min<int64_t>(cfg_.chunkSize, src.Tokens() - first);
   const size_t es = DtypeSize(cfg_.dtype);
   const size_t rowBytes = size_t(cfg_.dim) * es;
   uint8_t* kd = p.k + size_t(slot) * chunkElems() * es;
   uint8_t* vd = p.v + size_t(slot) * chunkElems() * es;
-  const uint8_t* page = src.paged ? src.paged->Page(head, chunk) : nullptr;
+  const int64_t entry = src.paged ? src.paged->Entry(head, chunk) : -1;
+  const uint8_t* page = entry >= 0 ? src.paged->ptrs[entry] : nullptr;
   const bool fromRows = !page && src.k && first >= src.kBase;
   if (src.paged && !page && !fromRows)
     Throw("E_RANGE", "hot tier: chunk " + std::to_string(chunk) + " of kv head " + std::to_string(head) +
                          " must be admitted but the page source does not hold it");
   const int64_t copied = std::max<int64_t>(0, avail - from);
+  if (page && copied > 0 && landing && src.paged->landing && src.paged->landing[entry]) {
+    // Still being read: Land copies it (the slot's rows stay as they are until then).
+    landing->insert(landing->end(), {slot, chunk, from});
+    return copied * int64_t(rowBytes) * 2;
+  }
   if (page && copied > 0) {
     // A page holds the chunk's K rows, then its V rows, each block contiguous like the slot's: one
     // copy per block.
@@ -257,7 +269,8 @@ struct VictimKey {
   }
 };
 
-Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src) {
+Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src,
+                     std::vector<int32_t>* landing) {
   PairState& p = Pair(seq, layer, head);
   Counters st;
   const int64_t latest = p.step;  // the step whose attention mass is "current" for eviction
@@ -279,7 +292,7 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
     p.lastUse[size_t(slot)] = now;
     ++p.uses[size_t(slot)];
     const int64_t need = std::min<int64_t>(c, tailStart - int64_t(chunk) * c);
-    if (need > p.slotRows[size_t(slot)]) st.bytesAdmitted += CopyRows(p, head, slot, chunk, p.slotRows[size_t(slot)], src);
+    if (need > p.slotRows[size_t(slot)]) st.bytesAdmitted += CopyRows(p, head, slot, chunk, p.slotRows[size_t(slot)], src, landing);
   }
   st.misses = int64_t(missIdx.size());
   // 2. Evict just enough residents (never one selected now) to place the misses that can fit.
@@ -347,11 +360,33 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
     p.Insert(chunk, slot);
     ++p.resident;
     ++st.admitted;
-    st.bytesAdmitted += CopyRows(p, head, slot, chunk, 0, src);
+    st.bytesAdmitted += CopyRows(p, head, slot, chunk, 0, src, landing);
   }
   p.step = now;
   p.total.Add(st);
   return st;
+}
+
+int64_t Tier::Land(int seq, int layer, int head, const int32_t* triples, size_t n, const Source& src, bool drop) {
+  PairState& p = Pair(seq, layer, head);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t slot = triples[3 * i], chunk = triples[3 * i + 1], from = triples[3 * i + 2];
+    if (slot < 0 || slot >= p.capacity || p.slotChunk[size_t(slot)] != chunk || from < 0 || from > cfg_.chunkSize)
+      Throw("E_INTERNAL", "hot tier: a landing copy names slot " + std::to_string(slot) + " for chunk " + std::to_string(chunk) +
+                              " of kv head " + std::to_string(head) + " (rows from " + std::to_string(from) +
+                              "), expected a slot that Fetch gave that chunk and nothing changed since");
+    if (drop) {
+      p.Erase(chunk);
+      p.slotChunk[size_t(slot)] = -1;
+      p.slotRows[size_t(slot)] = 0;
+      p.freeSlots.push_back(slot);
+      --p.resident;
+      continue;
+    }
+    bytes += CopyRows(p, head, slot, chunk, from, src);
+  }
+  return bytes;
 }
 
 int32_t Tier::Warm(int seq, int layer, int head, const int32_t* order, int32_t n, const Source& src) {

@@ -100,6 +100,12 @@ struct PagedChunks {
   const int32_t* offsets = nullptr;
   const int32_t* ids = nullptr;
   const uint8_t* const* ptrs = nullptr;
+  // Optional, one per entry: 1 = the page's bytes are still being read (an SSD read in flight).
+  // Tier::Fetch given a `landing` list decides residency as usual but leaves the copy of such a
+  // page for Tier::Land once it has landed.
+  const uint8_t* landing = nullptr;
+  // The entry of (head, chunk), or -1 when no entry holds it.
+  int64_t Entry(int head, int32_t chunk) const;
   // The page of (head, chunk), or null when no entry holds it.
   const uint8_t* Page(int head, int32_t chunk) const;
 };
@@ -144,7 +150,16 @@ class Tier {
   // Hit/miss evaluation, eviction and admission for one kv head; returns that head's step counters.
   // tailStart: the selection's tail start (rows of a chunk below it are needed; a resident chunk
   // admitted before those rows existed is topped up).
-  Counters Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src);
+  // `landing` (optional): when the source's pages say some are still being read, the copies from
+  // them are not made; they are appended to `landing` as (slot, chunk, from row) triples for Land,
+  // and the slot holds no rows until then (a reader falls back to the page). Counters are those of
+  // the copies made at once.
+  Counters Fetch(int seq, int layer, int head, const HeadSelection& sel, int64_t tailStart, const Source& src,
+                 std::vector<int32_t>* landing = nullptr);
+  // Makes the copies a Fetch left (triples as it wrote them, n triples) once their pages landed, or
+  // with `drop` frees those slots instead (the reads failed: the chunks leave the tier). E_INTERNAL
+  // when a slot no longer holds its chunk. Returns the bytes copied.
+  int64_t Land(int seq, int layer, int head, const int32_t* triples, size_t n, const Source& src, bool drop);
   // Places chunks (best first) into free slots until the arena is full; returns chunks placed.
   int32_t Warm(int seq, int layer, int head, const int32_t* order, int32_t n, const Source& src);
   // Empties every (layer, kv head) arena of sequence `seq` so its handle can serve a new sequence:
@@ -174,7 +189,9 @@ class Tier {
 
  private:
   // Copies rows of chunk `chunk` available in the source (from row `from`) into `slot`.
-  int64_t CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src);
+  // With `landing`, a copy from a page still being read is recorded there instead (see Fetch).
+  int64_t CopyRows(PairState& p, int head, int32_t slot, int32_t chunk, int32_t from, const Source& src,
+                   std::vector<int32_t>* landing = nullptr);
 
   TierConfig cfg_;
   int32_t perStep_ = 0;

@@ -493,30 +493,58 @@ export async function fetchAttendEntry(
     const pages = mergeGroupPages(groups, sc, H, reads.buf);
     return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? sc.pageMass.subarray(0, pages.ids.length) : undefined, computeMs: 0 });
   };
+  /** Where the tier pages lie, as the hot-tier admission reads them. */
+  const pageArgs = (pages: StepPages) => ({
+    pages: pages.buffers,
+    pageOffsets: pages.offsets,
+    pageIds: pages.ids,
+    pageAt: pages.at,
+    pageIn: pages.source,
+    tail,
+    tailBase: lk.sealed,
+  });
   /**
-   * Hot-tier admission, then attention, of the kv heads in `heads` (every head when undefined), into
-   * the entry's result. Each kv head has its own hot-tier residents and attention output, so the
-   * heads done in two passes end exactly as in one.
+   * The hot tier's admission copies left for the SSD-read pages (hotTierAdmitPages with
+   * pageLanding, run while the reads were in flight): made once the reads landed (landHotTier), or
+   * undone if they failed (error path below).
    */
-  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined): Promise<void> => {
+  let hotLanding: Int32Array | undefined;
+  /**
+   * Hot-tier admission of the kv heads in `heads` (every head when undefined). With `landing`
+   * (while the SSD reads are in flight): residency is decided for every page now and copied from
+   * every page already there; the copies from the pages still being read (those in the fetch
+   * buffer) wait in hotLanding. The tier ends exactly as with one admission after the reads.
+   */
+  const admitHot = (e: EntryAttention, heads: Uint8Array | undefined, landing: boolean): void => {
+    if (!hot) return;
+    const { pages } = e;
+    const r = native.hotTierAdmitPages({
+      ...hotArg,
+      selection: e.sel,
+      tokens: T,
+      ...pageArgs(pages),
+      ...(landing ? { pageLanding: pages.source.map((b) => (b === 0 ? 1 : 0)) } : {}),
+      ...(heads ? { heads } : {}),
+    }) as { admitted: number; landing?: Int32Array };
+    hotAdmitted += r.admitted;
+    if (r.landing?.length) hotLanding = r.landing;
+  };
+  /** Makes the hot tier's copies from the SSD-read pages (now landed), or frees those slots (`drop`). */
+  const landHotTier = (e: EntryAttention, drop: boolean): void => {
+    const landing = hotLanding;
+    if (!hot || !landing) return;
+    hotLanding = undefined;
+    native.hotTierLandPages({ ...hotArg, tokens: T, ...pageArgs(e.pages), landing, ...(drop ? { drop: true } : {}) });
+  };
+  /**
+   * Attention of the kv heads in `heads` (every head when undefined) into the entry's result, after
+   * their hot-tier admission (unless `admitted`). Each kv head has its own hot-tier residents and
+   * attention output, so the heads done in two passes end exactly as in one.
+   */
+  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined, admitted: boolean): Promise<void> => {
     const { pages } = e;
     const mask = heads ? { heads } : {};
-    if (hot) {
-      const r = native.hotTierAdmitPages({
-        ...hotArg,
-        selection: e.sel,
-        tokens: T,
-        pages: pages.buffers,
-        pageOffsets: pages.offsets,
-        pageIds: pages.ids,
-        pageAt: pages.at,
-        pageIn: pages.source,
-        tail,
-        tailBase: lk.sealed,
-        ...mask,
-      }) as { admitted: number };
-      hotAdmitted += r.admitted;
-    }
+    if (!admitted) admitHot(e, heads, false);
     const t = performance.now();
     const args = {
       q,
@@ -543,6 +571,8 @@ export async function fetchAttendEntry(
   };
   // The kv heads left for after the reads (undefined: every head).
   let rest: Uint8Array | undefined;
+  // Whether every head's hot-tier admission ran while the reads were in flight.
+  let hotAdmittedEarly = false;
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
       // While the SSD reads are in flight: hot-tier admission and attention of the kv heads none
@@ -550,6 +580,11 @@ export async function fetchAttendEntry(
       // other heads after the reads land. A group whose fetch failed before placing its pages
       // leaves everything to the error path.
       if (groups.some((g) => g.tier > 0 && !g.pending)) return;
+      // Every head's hot-tier admission now, the copies from pages still being read left for
+      // after them: the reads' wait is the step's only idle time on a CPU-bound host.
+      const e = attention(sc, nChunks);
+      admitHot(e, undefined, true);
+      hotAdmittedEarly = true;
       const pending = new Uint8Array(H);
       for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
       if (pending.every((x) => x === 1)) return;
@@ -567,11 +602,13 @@ export async function fetchAttendEntry(
           hold--;
         }
       rest = early.map((x) => 1 - x);
-      await attendHeads(attention(sc, nChunks), early);
+      // Early heads read no page still being read: their hot-tier copies are all made.
+      await attendHeads(e, early, true);
     });
     const { sc, nChunks } = f;
     const e = attention(sc, nChunks);
-    await attendHeads(e, rest);
+    landHotTier(e, false);
+    await attendHeads(e, rest, hotAdmittedEarly);
     const t3 = performance.now();
     const { tokSel, pages, r } = e;
     const stats: EntryStepStats = {
@@ -603,6 +640,15 @@ export async function fetchAttendEntry(
     // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
     return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit };
   } finally {
+    // Hot-tier copies still waiting for reads that failed: those slots are freed (they would
+    // otherwise stay resident with no rows); before the pages' buffers are released.
+    if (hotLanding && att) {
+      try {
+        landHotTier(att, true);
+      } catch {
+        // The step's own error is the one to report; the tier check (hotTier.check) would show this.
+      }
+    }
     for (const g of groups) g.placement?.release();
     reads.release();
   }
