@@ -8,8 +8,9 @@
  *   the step), chunks still in the tail in the tail; only SSD reads land in a fetch buffer
  *   (TieredKv.fetchInPlace) ─▶ hot-tier admission ─▶ exact attention over sinks + exactly the
  *   selected tokens, read where they lie + tail (attendFetched: bit-identical to attendSparse over
- *   a contiguous cache with the same selection, whichever tier served a token; the kv heads no SSD
- *   read touches are admitted and attended while the reads are in flight) ─▶ DRAM admission of
+ *   a contiguous cache with the same selection, whichever tier served a token; while the SSD reads
+ *   are in flight every kv head is admitted to the hot tier, its copies from the pages still being
+ *   read made once they land, and the kv heads no read touches are attended) ─▶ DRAM admission of
  *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
