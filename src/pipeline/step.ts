@@ -576,10 +576,10 @@ export async function fetchAttendEntry(
   let hotAdmittedEarly = false;
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
-      // While the SSD reads are in flight: hot-tier admission and attention of the kv heads none
-      // of them touches (their pages are all in the hot tier, the DRAM arena or the tail); the
-      // other heads after the reads land. A group whose fetch failed before placing its pages
-      // leaves everything to the error path.
+      // While the SSD reads are in flight: hot-tier admission of every kv head, and attention of
+      // the kv heads none of them touches (their pages are all in the hot tier, the DRAM arena or
+      // the tail); the other heads' attention after the reads land. A group whose fetch failed
+      // before placing its pages leaves everything to the error path.
       if (groups.some((g) => g.tier > 0 && !g.pending)) return;
       // Every head's hot-tier admission now, the copies from pages still being read left for
       // after them: the reads' wait is the step's only idle time on a CPU-bound host.
