@@ -78,6 +78,14 @@ describe('tiered KV fetch', () => {
     again.placement.release(); // idempotent
     expect(dram!.put('b', 1, 1, [10], [200], new Uint8Array(cb), [0])).toBe(1);
     expect(dram!.lookup('a', 0, 0, 0)).toBe(-1);
+    // pinInPlace: false (a DRAM tier that never evicts): the same placement, no pin taken.
+    const unpinned = new TieredKv({ ssd, dram, segments: ['a', 'b'], promote: false, pinInPlace: false });
+    const pinsBefore = Uint16Array.from((dram as unknown as { pins: Uint16Array }).pins);
+    const third = await unpinned.fetchInPlace(req, (bytes) => new Uint8Array(bytes));
+    expect((dram as unknown as { pins: Uint16Array }).pins).toEqual(pinsBefore);
+    expect(third.stats.dramChunks).toBeGreaterThan(0);
+    third.placement.release();
+    await unpinned.close();
     await expectKvdError(() => kv.fetchInPlace(req, new Uint8Array(cb)), 'E_SHAPE', /at least \d chunks/);
   });
 

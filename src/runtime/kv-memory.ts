@@ -303,7 +303,9 @@ export class KvMemory {
       if (!this.ssd && admitted !== kvHeads * chunks)
         throw new KvdriveError('E_BUDGET', `memory: expected the DRAM tier to hold every sealed chunk (no SSD store), got room for ${admitted} of ${kvHeads * chunks}`);
       if (lk.tiers) lk.tiers.appendSegment(id);
-      else lk.tiers = new TieredKv({ ssd: this.ssd, dram: this.dram, segments: [id], stagingBuffers: 0, promote: false });
+      // Without an SSD nothing is ever evicted (every chunk F32_MAX, above): the step's in-place
+      // reads need no pins.
+      else lk.tiers = new TieredKv({ ssd: this.ssd, dram: this.dram, segments: [id], stagingBuffers: 0, promote: false, pinInPlace: !!this.ssd });
     } catch (e) {
       if (this.dram.hasSegment(id)) this.dram.removeSegment(id);
       await this.ssd?.deleteSegment(id).catch(() => undefined);

@@ -38,6 +38,14 @@ export interface TieredKvOptions {
   stagingBytes?: number;
   /** Promote chunks fetched from SSD into DRAM by their request score (default true). */
   promote?: boolean;
+  /**
+   * Pin the DRAM-tier chunks {@link TieredKv.fetchInPlace} leaves in the arena until the placement
+   * is released (default true), so that no admission evicts them while they are read. false only
+   * when nothing can evict them meanwhile: the runtime's memory model without an SSD store, whose
+   * DRAM tier holds every chunk for good (F32_MAX importance, public calls serialized). Saves a pass
+   * over the pins (at random, one per chunk) per fetch and per release.
+   */
+  pinInPlace?: boolean;
 }
 
 const optionsSchema = z
@@ -48,6 +56,7 @@ const optionsSchema = z
     stagingBuffers: z.number().int().min(0).max(64).optional(),
     stagingBytes: z.number().int().min(1).max(2 ** 31).optional(),
     promote: z.boolean().optional(),
+    pinInPlace: z.boolean().optional(),
   })
   .strict();
 
@@ -180,6 +189,7 @@ export class TieredKv {
   /** Fetch scratch not in use: a fetch takes one (or a new one) and gives it back when it ends / its placement is released. */
   private readonly scratchFree: FetchScratch[] = [];
   private readonly promote: boolean;
+  private readonly pinInPlace: boolean;
   private readonly pool: Uint8Array[] = [];
   private readonly stagingBytes: number;
   private readonly prefetches = new Map<number, Prefetch>();
@@ -196,6 +206,7 @@ export class TieredKv {
     this.shape = o.ssd ? o.ssd.shape : o.dram!.shape;
     this.chunkBytes = o.ssd ? o.ssd.chunkBytes : o.dram!.chunkBytes;
     this.promote = o.promote ?? true;
+    this.pinInPlace = o.pinInPlace ?? true;
     if (o.dram && o.dram.chunkBytes !== this.chunkBytes)
       fail('E_CONFIG', 'TieredKv options.dram', `a DRAM store of the SSD store's shape (chunk ${this.chunkBytes} bytes)`, `chunk ${o.dram.chunkBytes} bytes`);
     this.segments = [];
@@ -285,7 +296,7 @@ export class TieredKv {
 
   /**
    * Like {@link fetch}, without copying DRAM-resident chunks: they stay in the DRAM tier's arena,
-   * pinned (never evicted) until `placement.release()`, and only the other entries (SSD reads,
+   * pinned (never evicted) until `placement.release()` (unless `pinInPlace: false`), and only the other entries (SSD reads,
    * prefetched chunks) are written to a buffer, packed in entry order: `dest` is that buffer or a
    * function giving one of at least the bytes it is called with (once, before any read; E_SHAPE
    * when too small). `placement` says where each entry's page is. For a reader that attends the
@@ -363,10 +374,11 @@ export class TieredKv {
       list.push(i);
     };
     try {
-      const found = DramStore.locate(this.dram, req, this.chain, placement ? { ...out, source: placement.source, at: placement.at } : out, { kvHeads: H, chunkBytes: cb, skip, pin: inPlace });
+      const pin = inPlace && this.pinInPlace;
+      const found = DramStore.locate(this.dram, req, this.chain, placement ? { ...out, source: placement.source, at: placement.at } : out, { kvHeads: H, chunkBytes: cb, skip, pin });
       const nDram = found.hits;
       const dramSlots = out.slots.subarray(0, nDram);
-      if (inPlace && nDram) pinned = dramSlots;
+      if (pin && nDram) pinned = dramSlots;
       missIdx = Array.from(out.misses.subarray(0, found.misses));
       for (let k = 0, h = 0; k < missIdx.length; k++) {
         const i = missIdx[k]!;
