@@ -200,6 +200,10 @@ describe('attendFetched', () => {
         expect(bits(attendFetched({ ...o, hot: { handle: t.handle, layer: 0 } }).out)).toBe(bits(whole.out));
       }
       expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(0, 0, 99, 0) }))).toMatch(/^E_INTERNAL: hot tier: a landing copy names slot 0 for chunk 99/);
+      // A free slot (chunk -1) named for a drop: refused, the tier unchanged.
+      const free = t.info().slotsPerStep - 1;
+      expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(0, free, -1, 0), drop: true }))).toMatch(/^E_INTERNAL: hot tier: a landing copy names slot \d+ for chunk -1/);
+      expect(t.check()).toBe('');
       expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(5, 0, 0, 0) }))).toMatch(/^E_RANGE: hotTierLandPages.landing\[0\]: expected a kv head in \[0, 2\), got 5/);
       expect(code(() => native.hotTierLandPages({ hot: { handle: t.handle, layer: 0 }, tokens: T, pages: buf, pageOffsets, pageIds: Int32Array.from(ids), landing: Int32Array.of(0, 0, 0) }))).toMatch(/^E_SHAPE: hotTierLandPages.landing: expected \(kv head, slot, chunk, from\) quads, got 3 numbers/);
       expect(code(() => native.hotTierAdmitPages({ hot: { handle: t.handle, layer: 0 }, ...admit, pageLanding: new Uint8Array(1) }))).toMatch(/^E_SHAPE: hotTierAdmitPages.pageLanding/);

@@ -372,7 +372,7 @@ int64_t Tier::Land(int seq, int layer, int head, const int32_t* triples, size_t 
   int64_t bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     const int32_t slot = triples[3 * i], chunk = triples[3 * i + 1], from = triples[3 * i + 2];
-    if (slot < 0 || slot >= p.capacity || p.slotChunk[size_t(slot)] != chunk || from < 0 || from > cfg_.chunkSize)
+    if (chunk < 0 || slot < 0 || slot >= p.capacity || p.slotChunk[size_t(slot)] != chunk || from < 0 || from > cfg_.chunkSize)
       Throw("E_INTERNAL", "hot tier: a landing copy names slot " + std::to_string(slot) + " for chunk " + std::to_string(chunk) +
                               " of kv head " + std::to_string(head) + " (rows from " + std::to_string(from) +
                               "), expected a slot that Fetch gave that chunk and nothing changed since");
