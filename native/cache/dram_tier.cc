@@ -177,15 +177,19 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
 
     const size_t cap = st.capacity();
     size_t hits = 0, misses = 0, inDest = 0;
-    // Prefetches the slot-map entry of entry j (kv head hj) when every index on the way is valid;
-    // the loop below checks them again before reading.
-    auto prefetchMap = [&](int32_t j, int hj) {
-      if (!hasTier || (hasSkip && skip.data[j])) return;
-      const int32_t g = ids.data[j];
-      const int32_t sj = chunkSeg.data[g];
-      if (sj < 0 || size_t(sj) >= nSeg) return;
-      const int64_t key = (layer * kvHeads + hj) * (int64_t(segStart.data[sj + 1]) - segStart.data[sj]) + (g - segStart.data[sj]);
-      if (key >= 0 && size_t(key) < maps[size_t(sj)].length) __builtin_prefetch(maps[size_t(sj)].data + key);
+    // Where the slot maps hold (global chunk g, kv head h): g's segment, the entry's index in that
+    // segment's map, and whether every index on the way lies inside the chain (the loop below names
+    // the first that does not; the prefetch ahead just skips such an entry).
+    struct MapAt {
+      int32_t seg;
+      int64_t key;
+      bool inside;
+    };
+    auto mapAt = [&](int32_t g, int h) -> MapAt {
+      const int32_t s = chunkSeg.data[g];
+      if (s < 0 || size_t(s) >= nSeg) return {s, -1, false};
+      const int64_t key = (layer * kvHeads + h) * (int64_t(segStart.data[s + 1]) - segStart.data[s]) + (g - segStart.data[s]);
+      return {s, key, g >= segStart.data[s] && g < segStart.data[s + 1] && key >= 0 && size_t(key) < maps[size_t(s)].length};
     };
     for (int h = 0; h < kvHeads; ++h) {
       for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i) {
@@ -194,21 +198,23 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
           const int32_t j = i + int32_t(kPrefetchAhead);
           int hj = h;
           while (hj < kvHeads && j >= off.data[hj + 1]) ++hj;
-          if (hj < kvHeads) prefetchMap(j, hj);
+          if (hj < kvHeads && hasTier && (!hasSkip || !skip.data[j])) {
+            const MapAt m = mapAt(ids.data[j], hj);
+            if (m.inside) __builtin_prefetch(maps[size_t(m.seg)].data + m.key);
+          }
         }
         int32_t slot = -1;
         if (hasTier && (!hasSkip || !skip.data[i])) {
           const int32_t g = ids.data[i];
-          const int32_t s = chunkSeg.data[g];
+          const MapAt m = mapAt(g, h);
+          const int32_t s = m.seg;
           if (s < 0 || size_t(s) >= nSeg)
             Throw("E_RANGE", what + ".chunkSeg[" + std::to_string(g) + "]: expected a segment in [0, " + std::to_string(nSeg) + "), got " + std::to_string(s));
-          const int64_t chunks = int64_t(segStart.data[s + 1]) - segStart.data[s];
-          const int64_t key = (layer * kvHeads + h) * chunks + (g - segStart.data[s]);
-          if (g < segStart.data[s] || g >= segStart.data[s + 1] || size_t(key) >= maps[size_t(s)].length)
+          if (!m.inside)
             Throw("E_RANGE", what + ".maps[" + std::to_string(s) + "]: expected a slot map holding layer " + std::to_string(layer) +
-                                 ", kv head " + std::to_string(h) + ", chunk " + std::to_string(g) + " (entry " + std::to_string(key) +
+                                 ", kv head " + std::to_string(h) + ", chunk " + std::to_string(g) + " (entry " + std::to_string(m.key) +
                                  "), got " + std::to_string(maps[size_t(s)].length) + " entries");
-          slot = maps[size_t(s)].data[key];
+          slot = maps[size_t(s)].data[m.key];
           // Bounds only: owner[slot] would be one more cache miss per chunk, and a map naming a slot
           // in range reads tier memory either way (never outside it).
           if (slot >= 0 && size_t(slot) >= cap)
