@@ -51,20 +51,28 @@ inline uint32_t ScoreKey(float s) {
 }
 
 // The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
-// is computed once (kept in `scratch` after kCutBins histogram words), a histogram of its top 11
+// is computed once (kept in `scratch` after the histogram words, at kCutKeys), a histogram of its top 11
 // bits and, unless that digit's group is taken whole, one of the next 11 bits over that group only.
 // The best k are then the entries with key >> shift above prefix and the ByRank-best `need` of those
 // equal to it (ByRank is a strict total order, so that set is unique).
 constexpr size_t kCutBins = 2048;
+// Where the keys start in `scratch`: after two histograms (entries alternate between them, so that
+// neighbours with the same digit — common, scores cluster — do not wait on each other's increment).
+constexpr size_t kCutKeys = 2 * kCutBins;
 struct RadixCut {
   uint32_t prefix;
   int shift;
   size_t need;
 };
-RadixCut CutBest(const Ranked* first, size_t n, size_t k, std::vector<uint32_t>& scratch) {
-  scratch.resize(kCutBins + n);
+template <class ScoreAt>
+RadixCut CutBestBy(size_t n, size_t k, ScoreAt scoreAt, std::vector<uint32_t>& scratch) {
+  scratch.resize(kCutKeys + n);
   uint32_t* hist = scratch.data();
-  uint32_t* key = hist + kCutBins;
+  uint32_t* hist1 = hist + kCutBins;
+  uint32_t* key = scratch.data() + kCutKeys;
+  auto merge = [&]() {
+    for (size_t b = 0; b < kCutBins; ++b) hist[b] += hist1[b];
+  };
   // Digit b of a histogram: every entry with a higher digit is taken, need - (their count) from b.
   auto cut = [&](size_t& need) {
     size_t above = 0;
@@ -76,21 +84,36 @@ RadixCut CutBest(const Ranked* first, size_t n, size_t k, std::vector<uint32_t>&
     need -= above;
     return b;
   };
-  std::fill(hist, hist + kCutBins, 0u);
-  for (size_t i = 0; i < n; ++i) {
-    key[i] = ScoreKey(first[i].score);
+  std::fill(hist, hist + 2 * kCutBins, 0u);
+  size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    key[i] = ScoreKey(scoreAt(i));
+    key[i + 1] = ScoreKey(scoreAt(i + 1));
+    ++hist[key[i] >> 21];
+    ++hist1[key[i + 1] >> 21];
+  }
+  if (i < n) {
+    key[i] = ScoreKey(scoreAt(i));
     ++hist[key[i] >> 21];
   }
+  merge();
   size_t need = k;
   const uint32_t b1 = cut(need);
   if (need < hist[b1]) {
-    std::fill(hist, hist + kCutBins, 0u);
-    for (size_t i = 0; i < n; ++i)
+    std::fill(hist, hist + 2 * kCutBins, 0u);
+    for (i = 0; i + 2 <= n; i += 2) {
       if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
+      if ((key[i + 1] >> 21) == b1) ++hist1[(key[i + 1] >> 10) & (kCutBins - 1)];
+    }
+    if (i < n && (key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
+    merge();
     const uint32_t b2 = cut(need);
     return {(b1 << 11) | b2, 10, need};
   }
   return {b1, 21, need};
+}
+RadixCut CutBest(const Ranked* first, size_t n, size_t k, std::vector<uint32_t>& scratch) {
+  return CutBestBy(n, k, [first](size_t i) { return first[i].score; }, scratch);
 }
 
 // Moves the best k entries of [first, last) (ByRank order) to its front, in no particular order: the
@@ -100,7 +123,7 @@ void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& sc
   const size_t n = size_t(last - first);
   if (k == 0 || k >= n) return;
   const RadixCut c = CutBest(first, n, k, scratch);
-  uint32_t* key = scratch.data() + kCutBins;
+  uint32_t* key = scratch.data() + kCutKeys;
   // Entries above the threshold to the front, then those equal to it.
   size_t w = 0;
   for (size_t i = 0; i < n; ++i)
@@ -118,32 +141,52 @@ void SelectBest(Ranked* first, Ranked* last, size_t k, std::vector<uint32_t>& sc
     }
   if (c.need < e - w) std::nth_element(first + w, first + w + (c.need - 1), first + e, ByRank());
 }
-// Sets in `bits` the ids of the best k entries of v (the set SelectBest moves to the front) without
-// moving any: the entries above CutBest's threshold directly, the `need` best of those equal to it
-// through `ties` (scratch). v keeps its order.
-void MarkBest(const std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& scratch, std::vector<Ranked>& ties,
-              std::vector<uint64_t>& bits) {
+// Sets in `bits` the ids of the best k of n entries, entry i being (scoreAt(i), idAt(i)) (the set
+// SelectBest would move to the front) without moving any: the entries above CutBest's threshold
+// directly, the `need` best of those equal to it through `ties` (scratch). Accessors, so that the
+// re-rank's scores and token ids can be read where they lie (two arrays) as well as from Ranked.
+template <class ScoreAt, class IdAt>
+void MarkBestBy(size_t n, ScoreAt scoreAt, IdAt idAt, size_t k, std::vector<uint32_t>& scratch, std::vector<Ranked>& ties,
+                std::vector<uint64_t>& bits) {
   // Raw pointers: the vectors live in thread-local scratch, and through the references the compiler
   // re-derived their address (a __tls_get_addr call) on every marked entry.
   uint64_t* bp = bits.data();
-  const Ranked* vp = v.data();
   auto mark = [bp](int32_t id) { bp[size_t(id) >> 6] |= uint64_t(1) << (id & 63); };
-  const size_t n = v.size();
   if (k == 0) return;
   if (k >= n) {
-    for (size_t i = 0; i < n; ++i) mark(vp[i].id);
+    for (size_t i = 0; i < n; ++i) mark(idAt(i));
     return;
   }
-  const RadixCut c = CutBest(vp, n, k, scratch);
-  const uint32_t* key = scratch.data() + kCutBins;
+  const RadixCut c = CutBestBy(n, k, scoreAt, scratch);
+  const uint32_t* key = scratch.data() + kCutKeys;
   ties.clear();
+  // Neighbouring entries often fall in one word (a chunk's tokens): its bits are gathered in a
+  // register and stored once per run, not read-modify-written per entry.
+  size_t word = 0;
+  uint64_t run = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t d = key[i] >> c.shift;
-    if (d > c.prefix) mark(vp[i].id);
-    else if (d == c.prefix) ties.push_back(vp[i]);
+    if (d > c.prefix) {
+      const int32_t id = idAt(i);
+      if (size_t(id) >> 6 != word) {
+        if (run) bp[word] |= run;
+        word = size_t(id) >> 6;
+        run = 0;
+      }
+      run |= uint64_t(1) << (id & 63);
+    } else if (d == c.prefix) {
+      ties.push_back({scoreAt(i), idAt(i)});
+    }
   }
+  if (run) bp[word] |= run;
   if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
   for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
+}
+// MarkBestBy over v's entries (v keeps its order).
+void MarkBest(const std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& scratch, std::vector<Ranked>& ties,
+              std::vector<uint64_t>& bits) {
+  const Ranked* vp = v.data();
+  MarkBestBy(v.size(), [vp](size_t i) { return vp[i].score; }, [vp](size_t i) { return vp[i].id; }, k, scratch, ties, bits);
 }
 void SelectBest(std::vector<Ranked>& v, size_t k, std::vector<uint32_t>& hist) {
   SelectBest(v.data(), v.data() + v.size(), k, hist);
@@ -188,8 +231,15 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
     const double t = (double(s) - double(mn)) * inv;
     return t >= double(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0);
   };
-  hist.assign(kBins, 0);
-  for (const Ranked& r : clusters) hist[size_t(bin(r.score))] += uint32_t(ctoks[size_t(r.id)]);
+  // Each cluster's bin is kept (after the histogram's kBins words) for the second pass.
+  const size_t nc = clusters.size();
+  hist.assign(kBins + nc, 0);
+  uint32_t* binOf = hist.data() + kBins;
+  for (size_t i = 0; i < nc; ++i) {
+    const uint32_t bi = uint32_t(bin(clusters[i].score));
+    binOf[i] = bi;
+    hist[bi] += uint32_t(ctoks[size_t(clusters[i].id)]);
+  }
   double above = 0;
   int b = kBins - 1;
   for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
@@ -197,8 +247,8 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   // front, best first, and are walked from there.
   double taken = above;
   size_t nb = 0;
-  for (size_t i = 0; i < clusters.size(); ++i) {
-    const int bi = bin(clusters[i].score);
+  for (size_t i = 0; i < nc; ++i) {
+    const int bi = int(binOf[i]);
     if (bi > b) {
       chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
     } else if (bi == b) {
@@ -802,8 +852,9 @@ size_t LayerIndex::RerankChunks(int64_t budget) const {
   return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
 }
 
-void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                             std::vector<Ranked>& ranked, bool allMarked, SelectResult& out, SelectScratch& sc) const {
+bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
+                             std::vector<Ranked>& ranked, bool allMarked, bool markBest, SelectResult& out,
+                             SelectScratch& sc) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
   const size_t n = std::min(ranked.size(), RerankChunks(budget));
@@ -838,7 +889,27 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     const Segment& seg = H.segments[segAt];
     return seg.slotOrder && slot >= seg.c0 ? seg.slotChunks[size_t(slot - seg.c0)] : slot;
   };
-  for (size_t w = 0; w < bits.size(); ++w)
+  // The slot -> chunk entries of the candidates (4 bytes per slot, in runs scattered over the
+  // segments' maps) mostly miss the cache: the lines of the first and last candidate of the word
+  // kMapAhead words on are requested before this word's are read (a second cursor finds their
+  // segment, walking forwards as chunkOf does).
+  constexpr size_t kMapAhead = 4;
+  size_t segAhead = 0;
+  auto prefetchMap = [&](size_t w) {
+    const uint64_t b = bits[w];
+    if (!b) return;
+    const int64_t first = int64_t(w * 64) + __builtin_ctzll(b), last = int64_t(w * 64) + 63 - __builtin_clzll(b);
+    while (segAhead < H.segments.size() && H.segments[segAhead].c1 <= first) ++segAhead;
+    if (segAhead == H.segments.size()) return;
+    const Segment& seg = H.segments[segAhead];
+    if (!seg.slotOrder || first < seg.c0) return;
+    const int32_t* map = seg.slotChunks.data() - seg.c0;
+    __builtin_prefetch(map + first);
+    if (last < seg.c1) __builtin_prefetch(map + last);
+  };
+  for (size_t w = 0; w < kMapAhead && w < bits.size(); ++w) prefetchMap(w);
+  for (size_t w = 0; w < bits.size(); ++w) {
+    if (w + kMapAhead < bits.size()) prefetchMap(w + kMapAhead);
     for (uint64_t b = bits[w]; b; b &= b - 1) {
       const int64_t slot = int64_t(w * 64) + __builtin_ctzll(b);
       const int64_t j = chunkOf(slot);
@@ -848,6 +919,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
         if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
       }
     }
+  }
   const size_t nRe = m;
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
@@ -885,7 +957,19 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   if (bad >= 0)
     Throw("E_NONFINITE", "select keys: expected finite keys, got NaN or Inf in kv head " + std::to_string(h) +
                              ", token " + std::to_string(toksAt[size_t(bad) % ld]));
-  if (cfg_.tokenGranular) {
+  bool marked = false;
+  if (cfg_.tokenGranular && markBest && !needRest) {
+    // The caller takes the best min(K, re-ranked) tokens as a set: marked in sc.bits (now over
+    // tokens; the candidate slots were read above) straight from share / toksAt, with no list of
+    // the tokens built for it. The same set as MarkBest over that list.
+    bits.assign(size_t(tokens_ + 63) / 64, 0);
+    const float* sp = share.data();
+    const int64_t* tp = toksAt.data();
+    MarkBestBy(nRe, [sp](size_t i) { return sp[i]; }, [tp](size_t i) { return int32_t(tp[i]); },
+               std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
+    ranked.clear();
+    marked = true;
+  } else if (cfg_.tokenGranular) {
     // Token ids from here on: the re-ranked tokens by their share, then the remaining chunks'
     // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
     std::vector<Ranked>& tok = sc.tok;
@@ -908,6 +992,7 @@ void LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   }
   out.keysScored += int64_t(nAll);
   out.bytesScored += int64_t(nAll) * (useKeys ? dim_ * int64_t(DtypeSize(keys->dtype)) : heads_data_[h].sketch.BytesPerToken());
+  return marked;
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int headBegin,
@@ -938,6 +1023,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     const float* qh = q + size_t(h) * g * dim_;
     ranked.clear();
     bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
+    bool marked = false;    // level 3 marked the selected tokens in sc.bits itself (ranked empty)
     if (cfg_.policy == PolicyKind::Kvdrive) {
       // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
       std::vector<float>& coef = sc.coef;
@@ -1012,11 +1098,17 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         const Segment& seg = H.segments[s];
         if (seg.slotOrder) {
           // A taken cluster's chunks are one run of slots (its outlier chunks are in the segment's
-          // outlier run, marked below).
-          for (int c = 0; c < seg.k; ++c) {
-            const size_t gid = base + size_t(c);
-            if (chosen[gid >> 6] >> (gid & 63) & 1)
-              SetBits(bits, seg.c0 + seg.runs[size_t(c)], seg.c0 + seg.runs[size_t(c) + 1]);
+          // outlier run, marked below). The taken clusters are read off `chosen` word by word
+          // (a few in eight are taken), not tested one cluster at a time.
+          const size_t end = base + size_t(seg.k);
+          for (size_t w = base >> 6; w << 6 < end; ++w) {
+            uint64_t word = chosen[w];
+            if ((w << 6) < base) word &= ~uint64_t(0) << (base & 63);
+            if (((w + 1) << 6) > end) word &= ~uint64_t(0) >> (64 - (end & 63));
+            for (; word; word &= word - 1) {
+              const size_t c = (w << 6) + size_t(__builtin_ctzll(word)) - base;
+              SetBits(bits, seg.c0 + seg.runs[c], seg.c0 + seg.runs[c + 1]);
+            }
           }
           continue;
         }
@@ -1047,7 +1139,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
         // and writes every entry of `ranked`.
         ranked.resize(nIds);
-        RerankExact(qh, g, h, keys, budget, want, ranked, true, out, sc);
+        marked = RerankExact(qh, g, h, keys, budget, want, ranked, true, pool == 0, out, sc);
         reranked = true;
         goto fill;
       }
@@ -1068,7 +1160,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        RerankExact(qh, g, h, keys, budget, want, ranked, false, out, sc);
+        marked = RerankExact(qh, g, h, keys, budget, want, ranked, false, pool == 0, out, sc);
         reranked = true;
       } else {
         for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
@@ -1105,10 +1197,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // ranking order needed, the ids are returned ascending).
       // Marked in a bit set over the tokens where they lie (no partition of `ranked`), read back
       // ascending (cheaper than sorting the ids).
-      const size_t take = std::min(ranked.size(), size_t(budget));
       std::vector<uint64_t>& bits = sc.bits;
-      bits.assign(size_t(tokens_ + 63) / 64, 0);
-      MarkBest(ranked, take, sc.hist, sc.ties, bits);
+      if (!marked) {
+        bits.assign(size_t(tokens_ + 63) / 64, 0);
+        MarkBest(ranked, std::min(ranked.size(), size_t(budget)), sc.hist, sc.ties, bits);
+      }
       for (size_t w = 0; w < bits.size(); ++w)
         for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
       return;

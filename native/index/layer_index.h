@@ -266,8 +266,11 @@ class LayerIndex {
   // want: max(budget, pool) tokens the caller will fill.
   // Scores with keys when given (and not cfg.preferSketch), else with the head's sketch.
   // allMarked: ranked holds every candidate and its ids are already set in sc.bits (over slots).
-  void RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                   std::vector<Ranked>& ranked, bool allMarked, SelectResult& out, SelectScratch& sc) const;
+  // markBest (token-granular, no pool): when the re-ranked tokens alone fill the selection, the
+  // best min(budget, re-ranked) of them are marked in sc.bits over tokens instead (ranked left
+  // empty); returns whether it did.
+  bool RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
+                   std::vector<Ranked>& ranked, bool allMarked, bool markBest, SelectResult& out, SelectScratch& sc) const;
   // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
   // is short, see Extend).
   void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
