@@ -160,6 +160,43 @@ describe('SSD store integrity and errors', () => {
       expect(got).toEqual(expectedChunk(shape, good, 0, 1, 3));
     });
 
+  for (const kind of ['pread', 'mmap'] as const)
+    it(`readArrays' done flag: 1 from the read's thread once every chunk landed, 2 when it failed; a bad flag is refused (${kind})`, async () => {
+      const dir = tempDir('done');
+      const store = await openStore({ dir, shape, kind });
+      const data = segmentKv(shape, 32, 12);
+      await store.writeSegment('d', data);
+      const h = store.segmentHandle('d');
+      const ids = [0, 3, 5];
+      const req = (done?: Int32Array) => ({
+        segments: Int32Array.from([h]),
+        layers: Int32Array.from([1]),
+        heads: Int32Array.from([0]),
+        itemOffsets: Int32Array.from([0, ids.length]),
+        chunkIds: Int32Array.from(ids),
+        dest: new Uint8Array(ids.length * store.chunkBytes),
+        destOffsets: Float64Array.from(ids, (_, k) => k * store.chunkBytes),
+        ...(done ? { done } : {}),
+      });
+      const done = new Int32Array(new SharedArrayBuffer(4));
+      const ok = req(done);
+      const reading = store.readArrays(ok);
+      // Polled as a runtime step polls it (it may be set before the promise settles).
+      while (Atomics.load(done, 0) === 0) await new Promise((r) => setImmediate(r));
+      expect(Atomics.load(done, 0)).toBe(1);
+      ids.forEach((j, k) => expect(ok.dest.subarray(k * store.chunkBytes, (k + 1) * store.chunkBytes)).toEqual(expectedChunk(shape, data, 1, 0, j)));
+      await reading;
+      // A failed read leaves 2.
+      const ext = store.extents('d', 1, 0);
+      flipByte(join(dir, 'd.kvseg'), ext.offsets[0]! + 3, 0xff);
+      const failed = new Int32Array(new SharedArrayBuffer(4));
+      await expectKvdError(() => store.readArrays(req(failed)), 'E_CORRUPT', /d\.kvseg/);
+      expect(Atomics.load(failed, 0)).toBe(2);
+      // The flag is checked before anything is read.
+      await expectKvdError(() => store.readArrays(req(new Int32Array(0))), 'E_SHAPE', /segmentRead\.done: expected an Int32Array of at least 1 element, got 0/);
+      await expectKvdError(() => store.readArrays({ ...req(), done: new Float32Array(1) as unknown as Int32Array }), 'E_DTYPE', /segmentRead\.done/);
+    });
+
   it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {
     const dir = tempDir('trunc');
     const a = await openStore({ dir, shape, kind: 'pread' });

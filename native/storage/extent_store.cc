@@ -725,9 +725,14 @@ Napi::Value SegmentExtents(const Napi::CallbackInfo& info) {
 }
 
 // segmentRead({ segments, layers, heads: Int32Array per item, itemOffsets: Int32Array (items+1),
-//   chunkIds: Int32Array, dest: Uint8Array, destOffsets: Float64Array per chunk }, cancel?) -> Promise
+//   chunkIds: Int32Array, dest: Uint8Array, destOffsets: Float64Array per chunk, done? }, cancel?) -> Promise
 // Chunk k (page-first, chunkBytes) lands at dest + destOffsets[k]: scattered straight into the
 // caller's buffer, no intermediate copy beyond the extent staging.
+// done (optional): an Int32Array (over a SharedArrayBuffer) whose element 0 the read's own thread
+// sets the moment it ends (a release store): 1 when every chunk has landed in dest, verified; 2
+// when it failed or was cancelled. The promise settles only once the JS thread runs its callback,
+// which can be a whole attention call later; a caller that polls `done` (Atomics.load) can read
+// the pages as soon as they are there. Left 0 while the read runs.
 Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     Napi::Env env = info.Env();
@@ -746,6 +751,11 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     ExpectLength(dofs.length, ids.length, "segmentRead.destOffsets (one per chunk)");
     // Every offset is checked before any item's range is read (items index chunkIds through them).
     CheckOffsets(io, n, ids.length, "segmentRead.itemOffsets", "items");
+    ArrayArg<int32_t> done;
+    if (!o.Get("done").IsUndefined()) {
+      done = GetI32(o.Get("done"), "segmentRead.done");
+      if (done.length < 1) Throw("E_SHAPE", "segmentRead.done: expected an Int32Array of at least 1 element, got 0");
+    }
     std::vector<ReadItem> items(n);
     std::shared_ptr<IoEngine> eng;
     for (size_t i = 0; i < n; ++i) {
@@ -769,8 +779,23 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     if (info.Length() > 1 && info[1].IsNumber()) cancel = CancelFlagByHandle(HandleArg(info, 1, "segmentRead(cancel)"));
     auto res = std::make_shared<ReadResult>();
     auto itemsP = std::make_shared<std::vector<ReadItem>>(std::move(items));
+    int32_t* doneAt = done.data;
+    std::vector<Napi::Object> keep = {dest.object, ids.object, dofs.object};
+    if (doneAt) keep.push_back(done.object);
     return PromiseWorker::Start(
-        env, [itemsP, cancel, res] { RunRead(*itemsP, cancel.get(), *res); },
+        env,
+        [itemsP, cancel, res, doneAt] {
+          // The signal is stored whichever way RunRead ends (2 unless it returned a complete read).
+          struct Signal {
+            int32_t* at;
+            int32_t value = 2;
+            ~Signal() {
+              if (at) __atomic_store_n(at, value, __ATOMIC_RELEASE);
+            }
+          } signal{doneAt};
+          RunRead(*itemsP, cancel.get(), *res);
+          if (!res->io.cancelled) signal.value = 1;
+        },
         [res, itemsP](Napi::Env env) -> Napi::Value {
           Napi::Object r = Napi::Object::New(env);
           r.Set("chunks", double(res->chunks));
@@ -783,7 +808,7 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
           r.Set("cancelled", res->io.cancelled);
           return r;
         },
-        {dest.object, ids.object, dofs.object});
+        keep);
   });
 }
 

@@ -209,6 +209,8 @@ interface HeadGroup {
    */
   placement?: FetchPlacement;
   pending?: Uint8Array;
+  /** Whether every page of the group's fetch has landed (its reads' thread says so; see fetchInPlace). */
+  landed?: () => boolean;
 }
 
 /** The group selections of one entry, in head order, as one selection over every kv head. */
@@ -350,9 +352,10 @@ async function selectAndFetch(
       // The request spans every kv head (the tiers' shape), empty outside the group.
       const offsets = new Int32Array(H + 1);
       for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending) => {
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending, landed) => {
         g.placement = pl;
         g.pending = pending;
+        g.landed = landed;
       });
     }
     // Every group's reads are in flight: the heads they do not touch can be computed meanwhile.
@@ -574,6 +577,11 @@ export async function fetchAttendEntry(
   let rest: Uint8Array | undefined;
   // Whether every head's hot-tier admission ran while the reads were in flight.
   let hotAdmittedEarly = false;
+  // Whether every head was attended before the reads' promises settled (they had landed).
+  let attendedAll = false;
+  // Every group's pages are in place: the reads' own thread has said so (it does before this thread
+  // hears of it, which waits for the event loop; on this 2-core host often a whole attention call).
+  const allLanded = () => groups.every((g) => !g.landed || g.landed());
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
       // While the SSD reads are in flight: hot-tier admission of every kv head, and attention of
@@ -586,6 +594,14 @@ export async function fetchAttendEntry(
       const e = attention(sc, nChunks);
       admitHot(e, undefined, true);
       hotAdmittedEarly = true;
+      // The reads often land during the admission: then every kv head is attended now, in one call
+      // (a head attends the same bits in any call; hot-tier slots still waiting for their copies
+      // are read from the pages, which are there).
+      if (allLanded()) {
+        await attendHeads(e, undefined, true);
+        attendedAll = true;
+        return;
+      }
       const pending = new Uint8Array(H);
       for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
       if (pending.every((x) => x === 1)) return;
@@ -605,11 +621,16 @@ export async function fetchAttendEntry(
       rest = early.map((x) => 1 - x);
       // Early heads read no page still being read: their hot-tier copies are all made.
       await attendHeads(e, early, true);
+      // The reads landed meanwhile: the other heads too, before their promises settle.
+      if (allLanded()) {
+        await attendHeads(e, rest, true);
+        attendedAll = true;
+      }
     });
     const { sc, nChunks } = f;
     const e = attention(sc, nChunks);
     landHotTier(e, false);
-    await attendHeads(e, rest, hotAdmittedEarly);
+    if (!attendedAll) await attendHeads(e, rest, hotAdmittedEarly);
     const t3 = performance.now();
     const { tokSel, pages, r } = e;
     const stats: EntryStepStats = {

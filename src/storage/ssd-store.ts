@@ -496,9 +496,14 @@ export class SsdStore {
     return this.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets: dofs }, cancelFlag);
   }
 
-  /** {@link readBatch} with native segment handles and typed arrays (the per-step hot path). */
+  /**
+   * {@link readBatch} with native segment handles and typed arrays (the per-step hot path). `done`
+   * (optional, an Int32Array over a SharedArrayBuffer): element 0 is set by the read's own thread
+   * as it ends, 1 when every chunk has landed in `dest` (verified), 2 when it failed or was
+   * cancelled, before the promise settles on this thread (poll it with Atomics.load).
+   */
   readArrays(
-    req: { segments: Int32Array; layers: Int32Array; heads: Int32Array; itemOffsets: Int32Array; chunkIds: Int32Array; dest: Uint8Array; destOffsets: Float64Array },
+    req: { segments: Int32Array; layers: Int32Array; heads: Int32Array; itemOffsets: Int32Array; chunkIds: Int32Array; dest: Uint8Array; destOffsets: Float64Array; done?: Int32Array },
     cancelFlag?: number,
   ): Promise<SsdReadStats> {
     this.check();

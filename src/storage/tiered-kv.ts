@@ -307,12 +307,16 @@ export class TieredKv {
    * resolves with; its `source` / `at` final, not to be released before the promise settles) and
    * `pending`, one entry per kv head: 1 when some entry of that head still lands in `dest` (an SSD
    * read, a prefetch), 0 when every page of the head can be read now. A reader attends the ready
-   * heads while the reads are in flight. Not called when the call fails before the reads are issued.
+   * heads while the reads are in flight. `landed()` says, at any later moment, whether every entry
+   * has landed in `dest` already (the SSD read's own thread signals it; true only for a read that
+   * succeeded, and never while a prefetch's entries are still to be copied), so a reader can attend
+   * the other heads too before the promise settles. Not called when the call fails before the reads
+   * are issued.
    */
   async fetchInPlace(
     req: FetchRequest,
     dest: Uint8Array | ((bytes: number) => Uint8Array),
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: () => boolean) => void,
   ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
     const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
@@ -322,7 +326,7 @@ export class TieredKv {
     req: FetchRequest,
     destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
     inPlace: boolean,
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: () => boolean) => void,
   ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
@@ -394,7 +398,9 @@ export class TieredKv {
       }
       const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
-      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf) : undefined;
+      // `readDone` (for onIssued's landed()): set by the read's thread as it ends (SsdStore.readArrays).
+      const readDone = groups.size && onIssued ? new Int32Array(new SharedArrayBuffer(4)) : undefined;
+      const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf, undefined, readDone) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (nDram) {
         const entries = out.entries;
@@ -410,8 +416,10 @@ export class TieredKv {
         const pending = new Uint8Array(H);
         for (const gk of groups.keys()) pending[gk % H] = 1;
         for (const idx of stagedIdx) for (const i of idx) pending[this.headOfEntry(req, i)] = 1;
+        const staged = stagedIdx.some((idx) => idx.length > 0);
+        const landed = () => !staged && (!readDone || Atomics.load(readDone, 0) === 1);
         try {
-          onIssued(placement, pending);
+          onIssued(placement, pending, landed);
         } catch (e) {
           // The reads write into dest: let them land before the caller may reuse it.
           await reading?.catch(() => undefined);
@@ -495,7 +503,7 @@ export class TieredKv {
   }
 
   /** One SSD batch for grouped misses; chunk of entry i goes to dest[destOf(i)]. */
-  private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number) {
+  private readGroups(layer: number, groups: Map<number, number[]>, ids: Int32Array, dest: Uint8Array, destOf: (i: number) => number, flag?: number, done?: Int32Array) {
     if (!this.ssd)
       throw new KvdriveError('E_INTERNAL', `TieredKv fetch: expected every chunk resident in DRAM (no SSD store), got ${groups.size} (segment, kv head) groups with misses`);
     const H = this.shape.kvHeads;
@@ -521,7 +529,7 @@ export class TieredKv {
       }
       itemOffsets[++it] = k;
     }
-    return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets }, flag);
+    return this.ssd.readArrays({ segments, layers, heads, itemOffsets, chunkIds, dest, destOffsets, ...(done ? { done } : {}) }, flag);
   }
 
   /**
