@@ -332,7 +332,11 @@ interface SsdInput {
   manifest?: JsonOp[];
   /** Segment edits; `reseal` recomputes the index and footer checksums afterwards. */
   segment?: { ops: ByteOp[]; target: 'footer' | 'index' | 'any'; reseal: boolean };
-  reads: { layer: number; head: number; ids: number[] }[];
+  /**
+   * Reads; `done`: through SsdStore.readArrays with a completion flag (a valid one, an empty one, or
+   * the wrong type) instead of readChunks.
+   */
+  reads: { layer: number; head: number; ids: number[]; done?: 'flag' | 'empty' | 'f32' }[];
   /** I/O engine the store reads through (a small pool keeps each input cheap). */
   engine: 'pread' | 'auto';
 }
@@ -371,6 +375,35 @@ function reseal(b: Uint8Array): void {
   dv.setUint32(f + 60, native.crc32c(b.subarray(f, f + 60)) as number, true);
 }
 
+/**
+ * One read of segment s0 through readArrays with a completion flag; checks the flag's contract: 1
+ * when the read resolved, 2 when it failed after starting (0: refused before it started).
+ */
+async function readWithFlag(s: SsdStore, r: SsdInput['reads'][number], kind: 'flag' | 'empty' | 'f32'): Promise<void> {
+  const n = r.ids.length;
+  const done = kind === 'flag' ? new Int32Array(new SharedArrayBuffer(4)) : kind === 'empty' ? new Int32Array(0) : (new Float32Array(1) as unknown as Int32Array);
+  const req = {
+    segments: Int32Array.from([s.segmentHandle('s0')]),
+    layers: Int32Array.from([r.layer]),
+    heads: Int32Array.from([r.head]),
+    itemOffsets: Int32Array.from([0, n]),
+    chunkIds: Int32Array.from(r.ids),
+    dest: new Uint8Array(n * s.chunkBytes),
+    destOffsets: Float64Array.from(r.ids, (_, k) => k * s.chunkBytes),
+    done,
+  };
+  let resolved = false;
+  try {
+    await s.readArrays(req);
+    resolved = true;
+  } finally {
+    if (kind === 'flag') {
+      const v = Atomics.load(done, 0);
+      if (resolved ? v !== 1 : v !== 0 && v !== 2) throw new Error(`readArrays done flag: expected ${resolved ? '1 after a read that resolved' : '0 or 2 after one that failed'}, got ${v}`);
+    }
+  }
+}
+
 export const ssdTarget = defineTarget<SsdInput>({
   name: 'ssd-store',
   input(g) {
@@ -383,7 +416,12 @@ export const ssdTarget = defineTarget<SsdInput>({
       x.segment = { ops: byteOps(g, target === 'footer' ? FOOTER : 512, 512), target, reseal: g.bool(0.75) };
     }
     for (let r = g.int(0, 3); r > 0; r--)
-      x.reads.push({ layer: g.num(g.int(0, 1), 0.1), head: g.num(g.int(0, 1), 0.1), ids: Array.from({ length: g.int(0, 6) }, () => g.num(g.int(0, 7), 0.1)) });
+      x.reads.push({
+        layer: g.num(g.int(0, 1), 0.1),
+        head: g.num(g.int(0, 1), 0.1),
+        ids: Array.from({ length: g.int(0, 6) }, () => g.num(g.int(0, 7), 0.1)),
+        ...(g.bool(0.3) ? { done: g.pick(['flag', 'flag', 'empty', 'f32'] as const) } : {}),
+      });
     return x;
   },
   async run(x, ctx) {
@@ -408,7 +446,7 @@ export const ssdTarget = defineTarget<SsdInput>({
     }
     const s = await SsdStore.open({ dir, create: false, kind: x.engine, threads: 1, queueDepth: 4 });
     try {
-      for (const r of x.reads) if (s.has('s0')) await s.readChunks('s0', r.layer, r.head, r.ids);
+      for (const r of x.reads) if (s.has('s0')) await (r.done ? readWithFlag(s, r, r.done) : s.readChunks('s0', r.layer, r.head, r.ids));
     } finally {
       await s.close();
     }
