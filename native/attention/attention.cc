@@ -91,7 +91,7 @@ class RowCursor {
 
 size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / int64_t(kTileRows)); }
 
-// Calls kernel(head, tile, rows, n, aheadRows, nAhead) for every tile of kTileRows consecutive rows
+// Calls kernel(head, tile, rows, n, aheadRows, nAhead, to) for every tile of kTileRows consecutive rows
 // (keys or values) of every active head: tile-major, heads taking turns, so the heads' rows of the
 // same positions are read together. Row pointers are collected `lookahead` calls ahead and passed as
 // aheadRows for the kernel to prefetch while it computes, so scattered rows (sparse chunks, strided
@@ -108,7 +108,8 @@ size_t Tiles(int64_t total) { return size_t((total + int64_t(kTileRows) - 1) / i
 // cache taking turns, 4 heads' tiles = 16 KiB further along the same stream. At 1 call the dense
 // kernel's samples sat on its key loads (perf: ~47% of LogitsBlock's on vcvtph2ps); 2-6 calls took
 // ~20% less CPU per dense call than 1 in alternated runs, 8 (the same head's next tile) did not
-// (bench/RESULTS.md, "Dense attention: a longer prefetch distance over long spans").
+// (bench/RESULTS.md, "Dense attention: a longer prefetch distance over long spans"). Streamed rows
+// are prefetched into L2, scattered ones into L1 (PrefetchTo, attn_simd.h).
 constexpr size_t kLookaheadScattered = 1;
 constexpr size_t kLookaheadStreamed = 4;
 constexpr size_t kMaxLookahead = 4;
@@ -130,6 +131,7 @@ size_t LookaheadFor(size_t rows, size_t spans) {
 template <typename Kernel>
 void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
                  bool prefetchValues, size_t lookahead, size_t esz, size_t rowBytes, Kernel&& kernel) {
+  const PrefetchTo to = lookahead >= kLookaheadStreamed ? PrefetchTo::L2 : PrefetchTo::L1;
   lookahead = std::min(std::max<size_t>(lookahead, 1), kMaxLookahead);
   prefetchValues = prefetchValues && !values;
   std::vector<RowCursor> cursors, valueCursors;
@@ -178,7 +180,7 @@ void ForEachTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, co
       for (size_t r = 0; r < a->n; ++r)
         for (size_t off = 0; off < rowBytes; off += 64) __builtin_prefetch(static_cast<const char*>(a->valueRows[r]) + off, 0, 2);
     kernel(c.head, c.tile, static_cast<const void* const*>(c.rows), c.n,
-           a ? static_cast<const void* const*>(a->rows) : nullptr, a ? a->n : 0);
+           a ? static_cast<const void* const*>(a->rows) : nullptr, a ? a->n : 0, to);
   }
 }
 
@@ -201,7 +203,7 @@ constexpr size_t kGatherRows = 256;
 constexpr size_t kGatherBytes = size_t(128) << 10;
 constexpr size_t kGatherAhead = 16;
 
-// Calls kernel(head, tile, rows, n, nullptr, 0) like ForEachTile, head after head, over copies of
+// Calls kernel(head, tile, rows, n, nullptr, 0, L1) like ForEachTile, head after head, over copies of
 // the rows (keys or values) made a block at a time into `buf` (grown as needed, kept by the caller).
 template <typename Kernel>
 void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
@@ -233,7 +235,8 @@ void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* to
         }
       }
       for (size_t t = 0; t < n; t += kTileRows)
-        kernel(h, size_t(pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0));
+        kernel(h, size_t(pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0),
+               PrefetchTo::L1);
     }
   }
 }
@@ -272,9 +275,10 @@ void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* 
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
   const size_t esz = DtypeSize(dt), rowBytes = size_t(dim) * esz;
-  auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+  auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext,
+                    PrefetchTo to) {
     attn.logits_rows(heads[h].qGroup, size_t(group), rows, n, dt, size_t(dim), Ls[h] + tile * kTileRows, size_t(totals[h]),
-                     next, nNext);
+                     next, nNext, to);
   };
   if (gather)
     ForEachGatheredTile(heads, nHeads, totals, active.get(), false, esz, rowBytes, buf, kernel);
@@ -383,9 +387,10 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
   {
     std::unique_ptr<bool[]> active(new bool[nHeads]);
     for (size_t h = 0; h < nHeads; ++h) active[h] = state[h] == HeadState::Ok;
-    auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext) {
+    auto kernel = [&](size_t h, size_t tile, const void* const* rows, size_t n, const void* const* next, size_t nNext,
+                      PrefetchTo to) {
       attn.weighted_rows(heads[h].out, size_t(group), Ls[h] + tile * kTileRows, size_t(totals[h]), rows, n, dt,
-                         size_t(dim), next, nNext);
+                         size_t(dim), next, nNext, to);
     };
     if (gather)
       ForEachGatheredTile(heads, nHeads, totals.data(), active.get(), true, esz, size_t(dim) * esz, scratch.gathered, kernel);

@@ -30,7 +30,7 @@ float ExpSum(float* x, size_t n, float m) {
 }
 
 void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n, float* L,
-                size_t ldL, const void* const* /*next*/, size_t /*nNext*/) {
+                size_t ldL, const void* const* /*next*/, size_t /*nNext*/, PrefetchTo /*to*/) {
   for (size_t r = 0; r < nrows; ++r)
     for (size_t j = 0; j < nq; ++j) {
       const float* q = qs + j * n;
@@ -41,7 +41,7 @@ void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrow
 }
 
 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                  Dtype dt, size_t n, const void* const* /*next*/, size_t /*nNext*/) {
+                  Dtype dt, size_t n, const void* const* /*next*/, size_t /*nNext*/, PrefetchTo /*to*/) {
   for (size_t r = 0; r < nrows; ++r)
     for (size_t j = 0; j < nq; ++j) {
       float wj = w[j * wStride + r];

@@ -254,13 +254,6 @@ KVD_AVX2 float ExpSum(float* x, size_t n, float m) {
   return HSum(_mm256_add_ps(s0, s1));
 }
 
-// Requests the rows of a tile the caller runs later, one row per row processed here, so misses
-// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L1
-// (prefetcht0): the tile is the caller's next call (attention.cc: kLookahead), 16 rows away.
-inline void PrefetchRowBytes(const void* row, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 3);
-}
-
 // Horizontal sums of four vectors at once: [sum a, sum b, sum c, sum d].
 KVD_AVX2 inline __m128 Reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
@@ -320,27 +313,27 @@ KVD_AVX2 inline void LogitsBlock(const float* qs, const void* const* rows, size_
 // Logits of a tile of rows: blocks of R rows, then single rows.
 template <Dtype DT, int NQ, int R>
 KVD_AVX2 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
-                          const void* const* next, size_t nNext) {
+                          const void* const* next, size_t nNext, PrefetchTo to) {
   const size_t rowBytes = n * DtypeSize(DT);
   size_t r = 0;
   for (; r + R <= nrows; r += R) {
     for (int t = 0; t < R; ++t)
-      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes);
+      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes, to);
     LogitsBlock<DT, NQ, R>(qs, rows + r, n, L + r, ldL);
   }
   for (; r < nrows; ++r) {
-    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
     LogitsBlock<DT, NQ, 1>(qs, rows + r, n, L + r, ldL);
   }
-  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes, to);
 }
 
 using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
-                             size_t);
+                             size_t, PrefetchTo);
 
 template <Dtype DT>
 KVD_AVX2 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, size_t nrows, size_t n, float* L,
-                           size_t ldL, const void* const* next, size_t nNext) {
+                           size_t ldL, const void* const* next, size_t nNext, PrefetchTo to) {
   static constexpr LogitsRowsFn kByGroup[9] = {
       nullptr,
       LogitsRowsN<DT, 1, 2>,
@@ -354,16 +347,16 @@ KVD_AVX2 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, 
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0, to);
   }
 }
 
 KVD_AVX2 void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n,
-                         float* L, size_t ldL, const void* const* next, size_t nNext) {
+                         float* L, size_t ldL, const void* const* next, size_t nNext, PrefetchTo to) {
   switch (dt) {
-    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
-    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
-    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
+    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
+    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
   }
 }
 
@@ -371,7 +364,7 @@ KVD_AVX2 void LogitsRows(const float* qs, size_t nq, const void* const* rows, si
 // (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries).
 template <Dtype DT, int NQ, int DB>
 KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                            size_t n, const void* const* next, size_t nNext) {
+                            size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   const size_t rowBytes = n * DtypeSize(DT);
   bool first = true;  // prefetch during the first sweep over the rows only
   size_t d0 = 0;
@@ -380,7 +373,7 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) a[j][b] = _mm256_loadu_ps(acc + j * n + d0 + 8 * b);
     for (size_t r = 0; r < nrows; ++r) {
-      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
       __m256 v[DB];
       for (int b = 0; b < DB; ++b) v[b] = Load8<DT>(rows[r], d0 + 8 * b);
       for (int j = 0; j < NQ; ++j) {
@@ -401,7 +394,7 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
     __m256 a[NQ];
     for (int j = 0; j < NQ; ++j) a[j] = _mm256_load_ps(buf[j]);
     for (size_t r = 0; r < nrows; ++r) {
-      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
       __m256 v = rem == 8 ? Load8<DT>(rows[r], d0) : LoadTail8<DT>(rows[r], d0, rem);
       for (int j = 0; j < NQ; ++j) a[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j * wStride + r), v, a[j]);
     }
@@ -411,15 +404,15 @@ KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const vo
     }
     first = false;
   }
-  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes, to);
 }
 
 using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t, const void* const*,
-                               size_t);
+                               size_t, PrefetchTo);
 
 template <Dtype DT>
 KVD_AVX2 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                             size_t nrows, size_t n, const void* const* next, size_t nNext) {
+                             size_t nrows, size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
@@ -433,16 +426,16 @@ KVD_AVX2 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStri
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0, to);
   }
 }
 
 KVD_AVX2 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                           size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext) {
+                           size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   switch (dt) {
-    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
-    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
-    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
+    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
+    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
   }
 }
 

@@ -238,13 +238,6 @@ KVD_AVX512 float ExpSum(float* x, size_t n, float m) {
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-// Requests the rows of a tile the caller runs later, one row per row processed here, so misses
-// stay in flight steadily instead of in one burst that would fill the miss buffers. Into L1
-// (prefetcht0): the tile is the caller's next call (attention.cc: kLookahead), 16 rows away.
-inline void PrefetchRowBytes(const void* row, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(row) + off, 0, 3);
-}
-
 // Horizontal sums of four vectors at once: [sum a, sum b, sum c, sum d] (one shuffle tree instead
 // of four separate reductions).
 KVD_AVX512 inline __m256 Fold(__m512 x) {
@@ -314,27 +307,27 @@ KVD_AVX512 inline void LogitsBlock(const float* qs, const void* const* rows, siz
 // Logits of a tile of rows: blocks of R rows, then single rows.
 template <Dtype DT, int NQ, int R>
 KVD_AVX512 void LogitsRowsN(const float* qs, const void* const* rows, size_t nrows, size_t n, float* L, size_t ldL,
-                            const void* const* next, size_t nNext) {
+                            const void* const* next, size_t nNext, PrefetchTo to) {
   const size_t rowBytes = n * DtypeSize(DT);
   size_t r = 0;
   for (; r + R <= nrows; r += R) {
     for (int t = 0; t < R; ++t)
-      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes);
+      if (r + t < nNext) PrefetchRowBytes(next[r + t], rowBytes, to);
     LogitsBlock<DT, NQ, R>(qs, rows + r, n, L + r, ldL);
   }
   for (; r < nrows; ++r) {
-    if (r < nNext) PrefetchRowBytes(next[r], rowBytes);
+    if (r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
     LogitsBlock<DT, NQ, 1>(qs, rows + r, n, L + r, ldL);
   }
-  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  for (; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes, to);
 }
 
 using LogitsRowsFn = void (*)(const float*, const void* const*, size_t, size_t, float*, size_t, const void* const*,
-                             size_t);
+                             size_t, PrefetchTo);
 
 template <Dtype DT>
 KVD_AVX512 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, size_t nrows, size_t n, float* L,
-                             size_t ldL, const void* const* next, size_t nNext) {
+                             size_t ldL, const void* const* next, size_t nNext, PrefetchTo to) {
   static constexpr LogitsRowsFn kByGroup[9] = {
       nullptr,
       LogitsRowsN<DT, 1, 4>,
@@ -348,16 +341,16 @@ KVD_AVX512 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+    kByGroup[m](qs + j * n, rows, nrows, n, L + j * ldL, ldL, j == 0 ? next : nullptr, j == 0 ? nNext : 0, to);
   }
 }
 
 KVD_AVX512 void LogitsRows(const float* qs, size_t nq, const void* const* rows, size_t nrows, Dtype dt, size_t n,
-                           float* L, size_t ldL, const void* const* next, size_t nNext) {
+                           float* L, size_t ldL, const void* const* next, size_t nNext, PrefetchTo to) {
   switch (dt) {
-    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
-    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
-    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext);
+    case Dtype::F32: return LogitsRowsDt<Dtype::F32>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
+    case Dtype::F16: return LogitsRowsDt<Dtype::F16>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
+    case Dtype::BF16: return LogitsRowsDt<Dtype::BF16>(qs, nq, rows, nrows, n, L, ldL, next, nNext, to);
   }
 }
 
@@ -367,7 +360,7 @@ KVD_AVX512 void LogitsRows(const float* qs, size_t nq, const void* const* rows, 
 // whatever DB is.
 template <Dtype DT, int NQ, int DB>
 KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
-                              size_t n, const void* const* next, size_t nNext) {
+                              size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   const size_t rowBytes = n * DtypeSize(DT);
   bool first = true;  // prefetch during the first sweep over the rows only
   size_t d0 = 0;
@@ -376,7 +369,7 @@ KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const 
     for (int j = 0; j < NQ; ++j)
       for (int b = 0; b < DB; ++b) a[j][b] = _mm512_loadu_ps(acc + j * n + d0 + 16 * b);
     for (size_t r = 0; r < nrows; ++r) {
-      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
       __m512 v[DB];
       for (int b = 0; b < DB; ++b) v[b] = Load16<DT>(rows[r], d0 + 16 * b);
       for (int j = 0; j < NQ; ++j) {
@@ -393,22 +386,22 @@ KVD_AVX512 void WeightedRowsN(float* acc, const float* w, size_t wStride, const 
     __m512 a[NQ];
     for (int j = 0; j < NQ; ++j) a[j] = _mm512_maskz_loadu_ps(k, acc + j * n + d0);
     for (size_t r = 0; r < nrows; ++r) {
-      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes);
+      if (first && r < nNext) PrefetchRowBytes(next[r], rowBytes, to);
       __m512 v = LoadMasked16<DT>(rows[r], d0, k);
       for (int j = 0; j < NQ; ++j) a[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j * wStride + r]), v, a[j]);
     }
     for (int j = 0; j < NQ; ++j) _mm512_mask_storeu_ps(acc + j * n + d0, k, a[j]);
     first = false;
   }
-  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes);
+  for (size_t r = first ? 0 : nrows; r < nNext; ++r) PrefetchRowBytes(next[r], rowBytes, to);
 }
 
 using WeightedRowsFn = void (*)(float*, const float*, size_t, const void* const*, size_t, size_t, const void* const*,
-                               size_t);
+                               size_t, PrefetchTo);
 
 template <Dtype DT>
 KVD_AVX512 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                               size_t nrows, size_t n, const void* const* next, size_t nNext) {
+                               size_t nrows, size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
@@ -422,16 +415,16 @@ KVD_AVX512 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wSt
   };
   for (size_t j = 0; j < nq; j += 8) {
     size_t m = nq - j < 8 ? nq - j : 8;
-    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0);
+    kByGroup[m](acc + j * n, w + j * wStride, wStride, rows, nrows, n, j == 0 ? next : nullptr, j == 0 ? nNext : 0, to);
   }
 }
 
 KVD_AVX512 void WeightedRows(float* acc, size_t nq, const float* w, size_t wStride, const void* const* rows,
-                             size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext) {
+                             size_t nrows, Dtype dt, size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
   switch (dt) {
-    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
-    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
-    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext);
+    case Dtype::F32: return WeightedRowsDt<Dtype::F32>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
+    case Dtype::F16: return WeightedRowsDt<Dtype::F16>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
+    case Dtype::BF16: return WeightedRowsDt<Dtype::BF16>(acc, nq, w, wStride, rows, nrows, n, next, nNext, to);
   }
 }
 

@@ -172,7 +172,7 @@ Napi::Value WeightedRows(const Napi::CallbackInfo& info) {
     std::vector<const void*> ptrs(nrows);
     for (size_t r = 0; r < nrows; ++r) ptrs[r] = static_cast<const uint8_t*>(rows.data) + r * n * DtypeSize(rows.dtype);
     // Prefetch hints for a "next tile" (the same rows again) exercise that code path too.
-    l.attn->weighted_rows(acc.data, nq, w.data, nrows, ptrs.data(), nrows, rows.dtype, n, ptrs.data(), nrows);
+    l.attn->weighted_rows(acc.data, nq, w.data, nrows, ptrs.data(), nrows, rows.dtype, n, ptrs.data(), nrows, PrefetchTo::L1);
     return info.Env().Undefined();
   });
 }
@@ -191,7 +191,7 @@ Napi::Value LogitsRows(const Napi::CallbackInfo& info) {
     std::vector<const void*> ptrs(nrows);
     for (size_t r = 0; r < nrows; ++r) ptrs[r] = static_cast<const uint8_t*>(rows.data) + r * n * DtypeSize(rows.dtype);
     auto L = Napi::Float32Array::New(info.Env(), nq * nrows);
-    l.attn->logits_rows(qs.data, nq, ptrs.data(), nrows, rows.dtype, n, L.Data(), nrows, ptrs.data(), nrows);
+    l.attn->logits_rows(qs.data, nq, ptrs.data(), nrows, rows.dtype, n, L.Data(), nrows, ptrs.data(), nrows, PrefetchTo::L1);
     return L;
   });
 }
