@@ -255,9 +255,10 @@ KVD_AVX512 inline __m128 Reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // block of q_j is loaded once for the R rows and each row block once for the NQ queries; the NQ*R
 // accumulators are independent FMA chains. Every (j, r) logit is a single accumulator summed over
 // the blocks in order and reduced by the same Reduce4 tree whatever R is, so a row's logit does
-// not depend on how rows are blocked.
+// not depend on how rows are blocked. Always inlined: as a call per R rows GCC 12 built a 0x388-byte
+// frame and stored the NQ*R zeroed accumulators to it on every call (dense 128K 3-5% slower).
 template <Dtype DT, int NQ, int R>
-KVD_AVX512 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
+__attribute__((always_inline)) KVD_AVX512 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
   __m512 acc[NQ][R];
   for (int j = 0; j < NQ; ++j)
     for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
