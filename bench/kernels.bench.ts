@@ -11,7 +11,9 @@
  *   - centroid scoring as kvdrive's select runs it (int8 tiles, 8192 clusters x 8 kv heads, one thread).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
- * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's.
+ * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's. The
+ * f32 attention kernels are also set against the arithmetic baseline (`computePeak`: independent
+ * multiply-add chains, same threads): a kernel near 1 there is bound by its arithmetic, not memory.
  *
  * Run: `npm run build && npm run bench:kernels` (node dist/bench/kernels.bench.js). Options via env:
  * KVD_BENCH_TIME_MS (per task, default 1500), KVD_BENCH_LEVEL (SIMD level, default best), KVD_BENCH_ONLY
@@ -19,7 +21,7 @@
  */
 import { cpus, loadavg } from 'node:os';
 import { Bench } from 'tinybench';
-import { attendDense, attendSparse, memoryRead } from '../src/attention/kernels.js';
+import { attendDense, attendSparse, computePeak, memoryRead } from '../src/attention/kernels.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { cpuFeatures, setSimdLevel, type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
@@ -72,6 +74,8 @@ interface Row {
   bytes: number;
   flops: number;
   baseline?: string;
+  /** The computePeak row of the same thread count, for f32 kernels (GFLOP/s ÷ its GFLOP/s). */
+  peak?: string;
   minMs?: number;
   p50Ms?: number;
   /** Process CPU time per call (user + system, all threads), from process.cpuUsage(). */
@@ -121,6 +125,10 @@ async function main(): Promise<void> {
   };
   const flopsFor = (tokensPerHead: number): number => 4 * Q_HEADS * tokensPerHead * DIM; // QK + PV, 2 flops per MAC
 
+  // The arithmetic baseline: ~5 ms of multiply-adds per call (flops per call from one probe call).
+  const PEAK_ITERS = 2_000_000;
+  for (const threads of [1, 2]) add({ name: `computePeak (${threads}T)`, bytes: 0, flops: computePeak(PEAK_ITERS, threads).flops }, () => computePeak(PEAK_ITERS, threads));
+
   for (const tokens of [32 * 1024, MAX_TOKENS]) {
     const tk = `${tokens / 1024}K`;
     const elems = tokens * KV_HEADS * DIM;
@@ -130,7 +138,7 @@ async function main(): Promise<void> {
     for (const threads of [1, 2]) {
       const base = `memoryRead ${tk} K+V (${threads}T)`;
       add({ name: base, bytes, flops: 0 }, () => memoryRead(kPart, threads) + memoryRead(vPart, threads));
-      add({ name: `dense ${tk} (${threads}T)`, bytes, flops: flopsFor(tokens), baseline: base }, () =>
+      add({ name: `dense ${tk} (${threads}T)`, bytes, flops: flopsFor(tokens), peak: `computePeak (${threads}T)`, baseline: base }, () =>
         attendDense({ q, qHeads: Q_HEADS, k, v, tokens, threads }),
       );
     }
@@ -152,7 +160,7 @@ async function main(): Promise<void> {
     const vh: KvTensor = { data: toHtd(vData), dtype: 'f16', tokens, heads: KV_HEADS, dim: DIM, layout: 'htd' };
     for (const threads of [1, 2])
       add(
-        { name: `dense 32K head-major (${threads}T)`, bytes: 2 * elems * 2, flops: flopsFor(tokens), baseline: `memoryRead 32K K+V (${threads}T)` },
+        { name: `dense 32K head-major (${threads}T)`, bytes: 2 * elems * 2, flops: flopsFor(tokens), peak: `computePeak (${threads}T)`, baseline: `memoryRead 32K K+V (${threads}T)` },
         () => attendDense({ q, qHeads: Q_HEADS, k: kh, v: vh, threads }),
       );
   }
@@ -203,20 +211,20 @@ async function main(): Promise<void> {
     const cold = `memoryRead sparse bytes, cold (${threads}T)`;
     add({ name: hot, bytes: sparseBytes, flops: 0 }, () => memoryRead(hotSlice, threads));
     add(
-      { name: `sparse 2048 of 128K, compact arena (hot tier) (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      { name: `sparse 2048 of 128K, compact arena (hot tier) (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: hot },
       () => attendSparse({ q, qHeads: Q_HEADS, k: arena(arenaK), v: arena(arenaV), selection: arenaSel, threads }),
     );
     add(
-      { name: `sparse 2048 of 128K, scattered, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      { name: `sparse 2048 of 128K, scattered, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: hot },
       () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: hotSel, threads }),
     );
     add(
-      { name: `sparse 2048 single tokens of 128K, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: hot },
+      { name: `sparse 2048 single tokens of 128K, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: hot },
       () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: tokenSel, threads }),
     );
     add({ name: cold, bytes: sparseBytes, flops: 0 }, () => memoryRead(coldSlices[coldB++ % 16]!, threads));
     add(
-      { name: `sparse 2048 of 128K, scattered, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: cold },
+      { name: `sparse 2048 of 128K, scattered, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: cold },
       () => attendSparse({ q, qHeads: Q_HEADS, k, v, selection: coldSels[coldI++ % 16]!, threads }),
     );
   }
@@ -278,15 +286,15 @@ async function main(): Promise<void> {
     let scatteredF = 0;
     for (const threads of [1, 2]) {
       add(
-        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, hot (${threads}T)` },
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, hot (${threads}T)` },
         () => attendFetched({ ...hotArgs, threads }),
       );
       add(
-        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)` },
         () => attendFetched({ ...coldArgs[coldF++ % 16]!, threads }),
       );
       add(
-        { name: `attendFetched 2048 scattered single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        { name: `attendFetched 2048 scattered single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)` },
         () => attendFetched({ ...scatteredArgs[scatteredF++ % 16]!, threads }),
       );
     }
@@ -336,8 +344,8 @@ async function main(): Promise<void> {
   // Throughput and ratios use the fastest call (min): the least disturbed by other processes, and
   // measured the same way for kernel and baseline.
   console.log(`\nload average at the end: ${loadavg().map((x) => x.toFixed(1)).join(' ')} (${cpus().length} CPUs)`);
-  console.log('\n| task | ms/call min | p50 | CPU ms/call | GB/s (min) | GFLOP/s (min) | kernel GB/s ÷ baseline GB/s |');
-  console.log('|---|---:|---:|---:|---:|---:|---|');
+  console.log('\n| task | ms/call min | p50 | CPU ms/call | GB/s (min) | GFLOP/s (min) | kernel GB/s ÷ baseline GB/s | GFLOP/s ÷ computePeak |');
+  console.log('|---|---:|---:|---:|---:|---:|---|---:|');
   for (const row of rows.values()) {
     const gbs = row.bytes / (row.minMs! * 1e6);
     const gflops = row.flops ? fmt(row.flops / (row.minMs! * 1e6)) : '';
@@ -347,7 +355,9 @@ async function main(): Promise<void> {
       const bgbs = b.bytes / (b.minMs! * 1e6);
       vs = `${fmt(gbs / bgbs, 2)} (baseline ${fmt(bgbs)} GB/s, ${fmt(b.minMs!, 3)} ms)`;
     }
-    console.log(`| ${row.name} | ${fmt(row.minMs!, 3)} | ${fmt(row.p50Ms!, 3)} | ${fmt(row.cpuMs!, 3)} | ${fmt(gbs)} | ${gflops} | ${vs} |`);
+    const p = row.peak ? rows.get(row.peak) : undefined;
+    const vsPeak = p && row.flops ? fmt(row.flops / row.minMs! / (p.flops / p.minMs!), 2) : '';
+    console.log(`| ${row.name} | ${fmt(row.minMs!, 3)} | ${fmt(row.p50Ms!, 3)} | ${fmt(row.cpuMs!, 3)} | ${row.bytes ? fmt(gbs) : ''} | ${gflops} | ${vs} | ${vsPeak} |`);
   }
 }
 

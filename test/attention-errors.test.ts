@@ -1,6 +1,6 @@
 import { describe, it } from 'vitest';
 import { type KvTensor } from '../src/index.js';
-import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights, memoryRead } from '../src/attention/kernels.js';
+import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights, memoryRead, computePeak } from '../src/attention/kernels.js';
 import { expectKvdError, randn } from './helpers.js';
 import { allChunks, randomKv, selectionOf } from './attention-reference.js';
 
@@ -105,5 +105,14 @@ describe('attention input validation', () => {
     await expectKvdError(() => memoryRead(new Float64Array(4) as never), 'E_DTYPE', /got a Float64Array/);
     await expectKvdError(() => memoryRead([1, 2] as never), 'E_TYPE', /non-TypedArray/);
     await expectKvdError(() => memoryRead(new Uint8Array(4), 0), 'E_RANGE', /threads/);
+  });
+
+  it('rejects bad computePeak arguments', async () => {
+    await expectKvdError(() => computePeak(0), 'E_RANGE', /iterations: expected an integer in \[1, 1e9\], got 0/);
+    await expectKvdError(() => computePeak(1.5), 'E_RANGE', /iterations/);
+    await expectKvdError(() => computePeak(2e9), 'E_RANGE', /iterations/);
+    await expectKvdError(() => computePeak('10' as never), 'E_TYPE', /iterations/);
+    await expectKvdError(() => computePeak(10, 9), 'E_RANGE', /threads: expected an integer in \[1, 8\], got 9/);
+    await expectKvdError(() => computePeak(10, '2' as never), 'E_TYPE', /threads/);
   });
 });

@@ -5,7 +5,7 @@
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import { cpuFeatures, type Dtype } from '../src/index.js';
-import { attendDense, attendSparse } from '../src/attention/kernels.js';
+import { attendDense, attendSparse, computePeak } from '../src/attention/kernels.js';
 import { setSimdLevel, type SimdLevel, native } from '../src/native.js';
 import { randn } from './helpers.js';
 import { allChunks, encode, randomKv, range, referenceAttention, relErr } from './attention-reference.js';
@@ -29,6 +29,25 @@ function absDot(a: Float32Array, b: ArrayLike<number>): number {
   for (let i = 0; i < b.length; i++) s += Math.abs(a[i]! * b[i]!);
   return s;
 }
+
+describe('computePeak (the arithmetic baseline)', () => {
+  it('runs the same twelve multiply-add chains at every level, on every thread', () => {
+    const lanesOf: Record<SimdLevel, number> = { scalar: 1, avx2: 8, avx512: 16 };
+    setSimdLevel('scalar');
+    const perChain = computePeak(1000).sum / 1;
+    for (const level of levels) {
+      setSimdLevel(level);
+      for (const threads of [1, 2]) {
+        const r = computePeak(1000, threads);
+        expect(r.flops).toBe(1000 * 12 * lanesOf[level] * 2 * threads);
+        // Every lane of every chain computes the same values (an FMA, or a multiply then an add: f32
+        // rounding apart; a missing lane or chain would be off by over 5%).
+        expect(Math.abs(r.sum / (lanesOf[level] * threads) - perChain)).toBeLessThanOrEqual(1e-3 * perChain);
+      }
+    }
+    setSimdLevel('best');
+  });
+});
 
 describe('SIMD levels', () => {
   it('offers the scalar fallback and every level the CPU reports', () => {

@@ -179,3 +179,20 @@ export function mergeAttention(
 export function memoryRead(buffer: Float32Array | Uint16Array | Uint8Array, threads = 1): number {
   return native.memoryRead(buffer, threads) as number;
 }
+
+/** What {@link computePeak} did: multiply-adds counted as 2 flops, and their sum (kept so the work cannot be optimised away). */
+export interface ComputePeakResult {
+  flops: number;
+  sum: number;
+}
+
+/**
+ * Arithmetic baseline for benchmarks, the counterpart of {@link memoryRead}: `iterations` rounds of
+ * twelve independent f32 multiply-add chains at the active SIMD level on each of `threads` threads
+ * (`iterations` an integer in `[1, 1e9]`, `threads` in `[1, 8]`). flops / time is the cores'
+ * multiply-add throughput: the roofline of a kernel bound by its arithmetic (dense attention on one
+ * thread), as the read is that of a kernel bound by memory.
+ */
+export function computePeak(iterations: number, threads = 1): ComputePeakResult {
+  return native.computePeak(iterations, threads) as ComputePeakResult;
+}
