@@ -181,9 +181,9 @@ Napi::Value ComputePeak(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "computePeak";
     if (info.Length() < 1 || !info[0].IsNumber())
-      Throw("E_TYPE", what + ": iterations: expected an integer in [1, 1e9], got " + (info.Length() < 1 ? std::string("nothing") : std::string("a non-number")));
+      Throw("E_TYPE", what + ": iterations: expected an integer in [1, 1e8], got " + (info.Length() < 1 ? std::string("nothing") : std::string("a non-number")));
     const double it = info[0].As<Napi::Number>().DoubleValue();
-    if (!IsIntIn(it, 1, 1000000000)) Throw("E_RANGE", what + ": iterations: expected an integer in [1, 1e9], got " + Num(it));
+    if (!IsIntIn(it, 1, 100000000)) Throw("E_RANGE", what + ": iterations: expected an integer in [1, 1e8], got " + Num(it));
     const int threads = ThreadsArg(info, 1, what);
     const int64_t iters = int64_t(it);
     const SimdLevel level = Simd().level;

@@ -189,9 +189,9 @@ export interface ComputePeakResult {
 /**
  * Arithmetic baseline for benchmarks, the counterpart of {@link memoryRead}: `iterations` rounds of
  * twelve independent f32 multiply-add chains at the active SIMD level on each of `threads` threads
- * (`iterations` an integer in `[1, 1e9]`, `threads` in `[1, 8]`). flops / time is the cores'
- * multiply-add throughput: the roofline of a kernel bound by its arithmetic (dense attention on one
- * thread), as the read is that of a kernel bound by memory.
+ * (`iterations` an integer in `[1, 1e8]`, at most ~0.4 s per thread here; `threads` in `[1, 8]`).
+ * flops / time is the cores' multiply-add throughput: the roofline of a kernel bound by its
+ * arithmetic (dense attention on one thread), as the read is that of a kernel bound by memory.
  */
 export function computePeak(iterations: number, threads = 1): ComputePeakResult {
   return native.computePeak(iterations, threads) as ComputePeakResult;
