@@ -13,10 +13,10 @@
 namespace kvd {
 
 // Where a row kernel sends its prefetches of the `next` rows. L1 (prefetcht0) suits scattered rows
-// a tile ahead: the miss buffers are the limit there and L2 gained nothing (attend-ab, runs of 1-4
-// rows). L2 (prefetcht1) suits rows streamed from long spans (dense attention, whole pages): with
-// L1 prefetches the kernels sat on their row loads at ~8 GB/s, with L2 they ran ~1.8x faster
-// (bench/RESULTS.md, "Streamed rows prefetched into L2").
+// a tile ahead: L2 was equal or slower there (attend-ab, runs of 1, 4, 16 and 64 rows). L2
+// (prefetcht1) suits rows streamed from long spans (dense attention and its parts, attention.cc's
+// streamed regime): with L1 prefetches the kernels sat on their row loads at ~8 GB/s, with L2 they
+// ran ~1.8x faster (bench/RESULTS.md, "Streamed rows prefetched into L2").
 enum class PrefetchTo : unsigned char { L1, L2 };
 
 // Requests one row's lines for a row kernel (the vector levels call it once per row processed, so
