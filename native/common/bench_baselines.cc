@@ -35,6 +35,19 @@ int ThreadsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what
   return int(d);
 }
 
+// Runs fn(t) for t < threads, each on its own std::thread (the calling thread when threads is 1):
+// a baseline runs on exactly as many threads as it is told, not on the shared pool's workers.
+template <typename F>
+void OnThreads(int threads, F&& fn) {
+  if (threads == 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back([&fn, t] { fn(t); });
+  for (auto& w : workers) w.join();
+}
+
 uint32_t SumScalar(const uint8_t* p, size_t n) {
   uint32_t s = 0;
   size_t i = 0;
@@ -110,20 +123,14 @@ Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
     const uint8_t* p = static_cast<const uint8_t*>(data);
     const size_t n = length * elem;
     uint32_t sum = 0;
-    if (threads == 1) {
-      sum = SumBytes(p, n);
-    } else {
-      // Parts start on 256-byte boundaries (relative to p) so each thread streams whole vectors.
-      std::vector<uint32_t> parts(static_cast<size_t>(threads), 0u);
-      std::vector<std::thread> workers;
-      const size_t step = ((n / size_t(threads)) + 255) & ~size_t(255);
-      for (int t = 0; t < threads; ++t) {
-        const size_t a = std::min(n, step * size_t(t)), b = std::min(n, step * size_t(t + 1));
-        workers.emplace_back([&, t, a, b] { parts[size_t(t)] = SumBytes(p + a, b - a); });
-      }
-      for (auto& w : workers) w.join();
-      for (uint32_t s : parts) sum += s;
-    }
+    // Parts start on 256-byte boundaries (relative to p) so each thread streams whole vectors.
+    std::vector<uint32_t> parts(static_cast<size_t>(threads), 0u);
+    const size_t step = ((n / size_t(threads)) + 255) & ~size_t(255);
+    OnThreads(threads, [&](int t) {
+      const size_t a = std::min(n, step * size_t(t)), b = std::min(n, step * size_t(t + 1));
+      parts[size_t(t)] = SumBytes(p + a, b - a);
+    });
+    for (uint32_t s : parts) sum += s;
     return Napi::Number::New(info.Env(), double(sum));
   });
 }
@@ -197,13 +204,7 @@ Napi::Value ComputePeak(const Napi::CallbackInfo& info) {
       return PeakScalar(iters);
     };
     std::vector<double> sums(size_t(threads), 0.0);
-    if (threads == 1) {
-      sums[0] = run();
-    } else {
-      std::vector<std::thread> workers;
-      for (int t = 0; t < threads; ++t) workers.emplace_back([&, t] { sums[size_t(t)] = run(); });
-      for (auto& w : workers) w.join();
-    }
+    OnThreads(threads, [&](int t) { sums[size_t(t)] = run(); });
     double sum = 0;
     for (double v : sums) sum += v;
     Napi::Object out = Napi::Object::New(info.Env());
