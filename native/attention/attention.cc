@@ -333,9 +333,6 @@ bool Softmax(float* L, int group, int64_t total, float scale, float* m, float* s
 
 enum class HeadState : uint8_t { Ok, Empty, BadLogit, BadOutput };
 
-// Query heads per kv head whose span-mass reciprocals are kept on the stack (larger groups divide).
-constexpr size_t kMaxGroupForMass = 64;
-
 }  // namespace
 
 void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale,
@@ -401,7 +398,8 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
       ForEachTile(heads, nHeads, totals.data(), active.get(), true, false, lookahead, esz, size_t(dim) * esz, kernel);
   }
 
-  // Normalise, lse, output check, span mass.
+  // Normalise, lse, output check, span mass (invSum: a head's 1 / s_j).
+  std::vector<double> invSum(static_cast<size_t>(group));
   for (size_t h = 0; h < nHeads; ++h) {
     if (state[h] != HeadState::Ok) continue;
     const float* m = ms.data() + h * size_t(group) * 2;
@@ -427,10 +425,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
       const size_t total = size_t(totals[h]);
       // Reciprocals once per head: a token-granular selection has a span per token, and a division
       // per span and query cost ~5% of a cache-resident attention call.
-      double inv[kMaxGroupForMass];
-      const bool invOk = group <= int(kMaxGroupForMass);
-      if (invOk)
-        for (int j = 0; j < group; ++j) inv[j] = 1.0 / double(s[j]);
+      for (int j = 0; j < group; ++j) invSum[size_t(j)] = 1.0 / double(s[j]);
       const double invGroup = 1.0 / double(group);
       size_t pos = 0;
       for (size_t sp = 0; sp < heads[h].nSpans; ++sp) {
@@ -440,7 +435,7 @@ void AttendHeadsSpans(const HeadAttn* heads, size_t nHeads, int group, int dim, 
           const float* p = L + size_t(j) * total + pos;
           double sj = 0.0;
           for (size_t t = 0; t < len; ++t) sj += p[t];
-          const double share = invOk ? sj * inv[j] : sj / double(s[j]);
+          const double share = sj * invSum[size_t(j)];
           acc += share;
           if (byQuery) byQuery[size_t(j) * heads[h].nSpans + sp] = float(share);
         }
