@@ -442,7 +442,8 @@ export const dramTierTarget = defineTarget<DramInput>({
         const heap = Int32Array.from({ length: cap }, () => g.int(-2, 2 * cap));
         const n = g.int(0, 8);
         const scores = Float32Array.from({ length: g.int(1, 6) }, () => g.pick([0.1, 1, 3, NaN]));
-        const args = { records, heap, slots: Int32Array.from({ length: n }, () => g.int(-1, cap)), entries: Int32Array.from({ length: n }, () => g.int(-1, scores.length)), scores, out: { slots: new Int32Array(g.int(0, n + 1)), scores: new Float32Array(g.int(0, n + 1)) } };
+        const keys = Float32Array.from({ length: cap }, () => g.pick([0.1, 1, 3, NaN]));
+        const args = { records, heap, keys, slots: Int32Array.from({ length: n }, () => g.int(-1, cap)), entries: Int32Array.from({ length: n }, () => g.int(-1, scores.length)), scores, out: { slots: new Int32Array(g.int(0, n + 1)), scores: new Float32Array(g.int(0, n + 1)) } };
         ops.push({ op: 'refresh', args: mutate(g, args) });
       }
     }

@@ -249,7 +249,7 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
 //                   scores: Float32Array, out: { slots: Int32Array, scores: Float32Array } }) -> decreases
 // The cold half of the DRAM tier's per-step score refresh (src/storage/slot-heap.ts owns the heap):
 // slot slots[k] gets score scores[entries[k]]. `records` holds 3 words per slot (score f32, heap key
-// f32, heap position i32 or -1) and `heap` the slot at each position. Updates that need no sift —
+// f32, heap position i32 or -1), `heap` the slot at each position and `keys` its key there. Updates that need no sift —
 // the slot is not in the heap, or the score is not below its key (a lazy increase) — are applied
 // here; the others (decreases: the key must drop and the slot sift up) are written to out in order
 // and applied by the caller's heap, whose sift reads the records and parents this pass has just
@@ -263,6 +263,7 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
     Napi::Object o = GetOptionsArg(info, 0, what);
     auto rec = GetF32(o.Get("records"), what + ".records");
     auto heap = GetI32(o.Get("heap"), what + ".heap");
+    auto keys = GetF32(o.Get("keys"), what + ".keys");
     auto slots = GetI32(o.Get("slots"), what + ".slots");
     auto entries = GetI32(o.Get("entries"), what + ".entries");
     auto scores = GetF32(o.Get("scores"), what + ".scores");
@@ -270,6 +271,7 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       Throw("E_SHAPE", what + ".records: expected 3 words per slot (score, key, position), got " + std::to_string(rec.length) + " words");
     const size_t cap = rec.length / 3;
     ExpectLength(heap.length, cap, what + ".heap (one position per slot)");
+    ExpectLength(keys.length, cap, what + ".keys (one per heap position)");
     const size_t n = slots.length;
     ExpectLength(entries.length, n, what + ".entries (one per slot)");
     if (!o.Get("out").IsObject()) Throw("E_TYPE", what + ".out: expected { slots: Int32Array, scores: Float32Array }");
@@ -306,14 +308,18 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       } else if (score < r[b + 1]) {
         oSlots.data[dec] = slots.data[k];
         oScores.data[dec++] = score;
-        // The sift compares with the parent first: its heap entry now, its record below.
-        if (at > 0 && size_t(at) < cap) __builtin_prefetch(heap.data + (at - 1) / 2);
+        // The sift (SlotHeap.up, 4-ary) compares with the parent's key first and moves the parent
+        // down: its key and heap entry now, its record (position written) below.
+        if (at > 0 && size_t(at) < cap) {
+          __builtin_prefetch(keys.data + (at - 1) / 4);
+          __builtin_prefetch(heap.data + (at - 1) / 4);
+        }
       }
     }
     for (size_t j = 0; j < dec; ++j) {
       const int32_t at = pos(3 * size_t(oSlots.data[j]) + 2);
       if (at <= 0 || size_t(at) >= cap) continue;
-      const int32_t parent = heap.data[(at - 1) / 2];
+      const int32_t parent = heap.data[(at - 1) / 4];
       if (parent >= 0 && size_t(parent) < cap) __builtin_prefetch(r + 3 * size_t(parent));
     }
     return Napi::Number::New(info.Env(), double(dec));
