@@ -4,6 +4,7 @@ import { SlotHeap } from '../src/storage/slot-heap.js';
 import { expectedChunk, segmentKv } from './storage-kv.js';
 import type { StoreShape } from '../src/storage/ssd-store.js';
 import { expectKvdError, rng } from './helpers.js';
+import { native } from '../src/native.js';
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: 4 }; // 256-byte chunks
 
@@ -82,6 +83,36 @@ describe('slot heap (lazy increases)', () => {
     await expectKvdError(() => h.refresh(Int32Array.of(1, 2), Int32Array.of(0, 1), Float32Array.of(0.1, Infinity)), 'E_NONFINITE', /scores\[entries\[1\]\]/);
     await expectKvdError(() => h.refresh(Int32Array.of(1, 2), Int32Array.of(0), Float32Array.of(0.1)), 'E_SHAPE', /entries/);
     expect([h.scoreOf(1), h.scoreOf(2), h.peek()]).toEqual([0.5, 0.25, 2]);
+    // The native pass itself: the heap's keys (one per position) are required and sized like it.
+    const args = { records: new Float32Array(12), heap: new Int32Array(4), slots: Int32Array.of(1), entries: Int32Array.of(0), scores: Float32Array.of(0.1), out: { slots: new Int32Array(1), scores: new Float32Array(1) } };
+    await expectKvdError(() => native.dramHeapRefresh(args), 'E_TYPE', /dramHeapRefresh\.keys: expected a Float32Array/);
+    await expectKvdError(() => native.dramHeapRefresh({ ...args, keys: new Float32Array(3) }), 'E_SHAPE', /keys \(one per heap position\)/);
+  });
+
+  it('sifts a 4-ary heap correctly at every size: draining it yields the scores in order', () => {
+    const r = rng(3);
+    for (const n of [1, 2, 3, 4, 5, 6, 17, 21, 64, 65, 333]) {
+      const h = new SlotHeap(n);
+      const want: number[] = [];
+      for (let s = 0; s < n; s++) {
+        const x = Math.floor(r() * 30) / 30; // ties included
+        h.insert(s, x);
+        want.push(x);
+      }
+      // Some increases (lazy) and decreases before draining.
+      for (let s = 0; s < n; s += 3) {
+        const x = Math.floor(r() * 30) / 30;
+        h.update(s, x);
+        want[s] = x;
+      }
+      const got: number[] = [];
+      while (h.size) {
+        const top = h.peek();
+        got.push(h.scoreOf(top));
+        h.remove(top);
+      }
+      expect(got, `n ${n}`).toEqual(want.slice().sort((a, b) => a - b).map((x) => Math.fround(x)));
+    }
   });
 });
 

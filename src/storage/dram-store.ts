@@ -87,7 +87,7 @@ interface SegmentEntry {
 export class DramStore {
   /**
    * Per-slot metadata: owner ordinal, key and free-list entry (12 bytes), the pin count (2 bytes)
-   * and the importance heap (16 bytes).
+   * and the importance heap ({@link SlotHeap.bytesPerSlot}: 20 bytes).
    */
   static readonly metadataBytesPerSlot = 14 + SlotHeap.bytesPerSlot;
 
