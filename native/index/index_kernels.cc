@@ -344,6 +344,9 @@ void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, cons
 // the end: exact. Four query heads per pass over a tile (four accumulators, the query's 4 codes
 // broadcast per quad). Per-tile dots through memory and an epilogue on portable vectors took ~2.7x
 // the time of this (bench/RESULTS.md).
+// acc += dpbusd(w, the 4 bytes at ptr in every lane): the broadcast as vpdpbusd's own memory operand
+// ({1to16}), which GCC does not fold from _mm512_set1_epi32 (it issued a vpbroadcastd per product).
+#define DPBUSD_BCST(acc, w, ptr) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(ptr)))
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(const QueryI8& qq, const int8_t* ct,
                                                                                 const float* scales, size_t k, float* out,
                                                                                 const float* var, const float* coef) {
@@ -358,16 +361,36 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(con
     __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int j0 = 0; j0 < qq.group; j0 += 4) {
       const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
-      const int32_t* qp[4];
-      for (int r = 0; r < 4; ++r) qp[r] = qq.pat8.data() + size_t(j0 + (r < nj ? r : 0)) * quads;
-      __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-      for (size_t p = 0; p < quads; ++p) {
+      // Two accumulators per query head (even and odd quads of dims), added at the end: with one,
+      // each head's 32 dependent vpdpbusd (dim 128) waited on the previous one's latency. Each
+      // product takes its query head's 4 codes of the quad (pat8) broadcast from memory by the
+      // instruction itself (DPBUSD_BCST). Integer sums: the same dots in any order.
+      const int32_t* q0 = qq.pat8.data() + size_t(j0 + 0) * quads;
+      const int32_t* q1 = qq.pat8.data() + size_t(j0 + (1 < nj ? 1 : 0)) * quads;
+      const int32_t* q2 = qq.pat8.data() + size_t(j0 + (2 < nj ? 2 : 0)) * quads;
+      const int32_t* q3 = qq.pat8.data() + size_t(j0 + (3 < nj ? 3 : 0)) * quads;
+      __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      size_t p = 0;
+      for (; p + 2 <= quads; p += 2) {
         const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
-        a[0] = _mm512_dpbusd_epi32(a[0], w, _mm512_set1_epi32(qp[0][p]));
-        a[1] = _mm512_dpbusd_epi32(a[1], w, _mm512_set1_epi32(qp[1][p]));
-        a[2] = _mm512_dpbusd_epi32(a[2], w, _mm512_set1_epi32(qp[2][p]));
-        a[3] = _mm512_dpbusd_epi32(a[3], w, _mm512_set1_epi32(qp[3][p]));
+        const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(c + (p + 1) * 64), bias);
+        DPBUSD_BCST(a0, w, q0 + p);
+        DPBUSD_BCST(a1, w, q1 + p);
+        DPBUSD_BCST(a2, w, q2 + p);
+        DPBUSD_BCST(a3, w, q3 + p);
+        DPBUSD_BCST(b0, x, q0 + p + 1);
+        DPBUSD_BCST(b1, x, q1 + p + 1);
+        DPBUSD_BCST(b2, x, q2 + p + 1);
+        DPBUSD_BCST(b3, x, q3 + p + 1);
       }
+      if (p < quads) {
+        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+        DPBUSD_BCST(a0, w, q0 + p);
+        DPBUSD_BCST(a1, w, q1 + p);
+        DPBUSD_BCST(a2, w, q2 + p);
+        DPBUSD_BCST(a3, w, q3 + p);
+      }
+      const __m512i a[4] = {_mm512_add_epi32(a0, b0), _mm512_add_epi32(a1, b1), _mm512_add_epi32(a2, b2), _mm512_add_epi32(a3, b3)};
       for (int r = 0; r < nj; ++r) {
         const int j = j0 + r;
         const __m512i d = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * qq.sum[j]));
