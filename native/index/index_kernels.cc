@@ -341,7 +341,7 @@ void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, cons
 // one FMA, which the portable levels cannot do), so the scores are the same bits. One VPDPBUSD
 // per quad and query head (16 centroids x 4 dims); it multiplies unsigned by signed bytes, so the
 // centroid bytes are biased to unsigned (x ^ 0x80 = x + 128) and 128 * sum(q_j) is subtracted at
-// the end: exact. Four query heads per pass over a tile (four accumulators, the query's 4 codes
+// the end: exact. Four query heads per pass over a tile (two accumulators each, the query's 4 codes
 // broadcast per quad). Per-tile dots through memory and an epilogue on portable vectors took ~2.7x
 // the time of this (bench/RESULTS.md).
 // acc += dpbusd(w, the 4 bytes at ptr in every lane): the broadcast as vpdpbusd's own memory operand
@@ -408,6 +408,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(con
     _mm512_mask_storeu_ps(out + t * 16, lanes, best);
   }
 }
+#undef DPBUSD_BCST
 
 // ---- level 3 of kvdrive select: exact scores of gathered key rows ----
 
