@@ -37,7 +37,11 @@ export class SlotHeap {
   private readonly recF: Float32Array;
   /** The same records as i32 (heap position at 3 x slot + 2). */
   private readonly recI: Int32Array;
-  /** Slot at each heap position; keys[i] is the key of heap[i] (the same value as its record's). */
+  /**
+   * Slot at each heap position; keys[i] is the key of heap[i]. The record keeps the same key on
+   * purpose: a refresh (dramHeapRefresh) decides increase or decrease within the record's one line,
+   * where reading keys[position] would add a miss per refreshed slot; the sifts compare keys here.
+   */
   private readonly heap: Int32Array;
   private readonly keys: Float32Array;
   private n = 0;
