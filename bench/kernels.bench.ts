@@ -8,12 +8,16 @@
  *     page), and scattered with 16 selections in turn (139 MB: reads come from DRAM); and the
  *     runtime's attendFetched over the same tokens as page-first pages in a DRAM-tier arena, and over
  *     2048 single tokens per head at random places (how the runtime's token-granular selections lie);
- *   - centroid scoring as kvdrive's select runs it (int8 tiles, 8192 clusters x 8 kv heads, one thread).
+ *   - centroid scoring as kvdrive's select runs it (int8 tiles, 8192 clusters x 8 kv heads, one thread),
+ *     the same tiles every call (L3-resident) and eight copies in turn (from DRAM, as a decode step).
  * Every kernel is reported beside the memory-read baseline (`memoryRead`: one SIMD pass over the
  * same number of bytes, same threads, same cache situation), measured in the same run: time per
  * call, GB/s of K/V bytes read, GFLOP/s, and the ratio of the kernel's GB/s to the baseline's. The
  * f32 attention kernels are also set against the arithmetic baseline (`computePeak`: independent
  * multiply-add chains, same threads): a kernel near 1 there is bound by its arithmetic, not memory.
+ * The runtime's attendFetched rows are also set against `memoryGather` of exactly the rows they
+ * read (each token's K and V rows, where they lie, in the same order and threads): the roofline of
+ * scattered rows, which a sequential read overstates.
  *
  * Run: `npm run build && npm run bench:kernels` (node dist/bench/kernels.bench.js). Options via env:
  * KVD_BENCH_TIME_MS (per task, default 1500), KVD_BENCH_LEVEL (SIMD level, default best), KVD_BENCH_ONLY
@@ -21,7 +25,7 @@
  */
 import { cpus, loadavg } from 'node:os';
 import { Bench } from 'tinybench';
-import { attendDense, attendSparse, computePeak, memoryRead } from '../src/attention/kernels.js';
+import { attendDense, attendSparse, computePeak, memoryGather, memoryRead } from '../src/attention/kernels.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { cpuFeatures, setSimdLevel, type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
@@ -76,6 +80,8 @@ interface Row {
   baseline?: string;
   /** The computePeak row of the same thread count, for f32 kernels (GFLOP/s ÷ its GFLOP/s). */
   peak?: string;
+  /** The memoryGather row reading exactly this kernel's rows (scattered kernels): its roofline. */
+  gather?: string;
   minMs?: number;
   p50Ms?: number;
   /** Process CPU time per call (user + system, all threads), from process.cpuUsage(). */
@@ -282,28 +288,62 @@ async function main(): Promise<void> {
     const coldArgs = coldSels.map(fetchedArgs);
     // Single tokens at random places (runs of one: copied together before the row kernels).
     const scatteredArgs = Array.from({ length: 16 }, (_, i) => fetchedArgsOf(randomTokenSelection(MAX_TOKENS, 200 + i)));
+    // The rows one attendFetched call reads, as row indices of ROW_BYTES: every kv head's selected
+    // tokens' K rows in the arena, then their V rows (the attention's two passes), and the sinks'
+    // and tail's rows in the token-major tensors. memoryGather of these lists is its roofline.
+    const rowListsOf = (a: ReturnType<typeof fetchedArgsOf>) => {
+      const kRows: number[] = [];
+      const edge: number[] = [];
+      for (let h = 0; h < KV_HEADS; h++) {
+        for (let t = 0; t < SINKS; t++) edge.push(t * KV_HEADS + h);
+        let p = a.fetchedOffsets[h]!;
+        for (let i = a.selection.offsets[h]!; i < a.selection.offsets[h + 1]!; i++) {
+          const t = a.selection.chunkIds[i]!;
+          if (t < SINKS || t >= tailBase) continue; // attended from the sinks / tail (clipped), not the arena
+          while (a.fetchedIds[p]! !== Math.floor(t / PAGE)) p++;
+          kRows.push((a.fetchedAt[p]! + (t % PAGE) * ROW_BYTES) / ROW_BYTES);
+        }
+        for (let t = tailBase; t < MAX_TOKENS; t++) edge.push(t * KV_HEADS + h);
+      }
+      return { k: Int32Array.from(kRows), v: Int32Array.from(kRows, (r) => r + PAGE), edge: Int32Array.from(edge) };
+    };
+    const gatherRows = (l: ReturnType<typeof rowListsOf>, threads: number) =>
+      memoryGather(arenaBytes, ROW_BYTES, l.k, threads) + memoryGather(kData, ROW_BYTES, l.edge, threads) +
+      memoryGather(arenaBytes, ROW_BYTES, l.v, threads) + memoryGather(vData, ROW_BYTES, l.edge, threads);
+    const hotRows = rowListsOf(hotArgs);
+    const coldRows = coldArgs.map(rowListsOf);
+    const scatteredRows = scatteredArgs.map(rowListsOf);
     let coldF = 0;
     let scatteredF = 0;
+    let coldG = 0;
+    let scatteredG = 0;
     for (const threads of [1, 2]) {
+      const g = (what: string) => `memoryGather ${what} (${threads}T)`;
+      add({ name: g('of those rows, same selection'), bytes: sparseBytes, flops: 0 }, () => gatherRows(hotRows, threads));
       add(
-        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, hot (${threads}T)` },
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, same selection (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, hot (${threads}T)`, gather: g('of those rows, same selection') },
         () => attendFetched({ ...hotArgs, threads }),
       );
+      add({ name: g('of those rows, 16 selections in turn'), bytes: sparseBytes, flops: 0 }, () => gatherRows(coldRows[coldG++ % 16]!, threads));
       add(
-        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)`, gather: g('of those rows, 16 selections in turn') },
         () => attendFetched({ ...coldArgs[coldF++ % 16]!, threads }),
       );
+      add({ name: g('of those rows, scattered, 16 selections in turn'), bytes: sparseBytes, flops: 0 }, () => gatherRows(scatteredRows[scatteredG++ % 16]!, threads));
       add(
-        { name: `attendFetched 2048 scattered single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)` },
+        { name: `attendFetched 2048 scattered single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)`, gather: g('of those rows, scattered, 16 selections in turn') },
         () => attendFetched({ ...scatteredArgs[scatteredF++ % 16]!, threads }),
       );
     }
   }
 
   // Centroid scoring as kvdrive's select runs it: int8 tiles (the layout the index keeps), one
-  // distinct 1 MiB tile array per kv head (8 MiB per layer-step at 128K, ~16 tokens per cluster:
-  // streamed from DRAM, not re-read from cache), one call per kv head scoring its GQA group in one
-  // pass over each tile, on one thread. The baseline reads the same 8 arrays (one thread).
+  // distinct 1 MiB tile array per kv head (8 MiB per layer-step at 128K, ~16 tokens per cluster), one
+  // call per kv head scoring its GQA group in one pass over each tile, on one thread. The baseline
+  // reads the same 8 arrays (one thread). Two pairs: "hot", the same 8 MiB every iteration (they
+  // stay in this machine's 32 MiB L3), and "cold", COLD_SETS copies of them taken in turn (64 MiB:
+  // each set has left the L3 by its next turn), as a decode step finds them after the previous
+  // layer's select and attention have streamed through the caches.
   if (typeof native.scoreCentroids === 'function' && typeof native.centroidTiles === 'function') {
     const n = MAX_TOKENS / 16;
     const group = Q_HEADS / KV_HEADS;
@@ -326,6 +366,22 @@ async function main(): Promise<void> {
         for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, tiles[h]!, n, DIM, 'tiles8');
       },
     );
+    const COLD_SETS = 8;
+    const coldTiles = Array.from({ length: COLD_SETS }, () => tiles.map((t) => ({ tiles: t.tiles.slice(), scales: t.scales.slice() })));
+    let coldRead = 0;
+    let coldScore = 0;
+    add({ name: 'memoryRead centroid int8 tiles, cold (1T)', bytes: cBytes, flops: 0 }, () => {
+      let s = 0;
+      for (const t of coldTiles[coldRead++ % COLD_SETS]!) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
+      return s;
+    });
+    add(
+      { name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads, cold (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid int8 tiles, cold (1T)' },
+      () => {
+        const set = coldTiles[coldScore++ % COLD_SETS]!;
+        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, set[h]!, n, DIM, 'tiles8');
+      },
+    );
   } else {
     console.log('note: native.scoreCentroids / centroidTiles not in this build: centroid scoring skipped');
   }
@@ -344,8 +400,8 @@ async function main(): Promise<void> {
   // Throughput and ratios use the fastest call (min): the least disturbed by other processes, and
   // measured the same way for kernel and baseline.
   console.log(`\nload average at the end: ${loadavg().map((x) => x.toFixed(1)).join(' ')} (${cpus().length} CPUs)`);
-  console.log('\n| task | ms/call min | p50 | CPU ms/call | GB/s (min) | GFLOP/s (min) | kernel GB/s ÷ baseline GB/s | GFLOP/s ÷ computePeak |');
-  console.log('|---|---:|---:|---:|---:|---:|---|---:|');
+  console.log('\n| task | ms/call min | p50 | CPU ms/call | GB/s (min) | GFLOP/s (min) | kernel GB/s ÷ baseline GB/s | GFLOP/s ÷ computePeak | ÷ gather of the same rows |');
+  console.log('|---|---:|---:|---:|---:|---:|---|---:|---:|');
   for (const row of rows.values()) {
     const gbs = row.bytes / (row.minMs! * 1e6);
     const gflops = row.flops ? fmt(row.flops / (row.minMs! * 1e6)) : '';
@@ -357,7 +413,10 @@ async function main(): Promise<void> {
     }
     const p = row.peak ? rows.get(row.peak) : undefined;
     const vsPeak = p && row.flops ? fmt(row.flops / row.minMs! / (p.flops / p.minMs!), 2) : '';
-    console.log(`| ${row.name} | ${fmt(row.minMs!, 3)} | ${fmt(row.p50Ms!, 3)} | ${fmt(row.cpuMs!, 3)} | ${row.bytes ? fmt(gbs) : ''} | ${gflops} | ${vs} | ${vsPeak} |`);
+    // Same bytes as the gather row, so the ratio of GB/s is the ratio of its time to the kernel's.
+    const gr = row.gather ? rows.get(row.gather) : undefined;
+    const vsGather = gr ? `${fmt(gr.minMs! / row.minMs!, 2)} (${fmt(gr.minMs!, 3)} ms)` : '';
+    console.log(`| ${row.name} | ${fmt(row.minMs!, 3)} | ${fmt(row.p50Ms!, 3)} | ${fmt(row.cpuMs!, 3)} | ${row.bytes ? fmt(gbs) : ''} | ${gflops} | ${vs} | ${vsPeak} | ${vsGather} |`);
   }
 }
 

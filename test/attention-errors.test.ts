@@ -1,6 +1,6 @@
-import { describe, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { type KvTensor } from '../src/index.js';
-import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights, memoryRead, computePeak } from '../src/attention/kernels.js';
+import { attendDense, attendSparse, mergeAttention, attendDenseAsync, attendSparseAsync, attentionWeights, memoryRead, memoryGather, computePeak } from '../src/attention/kernels.js';
 import { expectKvdError, randn } from './helpers.js';
 import { allChunks, randomKv, selectionOf } from './attention-reference.js';
 
@@ -105,6 +105,44 @@ describe('attention input validation', () => {
     await expectKvdError(() => memoryRead(new Float64Array(4) as never), 'E_DTYPE', /got a Float64Array/);
     await expectKvdError(() => memoryRead([1, 2] as never), 'E_TYPE', /non-TypedArray/);
     await expectKvdError(() => memoryRead(new Uint8Array(4), 0), 'E_RANGE', /threads/);
+  });
+
+  it('rejects bad memoryGather arguments before reading a row', async () => {
+    const buf = new Uint8Array(1024);
+    const rows = Int32Array.from([0, 3]);
+    await expectKvdError(() => memoryGather(new Float64Array(4) as never, 16, rows), 'E_DTYPE', /buffer: .*got a Float64Array/);
+    await expectKvdError(() => memoryGather([1, 2] as never, 16, rows), 'E_TYPE', /non-TypedArray/);
+    await expectKvdError(() => memoryGather(buf, 0, rows), 'E_RANGE', /rowBytes: expected an integer in \[1, 1048576\], got 0/);
+    await expectKvdError(() => memoryGather(buf, 1.5, rows), 'E_RANGE', /rowBytes/);
+    await expectKvdError(() => memoryGather(buf, '16' as never, rows), 'E_TYPE', /rowBytes/);
+    await expectKvdError(() => memoryGather(buf, 16, [0, 1] as never), 'E_TYPE', /rows/);
+    // 1024 bytes hold rows 0..63 of 16 bytes.
+    await expectKvdError(() => memoryGather(buf, 16, Int32Array.from([0, 64])), 'E_RANGE', /rows\[1\]: expected a row index in \[0, 64\) .* got 64/);
+    await expectKvdError(() => memoryGather(buf, 16, Int32Array.from([-1])), 'E_RANGE', /rows\[0\]/);
+    await expectKvdError(() => memoryGather(buf, 16, rows, 9), 'E_RANGE', /threads/);
+  });
+
+  it('memoryGather sums the rows it is given, on any thread count', () => {
+    const buf = new Uint8Array(4096);
+    for (let i = 0; i < buf.length; i++) buf[i] = (i * 131 + 7) & 255;
+    // The reference: each row's little-endian 32-bit words, then its tail bytes, wrapped to 32 bits.
+    const expected = (rowBytes: number, rows: Int32Array): number => {
+      const dv = new DataView(buf.buffer);
+      let s = 0;
+      for (const r of rows) {
+        const at = r * rowBytes;
+        let i = 0;
+        for (; i + 4 <= rowBytes; i += 4) s = (s + dv.getUint32(at + i, true)) >>> 0;
+        for (; i < rowBytes; i++) s = (s + buf[at + i]!) >>> 0;
+      }
+      return s;
+    };
+    for (const rowBytes of [7, 16, 256]) {
+      const n = Math.floor(buf.length / rowBytes);
+      const rows = Int32Array.from({ length: 37 }, (_, i) => (i * 29 + 3) % n);
+      for (const threads of [1, 2, 3]) expect(memoryGather(buf, rowBytes, rows, threads)).toBe(expected(rowBytes, rows));
+    }
+    expect(memoryGather(buf, 16, new Int32Array(0))).toBe(0);
   });
 
   it('rejects bad computePeak arguments', async () => {

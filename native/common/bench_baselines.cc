@@ -1,10 +1,12 @@
-// The two baselines kernel benchmarks are set against, the memory roofline and the arithmetic one.
+// The baselines kernel benchmarks are set against: the memory rooflines (contiguous and scattered
+// reads) and the arithmetic one.
 //
 // memoryRead(buffer, threads?): the memory-read baseline. Streams every byte
 // of a typed array once with the active SIMD level (32-bit integer adds: cheaper than any kernel
 // arithmetic, so the time is the cost of reading the bytes) and returns the wrapped 32-bit sum of
 // its 32-bit words (the tail bytes added individually) so the read cannot be optimised away.
 // With threads > 1 the buffer is split into contiguous parts, one per std::thread.
+// memoryGather(buffer, rowBytes, rows, threads?) (below): the same for scattered rows.
 // computePeak(iterations, threads?) (below): the arithmetic baseline.
 // GCC 12's AVX-512 intrinsic headers build "undefined" vectors from self-initialised locals, which
 // -Wall reports as uninitialised once inlined here; the values are never read.
@@ -13,6 +15,7 @@
 #include <immintrin.h>
 #include <napi.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -100,28 +103,38 @@ uint32_t SumBytes(const uint8_t* p, size_t n) {
   return SumScalar(p, n);
 }
 
+// The bytes of the typed array at info[0] (Float32Array, Uint16Array or Uint8Array), viewed in place.
+struct Bytes {
+  const uint8_t* p;
+  size_t n;
+};
+Bytes BufferArg(const Napi::CallbackInfo& info, const std::string& what) {
+  if (info.Length() < 1 || !info[0].IsTypedArray())
+    Throw("E_TYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got " +
+                        (info.Length() < 1 || info[0].IsUndefined() ? "undefined" : "a non-TypedArray value"));
+  napi_typedarray_type type;
+  size_t length = 0;
+  void* data = nullptr;
+  if (napi_get_typedarray_info(info.Env(), info[0], &type, &length, &data, nullptr, nullptr) != napi_ok)
+    Throw("E_TYPE", what + ": could not read the TypedArray");
+  size_t elem = 0;
+  switch (type) {
+    case napi_float32_array: elem = 4; break;
+    case napi_uint16_array: elem = 2; break;
+    case napi_uint8_array: elem = 1; break;
+    default:
+      Throw("E_DTYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got a " + TypedArrayName(type));
+  }
+  return {static_cast<const uint8_t*>(data), length * elem};
+}
+
 Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "memoryRead";
-    if (info.Length() < 1 || !info[0].IsTypedArray())
-      Throw("E_TYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got " +
-                          (info.Length() < 1 || info[0].IsUndefined() ? "undefined" : "a non-TypedArray value"));
-    napi_typedarray_type type;
-    size_t length = 0;
-    void* data = nullptr;
-    if (napi_get_typedarray_info(info.Env(), info[0], &type, &length, &data, nullptr, nullptr) != napi_ok)
-      Throw("E_TYPE", what + ": could not read the TypedArray");
-    size_t elem = 0;
-    switch (type) {
-      case napi_float32_array: elem = 4; break;
-      case napi_uint16_array: elem = 2; break;
-      case napi_uint8_array: elem = 1; break;
-      default:
-        Throw("E_DTYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got a " + TypedArrayName(type));
-    }
+    const Bytes buf = BufferArg(info, what);
     const int threads = ThreadsArg(info, 1, what);
-    const uint8_t* p = static_cast<const uint8_t*>(data);
-    const size_t n = length * elem;
+    const uint8_t* p = buf.p;
+    const size_t n = buf.n;
     uint32_t sum = 0;
     // Parts start on 256-byte boundaries (relative to p) so each thread streams whole vectors.
     std::vector<uint32_t> parts(static_cast<size_t>(threads), 0u);
@@ -131,6 +144,64 @@ Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
       parts[size_t(t)] = SumBytes(p + a, b - a);
     });
     for (uint32_t s : parts) sum += s;
+    return Napi::Number::New(info.Env(), double(sum));
+  });
+}
+
+// ---- memoryGather: the scattered-read baseline ----
+// memoryGather(buffer, rowBytes, rows, threads?): reads the rowBytes bytes of row rows[i] (at byte
+// rows[i] * rowBytes) for every i, in list order, each row's lines requested kGatherBaselineAhead
+// rows before it is summed (SumBytes), and returns the wrapped 32-bit sum. A sparse kernel that
+// reads the same rows in the same order cannot do better than this: it is the roofline for
+// scattered rows, as memoryRead is for contiguous bytes. With threads > 1 the list is split into
+// contiguous parts, one per std::thread. 16 rows ahead into L1: 8, 32 or 64 rows ahead, or into L2,
+// measured within noise of it on the attention's own rows (256-byte K and V rows of 4-token pages at
+// shuffled slots of a 512 MiB arena), on one thread and on two (bench/RESULTS.md).
+constexpr size_t kGatherBaselineAhead = 16;
+
+uint32_t GatherRows(const uint8_t* p, size_t rowBytes, const int32_t* rows, size_t n) {
+  auto request = [&](size_t i) {
+    const uint8_t* r = p + size_t(rows[i]) * rowBytes;
+    for (size_t o = 0; o < rowBytes; o += 64) __builtin_prefetch(r + o, 0, 3);
+  };
+  for (size_t i = 0; i < std::min(n, kGatherBaselineAhead); ++i) request(i);
+  uint32_t s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kGatherBaselineAhead < n) request(i + kGatherBaselineAhead);
+    s += SumBytes(p + size_t(rows[i]) * rowBytes, rowBytes);
+  }
+  return s;
+}
+
+Napi::Value MemoryGather(const Napi::CallbackInfo& info) {
+  return Guard(info, [&]() -> Napi::Value {
+    const std::string what = "memoryGather";
+    const Bytes buf = BufferArg(info, what + ": buffer");
+    const size_t bytes = buf.n;
+    if (info.Length() < 2 || !info[1].IsNumber())
+      Throw("E_TYPE", what + ": rowBytes: expected an integer in [1, 1048576], got a non-number");
+    const double rb = info[1].As<Napi::Number>().DoubleValue();
+    if (!IsIntIn(rb, 1, 1 << 20)) Throw("E_RANGE", what + ": rowBytes: expected an integer in [1, 1048576], got " + Num(rb));
+    const size_t rowBytes = size_t(rb);
+    if (info.Length() < 3) Throw("E_TYPE", what + ": rows: expected an Int32Array of row indices, got undefined");
+    auto rows = GetI32(info[2], what + ".rows");
+    const int64_t nRows = int64_t(bytes / rowBytes);
+    // Every index checked before any row is read.
+    for (size_t i = 0; i < rows.length; ++i)
+      if (rows.data[i] < 0 || rows.data[i] >= nRows)
+        Throw("E_RANGE", what + ".rows[" + std::to_string(i) + "]: expected a row index in [0, " + std::to_string(nRows) +
+                             ") (buffer of " + std::to_string(bytes) + " bytes, rows of " + std::to_string(rowBytes) + "), got " +
+                             std::to_string(rows.data[i]));
+    const int threads = ThreadsArg(info, 3, what);
+    const uint8_t* p = buf.p;
+    std::vector<uint32_t> parts(static_cast<size_t>(threads), 0u);
+    const size_t per = (rows.length + size_t(threads) - 1) / size_t(threads);
+    OnThreads(threads, [&](int t) {
+      const size_t a = std::min(rows.length, per * size_t(t)), b = std::min(rows.length, per * size_t(t + 1));
+      parts[size_t(t)] = GatherRows(p, rowBytes, rows.data + a, b - a);
+    });
+    uint32_t sum = 0;
+    for (uint32_t v : parts) sum += v;
     return Napi::Number::New(info.Env(), double(sum));
   });
 }
@@ -216,6 +287,7 @@ Napi::Value ComputePeak(const Napi::CallbackInfo& info) {
 
 void InitBenchBaselines(Napi::Env env, Napi::Object exports) {
   exports.Set("memoryRead", Napi::Function::New(env, MemoryRead));
+  exports.Set("memoryGather", Napi::Function::New(env, MemoryGather));
   exports.Set("computePeak", Napi::Function::New(env, ComputePeak));
 }
 
