@@ -2,7 +2,7 @@
  * Same-process A/B of the runtime's attention (attendFetched) between two builds of the addon, for
  * a loaded machine where separate runs are not comparable. The demo's layer shape (32 query / 8 kv
  * heads, dim 128, f16): 4 sinks + 2048 selected tokens + a 64-token tail per kv head over a 128K
- * context, the selected tokens read as the step reads them — from page-first 16-token pages at
+ * context, the selected tokens read as the step reads them — from page-first `page`-token pages at
  * shuffled slots of a 512 MiB DRAM-tier arena (every chunk resident), sinks and tail from their own
  * token-major tensors. 16 selections are used in turn, so rows come from DRAM, not cache. A
  * selection is runs of `run` consecutive tokens at random places (kvdrive's token selections
@@ -13,7 +13,11 @@
  * odd rounds) for `reps` rounds and each build's min / median wall per call, process CPU per call
  * and the median wall per attended row (K+V, 512 B) are printed.
  *
- *   [KVD_HUGE=1] node dist/bench/attend-ab.js <a.node> <b.node> [threads=2] [reps=60] [run=4]
+ *   [KVD_HUGE=1] node dist/bench/attend-ab.js <a.node> <b.node> [threads=2] [reps=60] [run=4] [page=16]
+ *
+ * `page`: tokens per DRAM-tier page (a power of two, 1..64). The runtime's kvdrive pages hold 4 tokens
+ * (its chunk size; 2 KiB of f16 K + V at dim 128), so a token's K and V rows share a 4 KiB page there;
+ * 16 is the default only because earlier figures in bench/RESULTS.md were taken with it.
  */
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
@@ -25,8 +29,10 @@ const [A, B] = [process.argv[2]!, process.argv[3]!];
 const THREADS = Number(process.argv[4] ?? 2);
 const REPS = Number(process.argv[5] ?? 60);
 const RUN = Number(process.argv[6] ?? 4);
+const PAGE = Number(process.argv[7] ?? 16);
+if (!(Number.isInteger(PAGE) && PAGE >= 1 && PAGE <= 64 && (PAGE & (PAGE - 1)) === 0)) throw new Error(`page: expected a power of two in [1, 64], got ${process.argv[7]}`);
 
-const Q_HEADS = 32, KV_HEADS = 8, DIM = 128, TOKENS = 128 * 1024, BUDGET = 2048, SINKS = 4, LOCAL = 64, PAGE = 16;
+const Q_HEADS = 32, KV_HEADS = 8, DIM = 128, TOKENS = 128 * 1024, BUDGET = 2048, SINKS = 4, LOCAL = 64;
 const ROW = DIM * 2;
 const PAGE_BYTES = 2 * PAGE * ROW;
 const CHUNKS = TOKENS / PAGE;
@@ -94,7 +100,7 @@ for (const s of sels) {
   const [x, y] = runs.map((r) => r.fn(s));
   same &&= bitsEqual(x!.out, y!.out) && bitsEqual(x!.lse, y!.lse) && bitsEqual(x!.chunkMass, y!.chunkMass);
 }
-console.log(`attendFetched A/B: ${THREADS} thread(s), runs of ${RUN} tokens, ${rows} rows per call, arena on ${HUGE ? `huge pages (${hugeKb} KiB)` : '4 KiB pages'}; bit-identical outputs: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
+console.log(`attendFetched A/B: ${THREADS} thread(s), runs of ${RUN} tokens, ${PAGE}-token pages, ${rows} rows per call, arena on ${HUGE ? `huge pages (${hugeKb} KiB)` : '4 KiB pages'}; bit-identical outputs: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 let at = 0;
 for (let r = 0; r < REPS; r++)
   for (const run of r % 2 ? [...runs].reverse() : runs) {
