@@ -150,24 +150,27 @@ Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
 
 // ---- memoryGather: the scattered-read baseline ----
 // memoryGather(buffer, rowBytes, rows, threads?): reads the rowBytes bytes of row rows[i] (at byte
-// rows[i] * rowBytes) for every i, in list order, each row's lines requested kGatherBaselineAhead
-// rows before it is summed (SumBytes), and returns the wrapped 32-bit sum. A sparse kernel that
-// reads the same rows in the same order cannot do better than this: it is the roofline for
-// scattered rows, as memoryRead is for contiguous bytes. With threads > 1 the list is split into
-// contiguous parts, one per std::thread. 16 rows ahead into L1: 8, 32 or 64 rows ahead, or into L2,
-// measured within noise of it on the attention's own rows (256-byte K and V rows of 4-token pages at
-// shuffled slots of a 512 MiB arena), on one thread and on two (bench/RESULTS.md).
-constexpr size_t kGatherBaselineAhead = 16;
+// rows[i] * rowBytes) for every i, in list order, each row's lines requested kGatherAheadBytes
+// (in whole rows, at least one) before it is summed (SumBytes), and returns the wrapped 32-bit sum.
+// A sparse kernel that reads the same rows in the same order cannot do better than this: it is the
+// roofline for scattered rows, as memoryRead is for contiguous bytes. With threads > 1 the list is
+// split into contiguous parts, one per std::thread. The distance is in bytes, so that small rows
+// keep as many lines in flight as large ones: 4 KiB = 16 rows of 256 bytes, where 8, 16, 32 or 64
+// rows measured alike on the attention's rows (256-byte rows at random, one thread and two); on
+// 64-byte rows in runs of 11 (the select's key-sketch rows) 16 rows ahead was ~1.3x slower than 64
+// (bench/RESULTS.md).
+constexpr size_t kGatherAheadBytes = size_t(4) << 10;
 
 uint32_t GatherRows(const uint8_t* p, size_t rowBytes, const int32_t* rows, size_t n) {
+  const size_t ahead = std::max<size_t>(1, kGatherAheadBytes / rowBytes);
   auto request = [&](size_t i) {
     const uint8_t* r = p + size_t(rows[i]) * rowBytes;
     for (size_t o = 0; o < rowBytes; o += 64) __builtin_prefetch(r + o, 0, 3);
   };
-  for (size_t i = 0; i < std::min(n, kGatherBaselineAhead); ++i) request(i);
+  for (size_t i = 0; i < std::min(n, ahead); ++i) request(i);
   uint32_t s = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (i + kGatherBaselineAhead < n) request(i + kGatherBaselineAhead);
+    if (i + ahead < n) request(i + ahead);
     s += SumBytes(p + size_t(rows[i]) * rowBytes, rowBytes);
   }
   return s;
