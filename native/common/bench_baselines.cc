@@ -158,7 +158,7 @@ Napi::Value MemoryRead(const Napi::CallbackInfo& info) {
 // keep as many lines in flight as large ones: 4 KiB = 16 rows of 256 bytes, where 8, 16, 32 or 64
 // rows measured alike on the attention's rows (256-byte rows at random, one thread and two); on
 // 64-byte rows in runs of 11 (the select's key-sketch rows) 16 rows ahead was ~1.3x slower than 64
-// (bench/RESULTS.md).
+// on one thread, and 128 a little faster than 64 on two (bench/RESULTS.md).
 constexpr size_t kGatherAheadBytes = size_t(4) << 10;
 
 uint32_t GatherRows(const uint8_t* p, size_t rowBytes, const int32_t* rows, size_t n) {
