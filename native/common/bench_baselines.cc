@@ -187,21 +187,23 @@ Napi::Value MemoryGather(const Napi::CallbackInfo& info) {
     if (!IsIntIn(rb, 1, 1 << 20)) Throw("E_RANGE", what + ": rowBytes: expected an integer in [1, 1048576], got " + Num(rb));
     const size_t rowBytes = size_t(rb);
     if (info.Length() < 3) Throw("E_TYPE", what + ": rows: expected an Int32Array of row indices, got undefined");
-    auto rows = GetI32(info[2], what + ".rows");
+    auto list = GetI32(info[2], what + ".rows");
     const int64_t nRows = int64_t(bytes / rowBytes);
-    // Every index checked before any row is read.
-    for (size_t i = 0; i < rows.length; ++i)
-      if (rows.data[i] < 0 || rows.data[i] >= nRows)
+    // Every index checked before any row is read, on a copy: the caller's array may be shared with
+    // a thread that changes it after the check.
+    std::vector<int32_t> rows(list.data, list.data + list.length);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] < 0 || rows[i] >= nRows)
         Throw("E_RANGE", what + ".rows[" + std::to_string(i) + "]: expected a row index in [0, " + std::to_string(nRows) +
                              ") (buffer of " + std::to_string(bytes) + " bytes, rows of " + std::to_string(rowBytes) + "), got " +
-                             std::to_string(rows.data[i]));
+                             std::to_string(rows[i]));
     const int threads = ThreadsArg(info, 3, what);
     const uint8_t* p = buf.p;
     std::vector<uint32_t> parts(static_cast<size_t>(threads), 0u);
-    const size_t per = (rows.length + size_t(threads) - 1) / size_t(threads);
+    const size_t per = (rows.size() + size_t(threads) - 1) / size_t(threads);
     OnThreads(threads, [&](int t) {
-      const size_t a = std::min(rows.length, per * size_t(t)), b = std::min(rows.length, per * size_t(t + 1));
-      parts[size_t(t)] = GatherRows(p, rowBytes, rows.data + a, b - a);
+      const size_t a = std::min(rows.size(), per * size_t(t)), b = std::min(rows.size(), per * size_t(t + 1));
+      parts[size_t(t)] = GatherRows(p, rowBytes, rows.data() + a, b - a);
     });
     uint32_t sum = 0;
     for (uint32_t v : parts) sum += v;
