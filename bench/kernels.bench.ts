@@ -341,7 +341,7 @@ async function main(): Promise<void> {
   // distinct 1 MiB tile array per kv head (8 MiB per layer-step at 128K, ~16 tokens per cluster), one
   // call per kv head scoring its GQA group in one pass over each tile, on one thread. The baseline
   // reads the same 8 arrays (one thread). Two pairs: "hot", the same 8 MiB every iteration (they
-  // stay in this machine's 32 MiB L3), and "cold", COLD_SETS copies of them taken in turn (64 MiB:
+  // stay in this machine's 32 MiB L3), and "cold", COLD_SETS copies of them taken in turn (~67 MB:
   // each set has left the L3 by its next turn), as a decode step finds them after the previous
   // layer's select and attention have streamed through the caches.
   if (typeof native.scoreCentroids === 'function' && typeof native.centroidTiles === 'function') {
@@ -355,33 +355,27 @@ async function main(): Promise<void> {
       tiles.push(native.centroidTiles(centroids, n, DIM, 'i8') as { tiles: Int8Array; scales: Float32Array });
     }
     const cBytes = tiles.reduce((a, t) => a + t.tiles.byteLength + t.scales.byteLength, 0);
-    add({ name: 'memoryRead centroid int8 tiles (1T)', bytes: cBytes, flops: 0 }, () => {
+    type TileSet = typeof tiles;
+    const readTiles = (set: TileSet): number => {
       let s = 0;
-      for (const t of tiles) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
+      for (const t of set) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
       return s;
-    });
-    add(
-      { name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid int8 tiles (1T)' },
-      () => {
-        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, tiles[h]!, n, DIM, 'tiles8');
-      },
-    );
+    };
+    const scoreTiles = (set: TileSet): void => {
+      for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, set[h]!, n, DIM, 'tiles8');
+    };
     const COLD_SETS = 8;
-    const coldTiles = Array.from({ length: COLD_SETS }, () => tiles.map((t) => ({ tiles: t.tiles.slice(), scales: t.scales.slice() })));
+    const coldTiles: TileSet[] = Array.from({ length: COLD_SETS }, () => tiles.map((t) => ({ tiles: t.tiles.slice(), scales: t.scales.slice() })));
     let coldRead = 0;
     let coldScore = 0;
-    add({ name: 'memoryRead centroid int8 tiles, cold (1T)', bytes: cBytes, flops: 0 }, () => {
-      let s = 0;
-      for (const t of coldTiles[coldRead++ % COLD_SETS]!) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
-      return s;
-    });
-    add(
-      { name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads, cold (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: 'memoryRead centroid int8 tiles, cold (1T)' },
-      () => {
-        const set = coldTiles[coldScore++ % COLD_SETS]!;
-        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, set[h]!, n, DIM, 'tiles8');
-      },
-    );
+    for (const [what, read, score] of [
+      ['', () => readTiles(tiles), () => scoreTiles(tiles)],
+      [', cold', () => readTiles(coldTiles[coldRead++ % COLD_SETS]!), () => scoreTiles(coldTiles[coldScore++ % COLD_SETS]!)],
+    ] as const) {
+      const base = `memoryRead centroid int8 tiles${what} (1T)`;
+      add({ name: base, bytes: cBytes, flops: 0 }, read);
+      add({ name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads${what} (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: base }, score);
+    }
   } else {
     console.log('note: native.scoreCentroids / centroidTiles not in this build: centroid scoring skipped');
   }

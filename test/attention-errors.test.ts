@@ -116,6 +116,8 @@ describe('attention input validation', () => {
     await expectKvdError(() => memoryGather(buf, 1.5, rows), 'E_RANGE', /rowBytes/);
     await expectKvdError(() => memoryGather(buf, '16' as never, rows), 'E_TYPE', /rowBytes/);
     await expectKvdError(() => memoryGather(buf, 16, [0, 1] as never), 'E_TYPE', /rows/);
+    await expectKvdError(() => (memoryGather as (...a: unknown[]) => number)(buf, 16), 'E_TYPE', /rows: expected an? Int32Array/);
+    await expectKvdError(() => (memoryGather as (...a: unknown[]) => number)(buf), 'E_TYPE', /rowBytes/);
     // 1024 bytes hold rows 0..63 of 16 bytes.
     await expectKvdError(() => memoryGather(buf, 16, Int32Array.from([0, 64])), 'E_RANGE', /rows\[1\]: expected a row index in \[0, 64\) .* got 64/);
     await expectKvdError(() => memoryGather(buf, 16, Int32Array.from([-1])), 'E_RANGE', /rows\[0\]/);

@@ -184,8 +184,9 @@ export function memoryRead(buffer: Float32Array | Uint16Array | Uint8Array, thre
  * Scattered-read baseline for benchmarks, the counterpart of {@link memoryRead} for rows at random
  * places: reads the `rowBytes` bytes of row `rows[i]` (at byte `rows[i] * rowBytes` of `buffer`) for
  * every i in list order, each row requested 4 KiB of rows before it is summed (16 rows of 256
- * bytes), `rows` split into contiguous parts over `threads` in `[1, 8]`; returns the wrapped 32-bit sum. A sparse kernel that
- * reads the same rows cannot be faster than this on the same threads: its roofline. `rowBytes` is
+ * bytes), `rows` split into contiguous parts over `threads` in `[1, 8]`; returns the wrapped 32-bit
+ * sum. A sparse kernel that reads the same rows cannot be faster than this on the same threads:
+ * its roofline. `rowBytes` is
  * an integer in `[1, 2^20]`; every index must lie in `[0, floor(buffer bytes / rowBytes))` (E_RANGE,
  * checked before any row is read).
  */
