@@ -90,6 +90,8 @@ for (const set of SETS) {
       total++;
       if (mask[nd.kvHead * st.tokens + nd.token]) found++;
     }
+    // The next step starts from this one's selection, as the runtime's do (used with reuseCandidateFactor > 0).
+    p.setPrior(sel);
   }
   console.log(
     `${JSON.stringify(set)}: extend ${(extMs / STEPS).toFixed(2)} ms; recall ${(recall / STEPS).toFixed(4)} ratio ${(ratio / STEPS).toFixed(4)} needles ${found}/${total}; ` +

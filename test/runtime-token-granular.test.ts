@@ -75,6 +75,7 @@ async function referenceOutputs(budget: number, dense = false): Promise<Float32A
         p.extend(k, n);
         const sel = p.select(q, budget);
         expect(sel.chunkSize).toBe(1); // single tokens: the budget counts tokens attended
+        p.setPrior(sel); // the next step starts from this one's selection, as the runtime's and the eval's do
         step.push(attendSparse({ q, qHeads: shape.qHeads, k, v, selection: sel }).out);
       }
       outs.push(step);

@@ -1,6 +1,7 @@
 /**
  * Replays the decode steps of a small synthetic trace through a kvdrive policy (keyed or keyless)
- * and scores every step against dense attention: recall / oracle, planted needles found. Shared by
+ * as a decode does (each step's selection the next one's prior), and scores every step against
+ * dense attention: recall / oracle, planted needles found. Shared by
  * the re-rank and key-sketch tests.
  */
 import { type PolicyOptions, type Selection } from '../src/index.js';
@@ -39,6 +40,7 @@ export async function traceReplay(o: { T: number; steps: number; budget: number;
       p.extend(kv, tokens);
       const sel = p.select(qAt(s), budget, keyed ? { keys: kv } : undefined);
       sels.push(sel);
+      p.setPrior(sel); // the next step starts from this selection, as a decode's does
       const w = attentionWeights({ q: qAt(s), qHeads: shape.qHeads, k: kv });
       const mask = attendedMask(sel, shape.kvHeads);
       recall += massRecall(w, mask, shape.qHeads, shape.kvHeads, tokens);

@@ -341,7 +341,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
                         InstanceMethod("clusters", &SelectionIndex::Clusters),
                         InstanceMethod("scoreSketch", &SelectionIndex::ScoreSketch),
                         InstanceMethod("geometry", &SelectionIndex::Geometry),
-                        InstanceMethod("handle", &SelectionIndex::Handle)});
+                        InstanceMethod("handle", &SelectionIndex::Handle), InstanceMethod("setPrior", &SelectionIndex::SetPrior)});
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
@@ -375,6 +375,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = cf.IsNumber() ? cf.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 1.0 && v <= 1e6)) Throw("E_CONFIG", what + ".candidateFactor: expected a number in [1, 1e6], got " + (cf.IsNumber() ? Num(v) : "a non-number"));
         cfg.candidateFactor = v;
+      }
+      Napi::Value rc = o.Get("reuseCandidateFactor");
+      if (!rc.IsUndefined()) {
+        double v = rc.IsNumber() ? rc.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".reuseCandidateFactor: expected a number in [0, 1e6], got " + (rc.IsNumber() ? Num(v) : "a non-number"));
+        cfg.reuseCandidateFactor = v;
       }
       Napi::Value vw = o.Get("varianceWeight");
       if (!vw.IsUndefined()) {
@@ -499,6 +505,28 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   // select(q, budget, pool = 0, keys?): see SelectOn.
   Napi::Value Select(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value { return SelectOn(info, 0, *s_); });
+  }
+
+  // setPrior(selection | null): the selection later selects add to their candidates
+  // (IndexConfig::reuseCandidateFactor), e.g. this sequence's at the previous decode step; null
+  // clears it. Any chunk size; its tokens at most the indexed context, one id list per kv head.
+  Napi::Value SetPrior(const Napi::CallbackInfo& info) {
+    return Guard(info, [&]() -> Napi::Value {
+      NotBusy("setPrior");
+      std::unique_lock<std::shared_mutex> lock(s_->mu);
+      LayerIndex& index = *s_->index;
+      if (info.Length() < 1 || info[0].IsNull()) {
+        index.ClearPrior();
+        return info.Env().Undefined();
+      }
+      if (!index.built()) Throw("E_CONFIG", "setPrior: expected build() to have completed first, got an index that was never built");
+      SelectionRules rules;
+      rules.kvHeads = index.heads();
+      rules.maxTokens = index.tokens();
+      const SelectionArg sel = GetSelectionArg(info[0], rules, "setPrior selection");
+      index.SetPrior(sel.offsets.data, sel.chunkIds.data, sel.chunkSize);
+      return info.Env().Undefined();
+    });
   }
 
   // handle() -> the index's handle for selectIndex (registered on first call, released when this

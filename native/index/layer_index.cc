@@ -582,6 +582,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     Throw("E_CONFIG", "sketchBits: expected 4 or 8, got " + std::to_string(cfg_.sketchBits));
   DropRecluster();  // its rows are about to go
   built_ = false;
+  prior_.clear();
   CheckKv(kv, tokens, "build");
   heads_ = kv.heads;
   dim_ = kv.dim;
@@ -853,8 +854,8 @@ size_t LayerIndex::RerankChunks(int64_t budget) const {
 }
 
 bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                             std::vector<Ranked>& ranked, bool allMarked, bool markBest, SelectResult& out,
-                             SelectScratch& sc) const {
+                             std::vector<Ranked>& ranked, bool allMarked, bool markBest, const std::vector<int32_t>* prior,
+                             SelectResult& out, SelectScratch& sc) const {
   // The best level-2 chunks, ceil(rerankFactor x K / chunk) of them (at least one): a partial
   // selection, unordered (they are re-scored below).
   const size_t n = std::min(ranked.size(), RerankChunks(budget));
@@ -877,7 +878,7 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
   const int64_t chunk = cfg_.chunk;
   // Sized once for the most tokens (n whole chunks, sinks, tail) and written by index.
-  const size_t most = n * size_t(chunk) + size_t(sinkEnd()) + size_t(tokens_ - tailStart());
+  const size_t most = n * size_t(chunk) + (prior ? prior->size() : 0) + size_t(sinkEnd()) + size_t(tokens_ - tailStart());
   toksAt.resize(most);
   rowsAt.resize(useKeys ? 0 : most);
   size_t at = 0, m = 0;
@@ -920,6 +921,19 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
       }
     }
   }
+  // The prior's tokens outside the candidate chunks (`prior` is passed only with allMarked and
+  // tokenGranular, where every entry below counts token by token): distinct from the chunks'
+  // tokens and from each other.
+  if (prior)
+    for (int32_t t : *prior) {
+      const int64_t j = t / chunk;
+      if (j < firstChunk() || j >= endChunk_ || t < cfg_.sinks) continue;
+      const int64_t slot = SlotOf(H, j);
+      if (bits[size_t(slot) >> 6] >> (slot & 63) & 1) continue;
+      toksAt[m] = t;
+      if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
+      ++m;
+    }
   const size_t nRe = m;
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
@@ -1088,7 +1102,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
       // below, so the next level walks the cache forwards).
-      const double target = std::max(cfg_.candidateFactor * double(budget), double(want));
+      // With a prior selection, fewer clusters: the prior's chunks join the candidates below.
+      const std::vector<int32_t>* prior = cfg_.reuseCandidateFactor > 0 && !prior_.empty() ? &prior_[size_t(h)] : nullptr;
+      const double factor = prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor;
+      const double target = std::max(factor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
       TakeClusters(clusters, ctoks, target, sc.hist, chosen);
       // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
@@ -1134,12 +1151,25 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
       const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
       const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && nIds > 0;
+      // The prior's tokens join the candidates one by one where level 3 re-ranks every candidate
+      // token by token (RerankExact adds those outside the candidate chunks: a prior of K tokens
+      // spans ~3K chunk tokens); otherwise their chunks join (at their slots).
+      const bool priorTokens = prior && cfg_.tokenGranular && rerank && RerankChunks(budget) >= nIds;
+      if (prior && !priorTokens) {
+        for (int32_t t : *prior) {
+          const int64_t j = t / cfg_.chunk;
+          if (j < firstChunk() || j >= endChunk_) continue;
+          const int64_t s = SlotOf(H, j);
+          if (!(bits[size_t(s) >> 6] >> (s & 63) & 1)) ++nIds;
+          bits[size_t(s) >> 6] |= uint64_t(1) << (s & 63);
+        }
+      }
       if (rerank && RerankChunks(budget) >= nIds) {
         // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
         // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
         // and writes every entry of `ranked`.
         ranked.resize(nIds);
-        marked = RerankExact(qh, g, h, keys, budget, want, ranked, true, pool == 0, out, sc);
+        marked = RerankExact(qh, g, h, keys, budget, want, ranked, true, pool == 0, priorTokens ? prior : nullptr, out, sc);
         reranked = true;
         goto fill;
       }
@@ -1160,7 +1190,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       out.vectorsScored += int64_t(ids.size());
       for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
       if (rerank) {
-        marked = RerankExact(qh, g, h, keys, budget, want, ranked, false, pool == 0, out, sc);
+        marked = RerankExact(qh, g, h, keys, budget, want, ranked, false, pool == 0, nullptr, out, sc);
         reranked = true;
       } else {
         for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
@@ -1264,6 +1294,24 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   return out;
 }
 
+void LayerIndex::SetPrior(const int32_t* offsets, const int32_t* ids, int64_t idTokens) {
+  // Kept only where a select reads it (4 bytes per token held).
+  if (cfg_.policy != PolicyKind::Kvdrive || !(cfg_.reuseCandidateFactor > 0)) {
+    prior_.clear();
+    return;
+  }
+  std::vector<std::vector<int32_t>> prior(static_cast<size_t>(heads_));
+  for (int h = 0; h < heads_; ++h) {
+    std::vector<int32_t>& p = prior[size_t(h)];
+    // Ids ascending and distinct, so their tokens are too.
+    for (int32_t i = offsets[h]; i < offsets[h + 1]; ++i) {
+      const int64_t t0 = int64_t(ids[i]) * idTokens, t1 = std::min(t0 + idTokens, tokens_);
+      for (int64_t t = t0; t < t1; ++t) p.push_back(int32_t(t));
+    }
+  }
+  prior_.swap(prior);
+}
+
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
   std::vector<float> c(size_t(seg.k) * dim_);
@@ -1291,6 +1339,7 @@ int64_t LayerIndex::Bytes() const {
          H.sketch.Bytes();
     for (const Segment& s : H.segments) b += SegmentBytes(s);
   }
+  for (const std::vector<int32_t>& p : prior_) b += int64_t(sizeof(p) + p.size() * 4);
   if (pending_) {
     // The result once written; while the task still writes it, the most it can take.
     if (pending_->task->Finished())

@@ -57,6 +57,12 @@ struct IndexConfig {
   int kmeansTrials = 2;
   uint64_t seed = 0;
   double candidateFactor = 8.0;  // src/index/options.ts default (tuned there)
+  // kvdrive: with a prior selection (SetPrior: the sequence's selection at the previous decode
+  // step), clusters are taken until reuseCandidateFactor x K tokens instead, and the prior's chunks
+  // join the candidates. Consecutive steps' best tokens overlap by ~3/4 (a query moves by a third of
+  // its norm per step on the synthetic trace), so the prior carries most of this step's selection
+  // and fewer clusters need re-ranking. 0: a prior is ignored.
+  double reuseCandidateFactor = 0.0;
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).
@@ -201,6 +207,13 @@ class LayerIndex {
   // concatenated equal one whole select (the caller streams a step head group by head group).
   SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr, int headBegin = 0,
                       int headEnd = -1) const;
+  // The prior selection later Selects add to their candidates (IndexConfig::reuseCandidateFactor):
+  // per kv head h the ids offsets[h]..offsets[h + 1] of `ids`, each covering tokens [id x idTokens,
+  // (id + 1) x idTokens), ascending. Replaces any prior;
+  // heads_ + 1 offsets (validated by the caller). Build clears it. Kept as token ids per kv head.
+  void SetPrior(const int32_t* offsets, const int32_t* ids, int64_t idTokens);
+  void ClearPrior() { prior_.clear(); }
+  bool hasPrior() const { return !prior_.empty(); }
 
   const IndexConfig& config() const { return cfg_; }
   bool built() const { return built_; }
@@ -270,7 +283,8 @@ class LayerIndex {
   // best min(budget, re-ranked) of them are marked in sc.bits over tokens instead (ranked left
   // empty); returns whether it did.
   bool RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
-                   std::vector<Ranked>& ranked, bool allMarked, bool markBest, SelectResult& out, SelectScratch& sc) const;
+                   std::vector<Ranked>& ranked, bool allMarked, bool markBest, const std::vector<int32_t>* prior,
+                   SelectResult& out, SelectScratch& sc) const;
   // Brings head h's sketch to `tokens` rows (re-calibrating the channel scales while the context
   // is short, see Extend).
   void UpdateSketch(const KvView& kv, int h, int64_t tokens, int64_t first = 0);
@@ -289,6 +303,8 @@ class LayerIndex {
   int64_t tokens_ = 0;
   int64_t endChunk_ = 0;
   std::vector<HeadIndex> heads_data_;
+  // SetPrior: per kv head, ascending distinct token ids (no vectors: no prior).
+  std::vector<std::vector<int32_t>> prior_;
   std::shared_ptr<PendingRecluster> pending_;
 };
 

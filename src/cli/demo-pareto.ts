@@ -15,7 +15,7 @@ import { attendedMask, massRecall, oracleMask } from '../eval/metrics.js';
 import { attendDense, attendSparse, attentionWeights } from '../attention/kernels.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
 import { offloadedPolicyOptions } from '../index/options.js';
-import type { PolicyName } from '../index/selection.js';
+import type { PolicyName, Selection } from '../index/selection.js';
 import { ms, table } from '../eval/format.js';
 import { cpuFeatures } from '../native.js';
 import { ProgressBar } from './progress.js';
@@ -118,6 +118,7 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
     const layer = await trace.layer(l);
     const { k, v } = layerKvWithNew(layer);
     const policies: { label: string; keyed: boolean; policy: SelectionPolicy }[] = [];
+    const priors = new Map<string, Selection>();
     for (const { label, name, keyed } of variants) {
       // Keyless: the runtime's own configuration (offloadedPolicyOptions: its key sketch, chunk means
       // released), so this row times the select the runtime runs.
@@ -146,8 +147,12 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
         for (const budget of budgets) {
           const c0 = process.cpuUsage();
           const ts = performance.now();
+          // Each budget continues its own chain of selections (reuseCandidateFactor): its previous
+          // step's selection is this select's prior, as in a decode at that budget.
+          policy.setPrior(priors.get(key(label, budget)) ?? null);
           const sel = policy.select(q, budget, keyed ? { keys: kv } : undefined);
           const selectMs = performance.now() - ts + extendMs;
+          priors.set(key(label, budget), sel);
           const ta = performance.now();
           attendSparse({ q, qHeads: QHEADS, k: kv, v: vv, selection: sel, threads: o.threads });
           const attendMs = performance.now() - ta;

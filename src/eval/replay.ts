@@ -189,6 +189,8 @@ export async function replayLayer(
       // The keys let kvdrive re-rank its best candidates exactly (the others ignore them).
       const sel: Selection = run.policy.select(q, opts.budget, opts.offloaded ? undefined : { keys: kView });
       const selectMs = performance.now() - ts;
+      // The next step starts from this selection, as a runtime step does (reuseCandidateFactor).
+      run.policy.setPrior(sel);
       const ta = performance.now();
       const sparse = attendSparse({ q, qHeads, k: kView, v: vView, selection: sel, threads: opts.denseThreads });
       const attendMs = performance.now() - ta;

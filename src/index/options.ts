@@ -40,6 +40,20 @@ export interface PolicyOptions {
    */
   candidateFactor?: number;
   /**
+   * kvdrive only: once a prior selection is set ({@link SelectionPolicy.setPrior}: the runtime sets
+   * each sequence's selection of the previous decode step), clusters are taken until they hold
+   * reuseCandidateFactor x budget tokens instead of candidateFactor x budget, and the prior's chunks
+   * join the candidates token by token (re-ranked with the rest: a prior token stays only if it
+   * still ranks). 0 = a prior is ignored and not kept (>= 0; default 5). Consecutive steps' best
+   * tokens overlap by ~3/4 on the synthetic trace, so the prior carries most of a step's selection
+   * and half the clusters suffice. Tuned with bench/select-step.ts (128K, budget 2048, 16 steps,
+   * offloaded select; tuning seeds 3, 4 and 5, recall / oracle with the default candidateFactor 8
+   * 0.9860 / 0.9813 / 0.9779): at 4, 0.9830 / 0.9788 / 0.9709; at 5, 0.9854 / 0.9812 / 0.9754; 5
+   * keeps every tuning seed within 0.25 points of no reuse (4 leaves seed 5 at the 0.97 bar). Held-out
+   * figures: bench/index.md. Costs 4 bytes per prior token and kv head (counted in the index).
+   */
+  reuseCandidateFactor?: number;
+  /**
    * kvdrive only: weight w of the variance term in centroid and chunk scores (default 3; 0 = plain
    * q·mean). A chunk's attention mass is Σ_t exp(s·q·k_t) ≈ exp(s·q·mean + s²/2·qᵀΣq); with an
    * isotropic Σ = var·I the score becomes q·mean + w·(s/2)·|q|²·var (s = 1/sqrt(headDim)), so chunks
@@ -162,6 +176,7 @@ export interface ResolvedPolicyOptions {
   kmeansIters: number;
   seed: number;
   candidateFactor: number;
+  reuseCandidateFactor: number;
   varianceWeight: number;
   rerankFactor: number;
   radiusWeight: number;
@@ -180,7 +195,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'reuseCandidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -194,6 +209,7 @@ const schema = z
     kmeansIters: int(0, 1000).optional(),
     seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
     candidateFactor: z.number().min(1).max(1e6).optional(),
+    reuseCandidateFactor: z.number().min(0).max(1e6).optional(),
     varianceWeight: z.number().min(0).max(1000).optional(),
     rerankFactor: z.number().min(0).max(1e6).optional(),
     radiusWeight: z.number().min(0).max(1000).optional(),
@@ -221,6 +237,7 @@ const EXPECTED: Record<string, string> = {
   kmeansIters: 'an integer in [0, 1000]',
   seed: 'a safe integer >= 0',
   candidateFactor: 'a number in [1, 1e6]',
+  reuseCandidateFactor: 'a number in [0, 1e6]',
   varianceWeight: 'a number in [0, 1000]',
   rerankFactor: 'a number in [0, 1e6]',
   radiusWeight: 'a number in [0, 1000]',
@@ -282,6 +299,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     kmeansIters: o.kmeansIters ?? 8,
     seed: o.seed ?? 0,
     candidateFactor: o.candidateFactor ?? 8,
+    reuseCandidateFactor: o.reuseCandidateFactor ?? (policy === 'kvdrive' ? 5 : 0),
     varianceWeight: o.varianceWeight ?? 3,
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,

@@ -68,6 +68,14 @@ export interface SelectionPolicy {
    * (see {@link PolicyOptions.rerankFactor}); the other policies ignore it.
    */
   select(q: Float32Array, budget: number, opts?: SelectOptions): Selection;
+  /**
+   * Sets the prior selection later selects start from (kvdrive with
+   * {@link PolicyOptions.reuseCandidateFactor} > 0; the other policies keep it unused): typically
+   * this sequence's selection at the previous decode step. Its chunks join the candidates, which lets
+   * fewer clusters be taken. Any chunk size; at most the indexed tokens; null clears it. A mutation,
+   * like extend: on the owning thread. build() clears it.
+   */
+  setPrior(selection: Selection | null): void;
   /** Bytes of index memory. */
   indexBytes(): number;
   /**
@@ -116,6 +124,7 @@ interface NativeIndex {
   handle(): number;
   clusters(head: number): SegmentClusters[];
   scoreSketch(q: Float32Array, head: number, tokens: Int32Array): Float32Array;
+  setPrior(selection: Selection | null): void;
 }
 
 function call<T>(fn: () => T): T {
@@ -209,6 +218,12 @@ export class NativeSelectionPolicy implements SelectionPolicy {
       sel.poolScores = r.poolScores;
     }
     return sel;
+  }
+
+  setPrior(selection: Selection | null): void {
+    if (selection !== null && (typeof selection !== 'object' || selection === undefined))
+      fail('E_TYPE', 'setPrior selection', 'a Selection or null', selection);
+    call(() => this.index.setPrior(selection));
   }
 
   indexBytes(): number {

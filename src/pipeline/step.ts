@@ -657,6 +657,9 @@ export async function fetchAttendEntry(
     stats.fetchMs = t3 - t1 - f.selectMs - e.computeMs;
     const commit = () => {
       lk.tokens = T;
+      // The next step's select starts from this one's (PolicyOptions.reuseCandidateFactor); set only
+      // here, so a failed step leaves the prior, and a retry selects, as before it.
+      lk.policy?.setPrior(tokSel);
       mem.startSeal(seq, layer, lk);
     };
     // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).

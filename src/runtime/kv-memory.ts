@@ -391,9 +391,12 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
     policy.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim: headDim }, tokens);
     // A pending re-clustering exists only once a segment can fill: its last chunk sealed, i.e. the
     // segment plus the local window within maxTokens.
-    reserve = c.maxTokens >= p.local + S ? policy.reserveBytes() : 0;
+    reserve = (c.maxTokens >= p.local + S ? policy.reserveBytes() : 0) + priorBytes;
     return policy.indexBytes();
   };
+  // The prior selection a kvdrive index keeps between steps (reuseCandidateFactor): at most budget
+  // token ids (4 bytes) per kv head, plus a vector each. The probes set none.
+  const priorBytes = p.reuseCandidateFactor > 0 && c.policy === 'kvdrive' ? kvHeads * (c.budget * 4 + 24) : 0;
   const t1 = at(1);
   const t2 = at(3);
   // A context no longer than the probes: the index at that context, its largest (no open segment
