@@ -273,7 +273,7 @@ export const kernelsTarget = defineTarget<Call>({
 interface PolicyInput {
   name: unknown;
   options: Obj | undefined;
-  ops: { op: 'build' | 'buildSync' | 'extend' | 'select'; args: unknown[] }[];
+  ops: { op: 'build' | 'buildSync' | 'extend' | 'select' | 'setPrior'; args: unknown[] }[];
 }
 
 const policyTargetOf = (name: string, sketch: boolean): FuzzTarget =>
@@ -285,13 +285,15 @@ const policyTargetOf = (name: string, sketch: boolean): FuzzTarget =>
     const full = kv(g, { ...s, tokens: total });
     const options: Obj | undefined = g.bool(0.3)
       ? undefined
-      : mutate(g, { chunkSize: g.pick([1, 2, 4, 8]), tokensPerCluster: g.pick([4, 16]), sinks: g.int(0, 4), local: g.pick([0, 8, 16]), segmentTokens: g.pick([16, 64, 4096]), reclusterDelay: g.pick([0, 4, 16, 256]), kmeansIters: g.int(0, 4), threads: g.int(1, 2), ...(sketch ? sketchOptions(g) : {}) }, g.pick([0, 0, 1]));
+      : mutate(g, { chunkSize: g.pick([1, 2, 4, 8]), tokensPerCluster: g.pick([4, 16]), sinks: g.int(0, 4), local: g.pick([0, 8, 16]), segmentTokens: g.pick([16, 64, 4096]), reclusterDelay: g.pick([0, 4, 16, 256]), kmeansIters: g.int(0, 4), threads: g.int(1, 2), ...(g.bool(0.2) ? { reuseCandidateFactor: g.pick([0, 1, 5]) } : {}), ...(sketch ? sketchOptions(g) : {}) }, g.pick([0, 0, 1]));
     const ops: PolicyInput['ops'] = [];
     const built = g.int(0, total);
     ops.push({ op: g.bool() ? 'build' : 'buildSync', args: mutate(g, { k: full, tokens: built }, g.pick([0, 0, 0, 1])) ? [full, g.bool(0.9) ? built : g.edgeNumber()] : [] });
     // Up to 6 ops: enough extends to fill a 16-token segment and reach its re-clustering's install.
     for (let i = g.int(0, 6), at = built; i > 0; i--) {
       if (g.bool(0.4)) ops.push({ op: 'extend', args: [full, g.num((at = g.int(at, total)), 0.15)] });
+      // A prior over the tokens indexed so far (sometimes more, mutated, or null).
+      else if (g.bool(0.3)) ops.push({ op: 'setPrior', args: [g.bool(0.1) ? null : mutate(g, selection(g, s.kvHeads, g.bool(0.9) ? at : g.int(0, total)), g.pick([0, 0, 1]))] });
       else {
         const qHeads = s.kvHeads * s.group;
         const opts: Obj = {};
