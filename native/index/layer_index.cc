@@ -1305,7 +1305,8 @@ void LayerIndex::SetPrior(const int32_t* offsets, const int32_t* ids, int64_t id
     std::vector<int32_t>& p = prior[size_t(h)];
     // Ids ascending and distinct, so their tokens are too.
     for (int32_t i = offsets[h]; i < offsets[h + 1]; ++i) {
-      const int64_t t0 = int64_t(ids[i]) * idTokens, t1 = std::min(t0 + idTokens, tokens_);
+      // Token ids are int32 (as selections hold them): an index past 2^31 tokens keeps those below.
+      const int64_t t0 = int64_t(ids[i]) * idTokens, t1 = std::min({t0 + idTokens, tokens_, int64_t(INT32_MAX)});
       for (int64_t t = t0; t < t1; ++t) p.push_back(int32_t(t));
     }
   }
