@@ -379,6 +379,9 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
   const S = p.segmentTokens;
   // Chunk j covers tokens [j c, (j+1) c) whatever the sinks; chunks are sealed once past the local window.
   const at = (full: number) => p.local + (full + 1) * S - p.chunkSize;
+  // The prior selection a kvdrive index keeps between steps (reuseCandidateFactor): at most budget
+  // token ids (4 bytes) per kv head, plus a vector each. The probes set none.
+  const priorBytes = p.reuseCandidateFactor > 0 && c.policy === 'kvdrive' ? kvHeads * (c.budget * 4 + 24) : 0;
   let reserve = 0;
   const measure = (tokens: number): number => {
     const data = new Float32Array(tokens * kvHeads * headDim);
@@ -394,9 +397,6 @@ function indexCost(c: KvMemoryConfig): { perToken: number; fixed: number } {
     reserve = (c.maxTokens >= p.local + S ? policy.reserveBytes() : 0) + priorBytes;
     return policy.indexBytes();
   };
-  // The prior selection a kvdrive index keeps between steps (reuseCandidateFactor): at most budget
-  // token ids (4 bytes) per kv head, plus a vector each. The probes set none.
-  const priorBytes = p.reuseCandidateFactor > 0 && c.policy === 'kvdrive' ? kvHeads * (c.budget * 4 + 24) : 0;
   const t1 = at(1);
   const t2 = at(3);
   // A context no longer than the probes: the index at that context, its largest (no open segment
