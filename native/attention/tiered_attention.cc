@@ -126,6 +126,7 @@ void Run(const FetchedJob& job) {
     if (job.sinkEnd > 0)
       add(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride}, kSink, 0);
     hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
+    if (pair && pair->resident > 0) pair->Touch(size_t(job.offsets[h + 1] - job.offsets[h]), hot::PairState::kRowsField);
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
       const int64_t u = job.chunkIds[i];
       const int64_t a = std::max(u * sc, job.sinkEnd);

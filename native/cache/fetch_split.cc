@@ -93,6 +93,7 @@ Napi::Value FetchSplit(const Napi::CallbackInfo& info) {
       const PairState* p = tier ? &tier->Pair(seq, layer, headBase + h) : nullptr;
       const bool anyHot = p && p->resident > 0;
       int64_t last = -1;
+      if (anyHot) p->Touch(size_t(off[h + 1] - off[h]), 0);
       for (int32_t i = off[h]; i < off[h + 1]; ++i) {
         // Ids are validated non-negative int32 and f <= 2^20: a 32-bit division (a 64-bit one costs
         // several times more per unit).

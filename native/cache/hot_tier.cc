@@ -33,48 +33,60 @@ const char* EvictionName(Eviction e) {
 
 // ---- open-addressing map (linear probing, backward-shift deletion) ----
 
-static inline uint32_t HashChunk(int32_t c) {
-  uint32_t x = uint32_t(c) * 0x9E3779B1u;
-  return x ^ (x >> 15);
+namespace {
+// Reads one byte per cache line of [p, p + bytes): sequential, so the hardware prefetchers stream it.
+uint32_t TouchLines(const void* p, size_t bytes) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  uint32_t sum = 0;
+  for (size_t i = 0; i < bytes; i += 64) sum += b[i];
+  return sum;
 }
+}  // namespace
 
-int32_t PairState::Find(int32_t chunk) const {
-  if (mapKey.empty()) return -1;
-  for (uint32_t i = HashChunk(chunk) & mapMask;; i = (i + 1) & mapMask) {
-    if (mapKey[i] == chunk) return mapSlot[i];
-    if (mapKey[i] < 0) return -1;
-  }
+void PairState::Touch(size_t lookups, unsigned fields) const {
+  if (map.empty() || lookups == 0) return;
+  const size_t cap = size_t(capacity);
+  size_t bytes = map.size() * sizeof(MapEntry);
+  if (fields & kUseFields) bytes += cap * (sizeof(int64_t) * 2);
+  if (fields & kRowsField) bytes += cap * sizeof(int32_t);
+  if (fields & kMassFields) bytes += cap * (sizeof(float) + sizeof(int64_t));
+  // A streamed line costs a few ns, a missed lookup tens (a few misses overlap): pass over at most
+  // four lines per lookup.
+  if (bytes / 64 > 4 * lookups) return;
+  uint32_t sum = TouchLines(map.data(), map.size() * sizeof(MapEntry));
+  if (fields & kUseFields) sum += TouchLines(lastUse.data(), cap * sizeof(int64_t)) + TouchLines(uses.data(), cap * sizeof(int64_t));
+  if (fields & kRowsField) sum += TouchLines(slotRows.data(), cap * sizeof(int32_t));
+  if (fields & kMassFields) sum += TouchLines(mass.data(), cap * sizeof(float)) + TouchLines(massStep.data(), cap * sizeof(int64_t));
+  asm volatile("" : : "r"(sum));  // the reads are the point: keep them
 }
 
 void PairState::Insert(int32_t chunk, int32_t slot) {
-  uint32_t i = HashChunk(chunk) & mapMask;
-  while (mapKey[i] >= 0) {
-    if (mapKey[i] == chunk) Throw("E_INTERNAL", "hot tier map: chunk " + std::to_string(chunk) + " inserted twice");
+  uint32_t i = Hash(chunk) & mapMask;
+  while (map[i].key >= 0) {
+    if (map[i].key == chunk) Throw("E_INTERNAL", "hot tier map: chunk " + std::to_string(chunk) + " inserted twice");
     i = (i + 1) & mapMask;
   }
-  mapKey[i] = chunk;
-  mapSlot[i] = slot;
+  map[i] = {chunk, slot};
 }
 
 void PairState::Erase(int32_t chunk) {
-  uint32_t i = HashChunk(chunk) & mapMask;
-  while (mapKey[i] != chunk) {
-    if (mapKey[i] < 0) Throw("E_INTERNAL", "hot tier map: erase of absent chunk " + std::to_string(chunk));
+  uint32_t i = Hash(chunk) & mapMask;
+  while (map[i].key != chunk) {
+    if (map[i].key < 0) Throw("E_INTERNAL", "hot tier map: erase of absent chunk " + std::to_string(chunk));
     i = (i + 1) & mapMask;
   }
   // Backward shift: move later entries of the probe run into the hole when their home allows it.
   uint32_t hole = i;
-  for (uint32_t j = (hole + 1) & mapMask; mapKey[j] >= 0; j = (j + 1) & mapMask) {
-    const uint32_t home = HashChunk(mapKey[j]) & mapMask;
+  for (uint32_t j = (hole + 1) & mapMask; map[j].key >= 0; j = (j + 1) & mapMask) {
+    const uint32_t home = Hash(map[j].key) & mapMask;
     // Entry j may move to `hole` iff home is not in the cyclic range (hole, j].
     const bool inRange = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
     if (!inRange) {
-      mapKey[hole] = mapKey[j];
-      mapSlot[hole] = mapSlot[j];
+      map[hole] = map[j];
       hole = j;
     }
   }
-  mapKey[hole] = -1;
+  map[hole] = {-1, -1};
 }
 
 static uint32_t MapBuckets(int32_t capacity) {
@@ -153,8 +165,7 @@ Tier::Tier(const TierConfig& c) : cfg_(c) {
         for (size_t i = 0; i < cap; ++i) p.freeSlots[i] = int32_t(cap - 1 - i);  // pop gives slot 0 first
         if (cap > 0) {
           const uint32_t b = MapBuckets(p.capacity);
-          p.mapKey.assign(b, -1);
-          p.mapSlot.assign(b, -1);
+          p.map.assign(b, PairState::MapEntry{-1, -1});
           p.mapMask = b - 1;
         }
       }
@@ -194,8 +205,7 @@ void Tier::ResetSequence(int seq) {
       std::fill(p.poolStamp.begin(), p.poolStamp.end(), -1);
       p.freeSlots.resize(cap);
       for (size_t i = 0; i < cap; ++i) p.freeSlots[i] = int32_t(cap - 1 - i);  // same order as at creation
-      std::fill(p.mapKey.begin(), p.mapKey.end(), -1);
-      std::fill(p.mapSlot.begin(), p.mapSlot.end(), -1);
+      std::fill(p.map.begin(), p.map.end(), PairState::MapEntry{-1, -1});
       p.resident = 0;
       p.step = 0;
     }
@@ -279,6 +289,7 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
   const int64_t rowBytes2 = int64_t(cfg_.dim) * int64_t(DtypeSize(cfg_.dtype)) * 2;  // one K row + one V row
   thread_local std::vector<int32_t> missIdx;
   missIdx.clear();
+  p.Touch(size_t(sel.n), PairState::kUseFields | PairState::kRowsField);
   // 1. Hits: mark as used now (protects them from eviction this step), refresh rows that did not
   //    exist yet when the chunk was admitted.
   for (int32_t i = 0; i < sel.n; ++i) {
@@ -329,7 +340,8 @@ Counters Tier::Fetch(int seq, int layer, int head, const HeadSelection& sel, int
       keys.push_back(k);
     }
     if (int64_t(keys.size()) < toEvict) Throw("E_INTERNAL", "hot tier: fewer evictable residents than needed");
-    std::partial_sort(keys.begin(), keys.begin() + toEvict, keys.end());
+    // The toEvict smallest keys as a set (keys are totally ordered: chunk ids are distinct).
+    std::nth_element(keys.begin(), keys.begin() + (toEvict - 1), keys.end());
     for (int64_t i = 0; i < toEvict; ++i) {
       const VictimKey& k = keys[size_t(i)];
       p.Erase(k.chunk);
@@ -413,6 +425,7 @@ int32_t Tier::Warm(int seq, int layer, int head, const int32_t* order, int32_t n
 
 void Tier::RecordMass(int seq, int layer, int head, const int32_t* ids, const float* mass, int32_t n) {
   PairState& p = Pair(seq, layer, head);
+  p.Touch(size_t(std::max(n, 0)), PairState::kMassFields);
   for (int32_t i = 0; i < n; ++i) {
     const int32_t slot = p.Find(ids[i]);
     if (slot < 0) continue;  // streamed chunk: not resident, nothing to rank
@@ -443,11 +456,11 @@ std::string Tier::Check() {
     for (int32_t s : p.freeSlots)
       if (p.slotChunk[size_t(s)] >= 0) return at + "slot " + std::to_string(s) + " is both free and occupied";
     int32_t mapped = 0;
-    for (size_t i = 0; i < p.mapKey.size(); ++i)
-      if (p.mapKey[i] >= 0) {
+    for (const PairState::MapEntry& e : p.map)
+      if (e.key >= 0) {
         ++mapped;
-        const int32_t s = p.mapSlot[i];
-        if (s < 0 || s >= p.capacity || p.slotChunk[size_t(s)] != p.mapKey[i]) return at + "map entry for chunk " + std::to_string(p.mapKey[i]) + " points at a slot holding another chunk";
+        const int32_t s = e.slot;
+        if (s < 0 || s >= p.capacity || p.slotChunk[size_t(s)] != e.key) return at + "map entry for chunk " + std::to_string(e.key) + " points at a slot holding another chunk";
       }
     if (mapped != resident) return at + "map holds " + std::to_string(mapped) + " entries for " + std::to_string(resident) + " residents";
   }

@@ -73,12 +73,36 @@ struct PairState {
   std::vector<float> poolScore;    // lookahead pool score of the resident, valid when poolStamp == step
   std::vector<int64_t> poolStamp;
   std::vector<int32_t> freeSlots;  // stack
-  std::vector<int32_t> mapKey;     // chunk id, -1 = empty
-  std::vector<int32_t> mapSlot;
+  // chunk -> slot map. Key and slot share a bucket, so a lookup reads one cache line: a step looks
+  // up every selected chunk several times (split, admission, attention, mass), and the map is cold
+  // then (the select streamed the index through the caches).
+  struct MapEntry {
+    int32_t key;  // chunk id, -1 = empty
+    int32_t slot;
+  };
+  std::vector<MapEntry> map;
   uint32_t mapMask = 0;
   Counters total;
 
-  int32_t Find(int32_t chunk) const;
+  static uint32_t Hash(int32_t chunk) {
+    const uint32_t x = uint32_t(chunk) * 0x9E3779B1u;
+    return x ^ (x >> 15);
+  }
+  // Brings the map (and the per-slot arrays named by `fields`, SlotFields bits) into cache with one
+  // sequential pass, before a loop of `lookups` lookups. Their buckets and slots are scattered and
+  // the pair's arrays are cold at each step (the select streamed the index through the caches), so
+  // each lookup would miss; a sequential pass over a few tens of KiB costs a few microseconds. Skipped
+  // when the arrays hold many more lines than the loop would miss.
+  enum SlotFields : unsigned { kUseFields = 1, kRowsField = 2, kMassFields = 4 };
+  void Touch(size_t lookups, unsigned fields) const;
+  // The slot holding `chunk`, or -1 (inline: every lookup of a step's loops goes through here).
+  int32_t Find(int32_t chunk) const {
+    if (map.empty()) return -1;
+    for (uint32_t i = Hash(chunk) & mapMask;; i = (i + 1) & mapMask) {
+      if (map[i].key == chunk) return map[i].slot;
+      if (map[i].key < 0) return -1;
+    }
+  }
   void Insert(int32_t chunk, int32_t slot);
   void Erase(int32_t chunk);
 };
