@@ -39,6 +39,13 @@ export const DEMO_DEFAULTS = {
   threads: 2,
   /** With --storage: the prefill's observation window, prompt positions (SnapKV's default size). */
   obsWindow: 32,
+  /**
+   * With --storage: hot-tier windows (slots per kv head = windows x budget / chunk). A token-granular
+   * step touches ~0.6 x budget chunks (~2.4 x budget / chunk), so two windows held less than one
+   * step's chunks and the tier re-admitted a third of them every step. Three hold one step and a
+   * quarter. Tuned on `--seed 5 --layers 8 --dram-budget 1GiB` (bench/runtime-memory.md).
+   */
+  hotWindows: 3,
 };
 
 interface DemoCliOptions {
@@ -155,7 +162,7 @@ export function register(program: Command): void {
     .option('--micro-batch <n>', 'with --batch: entries per micro-batch', integerOption('--micro-batch', 1, 64), 1)
     .option('--storage <dir>', 'SSD store directory: also decode through the runtime memory model, layers streamed in, sealed to SSD (segments are deleted afterwards)')
     .option('--dram-budget <bytes>', 'with --storage: DRAM budget of the memory model, e.g. 4GiB (default 1GiB)', (v: string) => parseBytes(v, '--dram-budget'))
-    .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), 2)
+    .option('--hot-windows <n>', 'with --storage: hot tier in front, slots per kv head = n x budget / chunk, inside the DRAM budget (0 = none)', integerOption('--hot-windows', 0, 64), DEMO_DEFAULTS.hotWindows)
     .option('--stream-heads <n>', 'with --storage: a sequential step selects n kv heads at a time, their SSD reads in flight while the next are selected (default: all, no streaming)', integerOption('--stream-heads', 1, DEMO_DEFAULTS.kvHeads))
     .option('--obs-window <n>', "with --storage: hand prefill the queries of the prompt's last n positions (what a host's prefill computes), which rank the chunks the DRAM tier keeps and warm the hot tier (0 = none)", integerOption('--obs-window', 0, 4096), DEMO_DEFAULTS.obsWindow)
     .option('--tiers-only', 'with --storage: skip the dense / policy comparison table')
