@@ -46,7 +46,9 @@ export interface HotTierOptions {
   /**
    * Window ×N per (layer, kv head): one number for all, `windows[layer][head]`, or a window
    * allocation (windows.json from `kvdrive solve-windows`, validated against this shape).
-   * 0 retains nothing between steps.
+   * 0 retains nothing between steps. A window is sized for a chunk-granular selection; a
+   * token-granular one (the runtime's kvdrive default) spreads its K tokens over more chunks, up to
+   * K (~0.6 K on the demo workload, so ~2.4 windows per step: `kvdrive demo --storage` uses 3).
    */
   windows: number | number[][] | { version: 1; shape: { layers: number; kvHeads: number }; windows: number[][] };
   /** Hard limit on the tier's bytes (K/V slots plus metadata). */
