@@ -87,8 +87,11 @@ try {
       dtype: 'f16',
       hotTier: { windows: 3, maxBytes: hotBytes },
     };
+    // DRAM-only: room for every sequence's f16 K + V (B x L x T rows of K and V, 2 bytes each)
+    // twice over (the index, tails and hot tier fit in the second copy) plus 1 GiB.
+    const kvBytes = B * L * T * row * 2 * 2;
     const rt = await openRuntime(
-      ssd ? { ...base, dramBudget: B * Number(a['dram-budget']), ssd: { dir: join(root, name), direct: true } } : { ...base, dramBudget: 2 * B * L * T * row * 2 * 2 + 2 ** 30 },
+      ssd ? { ...base, dramBudget: B * Number(a['dram-budget']), ssd: { dir: join(root, name), direct: true } } : { ...base, dramBudget: 2 * kvBytes + 2 ** 30 },
     );
     const seqs: number[] = [];
     rows.push({ name, rt, seqs, ssd, ms: 0, cpu: 0, n: 0 });
