@@ -49,14 +49,20 @@ const budget = 2048;
 const shape = { layers: L, qHeads: 32, kvHeads: 8, headDim: 128 };
 const row = shape.kvHeads * shape.headDim;
 const qLen = shape.qHeads * shape.headDim;
-if (!(T > 0 && L > 0 && B > 0 && S > 1)) throw new Error('--context, --layers, --batch must be positive and --steps at least 2');
+const perSeqBudget = Number(a['dram-budget']);
+const seed = Number(a.seed);
+const whole = (x: number, min: number) => Number.isInteger(x) && x >= min;
+if (!(whole(T, 1) && whole(L, 1) && whole(B, 1) && whole(S, 2) && whole(perSeqBudget, 1) && whole(seed, 0)))
+  throw new Error(
+    `expected whole numbers: --context, --layers, --batch, --dram-budget >= 1, --steps >= 2, --seed >= 0; got ${[a.context, a.layers, a.batch, a['dram-budget'], a.steps, a.seed].join(', ')}`,
+  );
 
 const distRoot = a.dist ? resolve(a.dist) : undefined;
 const { openRuntime } = (await import(distRoot ? pathToFileURL(join(distRoot, 'src/runtime/runtime.js')).href : '../src/runtime/runtime.js')) as {
   openRuntime: (o: RuntimeOptions) => Promise<Runtime>;
 };
 
-const trace = generateSyntheticTrace({ ...shape, promptTokens: T, decodeSteps: S, dtype: 'f16', seed: Number(a.seed) });
+const trace = generateSyntheticTrace({ ...shape, promptTokens: T, decodeSteps: S, dtype: 'f16', seed });
 // The hot tier's bytes for one sequence at this budget and window count, times the batch.
 const probe = new HotTier({ layers: L, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype: 'f16', chunkSize: 4, budget, windows: 3, maxBytes: 2 ** 52 });
 const hotBytes = probe.info().bytes * B;
@@ -91,7 +97,7 @@ try {
     // twice over (the index, tails and hot tier fit in the second copy) plus 1 GiB.
     const kvBytes = B * L * T * row * 2 * 2;
     const rt = await openRuntime(
-      ssd ? { ...base, dramBudget: B * Number(a['dram-budget']), ssd: { dir: join(root, name), direct: true } } : { ...base, dramBudget: 2 * kvBytes + 2 ** 30 },
+      ssd ? { ...base, dramBudget: B * perSeqBudget, ssd: { dir: join(root, name), direct: true } } : { ...base, dramBudget: 2 * kvBytes + 2 ** 30 },
     );
     const seqs: number[] = [];
     rows.push({ name, rt, seqs, ssd, ms: 0, cpu: 0, n: 0 });
@@ -136,7 +142,7 @@ try {
   const per = (r: Row) => r.ms / r.n;
   const dram = rows.filter((r) => !r.ssd);
   const best = dram.length ? Math.min(...dram.map(per)) : NaN;
-  console.log(`context ${T}, ${L} layers, batch ${B}, steps ${S} (first not timed), seed ${a.seed}, DRAM+SSD budget ${Number(a['dram-budget']) / 2 ** 20} MiB per sequence${distRoot ? `, runtime from ${distRoot}` : ''}`);
+  console.log(`context ${T}, ${L} layers, batch ${B}, steps ${S} (first not timed), seed ${seed}, DRAM+SSD budget ${perSeqBudget / 2 ** 20} MiB per sequence${distRoot ? `, runtime from ${distRoot}` : ''}`);
   console.log('| row | ms per entry | CPU ms per entry | DRAM-only (same mode) / row | fastest DRAM-only / row |');
   console.log('|---|---:|---:|---:|---:|');
   for (const r of rows) {
