@@ -1,4 +1,4 @@
-import { appendFileSync, readFileSync, readdirSync, readSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, readSync, symlinkSync, truncateSync, writeFileSync, openSync, writeSync, closeSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { SsdStore, type StoreShape } from '../src/storage/ssd-store.js';
@@ -288,6 +288,25 @@ describe('SSD store integrity and errors', () => {
     await expectKvdError(() => s.readChunks('a', 0, 0, [0]), 'E_CLOSED', /closed/);
     await expectKvdError(() => s.writeSegment('q', segmentKv(shape, 16, 1)), 'E_CLOSED', /closed/);
   });
+
+  // Node 20's recursive mkdir spins forever on such paths (a parent that exists, a child the kernel
+  // answers ENOENT for): each open must fail at once with an error naming the directory.
+  it('refuses a store directory that cannot be made, promptly: under /proc, behind a dangling link, a file', async () => {
+    if (existsSync('/proc/self')) {
+      await expectKvdError(() => SsdStore.open({ dir: '/proc/kvdrive-store', shape }), 'E_NOT_FOUND', /creating \/proc\/kvdrive-store: expected a directory that can be made in \/proc/);
+      await expectKvdError(() => SsdStore.open({ dir: '/proc/kvdrive-store/a/b', shape }), 'E_NOT_FOUND', /creating \/proc\/kvdrive-store/);
+    }
+    const root = tempDir('mkdir');
+    mkdirSync(root, { recursive: true });
+    symlinkSync(join(root, 'missing'), join(root, 'dangling'));
+    await expectKvdError(() => SsdStore.open({ dir: join(root, 'dangling'), shape }), 'E_NOT_FOUND', /dangling link/);
+    await expectKvdError(() => SsdStore.open({ dir: join(root, 'dangling', 'x', 'y'), shape }), 'E_NOT_FOUND', /dangling/);
+    writeFileSync(join(root, 'file'), 'x');
+    await expectKvdError(() => SsdStore.open({ dir: join(root, 'file', 'x'), shape }), 'E_IO', /ENOTDIR/);
+    // Missing parents are still made.
+    const s = await openStore({ dir: join(root, 'p', 'q', 'r'), shape });
+    await s.close();
+  }, 10_000);
 
   it('maps ENOSPC to E_NOSPC via the native write hook; nothing listed, others readable', async () => {
     const dir = tempDir('nospc-hook');

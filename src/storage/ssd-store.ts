@@ -9,8 +9,8 @@
  * fsync dir). After a crash the store therefore holds each segment whole or not at all; files the
  * manifest does not list (leftovers of an interrupted write) are deleted at open.
  */
-import { mkdir, open as openFile, readdir, readFile, rename, rm, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { mkdir, open as openFile, readdir, readFile, rename, rm, stat, unlink } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
 import { z } from 'zod';
 import { describe as describeValue, fail, fromNative, KvdriveError } from '../errors.js';
 import { native } from '../native.js';
@@ -173,6 +173,45 @@ function errnoToKvd(e: unknown, what: string): KvdriveError {
   return new KvdriveError('E_IO', msg, { cause: e });
 }
 
+const errnoOf = (e: unknown): string | undefined => (e as { code?: string }).code;
+
+/**
+ * Creates directory `dir` and its missing parents (`mkdir -p`). Not `mkdir(dir, { recursive: true })`:
+ * Node 20's spins forever (a core at 100%, the promise never settles) when a parent exists but the
+ * kernel still answers ENOENT for the child — a path under /proc, a dangling symbolic link — so a
+ * host given such a storage directory would hang without a word. Here each level is created at most
+ * twice: once, and once more after its parents were made.
+ */
+async function makeDirectory(dir: string): Promise<void> {
+  dir = resolve(dir);
+  try {
+    await mkdir(dir);
+    return;
+  } catch (e) {
+    if (errnoOf(e) === 'EEXIST') return checkDirectory(dir);
+    const parent = dirname(dir);
+    if (errnoOf(e) !== 'ENOENT' || parent === dir) throw errnoToKvd(e, `creating ${dir}`);
+    await makeDirectory(parent);
+  }
+  try {
+    await mkdir(dir);
+  } catch (e) {
+    if (errnoOf(e) === 'EEXIST') return checkDirectory(dir);
+    throw errnoToKvd(e, `creating ${dir}: expected a directory that can be made in ${dirname(dir)} (which exists); mkdir said`);
+  }
+}
+
+/** `dir` exists: it must be a directory (stat follows links, so a dangling one fails here). */
+async function checkDirectory(dir: string): Promise<void> {
+  let isDir: boolean;
+  try {
+    isDir = (await stat(dir)).isDirectory();
+  } catch (e) {
+    throw errnoToKvd(e, `creating ${dir}: it exists but cannot be opened (a dangling link?)`);
+  }
+  if (!isDir) throw new KvdriveError('E_IO', `creating ${dir}: expected a directory, got a file that is not one`);
+}
+
 async function fsyncDir(dir: string): Promise<void> {
   const d = await openFile(dir, 'r');
   try {
@@ -224,11 +263,7 @@ export class SsdStore {
     if (text === undefined) {
       if (!create) throw new KvdriveError('E_NOT_FOUND', `SSD store ${dir}: expected a store with ${MANIFEST}, got none (pass create: true to make one)`);
       if (!shape) fail('E_CONFIG', 'SsdStore options.shape', 'a shape to create a new store', undefined);
-      try {
-        await mkdir(dir, { recursive: true });
-      } catch (e) {
-        throw errnoToKvd(e, `creating ${dir}`);
-      }
+      await makeDirectory(dir);
       manifest = { format: 'kvdrive-ssd-store', version: SSD_MANIFEST_VERSION, shape, segments: [] };
       await SsdStore.writeManifest(dir, manifest);
     } else {
