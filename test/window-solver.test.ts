@@ -158,5 +158,8 @@ describe('window solver (MCKP)', () => {
     expect(parseBytes('64KiB')).toBe(65536);
     expect(parseBytes('1.5MB')).toBe(1_500_000);
     await expectKvdError(() => parseBytes('lots'), 'E_CONFIG', /byte count/);
+    expect(parseBytes('2TiB')).toBe(2 ** 41);
+    await expectKvdError(() => parseBytes('999999999GiB'), 'E_CONFIG', /at most 9007199254740991 \(8 PiB\), got "999999999GiB"/);
+    await expectKvdError(() => parseBytes('99999999999999999999'), 'E_CONFIG', /at most 9007199254740991/);
   });
 });

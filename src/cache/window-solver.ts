@@ -290,9 +290,13 @@ export function parseWindowAllocation(value: unknown, shape: { layers: number; k
 /** Parses a byte count: an integer, optionally with K/M/G (×1000) or KiB/MiB/GiB (×1024) suffix. */
 export function parseBytes(text: string, what = 'budget'): number {
   if (typeof text !== 'string') fail('E_CONFIG', String(what), 'a byte count like 65536, 64KiB or 1.5MB (a string)', text);
-  const m = /^\s*(\d+(?:\.\d+)?)\s*(|k|kb|m|mb|g|gb|kib|mib|gib)\s*$/i.exec(text);
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(|k|kb|m|mb|g|gb|t|tb|kib|mib|gib|tib)\s*$/i.exec(text);
   if (!m) throw new KvdriveError('E_CONFIG', `${what}: expected a byte count like 65536, 64KiB or 1.5MB, got ${JSON.stringify(text)}`);
-  const mult: Record<string, number> = { '': 1, k: 1e3, kb: 1e3, m: 1e6, mb: 1e6, g: 1e9, gb: 1e9, kib: 1024, mib: 1 << 20, gib: 1 << 30 };
+  const mult: Record<string, number> = { '': 1, k: 1e3, kb: 1e3, m: 1e6, mb: 1e6, g: 1e9, gb: 1e9, t: 1e12, tb: 1e12, kib: 1024, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40 };
   const v = Math.floor(Number(m[1]) * mult[m[2]!.toLowerCase()]!);
+  // Past 2^53 bytes (8 PiB) a count is no longer exact in a double: refused here, not passed on as a
+  // "positive integer" that a later check could only call wrong without saying why.
+  if (!Number.isSafeInteger(v))
+    throw new KvdriveError('E_CONFIG', `${what}: expected a byte count of at most ${Number.MAX_SAFE_INTEGER} (8 PiB), got ${JSON.stringify(text)}`);
   return v;
 }
