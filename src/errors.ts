@@ -21,6 +21,7 @@ export const ErrorCodes = [
   'E_VERSION', // file of an unsupported format version
   'E_IO', // other I/O failure
   'E_NOSPC', // disk full
+  'E_BUSY', // a store directory another open runtime holds
   'E_NOMEM', // allocation failure / memory budget exceeded
   'E_WORKER', // a worker thread failed
   'E_CLOSED', // use after close

@@ -111,7 +111,7 @@ describe('Runtime memory model', () => {
       await rt.close();
       expect(fds(), `${name}: file descriptors after close`).toBe(fdsBefore);
       // close deletes the runtime's segments
-      if (opts.ssd) expect(readdirSync(opts.ssd.dir).filter((f) => !f.startsWith('manifest')).length).toBe(0);
+      if (opts.ssd) expect(readdirSync(opts.ssd.dir).filter((f) => f.endsWith('.kvseg')).length).toBe(0);
     }
   });
 

@@ -2,7 +2,7 @@
 // selected chunks not in DRAM are read from the SsdStore segments; outputs are bit-identical to the
 // DRAM-only runtime in both modes (a prompt that is not a whole number of chunks, 8 query heads per
 // 2 kv heads), and close() deletes the runtime's segments and leaves no file descriptors or threads.
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { cpSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -180,6 +180,27 @@ describe('SSD-backed runtime', () => {
     expect(again.map(bits)).toEqual((await decode(ref, 1, 9)).map(bits));
     await ref.close();
     await rt.close();
+  });
+
+  it('one runtime per directory (E_BUSY until it closes); the segments of a runtime that never closed are deleted at the next open', async () => {
+    const dir = tmp();
+    const opts: RuntimeOptions = { shape, budget: 16, maxSequences: 1, maxTokens: 512 };
+    const dramBudget = await tierBudget(opts, 0.25);
+    const rt = await openRuntime({ ...opts, dramBudget, ssd: { dir } });
+    await expectKvdError(() => openRuntime({ ...opts, dramBudget, ssd: { dir } }), 'E_BUSY', /close that runtime first/);
+    const first = await decode(rt, 1, 9);
+    // What a runtime whose process died leaves: a manifest listing its segments, and their files.
+    const dead = tmp();
+    for (const f of readdirSync(dir)) if (f !== 'LOCK') cpSync(join(dir, f), join(dead, f));
+    expect(readdirSync(dead).filter((f) => f.endsWith('.kvseg')).length).toBeGreaterThan(0);
+    await rt.close();
+    const reopened = await openRuntime({ ...opts, dramBudget, ssd: { dir } });
+    await reopened.close();
+    // The same segment ids are free again: the decode seals them anew and gives the same outputs.
+    const next = await openRuntime({ ...opts, dramBudget, ssd: { dir: dead } });
+    expect(readdirSync(dead).filter((f) => f.endsWith('.kvseg'))).toEqual([]);
+    expect((await decode(next, 1, 9)).map(bits)).toEqual(first.map(bits));
+    await next.close();
   });
 
   it('rejects bad ssd options', async () => {

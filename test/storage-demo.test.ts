@@ -62,8 +62,8 @@ describe('kvdrive demo --storage', () => {
     // The process's real memory is read and compared (the figures, not a constant).
     expect(t.memory.budgetBytes).toBe(90 * 2 ** 20);
     expect(t.memory.measuredBytes).toBeGreaterThan(t.memory.overhead[0]!.bytes);
-    // Segments are deleted afterwards; the store's manifest stays.
-    expect(readdirSync(dir)).toEqual(['manifest.json']);
+    // Segments are deleted afterwards; the store's manifest and (empty) lock file stay.
+    expect(readdirSync(dir).sort()).toEqual(['LOCK', 'manifest.json']);
     const text = await run(['--storage', dir, '--tiers-only', '--hot-windows', '0', '--obs-window', '0']);
     expect(text).toMatch(/hot tier 0 B \(window x0\)/);
     expect(text).toMatch(/no observation window \(the DRAM tier fills in chunk order\)/);

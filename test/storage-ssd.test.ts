@@ -117,7 +117,7 @@ describe('SSD store integrity and errors', () => {
       // f16, head dim 256, 4 tokens: 4096-byte chunks, so every chunk is one aligned page.
       const big: StoreShape = { layers: 1, kvHeads: 2, headDim: 256, dtype: 'f16', chunkSize: 4 };
       const dir = tempDir('partial');
-      const store = await openStore({ dir, shape: big, kind: 'pread', direct, coalesceGapBytes: 0 });
+      let store = await openStore({ dir, shape: big, kind: 'pread', direct, coalesceGapBytes: 0 });
       expect(store.chunkBytes).toBe(4096);
       const data = segmentKv(big, 128, 11); // 32 chunks per region
       await store.writeSegment('p', { ...data, extentChunks: 8 }); // 4 extents of 8 chunks
@@ -130,10 +130,13 @@ describe('SSD store integrity and errors', () => {
       expect(st.runs).toBe(4); // [1, 2], [6], [17], [31]
       expect(st.bytesRead).toBe(ids.length * 4096); // only the requested pages
       // The store's default gap (32 KiB) reads 2 -> 6 (3 pages apart) as one I/O, not 6 -> 17 (10 pages).
+      // (One open store per directory: the gap-less one is closed, and opened again after.)
+      await store.close();
       const gapped = await openStore({ dir, kind: 'pread', direct });
       const g = await gapped.readBatch([{ segment: 'p', layer: 0, kvHead: 1, chunkIds: ids }], new Uint8Array(ids.length * 4096));
       expect([g.runs, g.bytesRead]).toEqual([3, (6 + 1 + 1) * 4096]);
       await gapped.close();
+      store = await openStore({ dir, kind: 'pread', direct, coalesceGapBytes: 0 });
       // A flipped byte in chunk 6 fails reads of chunk 6 only; its extent neighbours stay readable.
       const ext = store.extents('p', 0, 1);
       flipByte(join(dir, 'p.kvseg'), ext.offsets[0]! + 6 * 4096 + 100, 0x01);
@@ -262,6 +265,7 @@ describe('SSD store integrity and errors', () => {
     v.writeUInt32LE(1);
     writeSync(fd1, v, 0, 4, size - 64 + 8);
     closeSync(fd1);
+    await r.close();
     const r1 = await openStore({ dir });
     await expectKvdError(() => r1.readChunks('v', 0, 0, [0]), 'E_VERSION', /got 1 \(version 1 kept one checksum per extent.*re-create the store/);
   });
@@ -282,9 +286,9 @@ describe('SSD store integrity and errors', () => {
     await expectKvdError(() => s.writeSegment('b', { ...segmentKv(shape, 16, 1), clusters: cl }), 'E_RANGE', /chunk id in \[0, 4\), got 9/);
     await expectKvdError(() => SsdStore.open({ dir: tempDir('x'), shape, queueDepth: 0 }), 'E_CONFIG', /queueDepth/);
     await expectKvdError(() => SsdStore.open({ dir: tempDir('y') }), 'E_CONFIG', /shape/);
-    await expectKvdError(() => SsdStore.open({ dir, shape: { ...shape, headDim: 16 } }), 'E_CONFIG', /stored shape/);
     await expectKvdError(() => SsdStore.open({ dir: tempDir('z'), create: false }), 'E_NOT_FOUND', /manifest/);
     await s.close();
+    await expectKvdError(() => SsdStore.open({ dir, shape: { ...shape, headDim: 16 } }), 'E_CONFIG', /stored shape/);
     await expectKvdError(() => s.readChunks('a', 0, 0, [0]), 'E_CLOSED', /closed/);
     await expectKvdError(() => s.writeSegment('q', segmentKv(shape, 16, 1)), 'E_CLOSED', /closed/);
   });
@@ -308,6 +312,46 @@ describe('SSD store integrity and errors', () => {
     await s.close();
   }, 10_000);
 
+  it("touches no file it did not write: a new store in a used directory, and leftovers at reopen", async () => {
+    const dir = tempDir('foreign');
+    writeFileSync(join(dir, 'notes.tmp'), 'mine');
+    writeFileSync(join(dir, 'data.txt'), 'mine');
+    const s = await openStore({ dir, shape });
+    await s.writeSegment('a', segmentKv(shape, 16, 1));
+    await s.close();
+    // Leftovers of an interrupted write beside the user's files: only the store's own go.
+    writeFileSync(join(dir, 'b.kvseg.tmp'), 'partial');
+    writeFileSync(join(dir, 'c.kvseg'), 'never listed');
+    writeFileSync(join(dir, 'manifest.json.tmp'), 'partial');
+    const r = await openStore({ dir });
+    expect(r.segments().map((x) => x.id)).toEqual(['a']);
+    await r.close();
+    expect(readdirSync(dir).sort()).toEqual(['LOCK', 'a.kvseg', 'data.txt', 'manifest.json', 'notes.tmp']);
+    // Segment files without a manifest: a store that lost it, refused rather than written over.
+    const orphan = tempDir('orphan');
+    writeFileSync(join(orphan, 'x.kvseg'), 'segment');
+    await expectKvdError(() => SsdStore.open({ dir: orphan, shape }), 'E_CONFIG', /1 segment file\(s\) \(x\.kvseg\) and no manifest\.json/);
+    expect(readdirSync(orphan)).toEqual(['x.kvseg']);
+  });
+
+  it('one open store per directory: a second open is E_BUSY until close; a failed open holds nothing', async () => {
+    const dir = tempDir('lock');
+    const a = await openStore({ dir, shape });
+    await expectKvdError(() => SsdStore.open({ dir, shape }), 'E_BUSY', /expected a store no other runtime has open/);
+    await expectKvdError(() => SsdStore.open({ dir }), 'E_BUSY', /LOCK/);
+    await a.close();
+    await a.close();
+    await expectKvdError(() => SsdStore.open({ dir, shape: { ...shape, headDim: 16 } }), 'E_CONFIG', /stored shape/);
+    const b = await openStore({ dir });
+    await b.close();
+    expect(readdirSync(dir).sort()).toEqual(['LOCK', 'manifest.json']);
+    // Only descriptors storeLock returned are closed.
+    await expectKvdError(() => native.storeUnlock(0), 'E_RANGE', /descriptor storeLock returned/);
+    await expectKvdError(() => native.storeUnlock('3'), 'E_TYPE', /descriptor/);
+    await expectKvdError(() => native.storeLock(''), 'E_CONFIG', /non-empty path/);
+    await expectKvdError(() => native.storeLock(join(dir, 'missing', 'LOCK')), 'E_NOT_FOUND', /opening the store lock/);
+  });
+
   it('maps ENOSPC to E_NOSPC via the native write hook; nothing listed, others readable', async () => {
     const dir = tempDir('nospc-hook');
     const s = await openStore({ dir, shape, kind: 'pread' });
@@ -320,7 +364,7 @@ describe('SSD store integrity and errors', () => {
       native.ioTestHooks({ failWritesAfterBytes: -1 });
     }
     expect(s.segments().map((x) => x.id)).toEqual(['ok']);
-    expect(readdirSync(dir).sort()).toEqual(['manifest.json', 'ok.kvseg']);
+    expect(readdirSync(dir).sort()).toEqual(['LOCK', 'manifest.json', 'ok.kvseg']);
     expect(await s.readChunks('ok', 1, 0, [2])).toEqual(expectedChunk(shape, good, 1, 0, 2));
   });
 });

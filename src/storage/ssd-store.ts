@@ -6,8 +6,10 @@
  *
  * Durability: a segment file is written to `<name>.tmp`, fsynced, renamed and its directory fsynced
  * before the manifest lists it; the manifest itself is replaced the same way (temp, fsync, rename,
- * fsync dir). After a crash the store therefore holds each segment whole or not at all; files the
- * manifest does not list (leftovers of an interrupted write) are deleted at open.
+ * fsync dir). After a crash the store therefore holds each segment whole or not at all; the store's
+ * own files that the manifest does not list (leftovers of an interrupted write: segments and temporary
+ * files) are deleted at open. Nothing else in the directory is ever touched. One open store at a
+ * time holds a directory (an flock on its LOCK file, dropped by the kernel if the process dies).
  */
 import { mkdir, open as openFile, readdir, readFile, rename, rm, stat, unlink } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
@@ -24,6 +26,8 @@ import { IoEngine, type IoEngineInfo, ioEngineOptionsSchema, type IoEngineOption
  */
 export const SSD_MANIFEST_VERSION = 2;
 const MANIFEST = 'manifest.json';
+/** The directory's lock file (native/storage/store_lock.cc): empty, kept; the flock on it is the lock. */
+const LOCK = 'LOCK';
 const SEGMENT_EXT = '.kvseg';
 
 /** The KV geometry every segment of a store shares. */
@@ -173,6 +177,9 @@ function errnoToKvd(e: unknown, what: string): KvdriveError {
   return new KvdriveError('E_IO', msg, { cause: e });
 }
 
+/** Files a store writes besides its manifest: segments and the temporary files of both. */
+const isStoreFile = (f: string): boolean => f.endsWith(SEGMENT_EXT) || f.endsWith(`${SEGMENT_EXT}.tmp`) || f === `${MANIFEST}.tmp`;
+
 const errnoOf = (e: unknown): string | undefined => (e as { code?: string }).code;
 
 /**
@@ -240,7 +247,11 @@ export class SsdStore {
   private readonly inflight = new Set<Promise<unknown>>();
   private closed = false;
 
-  private constructor(dir: string, shape: StoreShape, engine: IoEngine, direct: boolean) {
+  /** Descriptor of the directory's lock (native storeLock), released at close. */
+  private readonly lock: number;
+
+  private constructor(dir: string, shape: StoreShape, engine: IoEngine, direct: boolean, lock: number) {
+    this.lock = lock;
     this.dir = dir;
     this.shape = shape;
     this.chunkBytes = chunkBytesOf(shape);
@@ -248,9 +259,37 @@ export class SsdStore {
     this.direct = direct;
   }
 
-  /** Opens (or creates) a store; removes files of interrupted writes; validates every listed segment. */
+  /**
+   * Opens (or creates) a store; removes files of interrupted writes; validates every listed segment.
+   * The store holds its directory's lock until close(): a second open of the directory, in this
+   * process or another, is E_BUSY until then.
+   */
   static async open(options: SsdStoreOptions): Promise<SsdStore> {
     const o = parseOptions(ssdStoreOptionsSchema, options, 'SsdStore options');
+    const { dir, shape, create = true } = o;
+    // The lock file is made only in a directory that is, or is about to become, a store.
+    if (create && shape) await makeDirectory(dir);
+    if (!(await stat(join(dir, MANIFEST)).then(() => true, () => false))) {
+      if (!create) throw new KvdriveError('E_NOT_FOUND', `SSD store ${dir}: expected a store with ${MANIFEST}, got none (pass create: true to make one)`);
+      if (!shape) fail('E_CONFIG', 'SsdStore options.shape', 'a shape to create a new store', undefined);
+      // The directory may hold anyone's files: none is touched. Segment files without a manifest,
+      // though, are a store that lost its manifest (never a state an interrupted write leaves):
+      // refused rather than written over.
+      const stray = (await readdir(dir)).filter((f) => isStoreFile(f) && f !== `${MANIFEST}.tmp`);
+      if (stray.length > 0)
+        throw new KvdriveError('E_CONFIG', `SSD store ${dir}: expected an empty directory or a store with ${MANIFEST}, got ${stray.length} segment file(s) (${stray.slice(0, 3).join(', ')}) and no ${MANIFEST}: move them away or pick another directory`);
+    }
+    const lock = native.storeLock(join(dir, LOCK)) as number;
+    try {
+      return await SsdStore.openLocked(o, lock);
+    } catch (e) {
+      native.storeUnlock(lock);
+      throw e;
+    }
+  }
+
+  /** open() once the directory's lock is held (`lock`: its descriptor, kept by the store). */
+  private static async openLocked(o: z.infer<typeof ssdStoreOptionsSchema>, lock: number): Promise<SsdStore> {
     const { dir, shape, create = true, direct = false, ...engineOptions } = o;
     const manifestPath = join(dir, MANIFEST);
     let manifest: Manifest;
@@ -263,7 +302,6 @@ export class SsdStore {
     if (text === undefined) {
       if (!create) throw new KvdriveError('E_NOT_FOUND', `SSD store ${dir}: expected a store with ${MANIFEST}, got none (pass create: true to make one)`);
       if (!shape) fail('E_CONFIG', 'SsdStore options.shape', 'a shape to create a new store', undefined);
-      await makeDirectory(dir);
       manifest = { format: 'kvdrive-ssd-store', version: SSD_MANIFEST_VERSION, shape, segments: [] };
       await SsdStore.writeManifest(dir, manifest);
     } else {
@@ -273,16 +311,15 @@ export class SsdStore {
         const b = JSON.stringify(shape);
         if (a !== b) fail('E_CONFIG', `SsdStore options.shape for ${dir}`, `the stored shape ${a}`, b);
       }
+      // Leftovers of interrupted writes: the temporary files this store writes, and segment files
+      // the manifest does not list (never sealed). Nothing else in the directory is touched.
+      const listed = new Set(manifest.segments.map((s) => s.file));
+      for (const f of await readdir(dir))
+        if (isStoreFile(f) && !listed.has(f)) await rm(join(dir, f), { force: true });
     }
     const gap = engineOptions.coalesceGapBytes ?? Math.min(SSD_DEFAULT_GAP_BYTES, engineOptions.maxIoBytes ?? 256 << 10);
     const engine = new IoEngine({ ...engineOptions, coalesceGapBytes: gap });
-    const store = new SsdStore(dir, manifest.shape, engine, direct);
-    // Remove leftovers of interrupted writes (not listed => never sealed).
-    const listed = new Set(manifest.segments.map((s) => s.file));
-    for (const f of await readdir(dir)) {
-      if (f === MANIFEST) continue;
-      if (f.endsWith('.tmp') || (f.endsWith(SEGMENT_EXT) && !listed.has(f))) await rm(join(dir, f), { force: true });
-    }
+    const store = new SsdStore(dir, manifest.shape, engine, direct, lock);
     for (const entry of manifest.segments) {
       try {
         store.attach(entry);
@@ -490,6 +527,22 @@ export class SsdStore {
     await rm(join(this.dir, (s ?? b)!.entry.file), { force: true });
   }
 
+  /**
+   * Deletes every listed segment (open or corrupt) with one manifest update; returns how many.
+   * Segments being written meanwhile are not listed yet and stay.
+   */
+  async deleteAll(): Promise<number> {
+    this.check();
+    const gone = [...this.open.values(), ...this.broken.values()];
+    const handles = [...this.open.values()].map((s) => s.handle);
+    this.open.clear();
+    this.broken.clear();
+    await this.track(this.updateManifest());
+    for (const h of handles) native.segmentRelease(h);
+    for (const { entry } of gone) await rm(join(this.dir, entry.file), { force: true });
+    return gone.length;
+  }
+
   /** Layout of one (segment, layer, kv head): extent offsets/sizes and the chunk order on disk. */
   extents(id: string, layer: number, kvHead: number): { offsets: Float64Array; bytes: Float64Array; firstPos: Int32Array; chunks: Int32Array; order: Int32Array } {
     return native.segmentExtents(this.segment(id).handle, layer, kvHead);
@@ -560,5 +613,6 @@ export class SsdStore {
     for (const s of this.open.values()) native.segmentRelease(s.handle);
     this.open.clear();
     this.engine.close();
+    native.storeUnlock(this.lock);
   }
 }
