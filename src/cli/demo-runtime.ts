@@ -10,6 +10,7 @@
  * alternating every step), so both see the same machine load; outputs must be bit-identical to each
  * other and to the main run's.
  */
+import { existsSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { bytes, ms, table } from '../eval/format.js';
@@ -180,8 +181,11 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
       : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes + plan.selectArenaBytes + plan.ioBufferBytes;
   const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
   const runtimes: Runtime[] = [];
-  // A scratch store inside the demo's directory, deleted afterwards (the demo leaves only its manifest).
+  // A scratch store inside the demo's directory, deleted afterwards if this run made it (the demo
+  // leaves only its manifest); one an interrupted run left is reused (the runtime deletes its old
+  // segments at open) and kept, as a directory of that name the user made would be.
   const ratioDir = join(o.dir, '.ratio-scratch');
+  const madeRatioDir = !existsSync(ratioDir);
   const ms2 = [0, 0];
   const cpu2 = [0, 0];
   const stages2: Stages[] = [];
@@ -214,7 +218,7 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
     }
   } finally {
     for (const r of runtimes) await r.close();
-    await rm(ratioDir, { recursive: true, force: true });
+    if (madeRatioDir) await rm(ratioDir, { recursive: true, force: true });
   }
   const n = Math.max(1, R * (S - 1));
   const per = (x: Stages): Stages => ({ select: x.select / n, fetch: x.fetch / n, compute: x.compute / n });
