@@ -47,7 +47,8 @@ export interface RuntimeOptions {
    * micro-batch travels in a SharedArrayBuffer slot) while the SSD reads (I/O engine threads) and
    * the attention (native work off the JS thread) of others proceed. Appending the new tokens and
    * extending the indexes stay on the calling thread. A worker that dies is replaced and its
-   * micro-batch selected again. Outputs are bit-identical to 'sequential'.
+   * micro-batch selected again. Outputs are bit-identical to 'sequential'. Like a server, the
+   * worker keeps the process alive until close(): a host that never closes the runtime never exits.
    */
   mode?: 'sequential' | 'pipelined';
   /** Batch entries per micro-batch (default 1, at most 256). */
