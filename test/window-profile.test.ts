@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
@@ -121,5 +121,12 @@ describe('kvdrive profile / solve-windows', () => {
     await expectKvdError(() => cli(['profile', '--trace', tracePath, '--windows', '0,x']), 'E_CONFIG', /--windows/);
     await expectKvdError(() => cli(['profile', '--trace', tracePath, '--eviction', 'fifo']), 'E_POLICY', /--eviction/);
     await expectKvdError(() => cli(['profile', '--trace', tracePath, '--budget', '0']), 'E_BUDGET', /--budget/);
+    // Output paths: a directory in the way or a missing parent is a typed error naming the file, and
+    // nothing is left behind (the JSON goes to a temporary file renamed into place).
+    await expectKvdError(() => cli(['solve-windows', '--profile', dir, '--budget', '1MiB']), 'E_CONFIG', /expected a file, got a directory/);
+    await expectKvdError(() => cli(['solve-windows', '--profile', prof, '--budget', '1MiB', '--out', dir]), 'E_CONFIG', /window allocation .*: expected a file, got a directory/);
+    await expectKvdError(() => cli(['profile', '--trace', tracePath, '--windows', '1', '--budget', '16', '--steps', '1', '--out', join(dir, 'no', 'p.json')]), 'E_NOT_FOUND', /expected an existing directory to write into/);
+    expect(readdirSync(dir).filter((f) => f.includes('.partial-'))).toEqual([]);
+    await expectKvdError(() => generateSyntheticTrace({ ...small, layers: 1 }).write(dir), 'E_CONFIG', /expected a file to write, got a directory/);
   });
 });

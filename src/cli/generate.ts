@@ -5,8 +5,9 @@
  * runtime option is given, and dense otherwise. With the runtime the selection / fetch / compute
  * time and the tier traffic are printed at the end.
  */
+import { statSync } from 'node:fs';
 import type { Command } from 'commander';
-import { fail } from '../errors.js';
+import { KvdriveError, fail } from '../errors.js';
 import { choiceOption, integerOption, numberOption } from './options.js';
 import { createCliBackend, runtimeStatsLine, type BackendCliOptions } from './backend-choice.js';
 import { parseBytes } from '../cache/window-solver.js';
@@ -63,6 +64,9 @@ export function register(program: Command): void {
       const tokenizer = loadTokenizer(opts.tokenizer, { vocabSize: model.config.vocabSize });
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
+      // Checked before generating: the trace is written at the end.
+      if (opts.traceOut !== undefined && statSync(opts.traceOut, { throwIfNoEntry: false })?.isDirectory())
+        throw new KvdriveError('E_CONFIG', `option --trace-out: expected a file to write, got the directory ${opts.traceOut}`);
       const { backend, name: backendName } = createCliBackend(opts, attentionShape(model.config));
       try {
         const r = await generate({

@@ -65,7 +65,7 @@ export function register(program: Command): void {
           steps: o.steps,
           warmup: o.warmup,
         });
-        writeJsonFile(o.out, profile);
+        writeJsonFile(o.out, profile, 'profile');
         const lines = [`profile of ${o.trace}: ${profile.shape.layers} layers × ${profile.shape.kvHeads} kv heads, budget ${o.budget}, ${o.policy} + ${o.eviction}, ${profile.source!.steps} steps`];
         lines.push('window  fetched/step  resident      hit rate');
         for (const t of profileTotals(profile))

@@ -44,7 +44,7 @@ export function register(program: Command): void {
           );
       }
       const a = solveWindows(profile, { budgetBytes, method: o.method as SolveMethod });
-      writeJsonFile(o.out, a);
+      writeJsonFile(o.out, a, 'window allocation');
       const lines = [`method ${a.method}${a.quantised ? ' (quantised)' : ''}, ${a.solveMs.toFixed(1)} ms; windows ×N per (layer, kv head):`];
       a.windows.forEach((row, l) => lines.push(`  layer ${String(l).padStart(3)}: ${row.map((w) => String(w).padStart(2)).join(' ')}`));
       lines.push(`total cost ${a.totalCostBytes} of ${a.budgetBytes} bytes (minimum feasible ${a.minimumBytes})`);

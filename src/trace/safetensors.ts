@@ -13,7 +13,7 @@
  * in the declared order; it writes to a temporary name and renames on close, so a reader never
  * sees a half-written file under the final name.
  */
-import { open, rename, rm, type FileHandle } from 'node:fs/promises';
+import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { endianness } from 'node:os';
 import { KvdriveError, describe, fail } from '../errors.js';
 
@@ -446,6 +446,9 @@ export class SafetensorsWriter {
     const prefix = new Uint8Array(8);
     new DataView(prefix.buffer).setBigUint64(0, BigInt(json.length), true);
 
+    // A directory in the way would fail only the final rename, after every tensor was written.
+    if (await stat(path).then((st) => st.isDirectory(), () => false))
+      throw new KvdriveError('E_CONFIG', `${path}: expected a file to write, got a directory`);
     const tmpPath = `${path}.partial-${process.pid}`;
     let fh: FileHandle;
     try {
