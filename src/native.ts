@@ -45,6 +45,7 @@ function wrap(mod: NativeModule): NativeModule {
 const require = createRequire(import.meta.url);
 /** The addon, with errors translated. Typed per use site by the modules that wrap it. */
 export const native: NativeModule = wrap(require(findAddon()) as NativeModule);
+checkSimdEnv();
 
 /** CPU features and SIMD levels the addon found at load time. */
 export interface CpuFeatures {
@@ -64,6 +65,21 @@ export type SimdLevel = 'scalar' | 'avx2' | 'avx512';
 
 export function cpuFeatures(): CpuFeatures {
   return native.cpuFeatures() as CpuFeatures;
+}
+
+/**
+ * KVDRIVE_SIMD names the level the addon starts with. The addon ignores a value it cannot honour
+ * (a typo, a level this CPU lacks) and takes the best level: refused here instead, so that a run
+ * meant to measure or test one level never silently measures another.
+ */
+function checkSimdEnv(): void {
+  const want = process.env.KVDRIVE_SIMD;
+  if (!want) return;
+  const { levels } = cpuFeatures();
+  if (!(['scalar', 'avx2', 'avx512'] as string[]).includes(want))
+    throw new KvdriveError('E_CONFIG', `KVDRIVE_SIMD: expected scalar, avx2 or avx512 (or unset for the best level), got "${want}"`);
+  if (!(levels as string[]).includes(want))
+    throw new KvdriveError('E_CONFIG', `KVDRIVE_SIMD: expected a level this CPU has (${levels.join(', ')}), got "${want}"`);
 }
 
 /** Forces a SIMD level for all kernels in this process ('best' restores the default). */

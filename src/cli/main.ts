@@ -5,17 +5,21 @@
  */
 import { Command } from 'commander';
 import { isKvdriveError } from '../errors.js';
-import { commands } from './commands.js';
 
-const program = new Command();
-program
-  .name('kvdrive')
-  .description('Sparse, tiered KV-cache attention for long-context local inference')
-  .showHelpAfterError();
+async function main(): Promise<void> {
+  // Imported here, not at the top: loading the addon can fail with a typed error (not built, a bad
+  // KVDRIVE_SIMD), reported below like any other.
+  const { commands } = await import('./commands.js');
+  const program = new Command();
+  program
+    .name('kvdrive')
+    .description('Sparse, tiered KV-cache attention for long-context local inference')
+    .showHelpAfterError();
+  for (const register of commands) register(program);
+  await program.parseAsync(process.argv);
+}
 
-for (const register of commands) register(program);
-
-program.parseAsync(process.argv).catch((e: unknown) => {
+main().catch((e: unknown) => {
   if (isKvdriveError(e)) {
     process.stderr.write(`kvdrive: error ${e.code}: ${e.message}\n`);
     process.exit(2);
