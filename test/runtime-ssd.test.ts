@@ -201,6 +201,10 @@ describe('SSD-backed runtime', () => {
     expect(readdirSync(dead).filter((f) => f.endsWith('.kvseg'))).toEqual([]);
     expect((await decode(next, 1, 9)).map(bits)).toEqual(first.map(bits));
     await next.close();
+    // A runtime of another shape (f16 KV instead of f32) takes the directory over as well.
+    const f16 = await openRuntime({ ...opts, dtype: 'f16', dramBudget, ssd: { dir: dead } });
+    expect((await decode(f16, 1, 9)).length).toBe(first.length);
+    await f16.close();
   });
 
   it('rejects bad ssd options', async () => {

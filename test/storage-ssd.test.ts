@@ -352,6 +352,25 @@ describe('SSD store integrity and errors', () => {
     await expectKvdError(() => native.storeLock(join(dir, 'missing', 'LOCK')), 'E_NOT_FOUND', /opening the store lock/);
   });
 
+  it('reset: an existing store starts empty, in the new shape, its segments deleted and nothing else touched', async () => {
+    const dir = tempDir('reset');
+    writeFileSync(join(dir, 'mine.txt'), 'x');
+    const a = await openStore({ dir, shape });
+    await a.writeSegment('a', segmentKv(shape, 16, 1));
+    await a.close();
+    writeFileSync(join(dir, 'b.kvseg.tmp'), 'partial');
+    await expectKvdError(() => SsdStore.open({ dir, reset: true }), 'E_CONFIG', /shape to reset the store to/);
+    const wide = { ...shape, headDim: 16 };
+    const r = await openStore({ dir, shape: wide, reset: true });
+    expect(r.segments()).toEqual([]);
+    expect(r.shape).toEqual(wide);
+    await r.writeSegment('a', segmentKv(wide, 16, 2));
+    await r.close();
+    expect(readdirSync(dir).sort()).toEqual(['LOCK', 'a.kvseg', 'manifest.json', 'mine.txt']);
+    // Without reset a shape change is refused, naming both shapes.
+    await expectKvdError(() => SsdStore.open({ dir, shape }), 'E_CONFIG', /expected the stored shape \{"layers":2,.*"headDim":16.*got \{"layers":2/);
+  });
+
   it('maps ENOSPC to E_NOSPC via the native write hook; nothing listed, others readable', async () => {
     const dir = tempDir('nospc-hook');
     const s = await openStore({ dir, shape, kind: 'pread' });

@@ -121,16 +121,16 @@ export class MemoryRuntime {
           ...(init.ssd.io ?? {}),
           dir: init.ssd.dir,
           direct: init.ssd.direct ?? false,
+          // Segments already there were left by a runtime that never closed (its process died):
+          // their sequences died with it and nothing can read them again. Deleted, so that this
+          // runtime's segment ids are free and the disk space comes back; the shape is this one's.
+          reset: true,
           shape: { layers: 1, kvHeads: shape.kvHeads, headDim: shape.headDim, dtype, chunkSize: p.chunkSize },
         })
       : undefined;
     let hot: HotTier | undefined;
     let pipeline: Pipeline | undefined;
     try {
-      // Segments already in the store were left by a runtime that never closed (its process died):
-      // their sequences died with it and nothing can read them again. Deleted, so that this
-      // runtime's segment ids are free and the disk space comes back.
-      if (ssd) await ssd.deleteAll();
       const memory = KvMemory.open({ ...config, ssd });
       hot = init.hotTier ? new HotTier(init.hotTier) : undefined;
       let select: { pipeline: Pipeline; arena: SelectArena } | undefined;

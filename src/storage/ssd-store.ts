@@ -67,6 +67,13 @@ export interface SsdStoreOptions extends IoEngineOptions {
   /** Open segment files with O_DIRECT (default false; aligned bounce reads, no page cache; ignored by kind 'mmap'). */
   direct?: boolean;
   /**
+   * Start empty (default false; needs `shape`): an existing store's segments and temporary files
+   * are deleted and its manifest rewritten for `shape`, whatever shape it had. For a store used as
+   * scratch, as the runtime's is (its sequences live in the process: what a runtime that never
+   * closed left can never be read again).
+   */
+  reset?: boolean;
+  /**
    * Chunks of one read separated by at most this many bytes in the file are read as one I/O
    * (default for a store: {@link SSD_DEFAULT_GAP_BYTES}, at most maxIoBytes).
    */
@@ -87,6 +94,7 @@ const ssdStoreOptionsSchema = ioEngineOptionsSchema.extend({
   shape: storeShapeSchema.optional(),
   create: z.boolean().optional(),
   direct: z.boolean().optional(),
+  reset: z.boolean().optional(),
 });
 
 /** Cluster membership of one (layer, kv head): CSR offsets over chunkIds (a permutation of chunks). */
@@ -267,6 +275,7 @@ export class SsdStore {
   static async open(options: SsdStoreOptions): Promise<SsdStore> {
     const o = parseOptions(ssdStoreOptionsSchema, options, 'SsdStore options');
     const { dir, shape, create = true } = o;
+    if (o.reset && !shape) fail('E_CONFIG', 'SsdStore options.shape', 'a shape to reset the store to (reset: true)', undefined);
     // The lock file is made only in a directory that is, or is about to become, a store.
     if (create && shape) await makeDirectory(dir);
     if (!(await stat(join(dir, MANIFEST)).then(() => true, () => false))) {
@@ -290,7 +299,7 @@ export class SsdStore {
 
   /** open() once the directory's lock is held (`lock`: its descriptor, kept by the store). */
   private static async openLocked(o: z.infer<typeof ssdStoreOptionsSchema>, lock: number): Promise<SsdStore> {
-    const { dir, shape, create = true, direct = false, ...engineOptions } = o;
+    const { dir, shape, create = true, direct = false, reset = false, ...engineOptions } = o;
     const manifestPath = join(dir, MANIFEST);
     let manifest: Manifest;
     let text: string | undefined;
@@ -299,17 +308,20 @@ export class SsdStore {
     } catch (e) {
       if ((e as { code?: string }).code !== 'ENOENT') throw errnoToKvd(e, `reading ${manifestPath}`);
     }
-    if (text === undefined) {
-      if (!create) throw new KvdriveError('E_NOT_FOUND', `SSD store ${dir}: expected a store with ${MANIFEST}, got none (pass create: true to make one)`);
+    if (text === undefined || reset) {
+      if (!create && text === undefined) throw new KvdriveError('E_NOT_FOUND', `SSD store ${dir}: expected a store with ${MANIFEST}, got none (pass create: true to make one)`);
       if (!shape) fail('E_CONFIG', 'SsdStore options.shape', 'a shape to create a new store', undefined);
       manifest = { format: 'kvdrive-ssd-store', version: SSD_MANIFEST_VERSION, shape, segments: [] };
       await SsdStore.writeManifest(dir, manifest);
+      // reset: the old manifest (readable or not) is replaced first, so every segment file is
+      // unlisted before it goes; a crash in between leaves only leftovers the next open removes.
+      if (text !== undefined) for (const f of await readdir(dir)) if (isStoreFile(f)) await rm(join(dir, f), { force: true });
     } else {
       manifest = SsdStore.parseManifest(text, manifestPath);
       if (shape) {
         const a = JSON.stringify(storeShapeSchema.parse(manifest.shape));
         const b = JSON.stringify(shape);
-        if (a !== b) fail('E_CONFIG', `SsdStore options.shape for ${dir}`, `the stored shape ${a}`, b);
+        if (a !== b) throw new KvdriveError('E_CONFIG', `SsdStore options.shape for ${dir}: expected the stored shape ${a}, got ${b} (a runtime resets its store; another directory or a deleted store takes a new shape)`);
       }
       // Leftovers of interrupted writes: the temporary files this store writes, and segment files
       // the manifest does not list (never sealed). Nothing else in the directory is touched.
@@ -525,22 +537,6 @@ export class SsdStore {
     await this.track(this.updateManifest());
     if (s) native.segmentRelease(s.handle);
     await rm(join(this.dir, (s ?? b)!.entry.file), { force: true });
-  }
-
-  /**
-   * Deletes every listed segment (open or corrupt) with one manifest update; returns how many.
-   * Segments being written meanwhile are not listed yet and stay.
-   */
-  async deleteAll(): Promise<number> {
-    this.check();
-    const gone = [...this.open.values(), ...this.broken.values()];
-    const handles = [...this.open.values()].map((s) => s.handle);
-    this.open.clear();
-    this.broken.clear();
-    await this.track(this.updateManifest());
-    for (const h of handles) native.segmentRelease(h);
-    for (const { entry } of gone) await rm(join(this.dir, entry.file), { force: true });
-    return gone.length;
   }
 
   /** Layout of one (segment, layer, kv head): extent offsets/sizes and the chunk order on disk. */
