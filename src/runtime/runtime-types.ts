@@ -90,7 +90,8 @@ export interface RuntimeOptions {
    * read at once (1 sequential, 4 pipelined): the engine's buffers for that many batches are
    * reserved inside dramBudget; `io.queueDepth` to 64 and `io.maxIoBytes` to 64 KiB (9.0 MiB of
    * io_uring bounce buffers per batch; the store alone defaults to 32 and 256 KiB, 16.5 MiB). The runtime deletes its segments when a sequence closes
-   * and at close, and at open those a runtime that never closed left (its process died). One
+   * and at close; at open the store starts empty (`reset`), so what a runtime that never closed left
+   * (its process died) is deleted, whatever shape it had. One
    * runtime at a time holds a directory: opening a second on it, in any process, is E_BUSY until
    * the first closes. Needs `dramBudget`.
    *
