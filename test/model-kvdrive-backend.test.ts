@@ -215,7 +215,7 @@ describe('The kvdrive backend options and inputs', () => {
     await expectKvdError(make({ budget: '16' }), 'E_BUDGET', /got "16"/);
     await expectKvdError(make({ ...ok, policy: 'lru' }), 'E_POLICY', /options\.policy: expected one of 'kvdrive', 'quest', 'shadowkv', got "lru"/);
     await expectKvdError(make({ ...ok, mode: 'eager' }), 'E_CONFIG', /options\.mode: expected 'sequential' or 'pipelined', got "eager"/);
-    await expectKvdError(make({ ...ok, dramBudget: -1 }), 'E_CONFIG', /options\.dramBudget: expected a positive integer number of bytes, got -1/);
+    await expectKvdError(make({ ...ok, dramBudget: -1 }), 'E_CONFIG', /options\.dramBudget: expected a positive integer number of bytes, at most 2\^53 - 1, got -1/);
     await expectKvdError(make({ ...ok, bugdet: 3 }), 'E_CONFIG', /expected only budget, policy, policyOptions, mode, storage, dramBudget, sealTokens, got unknown 'bugdet'/);
     await expectKvdError(make({ ...ok, policyOptions: 5 }), 'E_CONFIG', /options\.policyOptions: expected an options object/);
     await expectKvdError(make({ ...ok, policyOptions: { kvHeads: 3 } }), 'E_CONFIG', /policyOptions\.kvHeads: expected 2 \(the model's\) or nothing, got 3/);

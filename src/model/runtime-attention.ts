@@ -38,7 +38,7 @@ const EXPECTED: Record<string, string> = {
   policyOptions: 'an options object (see PolicyOptions)',
   mode: "'sequential' or 'pipelined'",
   storage: 'a directory path',
-  dramBudget: 'a positive integer number of bytes',
+  dramBudget: 'a positive integer number of bytes, at most 2^53 - 1',
   sealTokens: 'an integer >= 1 (a multiple of the chunk size)',
 };
 

@@ -58,7 +58,7 @@ const EXPECTED: Record<string, string> = {
   microBatch: 'an integer in [1, 256]',
   maxSequences: 'an integer in [1, 4096]',
   maxTokens: 'an integer in [1, 2^24]',
-  dramBudget: 'a positive integer number of bytes',
+  dramBudget: 'a positive integer number of bytes, at most 2^53 - 1',
   dtype: "'f32', 'f16' or 'bf16'",
   sealTokens: 'an integer in [1, 2^24] (a multiple of the chunk size)',
   hotTier: '{ windows, maxBytes, eviction? }',
