@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
 import { afterEach, describe, expect, it, vi } from 'vitest';
@@ -101,5 +102,8 @@ describe('kvdrive generate', () => {
     await expectKvdError(() => run([...f, '--budget', '16', '--policy', 'lru']), 'E_POLICY', /option --policy: expected one of kvdrive, quest, shadowkv, got "lru"/);
     await expectKvdError(() => run([...f, '--policy', 'quest']), 'E_CONFIG', /option --policy: expected the kvdrive backend \(give --budget\)/);
     await expectKvdError(() => run([...f, '--trace-prompt', '3']), 'E_CONFIG', /--trace-prompt: expected to be given together with --trace-out/);
+    // The trace is written after the generation: where it goes is checked before.
+    await expectKvdError(() => run([...f, '--trace-out', tmpdir()]), 'E_CONFIG', /option --trace-out: expected a file to write, got the directory/);
+    await expectKvdError(() => run([...f, '--trace-out', join(tmpdir(), 'kvd-missing-dir', 't.safetensors')]), 'E_NOT_FOUND', /option --trace-out: expected an existing directory to write/);
   });
 });

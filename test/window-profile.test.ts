@@ -125,7 +125,8 @@ describe('kvdrive profile / solve-windows', () => {
     // nothing is left behind (the JSON goes to a temporary file renamed into place).
     await expectKvdError(() => cli(['solve-windows', '--profile', dir, '--budget', '1MiB']), 'E_CONFIG', /expected a file, got a directory/);
     await expectKvdError(() => cli(['solve-windows', '--profile', prof, '--budget', '1MiB', '--out', dir]), 'E_CONFIG', /window allocation .*: expected a file, got a directory/);
-    await expectKvdError(() => cli(['profile', '--trace', tracePath, '--windows', '1', '--budget', '16', '--steps', '1', '--out', join(dir, 'no', 'p.json')]), 'E_NOT_FOUND', /expected an existing directory to write into/);
+    await expectKvdError(() => cli(['profile', '--trace', tracePath, '--windows', '1', '--budget', '16', '--steps', '1', '--out', join(dir, 'no', 'p.json')]), 'E_NOT_FOUND', /option --out: expected an existing directory to write .*p\.json into, got none at/);
+    await expectKvdError(() => cli(['profile', '--trace', tracePath, '--windows', '1', '--budget', '16', '--steps', '1', '--out', dir]), 'E_CONFIG', /option --out: expected a file to write, got the directory/);
     expect(readdirSync(dir).filter((f) => f.includes('.partial-'))).toEqual([]);
     await expectKvdError(() => generateSyntheticTrace({ ...small, layers: 1 }).write(dir), 'E_CONFIG', /expected a file to write, got a directory/);
   });

@@ -5,10 +5,9 @@
  * runtime option is given, and dense otherwise. With the runtime the selection / fetch / compute
  * time and the tier traffic are printed at the end.
  */
-import { statSync } from 'node:fs';
 import type { Command } from 'commander';
-import { KvdriveError, fail } from '../errors.js';
-import { choiceOption, integerOption, numberOption } from './options.js';
+import { fail } from '../errors.js';
+import { checkOutputFile, choiceOption, integerOption, numberOption } from './options.js';
 import { createCliBackend, runtimeStatsLine, type BackendCliOptions } from './backend-choice.js';
 import { parseBytes } from '../cache/window-solver.js';
 import type { PolicyName } from '../index/selection.js';
@@ -65,8 +64,7 @@ export function register(program: Command): void {
       if (opts.tracePrompt !== undefined && opts.traceOut === undefined)
         fail('E_CONFIG', 'option --trace-prompt', 'to be given together with --trace-out', opts.tracePrompt);
       // Checked before generating: the trace is written at the end.
-      if (opts.traceOut !== undefined && statSync(opts.traceOut, { throwIfNoEntry: false })?.isDirectory())
-        throw new KvdriveError('E_CONFIG', `option --trace-out: expected a file to write, got the directory ${opts.traceOut}`);
+      if (opts.traceOut !== undefined) checkOutputFile(opts.traceOut, 'option --trace-out');
       const { backend, name: backendName } = createCliBackend(opts, attentionShape(model.config));
       try {
         const r = await generate({

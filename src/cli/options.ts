@@ -1,5 +1,7 @@
 /** Commander value parsers that turn bad option values into typed errors naming the flag. */
-import { fail, type ErrorCode } from '../errors.js';
+import { statSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import { KvdriveError, fail, type ErrorCode } from '../errors.js';
 
 /** An integer option ≥ min (and ≤ max); `code` E_CONFIG unless the flag is a budget. */
 export function integerOption(flag: string, min: number, max = Number.MAX_SAFE_INTEGER, code: ErrorCode = 'E_CONFIG') {
@@ -33,4 +35,22 @@ export function numberOption(flag: string, min: number, max = Infinity, code: Er
       fail(code, `option ${flag}`, `a number in [${min}, ${max === Infinity ? '∞' : max}]`, value);
     return n;
   };
+}
+
+/**
+ * A file the command writes at its end: checked before the work (a directory in the way, or a
+ * parent that is missing or not a directory, would otherwise fail only after it).
+ */
+export function checkOutputFile(path: string, what: string): void {
+  const kind = (p: string): 'dir' | 'file' | 'none' => {
+    try {
+      const st = statSync(p, { throwIfNoEntry: false });
+      return st === undefined ? 'none' : st.isDirectory() ? 'dir' : 'file';
+    } catch {
+      return 'none'; // ENOTDIR on the way, EACCES: as missing
+    }
+  };
+  if (kind(path) === 'dir') throw new KvdriveError('E_CONFIG', `${what}: expected a file to write, got the directory ${path}`);
+  const parent = dirname(resolve(path));
+  if (kind(parent) !== 'dir') throw new KvdriveError('E_NOT_FOUND', `${what}: expected an existing directory to write ${path} into, got none at ${parent}`);
 }

@@ -4,7 +4,7 @@
  * (layer, kv head) and window) that `kvdrive solve-windows` consumes.
  */
 import type { Command } from 'commander';
-import { integerOption } from './options.js';
+import { checkOutputFile, integerOption } from './options.js';
 import { fail } from '../errors.js';
 import { EvictionPolicies, type EvictionPolicy } from '../cache/hot-tier.js';
 import { profileTotals, profileTrace } from '../cache/profiler.js';
@@ -54,6 +54,7 @@ export function register(program: Command): void {
       if (!(EvictionPolicies as readonly string[]).includes(o.eviction)) fail('E_POLICY', 'option --eviction', EvictionPolicies.join(', '), o.eviction);
       const poolFactor = Number(o.poolFactor);
       if (!Number.isFinite(poolFactor) || poolFactor < 1) fail('E_CONFIG', 'option --pool-factor', 'a number >= 1', o.poolFactor);
+      checkOutputFile(o.out, 'option --out');
       const trace = await openTrace(o.trace);
       try {
         const profile = await profileTrace(trace, {
