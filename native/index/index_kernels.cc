@@ -21,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "index/index.h"
+#include "index/index_kernels_avx2.h"
 #include "index/key_sketch.h"
 
 namespace kvd {
@@ -255,17 +256,14 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
 // ---- int8 centroid tiles (see ScoreTilesMaxI8 in index.h) ----
 //
 // Every level computes the same exact int32 dot products of the int8 query with each int8
-// centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesI8Vnni runs the same operations
-// on registers), so the scores are bit-identical at every level. Tile layout: per tile of 16
+// centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesI8Vnni and the AVX2 kernel in
+// index_kernels_avx2.cc run the same operations on registers), so the scores are bit-identical at
+// every level. Tile layout: per tile of 16
 // centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds lane l's dims 4p..4p+3 at bytes
 // 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
 
-// Per-tile kernels: dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l
-// of one tile (`quads` 64-byte quads). ScoreTilesI8 runs one of them per tile and turns the dots into
-// scores with the same f32 code at every level.
-typedef void (*TileDotsFn)(const QueryI8& qq, const int8_t* tile, size_t quads, int32_t* dots);
-
-// Portable level: plain int32 multiply-adds.
+// dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l of one tile
+// (`quads` 64-byte quads): plain int32 multiply-adds.
 void TileDotsScalar(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
   for (int j = 0; j < qq.group; ++j) {
     const int8_t* qj = qq.q.data() + size_t(j) * qq.dim4;
@@ -277,46 +275,17 @@ void TileDotsScalar(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* d
   }
 }
 
-// AVX2: each 16-byte quarter of a quad (4 centroids x 4 dims) is sign-extended to 16 x i16 and
-// multiplied by the query's 4 dims (VPMADDWD, exact pairs in i32), two query heads per pass (8
-// accumulators + 4 loads + 2 query patterns fit the 16 ymm registers). Lanes 2m, 2m+1 of quarter
-// g's accumulator are centroid 4g + m's two pair sums, added at the end.
-__attribute__((target("avx2"))) void TileDotsAvx2(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
-  for (int j0 = 0; j0 < qq.group; j0 += 2) {
-    const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
-    const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
-    const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
-    __m256i a[2][4];
-    for (int r = 0; r < 2; ++r)
-      for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
-    for (size_t p = 0; p < quads; ++p) {
-      const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
-      for (int g = 0; g < 4; ++g) {
-        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
-        a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
-        a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
-      }
-    }
-    for (int r = 0; r < nj; ++r) {
-      int32_t pairs[32];
-      for (int g = 0; g < 4; ++g) _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + 8 * g), a[r][g]);
-      int32_t* d = dots + size_t(j0 + r) * 16;
-      for (int l = 0; l < 16; ++l) d[l] = pairs[2 * l] + pairs[2 * l + 1];
-    }
-  }
-}
-
 // out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h).
-// One f32 code path for every level (|dot| < 2^31, converted to f32 the same way everywhere), so
-// the scores are bit-identical whichever tileDots ran.
-void ScoreTilesI8(TileDotsFn tileDots, const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+// The portable level; the vector kernels run this f32 code's operations in the same order
+// (|dot| < 2^31, converted to f32 the same way everywhere), so the scores are bit-identical.
+void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
                   const float* var, const float* coef) {
   const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
   int32_t stackDots[64 * 16];
   std::vector<int32_t> heapDots(qq.group > 64 ? size_t(qq.group) * 16 : 0);
   int32_t* dots = qq.group > 64 ? heapDots.data() : stackDots;
   for (size_t t = 0; t < tiles; ++t) {
-    tileDots(qq, ct + t * quads * 64, quads, dots);
+    TileDotsScalar(qq, ct + t * quads * 64, quads, dots);
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
     const v16 cs = Load16(scales + t * 16);  // scales hold whole tiles, padding lanes 0
     v16 vv = v16{};
@@ -752,7 +721,12 @@ struct Table {
                            Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4, 0)
-KVD_INDEX_LEVEL(Avx2, __attribute__((target("avx2,f16c,fma"))), 4, 1)
+KVD_INDEX_LEVEL(Avx2Generic, __attribute__((target("avx2,f16c,fma"))), 4, 1)
+// The AVX2 table: the generic bodies, but for the kernels GCC's 256-bit lowering of them spilled
+// lane by lane (index_kernels_avx2.h), which have their own AVX2 bodies with the same bits.
+const Table kAvx2 = {DotAvx2Generic,           avx2::DotsMany,        RowNormsAvx2Generic,    ScoreRowsMaxAvx2Generic,
+                     ScoreRowsMaxGatherAvx2Generic, ScoreMinMaxAvx2Generic, ScoreTilesMaxAvx2Generic, avx2::Nearest,
+                     ScoreKeyRowsAvx2Generic,  avx2::GroupShares};
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 
 SimdLevel CpuMax() {
@@ -856,9 +830,9 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
     case SimdLevel::Avx512:
       // AVX-512F without VNNI: the AVX2 kernel.
       if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
-      return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
-    case SimdLevel::Avx2: return ScoreTilesI8(TileDotsAvx2, q, ct, scales, k, out, var, coef);
-    default: return ScoreTilesI8(TileDotsScalar, q, ct, scales, k, out, var, coef);
+      return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
+    case SimdLevel::Avx2: return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
+    default: return ScoreTilesI8(q, ct, scales, k, out, var, coef);
   }
 }
 

@@ -252,48 +252,78 @@ void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, co
   }
 }
 
-// One body for both vector levels (as the int8 one): rows in kStreams interleaved streams, each
-// prefetching ahead, up to four query heads per pass; BLOCK adds one full 64-dim block at d0 (r: the row's
-// bytes) into acc[0, nj), HSUM reduces; a last block of fewer dims runs scalar.
-#define KVD_SKETCH4_BODY(VEC, ZERO, BLOCK, HSUM)                                                 \
-  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));                                        \
-  const int full = dim / 64 * 64;                                                               \
-  const size_t qn = n / kStreams;                                                               \
-  for (size_t k = 0; k < n; ++k) {                                                              \
-    const size_t i = StreamRow(k, qn), ahead = StreamAhead(k, qn, n);                           \
-    if (ahead < n) {                                                                            \
-      const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);        \
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);                            \
-    }                                                                                           \
-    const uint8_t* r = codes + size_t(rows[i]) * rb;                                          \
-    for (int j0 = 0; j0 < group; j0 += 4) {                                                     \
-      const int nj = std::min(4, group - j0);                                                   \
-      VEC acc[4] = {ZERO, ZERO, ZERO, ZERO};                                                    \
-      for (int d0 = 0; d0 < full; d0 += 64) { BLOCK }                                           \
-      for (int t = 0; t < nj; ++t) {                                                            \
-        const int16_t* qj = q + size_t(j0 + t) * dim;                                           \
-        dots[size_t(j0 + t) * ld + i] = HSUM(acc[t]) + (full < dim ? DotBlock4(qj, r, dim, full) : 0); \
-      }                                                                                         \
-    }                                                                                           \
+// AVX2, 4 bits: vpmaddubsw multiplies 32 unsigned codes by 32 int8 query values and adds each
+// pair into an int16 lane (at most 2 x 15 x 127 = 3810 in magnitude: exact, it never saturates).
+// One 32-byte load is a whole 64-dim block: its low nibbles are dims d0..d0+31 and its high ones
+// d0+32..d0+63 (key_sketch.h), so the query is used in plain dim order (SketchQuery::q8Dims) and
+// nothing is shuffled. Up to four blocks' products add up in int16 (4 x 7620 < 32767) before
+// vpmaddwd by ones widens them into int32 lanes; the four heads' lanes of a row are then summed
+// together (three vphaddd and one 128-bit add) instead of one horizontal sum each. Integer adds
+// throughout, so the dots equal the scalar body's exactly.
+// The earlier AVX2 body widened the nibbles to int16 and kept its accumulators in an array indexed
+// by a run-time head count, which GCC spilled to the stack: ~28 ns per row (4 heads, dim 128) out of
+// cache against ~5 ns for this one (bench/RESULTS.md, "AVX2 index kernels").
+template <int NJ>
+__attribute__((target("avx2"))) inline void Row4Avx2(const int8_t* q8, int full, const uint8_t* r, __m256i mask, __m256i ones,
+                                                     int32_t* out, size_t ld) {
+  __m256i acc[NJ];
+  for (int u = 0; u < NJ; ++u) acc[u] = _mm256_setzero_si256();
+  for (int s0 = 0; s0 < full; s0 += 256) {
+    const int s1 = std::min(full, s0 + 256);
+    __m256i p[NJ];
+    for (int u = 0; u < NJ; ++u) p[u] = _mm256_setzero_si256();
+    for (int d0 = s0; d0 < s1; d0 += 64) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + d0 / 2));
+      const __m256i lo = _mm256_and_si256(b, mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+      for (int u = 0; u < NJ; ++u) {
+        const int8_t* qj = q8 + size_t(u) * full + d0;
+        const __m256i a = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj)));
+        const __m256i c = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj + 32)));
+        p[u] = _mm256_add_epi16(p[u], _mm256_add_epi16(a, c));
+      }
+    }
+    for (int u = 0; u < NJ; ++u) acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(p[u], ones));
   }
+  // Lane u of the 128-bit sum: head u's dot (heads past NJ add zeros).
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i h01 = _mm256_hadd_epi32(acc[0], NJ > 1 ? acc[NJ > 1 ? 1 : 0] : z);
+  const __m256i h23 = _mm256_hadd_epi32(NJ > 2 ? acc[NJ > 2 ? 2 : 0] : z, NJ > 3 ? acc[NJ > 3 ? 3 : 0] : z);
+  const __m256i h = _mm256_hadd_epi32(h01, h23);
+  alignas(16) int32_t sums[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(sums), _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  for (int u = 0; u < NJ; ++u) out[size_t(u) * ld] = sums[u];
+}
 
-// AVX2 block: 16 bytes at a time (byte offset o): low nibbles are dims o..o+15, high nibbles dims
-// 32+o..32+o+15, widened to int16 lanes and multiplied into each query head's accumulator.
-#define KVD_BLOCK4_AVX2                                                                                   \
-  for (int o = 0; o < 32; o += 16) {                                                                      \
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d0 / 2 + o));                  \
-    const __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(b, mask));                                      \
-    const __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), mask));                  \
-    for (int t = 0; t < nj; ++t) {                                                                        \
-      const int16_t* qj = q + size_t(j0 + t) * dim + d0 + o;                                              \
-      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj)))); \
-      acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qj + 32)))); \
-    }                                                                                                     \
-  }
-__attribute__((target("avx2"))) void Score4Avx2(const int16_t* q, int group, int dim, const uint8_t* codes,
+// Rows in kStreams interleaved streams (as the int8 body), each prefetching ahead; four query
+// heads per pass; a last block of fewer than 64 dims runs scalar.
+__attribute__((target("avx2"))) void Score4Avx2(const int8_t* q8, const int16_t* q, int group, int dim, const uint8_t* codes,
                                                 const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
-  const __m128i mask = _mm_set1_epi8(15);
-  KVD_SKETCH4_BODY(__m256i, _mm256_setzero_si256(), KVD_BLOCK4_AVX2, Hsum8)
+  const __m256i mask = _mm256_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
+  const int full = dim / 64 * 64;
+  const size_t qn = n / kStreams;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = StreamRow(k, qn), ahead = StreamAhead(k, qn, n);
+    if (ahead < n) {
+      const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);
+      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
+    }
+    const uint8_t* r = codes + size_t(rows[i]) * rb;
+    for (int j0 = 0; j0 < group; j0 += 4) {
+      const int8_t* qj = q8 + size_t(j0) * full;
+      int32_t* o = dots + size_t(j0) * ld + i;
+      switch (std::min(4, group - j0)) {
+        case 4: Row4Avx2<4>(qj, full, r, mask, ones, o, ld); break;
+        case 3: Row4Avx2<3>(qj, full, r, mask, ones, o, ld); break;
+        case 2: Row4Avx2<2>(qj, full, r, mask, ones, o, ld); break;
+        default: Row4Avx2<1>(qj, full, r, mask, ones, o, ld); break;
+      }
+      if (full < dim)
+        for (int j = j0; j < std::min(group, j0 + 4); ++j) dots[size_t(j) * ld + i] += DotBlock4(q + size_t(j) * dim, r, dim, full);
+    }
+  }
 }
 
 // Sums of 4 x 4 vectors at once: x[u][t] (head u, row t) -> lane 4u + t of the result. Integer
@@ -531,7 +561,13 @@ void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQue
       if (s.bits == 4) out.offset[j] += 8 * int32_t(out.q[size_t(j) * dim + d]);
     }
   }
-  if (s.bits == 4) ArrangeQuery8(out.q.data(), group, dim, out.q8);
+  if (s.bits == 4) {
+    ArrangeQuery8(out.q.data(), group, dim, out.q8);
+    const int full = dim / 64 * 64;
+    out.q8Dims.resize(size_t(group) * size_t(full));
+    for (int j = 0; j < group; ++j)
+      for (int d = 0; d < full; ++d) out.q8Dims[size_t(j) * full + d] = int8_t(out.q[size_t(j) * dim + d]);
+  }
 }
 
 void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_t* rows, size_t n, float* out,
@@ -543,7 +579,7 @@ void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_
   if (s.bits == 4) {
     const uint8_t* c = reinterpret_cast<const uint8_t*>(s.codes.data());
     if (avx512 && HasAvx512Vnni()) Score4Vnni(q.q8.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld);
-    else if (level != SimdLevel::Scalar) Score4Avx2(q.q.data(), group, s.dim, c, rows, n, dots, ld);
+    else if (level != SimdLevel::Scalar) Score4Avx2(q.q8Dims.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld);
     else Score4Scalar(q.q.data(), group, s.dim, c, rows, n, dots, ld);
   } else if (avx512) {
     ScoreAvx512(q.q.data(), group, s.dim, s.codes.data(), rows, n, dots, ld);

@@ -1,0 +1,311 @@
+// AVX2 bodies of GroupShares, DotsMany and Nearest (index_kernels_avx2.h says why they exist and
+// what they must equal). A 16-lane value of the generic bodies is a pair of __m256: `lo` holds
+// lanes 0-7, `hi` lanes 8-15.
+#include "index/index_kernels_avx2.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+#include <limits>
+#include <memory>
+
+// No "fma": GCC would fuse the multiply-adds below (it contracts intrinsics too), and the generic
+// bodies they must equal round each product.
+#define KVD_AVX2_IDX __attribute__((target("avx2,f16c")))
+
+namespace kvd {
+namespace avx2 {
+namespace {
+
+struct V16 {
+  __m256 lo, hi;
+};
+
+KVD_AVX2_IDX inline V16 Load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+KVD_AVX2_IDX inline void Store(float* p, V16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+
+// Reduce16's tree (index_kernels.cc): lane i += lane i+8, then i += i+4, i += i+2, i += i+1.
+KVD_AVX2_IDX inline float Sum16(V16 v) {
+  const __m256 a = _mm256_add_ps(v.lo, v.hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+// ReduceMax16's tree, with its `a > b ? a : b` (maxps returns its second operand unless the first
+// is greater, so the operand order is the generic body's).
+KVD_AVX2_IDX inline float Max16(V16 v) {
+  const __m256 a = _mm256_max_ps(v.lo, v.hi);
+  const __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_max_ss(c, _mm_movehdup_ps(c)));
+}
+
+// ExpNeg (index_kernels.cc) on 8 lanes: the same operations in the same order, unfused.
+KVD_AVX2_IDX inline __m256 ExpNeg8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.f), x);  // x < lo ? lo : x
+  const __m256 t = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f));
+  __m256i n = _mm256_cvttps_epi32(t);
+  __m256 fn = _mm256_cvtepi32_ps(n);
+  n = _mm256_add_epi32(n, _mm256_castps_si256(_mm256_cmp_ps(fn, t, _CMP_GT_OS)));  // -1 where fn > t
+  fn = _mm256_cvtepi32_ps(n);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(-2.12194440e-4f)));
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.9875691500e-4f)), _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// ExpNeg(v * scale - m) on 16 lanes.
+KVD_AVX2_IDX inline V16 ExpScaled(V16 v, __m256 scale, __m256 m) {
+  return {ExpNeg8(_mm256_sub_ps(_mm256_mul_ps(v.lo, scale), m)), ExpNeg8(_mm256_sub_ps(_mm256_mul_ps(v.hi, scale), m))};
+}
+
+}  // namespace
+
+KVD_AVX2_IDX int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share) {
+  float invStack[64];
+  std::unique_ptr<float[]> invHeap(group > 64 ? new float[size_t(group)] : nullptr);
+  float* inv = group > 64 ? invHeap.get() : invStack;
+  const size_t full = n / 16 * 16;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int j = 0; j < group; ++j) {
+    float* l = logits + size_t(j) * ld;
+    // Max and non-finite detection (x * 0 is NaN exactly for NaN and +-Inf), as the generic body.
+    V16 mx = {_mm256_set1_ps(-std::numeric_limits<float>::infinity()), _mm256_set1_ps(-std::numeric_limits<float>::infinity())};
+    V16 nan = {zero, zero};
+    for (size_t b = 0; b < full; b += 16) {
+      const V16 x = Load(l + b);
+      nan.lo = _mm256_add_ps(nan.lo, _mm256_mul_ps(x.lo, zero));
+      nan.hi = _mm256_add_ps(nan.hi, _mm256_mul_ps(x.hi, zero));
+      mx.lo = _mm256_max_ps(x.lo, mx.lo);  // x > mx ? x : mx
+      mx.hi = _mm256_max_ps(x.hi, mx.hi);
+    }
+    float m = Max16(mx), tailNan = Sum16(nan);
+    for (size_t i = full; i < n; ++i) {
+      tailNan += l[i] * 0.f;
+      m = l[i] > m ? l[i] : m;
+    }
+    if (!(tailNan == 0.f))
+      for (size_t i = 0; i < n; ++i)
+        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    m *= scale;
+    const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m);
+    V16 z = {zero, zero};
+    for (size_t b = 0; b < full; b += 16) {
+      const V16 e = ExpScaled(Load(l + b), vs, vm);
+      z.lo = _mm256_add_ps(z.lo, e.lo);
+      z.hi = _mm256_add_ps(z.hi, e.hi);
+      Store(l + b, e);
+    }
+    if (full < ld) {
+      alignas(32) float e[16];
+      const V16 v = ExpScaled(Load(l + full), vs, vm);
+      _mm256_store_ps(e, v.lo);
+      _mm256_store_ps(e + 8, v.hi);
+      for (size_t t = n - full; t < 16; ++t) e[t] = 0.f;
+      z.lo = _mm256_add_ps(z.lo, _mm256_load_ps(e));
+      z.hi = _mm256_add_ps(z.hi, _mm256_load_ps(e + 8));
+      std::memcpy(l + full, e, sizeof(e));
+    }
+    inv[j] = 1.f / Sum16(z);
+  }
+  // share = sum over the group in head order.
+  for (size_t b = 0; b < nShare; b += 16) {
+    const __m256 i0 = _mm256_set1_ps(inv[0]);
+    __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(logits + b), i0), hi = _mm256_mul_ps(_mm256_loadu_ps(logits + b + 8), i0);
+    for (int j = 1; j < group; ++j) {
+      const float* l = logits + size_t(j) * ld + b;
+      const __m256 ij = _mm256_set1_ps(inv[j]);
+      lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(l), ij));
+      hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(l + 8), ij));
+    }
+    _mm256_storeu_ps(share + b, lo);
+    _mm256_storeu_ps(share + b + 8, hi);
+  }
+  return -1;
+}
+
+namespace {
+
+// acc (16 lanes) += a[d..d+16) * b[d..d+16).
+KVD_AVX2_IDX inline void MulAdd16(V16& acc, const float* a, __m256 b0, __m256 b1) {
+  acc.lo = _mm256_add_ps(acc.lo, _mm256_mul_ps(_mm256_loadu_ps(a), b0));
+  acc.hi = _mm256_add_ps(acc.hi, _mm256_mul_ps(_mm256_loadu_ps(a + 8), b1));
+}
+
+// AddTail (index_kernels.cc): lanes t < dim - d get a[d + t] * b[d + t] added, the others untouched.
+inline void AddTail(V16& acc, const float* a, const float* b, int d, int dim) {
+  if (d >= dim) return;
+  alignas(32) float l[16];
+  std::memcpy(l, &acc.lo, 32);
+  std::memcpy(l + 8, &acc.hi, 32);
+  for (int t = 0; d + t < dim; ++t) l[t] += a[d + t] * b[d + t];
+  std::memcpy(&acc.lo, l, 32);
+  std::memcpy(&acc.hi, l + 8, 32);
+}
+
+// DotBody (index_kernels.cc): 16 interleaved partial sums over d, the tail, Reduce16.
+KVD_AVX2_IDX inline float Dot(const float* x, const float* c, int dim) {
+  V16 a = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) MulAdd16(a, x + d, _mm256_loadu_ps(c + d), _mm256_loadu_ps(c + d + 8));
+  AddTail(a, x, c, d, dim);
+  return Sum16(a);
+}
+
+}  // namespace
+
+KVD_AVX2_IDX void DotsMany(const float* x, size_t n, int dim, const float* c, float* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* r[4] = {x + i * dim, x + (i + 1) * dim, x + (i + 2) * dim, x + (i + 3) * dim};
+    V16 a0 = {_mm256_setzero_ps(), _mm256_setzero_ps()}, a1 = a0, a2 = a0, a3 = a0;
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      const __m256 c0 = _mm256_loadu_ps(c + d), c1 = _mm256_loadu_ps(c + d + 8);
+      MulAdd16(a0, r[0] + d, c0, c1);
+      MulAdd16(a1, r[1] + d, c0, c1);
+      MulAdd16(a2, r[2] + d, c0, c1);
+      MulAdd16(a3, r[3] + d, c0, c1);
+    }
+    AddTail(a0, r[0], c, d, dim);
+    AddTail(a1, r[1], c, d, dim);
+    AddTail(a2, r[2], c, d, dim);
+    AddTail(a3, r[3], c, d, dim);
+    out[i] = Sum16(a0);
+    out[i + 1] = Sum16(a1);
+    out[i + 2] = Sum16(a2);
+    out[i + 3] = Sum16(a3);
+  }
+  for (; i < n; ++i) out[i] = Dot(x + i * dim, c, dim);
+}
+
+namespace {
+
+// NearestBody's tile loop for R points (R <= 4): lane l of a[r] accumulates ct[d][l] * x_r[d]
+// sequentially over d; then s = cnorm - 2a, lanes scanned in order with a strict <, so ties keep
+// the lowest centroid.
+template <int R>
+KVD_AVX2_IDX inline void NearestRows(const float* const* xr, const float* ct, const float* cnorm, size_t k, int dim,
+                                     float* bestv, int32_t* besti) {
+  const size_t tiles = (k + 15) / 16;
+  for (size_t t = 0; t < tiles; ++t) {
+    const float* c = ct + t * size_t(dim) * 16;
+    __m256 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; ++d) {
+      const __m256 c0 = _mm256_loadu_ps(c + size_t(d) * 16), c1 = _mm256_loadu_ps(c + size_t(d) * 16 + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(xr[r] + d);
+        lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(c0, xv));
+        hi[r] = _mm256_add_ps(hi[r], _mm256_mul_ps(c1, xv));
+      }
+    }
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    const __m256 n0 = _mm256_loadu_ps(cnorm + t * 16), n1 = _mm256_loadu_ps(cnorm + t * 16 + 8), two = _mm256_set1_ps(2.f);
+    for (int r = 0; r < R; ++r) {
+      alignas(32) float s[16];
+      _mm256_store_ps(s, _mm256_sub_ps(n0, _mm256_mul_ps(lo[r], two)));
+      _mm256_store_ps(s + 8, _mm256_sub_ps(n1, _mm256_mul_ps(hi[r], two)));
+      for (size_t l = 0; l < jn; ++l)
+        if (s[l] < bestv[r]) {
+          bestv[r] = s[l];
+          besti[r] = int32_t(t * 16 + l);
+        }
+    }
+  }
+}
+
+}  // namespace
+
+KVD_AVX2_IDX void Nearest(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm, size_t k, int dim,
+                          int32_t* best, float* dist) {
+  constexpr int R = 4;
+  for (size_t i0 = 0; i0 < n; i0 += R) {
+    const float* xr[R];
+    for (int r = 0; r < R; ++r) xr[r] = x + (i0 + r < n ? i0 + r : i0) * size_t(dim);
+    float bestv[R];
+    int32_t besti[R];
+    for (int r = 0; r < R; ++r) bestv[r] = std::numeric_limits<float>::infinity(), besti[r] = 0;
+    NearestRows<R>(xr, ct, cnorm, k, dim, bestv, besti);
+    for (int r = 0; r < R && i0 + r < n; ++r) {
+      const float dd = xnorm[i0 + r] + bestv[r];
+      best[i0 + r] = besti[r];
+      dist[i0 + r] = dd > 0.f ? dd : 0.f;
+    }
+  }
+}
+
+// Int8 centroid tiles (index.h, TileBytesI8): quarter g of quad p is 16 bytes, centroids 4g..4g+3
+// x dims 4p..4p+3. Each quarter is sign-extended to 16 x int16 and multiplied (vpmaddwd: exact
+// pairs in int32) by a query head's 4 dims (pat16, broadcast), two heads per pass over the tile
+// (8 accumulators + the loads fit the 16 ymm registers): lanes 2m and 2m+1 of quarter g's sum are
+// centroid 4g + m's two pair sums. The sums are paired up (vphaddd, then a lane permutation into
+// centroid order) and scored in registers by ScoreTilesI8's epilogue: the same f32 operations in
+// the same order, so the scores are the generic level's bits. (The generic epilogue, fed through
+// memory, was lowered lane by lane on AVX2; four heads per pass with the quarters one after
+// another was slower: it broadcasts every query pattern four times.)
+KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                               const float* coef) {
+  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  // vphaddd of quarters (0, 1) gives centroids [0, 1, 4, 5 | 2, 3, 6, 7]; this puts them in order.
+  const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (size_t t = 0; t < tiles; ++t) {
+    const int8_t* c = ct + t * quads * 64;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    const __m256 cs0 = _mm256_loadu_ps(scales + t * 16), cs1 = _mm256_loadu_ps(scales + t * 16 + 8);
+    alignas(32) float vvs[16] = {};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
+    const __m256 vv0 = _mm256_load_ps(vvs), vv1 = _mm256_load_ps(vvs + 8);
+    __m256 best0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), best1 = best0;
+    for (int j0 = 0; j0 < qq.group; j0 += 2) {
+      const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
+      const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
+      const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
+      __m256i a[2][4];
+      for (int r = 0; r < 2; ++r)
+        for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
+      for (size_t p = 0; p < quads; ++p) {
+        const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
+        for (int g = 0; g < 4; ++g) {
+          const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
+          a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
+          a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
+        }
+      }
+      for (int r = 0; r < nj; ++r) {
+        const int j = j0 + r;
+        const __m256i d0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[r][0], a[r][1]), order);
+        const __m256i d1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[r][2], a[r][3]), order);
+        const __m256 sj = _mm256_set1_ps(qq.scale[j]);
+        __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
+        __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
+        if (var) {
+          const __m256 cj = _mm256_set1_ps(coef[j]);
+          s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
+          s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
+        }
+        best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
+        best1 = _mm256_max_ps(s1, best1);
+      }
+    }
+    alignas(32) float b[16];
+    _mm256_store_ps(b, best0);
+    _mm256_store_ps(b + 8, best1);
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = b[l];
+  }
+}
+
+}  // namespace avx2
+}  // namespace kvd

@@ -1,0 +1,29 @@
+// AVX2 bodies of index kernels whose generic 16-lane form (index_kernels.cc) GCC compiles poorly
+// for 256-bit vectors: it lowers the 64-byte vector compares, conversions and pointer arrays of
+// those bodies lane by lane through the stack (and the int8 centroid scoring, whose per-tile dots
+// went through memory into such an epilogue). Each function here performs exactly the operations
+// of its generic body, lane for lane and in the same order (16 lanes held as two __m256 halves:
+// lanes 0-7 and 8-15; multiply and add never fused), so every level still gives the same bits.
+// Only index_kernels.cc's AVX2 table may call them (they carry the avx2 target attribute).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "index/index.h"
+
+namespace kvd {
+namespace avx2 {
+
+// GroupShares (index.h).
+int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share);
+// DotsFixed (index.h): out[i] = the 16-lane dot of row i of x with c, DotBody's order.
+void DotsMany(const float* x, size_t n, int dim, const float* c, float* out);
+// NearestCentroids over tiled centroids (index_kernels.cc's NearestBody).
+void Nearest(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm, size_t k, int dim,
+             int32_t* best, float* dist);
+// ScoreTilesMaxI8 (index.h): the int8 tile dots and ScoreTilesI8's f32 epilogue, fused.
+void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                  const float* coef);
+
+}  // namespace avx2
+}  // namespace kvd
