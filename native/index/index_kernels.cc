@@ -724,9 +724,12 @@ KVD_INDEX_LEVEL(Scalar, , 4, 0)
 KVD_INDEX_LEVEL(Avx2Generic, __attribute__((target("avx2,f16c,fma"))), 4, 1)
 // The AVX2 table: the generic bodies, but for the kernels GCC's 256-bit lowering of them spilled
 // lane by lane (index_kernels_avx2.h), which have their own AVX2 bodies with the same bits.
-const Table kAvx2 = {DotAvx2Generic,           avx2::DotsMany,        RowNormsAvx2Generic,    ScoreRowsMaxAvx2Generic,
-                     ScoreRowsMaxGatherAvx2Generic, ScoreMinMaxAvx2Generic, ScoreTilesMaxAvx2Generic, avx2::Nearest,
-                     ScoreKeyRowsAvx2Generic,  avx2::GroupShares};
+void ScoreRowsMaxAvx2(const float* q, int g, const float* rows, size_t n, int dim, float* out, const float* var, const float* coef) {
+  avx2::ScoreRowsMax(q, g, rows, nullptr, n, dim, out, var, coef);
+}
+const Table kAvx2 = {DotAvx2Generic,        avx2::DotsMany,    RowNormsAvx2Generic,      ScoreRowsMaxAvx2,
+                     avx2::ScoreRowsMax,    avx2::ScoreMinMax, ScoreTilesMaxAvx2Generic, avx2::Nearest,
+                     ScoreKeyRowsAvx2Generic, avx2::GroupShares};
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 
 SimdLevel CpuMax() {

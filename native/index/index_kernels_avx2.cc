@@ -192,6 +192,110 @@ KVD_AVX2_IDX void DotsMany(const float* x, size_t n, int dim, const float* c, fl
 
 namespace {
 
+// GroupMax (index_kernels.cc): max_j (q_j·row + coef[j] * var), each dot in DotBody's order, four
+// query heads sharing every load of the row.
+KVD_AVX2_IDX inline float GroupMax(const float* q, int group, const float* row, int dim, const float* coef, float var) {
+  float best = -std::numeric_limits<float>::infinity();
+  int j = 0;
+  for (; j + 4 <= group; j += 4) {
+    const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+    V16 a0 = {_mm256_setzero_ps(), _mm256_setzero_ps()}, a1 = a0, a2 = a0, a3 = a0;
+    int d = 0;
+    for (; d + 16 <= dim; d += 16) {
+      const __m256 r0 = _mm256_loadu_ps(row + d), r1 = _mm256_loadu_ps(row + d + 8);
+      MulAdd16(a0, qs[0] + d, r0, r1);
+      MulAdd16(a1, qs[1] + d, r0, r1);
+      MulAdd16(a2, qs[2] + d, r0, r1);
+      MulAdd16(a3, qs[3] + d, r0, r1);
+    }
+    V16* acc[4] = {&a0, &a1, &a2, &a3};
+    for (int t = 0; t < 4; ++t) {
+      AddTail(*acc[t], qs[t], row, d, dim);
+      float s = Sum16(*acc[t]);
+      if (coef) s += coef[j + t] * var;
+      best = s > best ? s : best;
+    }
+  }
+  for (; j < group; ++j) {
+    float s = Dot(q + size_t(j) * dim, row, dim);
+    if (coef) s += coef[j] * var;
+    best = s > best ? s : best;
+  }
+  return best;
+}
+
+// MinMaxBound (index_kernels.cc) for four query heads at once: per head, 16 lanes of
+// max(q*mn, q*mx) summed over d, the tail, Reduce16's tree.
+KVD_AVX2_IDX inline void MinMaxBound4(const float* const* qs, const float* mn, const float* mx, int dim, float* out) {
+  V16 acc[4];
+  for (int t = 0; t < 4; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    const __m256 n0 = _mm256_loadu_ps(mn + d), n1 = _mm256_loadu_ps(mn + d + 8);
+    const __m256 x0 = _mm256_loadu_ps(mx + d), x1 = _mm256_loadu_ps(mx + d + 8);
+    for (int t = 0; t < 4; ++t) {
+      const __m256 q0 = _mm256_loadu_ps(qs[t] + d), q1 = _mm256_loadu_ps(qs[t] + d + 8);
+      // a > b ? a : b with a = q*mn, b = q*mx: maxps returns its second operand unless the first is greater.
+      acc[t].lo = _mm256_add_ps(acc[t].lo, _mm256_max_ps(_mm256_mul_ps(q0, n0), _mm256_mul_ps(q0, x0)));
+      acc[t].hi = _mm256_add_ps(acc[t].hi, _mm256_max_ps(_mm256_mul_ps(q1, n1), _mm256_mul_ps(q1, x1)));
+    }
+  }
+  for (int t = 0; t < 4; ++t) {
+    if (d < dim) {
+      alignas(32) float l[16];
+      std::memcpy(l, &acc[t].lo, 32);
+      std::memcpy(l + 8, &acc[t].hi, 32);
+      for (int u = 0; d + u < dim; ++u) {
+        const float a = qs[t][d + u] * mn[d + u], b = qs[t][d + u] * mx[d + u];
+        l[u] += a > b ? a : b;
+      }
+      std::memcpy(&acc[t].lo, l, 32);
+      std::memcpy(&acc[t].hi, l + 8, 32);
+    }
+    out[t] = Sum16(acc[t]);
+  }
+}
+
+}  // namespace
+
+KVD_AVX2_IDX void ScoreRowsMax(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim, float* out,
+                               const float* var, const float* coef) {
+  // Gathered rows lie anywhere in the representative array: prefetched a few ids ahead (a row of
+  // dim 128 is 8 lines), as the generic body does.
+  constexpr size_t kAhead = 4;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t r = ids ? size_t(ids[i]) : i;
+    if (ids && i + kAhead < n) {
+      const char* p = reinterpret_cast<const char*>(rows + size_t(ids[i + kAhead]) * dim);
+      for (size_t b = 0; b < size_t(dim) * sizeof(float); b += 64) __builtin_prefetch(p + b);
+    }
+    out[i] = GroupMax(q, group, rows + r * dim, dim, var ? coef : nullptr, var ? var[r] : 0.f);
+  }
+}
+
+KVD_AVX2_IDX void ScoreMinMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out) {
+  for (size_t i = 0; i < n; ++i) {
+    float best = -std::numeric_limits<float>::infinity();
+    const float* pn = mn + i * dim;
+    const float* px = mx + i * dim;
+    int j = 0;
+    float s[4];
+    for (; j + 4 <= group; j += 4) {
+      const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
+      MinMaxBound4(qs, pn, px, dim, s);
+      for (int t = 0; t < 4; ++t) best = s[t] > best ? s[t] : best;
+    }
+    for (; j < group; ++j) {
+      const float* qs[4] = {q + size_t(j) * dim, q + size_t(j) * dim, q + size_t(j) * dim, q + size_t(j) * dim};
+      MinMaxBound4(qs, pn, px, dim, s);
+      best = s[0] > best ? s[0] : best;
+    }
+    out[i] = best;
+  }
+}
+
+namespace {
+
 // NearestBody's tile loop for R points (R <= 4): lane l of a[r] accumulates ct[d][l] * x_r[d]
 // sequentially over d; then s = cnorm - 2a, lanes scanned in order with a strict <, so ties keep
 // the lowest centroid.

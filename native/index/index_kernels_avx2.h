@@ -21,6 +21,11 @@ void DotsMany(const float* x, size_t n, int dim, const float* c, float* out);
 // NearestCentroids over tiled centroids (index_kernels.cc's NearestBody).
 void Nearest(const float* x, const float* xnorm, size_t n, const float* ct, const float* cnorm, size_t k, int dim,
              int32_t* best, float* dist);
+// ScoreRowsMax / ScoreRowsMaxGather (index.h; ids null: rows in order).
+void ScoreRowsMax(const float* q, int group, const float* rows, const int32_t* ids, size_t n, int dim, float* out,
+                  const float* var, const float* coef);
+// ScoreMinMaxMax (index.h).
+void ScoreMinMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
 // ScoreTilesMaxI8 (index.h): the int8 tile dots and ScoreTilesI8's f32 epilogue, fused.
 void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
                   const float* coef);
