@@ -729,7 +729,7 @@ void ScoreRowsMaxAvx2(const float* q, int g, const float* rows, size_t n, int di
 }
 const Table kAvx2 = {DotAvx2Generic,        avx2::DotsMany,    RowNormsAvx2Generic,      ScoreRowsMaxAvx2,
                      avx2::ScoreRowsMax,    avx2::ScoreMinMax, ScoreTilesMaxAvx2Generic, avx2::Nearest,
-                     ScoreKeyRowsAvx2Generic, avx2::GroupShares};
+                     avx2::ScoreKeyRows,    avx2::GroupShares};
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 
 SimdLevel CpuMax() {

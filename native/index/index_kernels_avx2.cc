@@ -9,6 +9,8 @@
 #include <limits>
 #include <memory>
 
+#include "common/dtype.h"
+
 // No "fma": GCC would fuse the multiply-adds below (it contracts intrinsics too), and the generic
 // bodies they must equal round each product.
 #define KVD_AVX2_IDX __attribute__((target("avx2,f16c")))
@@ -347,6 +349,95 @@ KVD_AVX2_IDX void Nearest(const float* x, const float* xnorm, size_t n, const fl
       best[i0 + r] = besti[r];
       dist[i0 + r] = dd > 0.f ? dd : 0.f;
     }
+  }
+}
+
+namespace {
+
+#define KVD_AVX2_FMA __attribute__((target("avx2,fma,f16c")))
+
+// 16 elements of a key row widened to f32 (exact), and a tail of m < 16 zero-padded.
+template <Dtype DT>
+KVD_AVX2_FMA inline __m256 Widen8(const void* row, int d) {
+  if constexpr (DT == Dtype::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + d);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + d));
+    if constexpr (DT == Dtype::F16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+template <Dtype DT>
+KVD_AVX2_FMA inline V16 WidenTail16(const void* row, int d, int m) {
+  alignas(32) uint8_t buf[64] = {};
+  std::memcpy(buf, static_cast<const uint8_t*>(row) + size_t(d) * DtypeSize(DT), size_t(m) * DtypeSize(DT));
+  return {Widen8<DT>(buf, 0), Widen8<DT>(buf, 8)};
+}
+inline V16 LoadTail16(const float* p, int m) {
+  alignas(32) float buf[16] = {};
+  std::memcpy(buf, p, size_t(m) * 4);
+  V16 v;
+  std::memcpy(&v.lo, buf, 32);
+  std::memcpy(&v.hi, buf + 8, 32);
+  return v;
+}
+KVD_AVX2_FMA inline void Fma16(V16& acc, V16 a, __m256 b0, __m256 b1) {
+  acc.lo = _mm256_fmadd_ps(a.lo, b0, acc.lo);
+  acc.hi = _mm256_fmadd_ps(a.hi, b1, acc.hi);
+}
+
+// The generic KVD_KEY_ROW_DOTS for one dtype: rows prefetched kAhead ahead, each widened once for
+// four query heads, lanes fused-multiply-added over d (the zero-padded tail too), Reduce16's tree
+// (the generic Reduce4x16 sums each head in that same tree).
+template <Dtype DT>
+KVD_AVX2_FMA void KeyRowDots(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+                             size_t ld) {
+  constexpr size_t kAhead = 16;
+  const int dim = keys.dim;
+  const size_t rowBytes = size_t(dim) * DtypeSize(DT);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const char* p = static_cast<const char*>(keys.Row(tokens[i + kAhead], h));
+      for (size_t b = 0; b < rowBytes; b += 64) __builtin_prefetch(p + b);
+    }
+    const void* row = keys.Row(tokens[i], h);
+    int j = 0;
+    for (; j + 4 <= group; j += 4) {
+      const float* q0 = q + size_t(j) * dim;
+      V16 a[4];
+      for (int t = 0; t < 4; ++t) a[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      int d = 0;
+      for (; d + 16 <= dim; d += 16) {
+        const __m256 r0 = Widen8<DT>(row, d), r1 = Widen8<DT>(row, d + 8);
+        for (int t = 0; t < 4; ++t) Fma16(a[t], Load(q0 + size_t(t) * dim + d), r0, r1);
+      }
+      if (d < dim) {
+        const V16 r = WidenTail16<DT>(row, d, dim - d);
+        for (int t = 0; t < 4; ++t) Fma16(a[t], LoadTail16(q0 + size_t(t) * dim + d, dim - d), r.lo, r.hi);
+      }
+      for (int t = 0; t < 4; ++t) out[size_t(j + t) * ld + i] = Sum16(a[t]);
+    }
+    for (; j < group; ++j) {
+      const float* qj = q + size_t(j) * dim;
+      V16 a = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      int d = 0;
+      for (; d + 16 <= dim; d += 16) Fma16(a, Load(qj + d), Widen8<DT>(row, d), Widen8<DT>(row, d + 8));
+      if (d < dim) {
+        const V16 r = WidenTail16<DT>(row, d, dim - d);
+        Fma16(a, LoadTail16(qj + d, dim - d), r.lo, r.hi);
+      }
+      out[size_t(j) * ld + i] = Sum16(a);
+    }
+  }
+}
+
+}  // namespace
+
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out, size_t ld) {
+  switch (keys.dtype) {
+    case Dtype::F32: return KeyRowDots<Dtype::F32>(q, group, keys, h, tokens, n, out, ld);
+    case Dtype::F16: return KeyRowDots<Dtype::F16>(q, group, keys, h, tokens, n, out, ld);
+    case Dtype::BF16: return KeyRowDots<Dtype::BF16>(q, group, keys, h, tokens, n, out, ld);
   }
 }
 
