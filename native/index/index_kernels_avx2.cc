@@ -1,4 +1,4 @@
-// AVX2 bodies of GroupShares, DotsMany and Nearest (index_kernels_avx2.h says why they exist and
+// AVX2 bodies of the index kernels listed in index_kernels_avx2.h (which says why they exist and
 // what they must equal). A 16-lane value of the generic bodies is a pair of __m256: `lo` holds
 // lanes 0-7, `hi` lanes 8-15.
 #include "index/index_kernels_avx2.h"

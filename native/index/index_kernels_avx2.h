@@ -3,8 +3,9 @@
 // those bodies lane by lane through the stack (and the int8 centroid scoring, whose per-tile dots
 // went through memory into such an epilogue). Each function here performs exactly the operations
 // of its generic body, lane for lane and in the same order (16 lanes held as two __m256 halves:
-// lanes 0-7 and 8-15; multiply and add never fused), so every level still gives the same bits.
-// Only index_kernels.cc's AVX2 table may call them (they carry the avx2 target attribute).
+// lanes 0-7 and 8-15; multiply and add fused only where the generic body fuses them), so every
+// level still gives the same bits. Only index_kernels.cc's AVX2 dispatch may call them (they carry
+// the avx2 target attribute).
 #pragma once
 #include <cstddef>
 #include <cstdint>
