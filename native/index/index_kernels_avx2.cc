@@ -165,29 +165,29 @@ KVD_AVX2_IDX inline float Dot(const float* x, const float* c, int dim) {
   return Sum16(a);
 }
 
+// out[t] = Dot(xs[t], y) for t < 4, every load of y shared (products commute, so the bits are
+// DotBody's whichever operand is the row).
+KVD_AVX2_IDX inline void Dots4(const float* const* xs, const float* y, int dim, float* out) {
+  V16 a[4];
+  for (int t = 0; t < 4; ++t) a[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    const __m256 y0 = _mm256_loadu_ps(y + d), y1 = _mm256_loadu_ps(y + d + 8);
+    for (int t = 0; t < 4; ++t) MulAdd16(a[t], xs[t] + d, y0, y1);
+  }
+  for (int t = 0; t < 4; ++t) {
+    AddTail(a[t], xs[t], y, d, dim);
+    out[t] = Sum16(a[t]);
+  }
+}
+
 }  // namespace
 
 KVD_AVX2_IDX void DotsMany(const float* x, size_t n, int dim, const float* c, float* out) {
   size_t i = 0;
   for (; i + 4 <= n; i += 4) {
     const float* r[4] = {x + i * dim, x + (i + 1) * dim, x + (i + 2) * dim, x + (i + 3) * dim};
-    V16 a0 = {_mm256_setzero_ps(), _mm256_setzero_ps()}, a1 = a0, a2 = a0, a3 = a0;
-    int d = 0;
-    for (; d + 16 <= dim; d += 16) {
-      const __m256 c0 = _mm256_loadu_ps(c + d), c1 = _mm256_loadu_ps(c + d + 8);
-      MulAdd16(a0, r[0] + d, c0, c1);
-      MulAdd16(a1, r[1] + d, c0, c1);
-      MulAdd16(a2, r[2] + d, c0, c1);
-      MulAdd16(a3, r[3] + d, c0, c1);
-    }
-    AddTail(a0, r[0], c, d, dim);
-    AddTail(a1, r[1], c, d, dim);
-    AddTail(a2, r[2], c, d, dim);
-    AddTail(a3, r[3], c, d, dim);
-    out[i] = Sum16(a0);
-    out[i + 1] = Sum16(a1);
-    out[i + 2] = Sum16(a2);
-    out[i + 3] = Sum16(a3);
+    Dots4(r, c, dim, out + i);
   }
   for (; i < n; ++i) out[i] = Dot(x + i * dim, c, dim);
 }
@@ -201,21 +201,11 @@ KVD_AVX2_IDX inline float GroupMax(const float* q, int group, const float* row, 
   int j = 0;
   for (; j + 4 <= group; j += 4) {
     const float* qs[4] = {q + size_t(j) * dim, q + size_t(j + 1) * dim, q + size_t(j + 2) * dim, q + size_t(j + 3) * dim};
-    V16 a0 = {_mm256_setzero_ps(), _mm256_setzero_ps()}, a1 = a0, a2 = a0, a3 = a0;
-    int d = 0;
-    for (; d + 16 <= dim; d += 16) {
-      const __m256 r0 = _mm256_loadu_ps(row + d), r1 = _mm256_loadu_ps(row + d + 8);
-      MulAdd16(a0, qs[0] + d, r0, r1);
-      MulAdd16(a1, qs[1] + d, r0, r1);
-      MulAdd16(a2, qs[2] + d, r0, r1);
-      MulAdd16(a3, qs[3] + d, r0, r1);
-    }
-    V16* acc[4] = {&a0, &a1, &a2, &a3};
+    float s[4];
+    Dots4(qs, row, dim, s);
     for (int t = 0; t < 4; ++t) {
-      AddTail(*acc[t], qs[t], row, d, dim);
-      float s = Sum16(*acc[t]);
-      if (coef) s += coef[j + t] * var;
-      best = s > best ? s : best;
+      if (coef) s[t] += coef[j + t] * var;
+      best = s[t] > best ? s[t] : best;
     }
   }
   for (; j < group; ++j) {
