@@ -258,9 +258,8 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
 // Every level computes the same exact int32 dot products of the int8 query with each int8
 // centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesI8Vnni and the AVX2 kernel in
 // index_kernels_avx2.cc run the same operations on registers), so the scores are bit-identical at
-// every level. Tile layout: per tile of 16
-// centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds lane l's dims 4p..4p+3 at bytes
-// 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
+// every level. Tile layout: per tile of 16 centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds
+// lane l's dims 4p..4p+3 at bytes 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
 
 // dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l of one tile
 // (`quads` 64-byte quads): plain int32 multiply-adds.
