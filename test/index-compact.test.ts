@@ -111,6 +111,42 @@ describe('kvdrive compact index', () => {
     expect(indexKernelLevel()).toBe(best);
   });
 
+  it('the sketch quantized at every SIMD level is the same: scores and selections bit-identical (8 and 4 bits)', () => {
+    // The build quantizes each key row (QuantizeCodes: a scalar loop, or AVX2 passes at the vector
+    // levels). Scored at one level, sketches built at different levels must agree exactly; keys of
+    // very different magnitudes, exact zeros and -0 rows exercise the rounding and the zero scale.
+    const best = indexKernelLevel('best');
+    const shape = { qHeads: 8, kvHeads: 2, headDim: 72 };
+    const T = 900;
+    const k = randomKeys(T, shape.kvHeads, shape.headDim, 5);
+    for (let t = 0; t < T; t++) {
+      const row = k.data.subarray(t * shape.kvHeads * shape.headDim, (t + 1) * shape.kvHeads * shape.headDim);
+      if (t % 50 === 7) row.fill(0);
+      else if (t % 50 === 9) row.fill(-0);
+      else if (t % 3 === 0) for (let i = 0; i < row.length; i++) row[i]! *= 10 ** ((t % 11) - 5);
+    }
+    const tokens = Int32Array.from({ length: 300 }, (_, i) => (i * 37) % T);
+    const q = randomQuery(4 * shape.headDim, 9);
+    const qAll = randomQuery(shape.qHeads * shape.headDim, 10);
+    for (const bits of [8, 4] as const) {
+      const built = (['scalar', 'avx2', 'avx512'] as const).map((level) => {
+        indexKernelLevel(level);
+        const p = sketchPolicy({ sketchBits: bits }, shape);
+        p.buildSync(k, T);
+        return p;
+      });
+      indexKernelLevel('scalar');
+      const want = Array.from(built[0]!.sketchScores(q, 1, tokens));
+      const wantSel = Array.from(built[0]!.select(qAll, 64).chunkIds);
+      for (const p of built.slice(1)) {
+        expect(Array.from(p.sketchScores(q, 1, tokens)), `bits ${bits}`).toEqual(want);
+        expect(Array.from(p.select(qAll, 64).chunkIds), `bits ${bits}`).toEqual(wantSel);
+      }
+      indexKernelLevel('best');
+    }
+    expect(indexKernelLevel()).toBe(best);
+  });
+
   it('releaseChunkMeans: full segments hold no chunk means, same selection when every candidate was re-ranked', async () => {
     const T = 8192;
     const shape = { qHeads: 8, kvHeads: 2, headDim: 64 };

@@ -63,8 +63,64 @@ inline float RoundNearest(float x) {
   return x >= 0.f ? (x + kMagic) - kMagic : -((-x + kMagic) - kMagic);
 }
 
+namespace {
+
+// QuantizeCodes' two passes on 8 lanes, for the AVX2 level: the same operations per element (two
+// rounded multiplies, the round-to-even by the magic constant, the clamp), so the codes and the
+// scale are the scalar loop's bits; the max is exact in any order. No "fma" in the target: GCC would
+// fuse a multiply into the add after it. A dim tail below 8 runs the scalar expressions.
+// RowMax: *finite &= every k[d] finite; returns max_d |k[d] * invC[d]|.
+__attribute__((target("avx2"))) float RowMaxAvx2(const float* k, const float* invC, int dim, bool* finite) {
+  const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  int d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 x = _mm256_loadu_ps(k + d);
+    ok = _mm256_and_ps(ok, _mm256_cmp_ps(_mm256_sub_ps(x, x), _mm256_setzero_ps(), _CMP_EQ_OQ));  // x - x == 0: finite
+    m = _mm256_max_ps(m, _mm256_and_ps(_mm256_mul_ps(x, _mm256_loadu_ps(invC + d)), absMask));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = 0.f;
+  for (float v : lanes) r = std::max(r, v);
+  bool f = _mm256_movemask_ps(ok) == 0xff;
+  for (; d < dim; ++d) {
+    f &= std::isfinite(k[d]);
+    r = std::max(r, std::fabs(k[d] * invC[d]));
+  }
+  *finite &= f;
+  return r;
+}
+
+inline int8_t QuantizeOne(float k, float invC, float inv, float levels) {
+  const float x = RoundNearest(k * invC * inv);
+  return int8_t(std::max(-levels, std::min(levels, x)));
+}
+
+__attribute__((target("avx2"))) void QuantizeRowAvx2(const float* k, const float* invC, int dim, float inv, float levels,
+                                                     int8_t* codes) {
+  const __m256 magic = _mm256_set1_ps(12582912.f), vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(levels),
+               lo = _mm256_set1_ps(-levels), zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.f);
+  int d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(k + d), _mm256_loadu_ps(invC + d)), vinv);
+    // RoundNearest: x >= 0 ? (x + M) - M : -((-x + M) - M).
+    const __m256 pos = _mm256_sub_ps(_mm256_add_ps(x, magic), magic);
+    const __m256 neg = _mm256_xor_ps(_mm256_sub_ps(_mm256_add_ps(_mm256_xor_ps(x, sign), magic), magic), sign);
+    __m256 r = _mm256_blendv_ps(neg, pos, _mm256_cmp_ps(x, zero, _CMP_GE_OQ));
+    r = _mm256_max_ps(_mm256_min_ps(r, hi), lo);  // max(-L, min(L, r)), as std::min / std::max order them
+    const __m256i i32 = _mm256_cvttps_epi32(r);
+    const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + d), _mm_packs_epi16(i16, i16));
+  }
+  for (; d < dim; ++d) codes[d] = QuantizeOne(k[d], invC[d], inv, levels);
+}
+
+}  // namespace
+
 // See key_sketch.h. A non-finite row is scored as NaN, so the re-rank reports the token
-// (E_NONFINITE).
+// (E_NONFINITE). The AVX2 passes run at every vector level (the index kernels' level, so tests can
+// compare them with these scalar loops).
 bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int8_t* codes, float* scale) {
   if (!invC) {
     // Unit channel scales (the index's centroid tiles and their queries).
@@ -72,11 +128,16 @@ bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int
     if (ones.size() < size_t(dim)) ones.assign(size_t(dim), 1.f);
     invC = ones.data();
   }
+  const bool vec = IndexKernelLevel() != SimdLevel::Scalar;
   float m = 0.f;
   bool finite = true;
-  for (int d = 0; d < dim; ++d) {
-    finite &= std::isfinite(k[d]);
-    m = std::max(m, std::fabs(k[d] * invC[d]));
+  if (vec) {
+    m = RowMaxAvx2(k, invC, dim, &finite);
+  } else {
+    for (int d = 0; d < dim; ++d) {
+      finite &= std::isfinite(k[d]);
+      m = std::max(m, std::fabs(k[d] * invC[d]));
+    }
   }
   if (!finite) {
     std::fill(codes, codes + dim, int8_t(0));
@@ -90,10 +151,9 @@ bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int
     return true;
   }
   const float inv = 1.f / s;
-  for (int d = 0; d < dim; ++d) {
-    const float x = RoundNearest(k[d] * invC[d] * inv);
-    codes[d] = int8_t(std::max(-levels, std::min(levels, x)));
-  }
+  if (vec) QuantizeRowAvx2(k, invC, dim, inv, levels, codes);
+  else
+    for (int d = 0; d < dim; ++d) codes[d] = QuantizeOne(k[d], invC[d], inv, levels);
   return true;
 }
 
