@@ -726,7 +726,7 @@ KVD_INDEX_LEVEL(Avx2Generic, __attribute__((target("avx2,f16c,fma"))), 4, 1)
 void ScoreRowsMaxAvx2(const float* q, int g, const float* rows, size_t n, int dim, float* out, const float* var, const float* coef) {
   avx2::ScoreRowsMax(q, g, rows, nullptr, n, dim, out, var, coef);
 }
-const Table kAvx2 = {DotAvx2Generic,        avx2::DotsMany,    RowNormsAvx2Generic,      ScoreRowsMaxAvx2,
+const Table kAvx2 = {avx2::Dot,             avx2::DotsMany,    avx2::RowNorms,           ScoreRowsMaxAvx2,
                      avx2::ScoreRowsMax,    avx2::ScoreMinMax, ScoreTilesMaxAvx2Generic, avx2::Nearest,
                      avx2::ScoreKeyRows,    avx2::GroupShares};
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)

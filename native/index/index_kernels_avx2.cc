@@ -157,7 +157,7 @@ inline void AddTail(V16& acc, const float* a, const float* b, int d, int dim) {
 }
 
 // DotBody (index_kernels.cc): 16 interleaved partial sums over d, the tail, Reduce16.
-KVD_AVX2_IDX inline float Dot(const float* x, const float* c, int dim) {
+KVD_AVX2_IDX inline float DotBody(const float* x, const float* c, int dim) {
   V16 a = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   int d = 0;
   for (; d + 16 <= dim; d += 16) MulAdd16(a, x + d, _mm256_loadu_ps(c + d), _mm256_loadu_ps(c + d + 8));
@@ -165,7 +165,7 @@ KVD_AVX2_IDX inline float Dot(const float* x, const float* c, int dim) {
   return Sum16(a);
 }
 
-// out[t] = Dot(xs[t], y) for t < 4, every load of y shared (products commute, so the bits are
+// out[t] = DotBody(xs[t], y) for t < 4, every load of y shared (products commute, so the bits are
 // DotBody's whichever operand is the row).
 KVD_AVX2_IDX inline void Dots4(const float* const* xs, const float* y, int dim, float* out) {
   V16 a[4];
@@ -189,7 +189,13 @@ KVD_AVX2_IDX void DotsMany(const float* x, size_t n, int dim, const float* c, fl
     const float* r[4] = {x + i * dim, x + (i + 1) * dim, x + (i + 2) * dim, x + (i + 3) * dim};
     Dots4(r, c, dim, out + i);
   }
-  for (; i < n; ++i) out[i] = Dot(x + i * dim, c, dim);
+  for (; i < n; ++i) out[i] = DotBody(x + i * dim, c, dim);
+}
+
+KVD_AVX2_IDX float Dot(const float* a, const float* b, int dim) { return DotBody(a, b, dim); }
+
+KVD_AVX2_IDX void RowNorms(const float* x, size_t n, int dim, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = DotBody(x + i * dim, x + i * dim, dim);
 }
 
 namespace {
@@ -209,7 +215,7 @@ KVD_AVX2_IDX inline float GroupMax(const float* q, int group, const float* row, 
     }
   }
   for (; j < group; ++j) {
-    float s = Dot(q + size_t(j) * dim, row, dim);
+    float s = DotBody(q + size_t(j) * dim, row, dim);
     if (coef) s += coef[j] * var;
     best = s > best ? s : best;
   }

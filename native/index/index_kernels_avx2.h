@@ -17,6 +17,9 @@ namespace avx2 {
 
 // GroupShares (index.h).
 int64_t GroupShares(float* logits, int group, size_t n, size_t ld, size_t nShare, float scale, float* share);
+// DotFixed / RowNormsFixed (index.h): the 16-lane dot in DotBody's order.
+float Dot(const float* a, const float* b, int dim);
+void RowNorms(const float* x, size_t n, int dim, float* out);
 // DotsFixed (index.h): out[i] = the 16-lane dot of row i of x with c, DotBody's order.
 void DotsMany(const float* x, size_t n, int dim, const float* c, float* out);
 // NearestCentroids over tiled centroids (index_kernels.cc's NearestBody).
