@@ -21,6 +21,7 @@
 
 #include "common/dtype.h"
 #include "index/index.h"
+#include "index/group_shares_tail.h"
 #include "index/index_kernels_avx2.h"
 #include "index/key_sketch.h"
 
@@ -594,14 +595,9 @@ KVD_INLINE int64_t GroupSharesBody(float* logits, int group, size_t n, size_t ld
       nan += x * 0.f;
       mx = x > mx ? x : mx;
     }
-    float m = ReduceMax16(mx), tailNan = Reduce16(nan);
-    for (size_t i = full; i < n; ++i) {
-      tailNan += l[i] * 0.f;
-      m = l[i] > m ? l[i] : m;
-    }
-    if (!(tailNan == 0.f))
-      for (size_t i = 0; i < n; ++i)
-        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    float m = ReduceMax16(mx);
+    const int64_t bad = FinishRowMax(l, full, n, m, Reduce16(nan));
+    if (bad >= 0) return int64_t(j) * int64_t(ld) + bad;
     m *= scale;
     v16 z = v16{};
     for (size_t b = 0; b < full; b += 16) {
@@ -720,14 +716,18 @@ struct Table {
                            Nearest##NAME, ScoreKeyRows##NAME, GroupShares##NAME};
 
 KVD_INDEX_LEVEL(Scalar, , 4, 0)
-KVD_INDEX_LEVEL(Avx2Generic, __attribute__((target("avx2,f16c,fma"))), 4, 1)
-// The AVX2 table: the generic bodies, but for the kernels GCC's 256-bit lowering of them spilled
-// lane by lane (index_kernels_avx2.h), which have their own AVX2 bodies with the same bits.
+// The AVX2 table: its own bodies (index_kernels_avx2.h: GCC's 256-bit lowering of the generic ones
+// spilled lane by lane), with the same bits; only the f32 tile scoring, which benches and tests
+// call and no select does, keeps the generic body.
+__attribute__((target("avx2,f16c,fma"))) void ScoreTilesMaxAvx2(const float* q, int g, const float* ct, size_t k, int dim, float* out,
+                                                               const float* var, const float* coef) {
+  ScoreTilesMaxBody(q, g, ct, k, dim, out, var, coef);
+}
 void ScoreRowsMaxAvx2(const float* q, int g, const float* rows, size_t n, int dim, float* out, const float* var, const float* coef) {
   avx2::ScoreRowsMax(q, g, rows, nullptr, n, dim, out, var, coef);
 }
 const Table kAvx2 = {avx2::Dot,             avx2::DotsMany,    avx2::RowNorms,           ScoreRowsMaxAvx2,
-                     avx2::ScoreRowsMax,    avx2::ScoreMinMax, ScoreTilesMaxAvx2Generic, avx2::Nearest,
+                     avx2::ScoreRowsMax,    avx2::ScoreMinMax, ScoreTilesMaxAvx2,        avx2::Nearest,
                      avx2::ScoreKeyRows,    avx2::GroupShares};
 KVD_INDEX_LEVEL(Avx512, __attribute__((target("avx512f"))), 8, 2)
 

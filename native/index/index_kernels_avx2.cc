@@ -1,6 +1,7 @@
 // AVX2 bodies of the index kernels listed in index_kernels_avx2.h (which says why they exist and
 // what they must equal). A 16-lane value of the generic bodies is a pair of __m256: `lo` holds
 // lanes 0-7, `hi` lanes 8-15.
+#include "index/group_shares_tail.h"
 #include "index/index_kernels_avx2.h"
 
 #include <immintrin.h>
@@ -92,14 +93,9 @@ KVD_AVX2_IDX int64_t GroupShares(float* logits, int group, size_t n, size_t ld, 
       mx.lo = _mm256_max_ps(x.lo, mx.lo);  // x > mx ? x : mx
       mx.hi = _mm256_max_ps(x.hi, mx.hi);
     }
-    float m = Max16(mx), tailNan = Sum16(nan);
-    for (size_t i = full; i < n; ++i) {
-      tailNan += l[i] * 0.f;
-      m = l[i] > m ? l[i] : m;
-    }
-    if (!(tailNan == 0.f))
-      for (size_t i = 0; i < n; ++i)
-        if (!(l[i] * 0.f == 0.f)) return int64_t(j) * int64_t(ld) + int64_t(i);
+    float m = Max16(mx);
+    const int64_t bad = FinishRowMax(l, full, n, m, Sum16(nan));
+    if (bad >= 0) return int64_t(j) * int64_t(ld) + bad;
     m *= scale;
     const __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(m);
     V16 z = {zero, zero};

@@ -326,8 +326,7 @@ void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, co
 template <int NJ>
 __attribute__((target("avx2"))) inline void Row4Avx2(const int8_t* q8, int full, const uint8_t* r, __m256i mask, __m256i ones,
                                                      int32_t* out, size_t ld) {
-  __m256i acc[NJ];
-  for (int u = 0; u < NJ; ++u) acc[u] = _mm256_setzero_si256();
+  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
   for (int s0 = 0; s0 < full; s0 += 256) {
     const int s1 = std::min(full, s0 + 256);
     __m256i p[NJ];
@@ -345,11 +344,8 @@ __attribute__((target("avx2"))) inline void Row4Avx2(const int8_t* q8, int full,
     }
     for (int u = 0; u < NJ; ++u) acc[u] = _mm256_add_epi32(acc[u], _mm256_madd_epi16(p[u], ones));
   }
-  // Lane u of the 128-bit sum: head u's dot (heads past NJ add zeros).
-  const __m256i z = _mm256_setzero_si256();
-  const __m256i h01 = _mm256_hadd_epi32(acc[0], NJ > 1 ? acc[NJ > 1 ? 1 : 0] : z);
-  const __m256i h23 = _mm256_hadd_epi32(NJ > 2 ? acc[NJ > 2 ? 2 : 0] : z, NJ > 3 ? acc[NJ > 3 ? 3 : 0] : z);
-  const __m256i h = _mm256_hadd_epi32(h01, h23);
+  // Lane u of the 128-bit sum: head u's dot (acc[u] past NJ stays zero).
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
   alignas(16) int32_t sums[4];
   _mm_store_si128(reinterpret_cast<__m128i*>(sums), _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
   for (int u = 0; u < NJ; ++u) out[size_t(u) * ld] = sums[u];
