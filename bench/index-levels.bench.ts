@@ -9,10 +9,12 @@
  *     segment and kv head);
  *   - sketch rows: the 4-bit key sketch's scores of 16384 tokens of one kv head for its 4 query
  *     heads (the offloaded re-rank's inner kernel);
+ *   - build 16K: one layer's offloaded index built from scratch over its first 16384 tokens (chunk
+ *     means, every segment's k-means, the 4-bit key sketch's quantization: what prefill runs);
  *   - select keyless: kvdrive's select as the runtime runs it (offloaded options: from the index and
  *     the 4-bit sketch, the previous selection as prior; includes the re-rank's attention shares);
  *   - select quest / select shadowkv: the baselines' selects (every page bound / chunk mean scored).
- * Selects run on the `threads` option's two threads; the kernel rows on one.
+ * Selects and the build run on the `threads` option's two threads; the kernel rows on one.
  *
  *   npm run build:ts && node dist/bench/index-levels.bench.js [--context 131072] [--time-ms 1000] [--dist DIR]
  *
@@ -62,6 +64,8 @@ const points = blobPoints(1024, DIM, 300, 3);
 const sketchTokens = Int32Array.from({ length: 16384 }, (_, i) => (i * 7919) % (CONTEXT - 64));
 
 const offloaded = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
+const rebuilt = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
+const BUILD_TOKENS = 16384;
 const quest = createPolicy('quest', { threads: 2 });
 const shadowkv = createPolicy('shadowkv', { threads: 2 });
 for (const p of [offloaded, quest, shadowkv]) await p.build(k, CONTEXT);
@@ -71,6 +75,7 @@ const rows: Record<string, () => unknown> = {
   centroids: () => scoreCentroids(q.subarray(0, G * DIM), G, tiles, nCentroids, DIM, 'tiles8', spread),
   kmeans: () => kmeans(points, DIM, { k: 256, iters: 8, seed: 1, trials: 2 }),
   'sketch rows': () => offloaded.sketchScores(q.subarray(0, G * DIM), 0, sketchTokens),
+  'build 16K': () => rebuilt.buildSync(k, BUILD_TOKENS),
   'select keyless': () => offloaded.select(q, BUDGET),
   'select quest': () => quest.select(q, BUDGET, { keys: k }),
   'select shadowkv': () => shadowkv.select(q, BUDGET, { keys: k }),
