@@ -320,9 +320,8 @@ void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, co
 // vpmaddwd by ones widens them into int32 lanes; the four heads' lanes of a row are then summed
 // together (three vphaddd and one 128-bit add) instead of one horizontal sum each. Integer adds
 // throughout, so the dots equal the scalar body's exactly.
-// The earlier AVX2 body widened the nibbles to int16 and kept its accumulators in an array indexed
-// by a run-time head count, which GCC spilled to the stack: ~28 ns per row (4 heads, dim 128) out of
-// cache against ~5 ns for this one (bench/RESULTS.md, "AVX2 index kernels").
+// (The earlier AVX2 body widened the nibbles to int16 first; this one is 1.5-2x faster per row in
+// `index-levels.bench.js`'s "sketch rows", bench/RESULTS.md, "An AVX2-only CPU".)
 template <int NJ>
 __attribute__((target("avx2"))) inline void Row4Avx2(const int8_t* q8, int full, const uint8_t* r, __m256i mask, __m256i ones,
                                                      int32_t* out, size_t ld) {
@@ -618,11 +617,17 @@ void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQue
     }
   }
   if (s.bits == 4) {
-    ArrangeQuery8(out.q.data(), group, dim, out.q8);
-    const int full = dim / 64 * 64;
-    out.q8Dims.resize(size_t(group) * size_t(full));
-    for (int j = 0; j < group; ++j)
-      for (int d = 0; d < full; ++d) out.q8Dims[size_t(j) * full + d] = int8_t(out.q[size_t(j) * dim + d]);
+    const SimdLevel level = IndexKernelLevel();
+    using K = SketchQuery::Kernel4;
+    out.kernel4 = level == SimdLevel::Avx512 && HasAvx512Vnni() ? K::Vnni : level != SimdLevel::Scalar ? K::Avx2 : K::Scalar;
+    if (out.kernel4 == K::Vnni) {
+      ArrangeQuery8(out.q.data(), group, dim, out.q8);
+    } else if (out.kernel4 == K::Avx2) {
+      const int full = dim / 64 * 64;
+      out.q8.resize(size_t(group) * size_t(full));
+      for (int j = 0; j < group; ++j)
+        for (int d = 0; d < full; ++d) out.q8[size_t(j) * full + d] = int8_t(out.q[size_t(j) * dim + d]);
+    }
   }
 }
 
@@ -634,9 +639,11 @@ void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_
   const bool avx512 = level == SimdLevel::Avx512 && HasAvx512Bw();
   if (s.bits == 4) {
     const uint8_t* c = reinterpret_cast<const uint8_t*>(s.codes.data());
-    if (avx512 && HasAvx512Vnni()) Score4Vnni(q.q8.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld);
-    else if (level != SimdLevel::Scalar) Score4Avx2(q.q8Dims.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld);
-    else Score4Scalar(q.q.data(), group, s.dim, c, rows, n, dots, ld);
+    switch (q.kernel4) {
+      case SketchQuery::Kernel4::Vnni: Score4Vnni(q.q8.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld); break;
+      case SketchQuery::Kernel4::Avx2: Score4Avx2(q.q8.data(), q.q.data(), group, s.dim, c, rows, n, dots, ld); break;
+      case SketchQuery::Kernel4::Scalar: Score4Scalar(q.q.data(), group, s.dim, c, rows, n, dots, ld); break;
+    }
   } else if (avx512) {
     ScoreAvx512(q.q.data(), group, s.dim, s.codes.data(), rows, n, dots, ld);
   } else if (level != SimdLevel::Scalar) {

@@ -67,8 +67,11 @@ bool QuantizeCodes(const float* x, const float* invC, int dim, float levels, int
 // (4 bits) 8 x the row's integer sum, the offset the unsigned codes add.
 struct SketchQuery {
   std::vector<int16_t> q;
-  std::vector<int8_t> q8;      // 4 bits: q (within int8) in the VNNI kernel's order (key_sketch.cc)
-  std::vector<int8_t> q8Dims;  // 4 bits: the same values in dim order (the AVX2 kernel), whole 64-dim blocks
+  // 4 bits: the kernel PrepareSketchQuery chose (by the index kernels' level), which ScoreSketchRows
+  // then runs, and q (within int8) in that kernel's order: VNNI's (key_sketch.cc), or dim order
+  // over whole 64-dim blocks for AVX2 (empty for the scalar kernel, which reads q).
+  enum class Kernel4 : unsigned char { Scalar, Avx2, Vnni } kernel4 = Kernel4::Scalar;
+  std::vector<int8_t> q8;
   std::vector<float> scale;
   std::vector<int32_t> offset;
   std::vector<float> rowScale;  // ScoreSketchRows' scratch (the scored rows' scales)
