@@ -262,11 +262,18 @@ KVD_AVX2 inline __m128 Reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 // Logits of R rows (rows[0..R)) for NQ queries, written group-major (L[j*ldL + r]). Each 8-lane
 // block of q_j is loaded once for the R rows and each row block once for the NQ queries; the NQ*R
-// accumulators are independent FMA chains (16 ymm registers: NQ*R <= 8). Every (j, r) logit is a
-// single accumulator summed over the blocks in order and reduced by the same Reduce4 tree whatever
-// R is, so a row's logit does not depend on how rows are blocked.
+// accumulators are independent FMA chains (16 ymm registers: NQ*R accumulators + R row blocks + one
+// query block, at most 15 in the table below). Every (j, r) logit is a single accumulator summed
+// over the blocks in order and reduced by the same Reduce4 tree whatever R is, so a row's logit
+// does not depend on how rows are blocked.
+//
+// Why R = 3 for a GQA group of 4 (12 chains, not 8) and always_inline: with 8 chains of 4-cycle
+// FMAs the loop had no slack, and the call and reduction per pair of rows cost as much again; in a
+// cache-resident microbenchmark (16 f16 rows of dim 128, min over 60 alternated rounds, Zen 3 AVX2)
+// a row took ~52-57 TSC cycles before and ~37 after, outputs bit-identical (bench/RESULTS.md,
+// "AVX2 attention row kernels").
 template <Dtype DT, int NQ, int R>
-KVD_AVX2 inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
+KVD_AVX2 __attribute__((always_inline)) inline void LogitsBlock(const float* qs, const void* const* rows, size_t n, float* L, size_t ldL) {
   __m256 acc[NQ][R];
   for (int j = 0; j < NQ; ++j)
     for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
@@ -287,26 +294,14 @@ KVD_AVX2 inline void LogitsBlock(const float* qs, const void* const* rows, size_
       for (int r = 0; r < R; ++r) acc[j][r] = _mm256_fmadd_ps(q, k[r], acc[j][r]);
     }
   }
+  // Reduced four logits at a time in (j, r) order; every logit goes through the same Reduce4 tree.
+  constexpr int kN = NQ * R;
   const __m256 z = _mm256_setzero_ps();
-  if constexpr (R == 2) {
-    for (int j = 0; j < NQ; j += 2) {
-      alignas(16) float s4[4];
-      _mm_store_ps(s4, Reduce4(acc[j][0], acc[j][1], j + 1 < NQ ? acc[j + 1][0] : z, j + 1 < NQ ? acc[j + 1][1] : z));
-      L[size_t(j) * ldL] = s4[0];
-      L[size_t(j) * ldL + 1] = s4[1];
-      if (j + 1 < NQ) {
-        L[size_t(j + 1) * ldL] = s4[2];
-        L[size_t(j + 1) * ldL + 1] = s4[3];
-      }
-    }
-  } else {
-    static_assert(R == 1, "row blocks of 1 or 2");
-    for (int j0 = 0; j0 < NQ; j0 += 4) {
-      alignas(16) float s4[4];
-      _mm_store_ps(s4, Reduce4(acc[j0][0], j0 + 1 < NQ ? acc[j0 + 1][0] : z, j0 + 2 < NQ ? acc[j0 + 2][0] : z,
-                               j0 + 3 < NQ ? acc[j0 + 3][0] : z));
-      for (int t = 0; t < 4 && j0 + t < NQ; ++t) L[size_t(j0 + t) * ldL] = s4[t];
-    }
+  for (int i0 = 0; i0 < kN; i0 += 4) {
+    alignas(16) float s4[4];
+    _mm_store_ps(s4, Reduce4(acc[i0 / R][i0 % R], i0 + 1 < kN ? acc[(i0 + 1) / R][(i0 + 1) % R] : z,
+                             i0 + 2 < kN ? acc[(i0 + 2) / R][(i0 + 2) % R] : z, i0 + 3 < kN ? acc[(i0 + 3) / R][(i0 + 3) % R] : z));
+    for (int t = 0; t < 4 && i0 + t < kN; ++t) L[size_t((i0 + t) / R) * ldL + (i0 + t) % R] = s4[t];
   }
 }
 
@@ -336,12 +331,12 @@ KVD_AVX2 void LogitsRowsDt(const float* qs, size_t nq, const void* const* rows, 
                            size_t ldL, const void* const* next, size_t nNext, PrefetchTo to) {
   static constexpr LogitsRowsFn kByGroup[9] = {
       nullptr,
-      LogitsRowsN<DT, 1, 2>,
-      LogitsRowsN<DT, 2, 2>,
-      LogitsRowsN<DT, 3, 2>,
-      LogitsRowsN<DT, 4, 2>,
-      LogitsRowsN<DT, 5, 1>,
-      LogitsRowsN<DT, 6, 1>,
+      LogitsRowsN<DT, 1, 4>,
+      LogitsRowsN<DT, 2, 4>,
+      LogitsRowsN<DT, 3, 3>,
+      LogitsRowsN<DT, 4, 3>,
+      LogitsRowsN<DT, 5, 2>,
+      LogitsRowsN<DT, 6, 2>,
       LogitsRowsN<DT, 7, 1>,
       LogitsRowsN<DT, 8, 1>,
   };
@@ -362,6 +357,9 @@ KVD_AVX2 void LogitsRows(const float* qs, size_t nq, const void* const* rows, si
 
 // acc[j][d] += sum_r w[j][r] * rows[r][d] for NQ queries, DB 8-lane blocks of d at a time
 // (NQ*DB independent FMA chains; each row block is widened once and used by all NQ queries).
+// Every accumulator lane sums its rows in order whatever DB is, so DB changes speed, not bits. The
+// table keeps 8-12 chains where the registers allow (a group of 2 at DB 4, 5-6 at DB 2): with 4-6
+// chains of 4-cycle FMAs a row took ~1.4x longer in the cache-resident microbenchmark above.
 template <Dtype DT, int NQ, int DB>
 KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
                             size_t n, const void* const* next, size_t nNext, PrefetchTo to) {
@@ -416,11 +414,11 @@ KVD_AVX2 void WeightedRowsDt(float* acc, size_t nq, const float* w, size_t wStri
   static constexpr WeightedRowsFn kByGroup[9] = {
       nullptr,
       WeightedRowsN<DT, 1, 4>,
-      WeightedRowsN<DT, 2, 2>,
+      WeightedRowsN<DT, 2, 4>,
       WeightedRowsN<DT, 3, 2>,
       WeightedRowsN<DT, 4, 2>,
-      WeightedRowsN<DT, 5, 1>,
-      WeightedRowsN<DT, 6, 1>,
+      WeightedRowsN<DT, 5, 2>,
+      WeightedRowsN<DT, 6, 2>,
       WeightedRowsN<DT, 7, 1>,
       WeightedRowsN<DT, 8, 1>,
   };
