@@ -16,10 +16,15 @@
  *   - select quest / select shadowkv: the baselines' selects (every page bound / chunk mean scored).
  * Selects and the build run on the `threads` option's two threads; the kernel rows on one.
  *
- *   npm run build:ts && node dist/bench/index-levels.bench.js [--context 131072] [--time-ms 1000] [--dist DIR]
+ *   npm run build:ts && node dist/bench/index-levels.bench.js [--context 131072] [--time-ms 500] [--rounds 3] [--dist DIR]
  *
- * `--dist DIR`: import everything from another build's dist/ (the "before" of a change), so two
- * builds run the same bench; run them alternately for a before/after.
+ * Every row runs `--time-ms` per level and round, `--rounds` times; a row's figure is the median
+ * of its round means and the least of its minima (on a shared VM a slow few seconds then move one
+ * round of every row, not every round of a few rows).
+ *
+ * `--dist DIR`: also load another build's dist/ (the "before" of a change, with its own addon) into
+ * this process and run the same rows on the same inputs beside this build's, interleaved, so the
+ * before / after does not depend on how busy the machine was in two separate runs.
  */
 import { cpus, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -29,21 +34,27 @@ import { Bench } from 'tinybench';
 import { blobPoints, uniform } from './bench-util.js';
 
 const { values: a } = parseArgs({
-  options: { context: { type: 'string' }, 'time-ms': { type: 'string' }, dist: { type: 'string' } },
+  options: { context: { type: 'string' }, 'time-ms': { type: 'string' }, rounds: { type: 'string' }, dist: { type: 'string' } },
 });
 const CONTEXT = Number(a.context ?? 131072);
-const TIME_MS = Number(a['time-ms'] ?? 1000);
+const TIME_MS = Number(a['time-ms'] ?? 500);
+const ROUNDS = Number(a.rounds ?? 3);
 if (!Number.isInteger(CONTEXT) || CONTEXT < 16384) throw new Error(`--context: expected an integer >= 16384, got ${a.context}`);
 if (!(TIME_MS > 0)) throw new Error(`--time-ms: expected a positive number, got ${a['time-ms']}`);
+if (!Number.isInteger(ROUNDS) || ROUNDS < 1) throw new Error(`--rounds: expected an integer >= 1, got ${a.rounds}`);
 const distRoot = a.dist ? resolve(a.dist) : undefined;
-const from = async (p: string) => import(distRoot ? pathToFileURL(join(distRoot, p)).href : `../${p}`);
 
-const { createPolicy } = await from('src/index/policy.js');
-const { offloadedPolicyOptions } = await from('src/index/options.js');
-const { centroidTiles, indexKernelLevel, kmeans, scoreCentroids } = await from('src/index/kernels.js');
-const { cpuFeatures } = await from('src/native.js');
-const { generateSyntheticTrace } = await from('src/trace/synthetic.js');
-const { toF32 } = await from('src/util/f16.js');
+// The modules a build's rows need, imported from this build or from DIR/dist.
+async function load(root?: string) {
+  const from = async (p: string) => import(root ? pathToFileURL(join(root, p)).href : `../${p}`);
+  const [policy, options, kernels, nat] = await Promise.all(
+    ['src/index/policy.js', 'src/index/options.js', 'src/index/kernels.js', 'src/native.js'].map(from),
+  );
+  return { ...policy, ...options, ...kernels, ...nat };
+}
+const here = await load();
+const { generateSyntheticTrace } = await import('../src/trace/synthetic.js');
+const { toF32 } = await import('../src/util/f16.js');
 
 const DIM = 128;
 const QH = 32;
@@ -56,61 +67,89 @@ const layer = trace.layerData(0);
 const k = { data: layer.k, dtype: 'f16', tokens: CONTEXT, heads: KVH, dim: DIM };
 const q = toF32(layer.q, 'f16') as Float32Array;
 
-// Kernel inputs.
+// Kernel inputs (the same arrays for every build).
 const nCentroids = 8192;
-const tiles = centroidTiles(uniform(nCentroids * DIM, 2), nCentroids, DIM, 'i8');
+const centroidRows = uniform(nCentroids * DIM, 2);
 const spread = { var: Float32Array.from(uniform(nCentroids, 3), (x) => Math.abs(x)), coef: Float32Array.from({ length: G }, () => 0.05) };
 const points = blobPoints(1024, DIM, 300, 3);
 const sketchTokens = Int32Array.from({ length: 16384 }, (_, i) => (i * 7919) % (CONTEXT - 64));
-
-const offloaded = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
-const rebuilt = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
 const BUILD_TOKENS = 16384;
-const quest = createPolicy('quest', { threads: 2 });
-const shadowkv = createPolicy('shadowkv', { threads: 2 });
-for (const p of [offloaded, quest, shadowkv]) await p.build(k, CONTEXT);
-offloaded.setPrior(offloaded.select(q, BUDGET));
 
-const rows: Record<string, () => unknown> = {
-  centroids: () => scoreCentroids(q.subarray(0, G * DIM), G, tiles, nCentroids, DIM, 'tiles8', spread),
-  kmeans: () => kmeans(points, DIM, { k: 256, iters: 8, seed: 1, trials: 2 }),
-  'sketch rows': () => offloaded.sketchScores(q.subarray(0, G * DIM), 0, sketchTokens),
-  'build 16K': () => rebuilt.buildSync(k, BUILD_TOKENS),
-  'select keyless': () => offloaded.select(q, BUDGET),
-  'select quest': () => quest.select(q, BUDGET, { keys: k }),
-  'select shadowkv': () => shadowkv.select(q, BUDGET, { keys: k }),
+/** One build's rows: its policies built over the shared layer, each row a closure over them. */
+async function rowsOf(m: typeof here): Promise<Record<string, () => unknown>> {
+  const { createPolicy, offloadedPolicyOptions, centroidTiles, scoreCentroids, kmeans } = m;
+  const tiles = centroidTiles(centroidRows, nCentroids, DIM, 'i8');
+  const offloaded = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
+  const rebuilt = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
+  const quest = createPolicy('quest', { threads: 2 });
+  const shadowkv = createPolicy('shadowkv', { threads: 2 });
+  for (const p of [offloaded, quest, shadowkv]) await p.build(k, CONTEXT);
+  offloaded.setPrior(offloaded.select(q, BUDGET));
+  return {
+    centroids: () => scoreCentroids(q.subarray(0, G * DIM), G, tiles, nCentroids, DIM, 'tiles8', spread),
+    kmeans: () => kmeans(points, DIM, { k: 256, iters: 8, seed: 1, trials: 2 }),
+    'sketch rows': () => offloaded.sketchScores(q.subarray(0, G * DIM), 0, sketchTokens),
+    'build 16K': () => rebuilt.buildSync(k, BUILD_TOKENS),
+    'select keyless': () => offloaded.select(q, BUDGET),
+    'select quest': () => quest.select(q, BUDGET, { keys: k }),
+    'select shadowkv': () => shadowkv.select(q, BUDGET, { keys: k }),
+  };
+}
+
+const builds: { name: string; m: typeof here; rows: Record<string, () => unknown> }[] = [];
+if (distRoot) {
+  const m = await load(distRoot);
+  builds.push({ name: 'before', m, rows: await rowsOf(m) });
+}
+builds.push({ name: distRoot ? 'this build' : 'ms', m: here, rows: await rowsOf(here) });
+const rowNames = Object.keys(builds[0]!.rows);
+
+const best = here.indexKernelLevel('best') as string;
+const levels = ['scalar', ...(best === 'scalar' ? [] : ['avx2']), ...(best === 'avx512' ? ['avx512'] : [])];
+type Stat = { means: number[]; min: number };
+const stats = new Map<string, Stat>();  // key: level | build | row
+for (let round = 0; round < ROUNDS; round++) {
+  for (const level of levels) {
+    for (const b of builds) b.m.indexKernelLevel(level);
+    const bench = new Bench({ time: TIME_MS, warmupTime: 100, iterations: 5 });
+    for (const name of rowNames) for (const b of builds) bench.add(`${level}|${b.name}|${name}`, b.rows[name]!);
+    await bench.run();
+    for (const b of builds) b.m.indexKernelLevel('best');
+    for (const t of bench.tasks) {
+      const r = t.result as { state: string; period?: number; min?: number; latency?: { min: number }; error?: unknown };
+      if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
+      const st = stats.get(t.name) ?? { means: [], min: Infinity };
+      st.means.push(r.period);
+      st.min = Math.min(st.min, r.latency?.min ?? r.min ?? r.period);
+      stats.set(t.name, st);
+    }
+  }
+}
+const median = (x: number[]) => [...x].sort((p, r) => p - r)[x.length >> 1]!;
+const cell = (level: string, b: string, row: string) => {
+  const st = stats.get(`${level}|${b}|${row}`)!;
+  return { mean: median(st.means), min: st.min };
 };
 
-/** Mean and minimum ms per call of every row at one index-kernel level. */
-async function at(level: string): Promise<Record<string, { mean: number; min: number }>> {
-  indexKernelLevel(level);
-  const bench = new Bench({ time: TIME_MS, warmupTime: 100, iterations: 5 });
-  for (const [name, fn] of Object.entries(rows)) bench.add(name, fn);
-  await bench.run();
-  indexKernelLevel('best');
-  const out: Record<string, { mean: number; min: number }> = {};
-  for (const t of bench.tasks) {
-    const r = t.result as { state: string; period?: number; min?: number; latency?: { min: number }; error?: unknown };
-    if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
-    out[t.name] = { mean: r.period, min: r.latency?.min ?? r.min ?? r.period };
-  }
-  return out;
-}
-
-const best = indexKernelLevel('best') as string;
-const levels = ['scalar', ...(best === 'scalar' ? [] : ['avx2']), ...(best === 'avx512' ? ['avx512'] : [])];
-const results: Record<string, Record<string, { mean: number; min: number }>> = {};
-for (const level of levels) results[level] = await at(level);
-
-const f = cpuFeatures() as { active: string };
-console.log(`# index kernels by SIMD level (${distRoot ? `build ${distRoot}` : 'this build'}; CPU ${cpus()[0]?.model ?? '?'}, best level ${best}, active ${f.active}; ` +
-  `context ${CONTEXT}, ${TIME_MS} ms per row and level; load ${loadavg().map((x) => x.toFixed(1)).join(' ')})`);
+const f = here.cpuFeatures() as { active: string };
+console.log(`# index kernels by SIMD level (${distRoot ? `this build against ${distRoot}, in one process` : 'this build'}; CPU ${cpus()[0]?.model ?? '?'}, best level ${best}, active ${f.active}; ` +
+  `context ${CONTEXT}, ${ROUNDS} rounds x ${TIME_MS} ms per row and level; load ${loadavg().map((x) => x.toFixed(1)).join(' ')})`);
 console.log('');
-console.log(`| row | ${levels.map((l) => `${l} ms (mean / min)`).join(' | ')} | ${levels.slice(1).map((l) => `scalar / ${l} (means)`).join(' | ')} |`);
-console.log(`|---|${levels.map(() => '---:').join('|')}|${levels.slice(1).map(() => '---:').join('|')}|`);
-for (const name of Object.keys(rows)) {
-  const cells = levels.map((l) => `${results[l]![name]!.mean.toFixed(3)} / ${results[l]![name]!.min.toFixed(3)}`);
-  const ratios = levels.slice(1).map((l) => (results.scalar![name]!.mean / results[l]![name]!.mean).toFixed(2));
+const cols = levels.flatMap((l) => builds.map((b) => `${l}${builds.length > 1 ? ` ${b.name}` : ''} ms (median mean / min)`));
+const ratioCols = [
+  ...levels.slice(1).map((l) => `scalar / ${l} (means)`),
+  ...(builds.length > 1 ? levels.map((l) => `${l}: before / this (means; minima)`) : []),
+];
+console.log(`| row | ${cols.join(' | ')} | ${ratioCols.join(' | ')} |`);
+console.log(`|---|${cols.map(() => '---:').join('|')}|${ratioCols.map(() => '---:').join('|')}|`);
+const me = builds[builds.length - 1]!.name;
+for (const name of rowNames) {
+  const cells = levels.flatMap((l) => builds.map((b) => cell(l, b.name, name))).map((c) => `${c.mean.toFixed(3)} / ${c.min.toFixed(3)}`);
+  const ratios = levels.slice(1).map((l) => (cell('scalar', me, name).mean / cell(l, me, name).mean).toFixed(2));
+  if (builds.length > 1)
+    for (const l of levels) {
+      const b0 = cell(l, 'before', name), b1 = cell(l, me, name);
+      ratios.push(`${(b0.mean / b1.mean).toFixed(2)}; ${(b0.min / b1.min).toFixed(2)}`);
+    }
   console.log(`| ${name} | ${cells.join(' | ')} | ${ratios.join(' | ')} |`);
 }
-
