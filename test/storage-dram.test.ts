@@ -1,4 +1,5 @@
-import { describe, expect, it } from 'vitest';
+import { readFileSync } from 'node:fs';
+import { describe, expect, it, vi } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
 import { SlotHeap } from '../src/storage/slot-heap.js';
 import { expectedChunk, segmentKv } from './storage-kv.js';
@@ -117,6 +118,37 @@ describe('slot heap (lazy increases)', () => {
 });
 
 describe('DRAM store', () => {
+  it('asks for huge pages on every arena before writing it (attention reads its rows at random)', () => {
+    const advised: Uint8Array[] = [];
+    const spy = vi.spyOn(native, 'adviseHugePages').mockImplementation((a: Uint8Array) => {
+      // Still untouched: the advice only helps pages not faulted in yet.
+      expect(a.every((x) => x === 0)).toBe(true);
+      advised.push(a);
+      return 0;
+    });
+    try {
+      const d = new DramStore({ budgetBytes: 40 * (256 + DramStore.metadataBytesPerSlot), shape, blockBytes: 7 * 256 });
+      expect(advised.length).toBe(d.arenas.length);
+      advised.forEach((a, i) => expect(a).toBe(d.arenas[i]));
+    } finally {
+      spy.mockRestore();
+    }
+    // The binding itself: whole 2 MiB pages inside the view only, any TypedArray, shared or not.
+    const big = new Uint8Array(new SharedArrayBuffer(9 << 20), 4096, (8 << 20) + 100);
+    const bytes = native.adviseHugePages(big) as number;
+    expect(bytes % (2 << 20)).toBe(0);
+    expect(bytes).toBeLessThanOrEqual(big.byteLength);
+    let thp = 'never';
+    try {
+      thp = /\[(\w+)\]/.exec(readFileSync('/sys/kernel/mm/transparent_hugepage/enabled', 'utf8'))?.[1] ?? 'never';
+    } catch {
+      // no THP in this kernel: nothing is advised
+    }
+    // 8 MiB + 100 bytes from an offset of 4 KiB hold at least three whole aligned 2 MiB pages.
+    if (thp !== 'never') expect(bytes).toBeGreaterThanOrEqual(3 * (2 << 20));
+    expect(native.adviseHugePages(new Float64Array(4))).toBe(0);
+  });
+
   // One arena block (the default 1 GiB), and blocks of 7 chunks (+ 100 bytes left unused in each):
   // every slot lies whole in one block and reads back what was put.
   it.each([{ blockBytes: undefined, blocks: 1 }, { blockBytes: 7 * 256 + 100, blocks: 6 }])('never exceeds its budget and keeps the most important chunks (blockBytes $blockBytes)', ({ blockBytes, blocks }) => {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/huge_pages.h"
 #include "model/parallel.h"
 #include "common/simd.h"
 
@@ -56,7 +57,7 @@ LlamaModel::LlamaModel(const std::string& path, Placement placement) {
                       std::strerror(err) + "; weights: 'mmap' reads them in place");
   }
   uint8_t* dst = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(region_) + kHuge - 1) & ~uintptr_t(kHuge - 1));
-  ::madvise(dst, len, MADV_HUGEPAGE);
+  AdviseHugePages(dst, len);
   size_t done = 0;
   while (done < bytes_) {
     const ssize_t n = ::pread(fd, dst + done, std::min(bytes_ - done, size_t(64) << 20), off_t(done));

@@ -224,24 +224,7 @@ Napi::Value Logits(const Napi::CallbackInfo& info) {
   });
 }
 
-// (f32 array) → bytes advised. Advises the whole 2 MiB pages inside the array's memory for
-// transparent huge pages (madvise MADV_HUGEPAGE; a hint: contents never change, and a kernel
-// without THP ignores it). For the host's KV cache, which dense decode streams whole every token:
-// a fresh large array is still untouched (calloc'd by mmap), so its first writes fault in huge pages.
-Napi::Value AdviseHugePages(const Napi::CallbackInfo& info) {
-  return Guard(info, [&]() -> Napi::Value {
-    auto a = GetF32(info.Length() > 0 ? info[0] : info.Env().Undefined(), "adviseHugePages array");
-    constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(a.data) + kHuge - 1) & ~(kHuge - 1);
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(a.data + a.length)) & ~(kHuge - 1);
-    size_t advised = 0;
-    if (end > begin && ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) == 0) advised = end - begin;
-    return Napi::Number::New(info.Env(), double(advised));
-  });
-}
-
 void Init(Napi::Env env, Napi::Object exports) {
-  exports.Set("adviseHugePages", Napi::Function::New(env, AdviseHugePages));
   exports.Set("ggufModelOpen", Napi::Function::New(env, Open));
   exports.Set("ggufModelClose", Napi::Function::New(env, Close));
   exports.Set("ggufModelEmbed", Napi::Function::New(env, Embed));
