@@ -11,6 +11,7 @@
 #include <napi.h>
 
 #include <cstdint>
+#include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -45,7 +46,8 @@ namespace {
 Napi::Value AdviseHugePagesBinding(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     if (info.Length() < 1 || !info[0].IsTypedArray())
-      Throw("E_TYPE", "adviseHugePages: expected a TypedArray, got " + std::string(info.Length() < 1 ? "nothing" : "another value"));
+      Throw("E_TYPE", std::string("adviseHugePages: expected a TypedArray (a view of the buffer to advise), got ") +
+                          (info.Length() < 1 ? "no argument" : info[0].IsArray() ? "a plain Array" : info[0].IsUndefined() ? "undefined" : "a non-TypedArray value"));
     // The data pointer from napi_get_typedarray_info includes the byte offset and works for
     // SharedArrayBuffer-backed views (the DRAM tier's arenas are shared with stage workers).
     napi_typedarray_type type;

@@ -2,7 +2,6 @@
 // (handles.h). Every argument is checked: tensor descriptors against the mapped file's size and the
 // model's dimensions, activations against the lengths the dimensions imply.
 #include <napi.h>
-#include <sys/mman.h>
 
 #include <memory>
 #include <string>
