@@ -323,8 +323,8 @@ void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, co
 // (The earlier AVX2 body widened the nibbles to int16 first; this one is 1.5-2x faster per row in
 // `index-levels.bench.js`'s "sketch rows", bench/RESULTS.md, "An AVX2-only CPU".)
 // always_inline: GCC kept it a call per row, each paying the call, a vzeroupper and the loop setup
-// around ~20 vector instructions of work (bench/RESULTS.md, "AVX2 attention row kernels, and the
-// 4-bit row kernel inlined").
+// around ~20 vector instructions of work (bench/RESULTS.md, "The 4-bit re-rank's row kernel
+// inlined").
 template <int NJ>
 __attribute__((target("avx2"), always_inline)) inline void Row4Avx2(const int8_t* q8, int full, const uint8_t* r, __m256i mask, __m256i ones,
                                                      int32_t* out, size_t ld) {
