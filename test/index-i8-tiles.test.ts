@@ -78,10 +78,10 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
 
   it('tiles8 scores equal the exact integer reference, bit-identically at every SIMD level', () => {
     const best = indexKernelLevel('best');
-    // Groups 1, 3, 5 and 8 cover the kernels' partial blocks of query heads (pairs for AVX2, fours
-    // for VNNI); dims 37 and 5 a partial quad; dims 36 and 20 an odd number of quads (the VNNI loop
-    // takes quads in pairs).
-    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17]] as const) {
+    // Groups 1-8 cover the kernels' blocks of query heads (AVX2: fours while three or more are left,
+    // a three repeating its last head, then a pair or a single; VNNI: fours); dims 37 and 5 a
+    // partial quad; dims 36 and 20 an odd number of quads (the VNNI loop takes quads in pairs).
+    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17], [6, 64, 18], [7, 37, 23]] as const) {
       const q = randn(g * dim, 11 + g);
       const c = randn(n * dim, 7 + dim);
       const t = centroidTiles(c, n, dim, 'i8');

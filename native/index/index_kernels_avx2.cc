@@ -435,13 +435,18 @@ void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const in
 
 // Int8 centroid tiles (index.h, TileBytesI8): quarter g of quad p is 16 bytes, centroids 4g..4g+3
 // x dims 4p..4p+3. Each quarter is sign-extended to 16 x int16 and multiplied (vpmaddwd: exact
-// pairs in int32) by a query head's 4 dims (pat16, broadcast), two heads per pass over the tile
-// (8 accumulators + the loads fit the 16 ymm registers): lanes 2m and 2m+1 of quarter g's sum are
-// centroid 4g + m's two pair sums. The sums are paired up (vphaddd, then a lane permutation into
-// centroid order) and scored in registers by ScoreTilesI8's epilogue: the same f32 operations in
-// the same order, so the scores are the generic level's bits. (The generic epilogue, fed through
-// memory, was lowered lane by lane on AVX2; four heads per pass with the quarters one after
-// another was slower: it broadcasts every query pattern four times.)
+// pairs in int32) by a query head's 4 dims (pat16, broadcast): lanes 2m and 2m+1 of quarter g's
+// sum are centroid 4g + m's two pair sums. Groups of three or more query heads go four heads at a
+// time, two quarters per pass over the tile (8 accumulators); one or two heads, all four quarters
+// per pass. The sums are paired up (vphaddd, then a lane permutation into centroid order) and scored
+// in registers by the epilogue (`score`): the same f32 operations in the same order, so the scores
+// are the generic level's bits (integer sums are exact in any grouping).
+// Why four heads by two quarters: each sign-extended quarter then serves four heads instead of two,
+// halving the conversions (2 uops each here), for two more broadcasts (a load each); for a GQA
+// group of 4 at dim 128 a tile of 16 centroids took ~1.8x less (bench/RESULTS.md, "Centroid scoring
+// on AVX2: four heads per pass"). (The generic epilogue, fed through memory, was lowered lane by lane
+// on AVX2; four heads with the quarters one after another was slower: it broadcasts every query
+// pattern four times per quad.)
 KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
                                const float* coef) {
   const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
@@ -456,35 +461,65 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
       for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
     const __m256 vv0 = _mm256_load_ps(vvs), vv1 = _mm256_load_ps(vvs + 8);
     __m256 best0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), best1 = best0;
-    for (int j0 = 0; j0 < qq.group; j0 += 2) {
-      const int nj = qq.group - j0 < 2 ? qq.group - j0 : 2;
-      const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
-      const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
-      __m256i a[2][4];
-      for (int r = 0; r < 2; ++r)
-        for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
-      for (size_t p = 0; p < quads; ++p) {
-        const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
-        for (int g = 0; g < 4; ++g) {
-          const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
-          a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
-          a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
-        }
+    // One query head's scores of the tile's 16 centroids from its four quarter sums, max-ed in.
+    auto score = [&](const __m256i (&ar)[4], int j) KVD_AVX2_IDX {
+      const __m256i d0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[0], ar[1]), order);
+      const __m256i d1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[2], ar[3]), order);
+      const __m256 sj = _mm256_set1_ps(qq.scale[j]);
+      __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
+      __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
+      if (var) {
+        const __m256 cj = _mm256_set1_ps(coef[j]);
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
       }
-      for (int r = 0; r < nj; ++r) {
-        const int j = j0 + r;
-        const __m256i d0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[r][0], a[r][1]), order);
-        const __m256i d1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(a[r][2], a[r][3]), order);
-        const __m256 sj = _mm256_set1_ps(qq.scale[j]);
-        __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
-        __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
-        if (var) {
-          const __m256 cj = _mm256_set1_ps(coef[j]);
-          s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
-          s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
+      best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
+      best1 = _mm256_max_ps(s1, best1);
+    };
+    for (int j0 = 0; j0 < qq.group;) {
+      const int left = qq.group - j0;
+      __m256i a[4][4];
+      if (left >= 3) {
+        // Four heads (the last repeated for three), two quarters per pass over the tile.
+        const int nj = left < 4 ? left : 4;
+        const int64_t* pj[4];
+        for (int u = 0; u < 4; ++u) pj[u] = qq.pat16.data() + size_t(j0 + (u < nj ? u : nj - 1)) * quads;
+        for (int gp = 0; gp < 4; gp += 2) {
+          __m256i x[4][2];
+          for (int u = 0; u < 4; ++u) x[u][0] = x[u][1] = _mm256_setzero_si256();
+          for (size_t p = 0; p < quads; ++p) {
+            const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + gp * 16)));
+            const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + gp * 16 + 16)));
+            for (int u = 0; u < 4; ++u) {
+              const __m256i qv = _mm256_set1_epi64x(pj[u][p]);
+              x[u][0] = _mm256_add_epi32(x[u][0], _mm256_madd_epi16(w0, qv));
+              x[u][1] = _mm256_add_epi32(x[u][1], _mm256_madd_epi16(w1, qv));
+            }
+          }
+          for (int u = 0; u < 4; ++u) {
+            a[u][gp] = x[u][0];
+            a[u][gp + 1] = x[u][1];
+          }
         }
-        best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
-        best1 = _mm256_max_ps(s1, best1);
+        for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
+        j0 += nj;
+      } else {
+        // One or two heads (the one repeated), all four quarters per pass.
+        const int nj = left;
+        const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
+        const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
+        for (int r = 0; r < 2; ++r)
+          for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
+        for (size_t p = 0; p < quads; ++p) {
+          const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
+          for (int g = 0; g < 4; ++g) {
+            const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
+            a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
+            a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
+          }
+        }
+        for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
+        j0 += nj;
       }
     }
     alignas(32) float b[16];
