@@ -433,6 +433,35 @@ void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const in
   }
 }
 
+namespace {
+
+// The four quarter sums a[u][g] (g < 4) of NH query heads (patterns pj[u], pat16) over one tile `c`
+// of `quads` quads: each quarter sign-extended once per pass and multiplied by every head's
+// broadcast pattern; 8 / NH quarters per pass, so NH x 8 / NH = 8 accumulators stay in registers.
+// Integer sums, exact in any grouping.
+template <int NH>
+KVD_AVX2_IDX inline void QuarterSums(const int8_t* c, const int64_t* const* pj, size_t quads, __m256i (&a)[4][4]) {
+  constexpr int kQ = 8 / NH;
+  for (int g0 = 0; g0 < 4; g0 += kQ) {
+    __m256i x[NH][kQ];
+    for (int u = 0; u < NH; ++u)
+      for (int t = 0; t < kQ; ++t) x[u][t] = _mm256_setzero_si256();
+    for (size_t p = 0; p < quads; ++p) {
+      __m256i w[kQ];
+      for (int t = 0; t < kQ; ++t)
+        w[t] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + (g0 + t) * 16)));
+      for (int u = 0; u < NH; ++u) {
+        const __m256i qv = _mm256_set1_epi64x(pj[u][p]);
+        for (int t = 0; t < kQ; ++t) x[u][t] = _mm256_add_epi32(x[u][t], _mm256_madd_epi16(w[t], qv));
+      }
+    }
+    for (int u = 0; u < NH; ++u)
+      for (int t = 0; t < kQ; ++t) a[u][g0 + t] = x[u][t];
+  }
+}
+
+}  // namespace
+
 // Int8 centroid tiles (index.h, TileBytesI8): quarter g of quad p is 16 bytes, centroids 4g..4g+3
 // x dims 4p..4p+3. Each quarter is sign-extended to 16 x int16 and multiplied (vpmaddwd: exact
 // pairs in int32) by a query head's 4 dims (pat16, broadcast): lanes 2m and 2m+1 of quarter g's
@@ -476,51 +505,18 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
       best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
       best1 = _mm256_max_ps(s1, best1);
     };
+    // Four heads at a time while three or more are left (a three repeats its last head), then a
+    // pair or a single (repeated): see QuarterSums.
     for (int j0 = 0; j0 < qq.group;) {
       const int left = qq.group - j0;
+      const int nh = left >= 3 ? 4 : 2, nj = left < nh ? left : nh;
+      const int64_t* pj[4];
+      for (int u = 0; u < nh; ++u) pj[u] = qq.pat16.data() + size_t(j0 + (u < nj ? u : nj - 1)) * quads;
       __m256i a[4][4];
-      if (left >= 3) {
-        // Four heads (the last repeated for three), two quarters per pass over the tile.
-        const int nj = left < 4 ? left : 4;
-        const int64_t* pj[4];
-        for (int u = 0; u < 4; ++u) pj[u] = qq.pat16.data() + size_t(j0 + (u < nj ? u : nj - 1)) * quads;
-        for (int gp = 0; gp < 4; gp += 2) {
-          __m256i x[4][2];
-          for (int u = 0; u < 4; ++u) x[u][0] = x[u][1] = _mm256_setzero_si256();
-          for (size_t p = 0; p < quads; ++p) {
-            const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + gp * 16)));
-            const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + gp * 16 + 16)));
-            for (int u = 0; u < 4; ++u) {
-              const __m256i qv = _mm256_set1_epi64x(pj[u][p]);
-              x[u][0] = _mm256_add_epi32(x[u][0], _mm256_madd_epi16(w0, qv));
-              x[u][1] = _mm256_add_epi32(x[u][1], _mm256_madd_epi16(w1, qv));
-            }
-          }
-          for (int u = 0; u < 4; ++u) {
-            a[u][gp] = x[u][0];
-            a[u][gp + 1] = x[u][1];
-          }
-        }
-        for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
-        j0 += nj;
-      } else {
-        // One or two heads (the one repeated), all four quarters per pass.
-        const int nj = left;
-        const int64_t* p0 = qq.pat16.data() + size_t(j0) * quads;
-        const int64_t* p1 = qq.pat16.data() + size_t(j0 + nj - 1) * quads;
-        for (int r = 0; r < 2; ++r)
-          for (int g = 0; g < 4; ++g) a[r][g] = _mm256_setzero_si256();
-        for (size_t p = 0; p < quads; ++p) {
-          const __m256i q0 = _mm256_set1_epi64x(p0[p]), q1 = _mm256_set1_epi64x(p1[p]);
-          for (int g = 0; g < 4; ++g) {
-            const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + p * 64 + g * 16)));
-            a[0][g] = _mm256_add_epi32(a[0][g], _mm256_madd_epi16(w, q0));
-            a[1][g] = _mm256_add_epi32(a[1][g], _mm256_madd_epi16(w, q1));
-          }
-        }
-        for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
-        j0 += nj;
-      }
+      if (nh == 4) QuarterSums<4>(c, pj, quads, a);
+      else QuarterSums<2>(c, pj, quads, a);
+      for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
+      j0 += nj;
     }
     alignas(32) float b[16];
     _mm256_store_ps(b, best0);
