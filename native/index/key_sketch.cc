@@ -65,6 +65,18 @@ inline float RoundNearest(float x) {
 
 namespace {
 
+// QuantizeCodes' first pass over dims [d0, dim), scalar: *finite &= every k[d] finite; returns the
+// larger of m and max_d |k[d] * invC[d]| (exact in any order).
+inline float RowMaxFrom(const float* k, const float* invC, int d0, int dim, float m, bool* finite) {
+  bool f = true;
+  for (int d = d0; d < dim; ++d) {
+    f &= std::isfinite(k[d]);
+    m = std::max(m, std::fabs(k[d] * invC[d]));
+  }
+  *finite &= f;
+  return m;
+}
+
 // QuantizeCodes' two passes on 8 lanes, for the AVX2 level: the same operations per element (two
 // rounded multiplies, the round-to-even by the magic constant, the clamp), so the codes and the
 // scale are the scalar loop's bits; the max is exact in any order. No "fma" in the target: GCC would
@@ -83,13 +95,8 @@ __attribute__((target("avx2"))) float RowMaxAvx2(const float* k, const float* in
   _mm256_store_ps(lanes, m);
   float r = 0.f;
   for (float v : lanes) r = std::max(r, v);
-  bool f = _mm256_movemask_ps(ok) == 0xff;
-  for (; d < dim; ++d) {
-    f &= std::isfinite(k[d]);
-    r = std::max(r, std::fabs(k[d] * invC[d]));
-  }
-  *finite &= f;
-  return r;
+  *finite &= _mm256_movemask_ps(ok) == 0xff;
+  return RowMaxFrom(k, invC, d, dim, r, finite);
 }
 
 inline int8_t QuantizeOne(float k, float invC, float inv, float levels) {
@@ -129,16 +136,8 @@ bool QuantizeCodes(const float* k, const float* invC, int dim, float levels, int
     invC = ones.data();
   }
   const bool vec = IndexKernelLevel() != SimdLevel::Scalar;
-  float m = 0.f;
   bool finite = true;
-  if (vec) {
-    m = RowMaxAvx2(k, invC, dim, &finite);
-  } else {
-    for (int d = 0; d < dim; ++d) {
-      finite &= std::isfinite(k[d]);
-      m = std::max(m, std::fabs(k[d] * invC[d]));
-    }
-  }
+  const float m = vec ? RowMaxAvx2(k, invC, dim, &finite) : RowMaxFrom(k, invC, 0, dim, 0.f, &finite);
   if (!finite) {
     std::fill(codes, codes + dim, int8_t(0));
     *scale = NAN;
