@@ -24,8 +24,7 @@ import { cpus, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { Bench } from 'tinybench';
-import { uniform } from './bench-util.js';
+import { RoundTimes, timeTasks, uniform } from './bench-util.js';
 import { native as here, cpuFeatures } from '../src/native.js';
 import { f32ArrayToF16 } from '../src/util/f16.js';
 
@@ -82,22 +81,9 @@ for (const { g, q, w, acc } of inputs)
           ? () => b.native.simdLogitsRows(level, q, g, rows, 'f16')
           : () => b.native.simdWeightedRows(level, acc, g, w, rows, 'f16')]);
 
-const means = new Map<string, number[]>();
-const minima = new Map<string, number>();
-for (let round = 0; round < ROUNDS; round++) {
-  const bench = new Bench({ time: TIME_MS, warmupTime: 50, iterations: 10 });
-  for (const [name, fn] of tasks) bench.add(name, fn);
-  await bench.run();
-  for (const t of bench.tasks) {
-    const r = t.result as { state: string; period?: number; latency?: { min: number }; error?: unknown };
-    if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
-    means.set(t.name, [...(means.get(t.name) ?? []), r.period]);
-    minima.set(t.name, Math.min(minima.get(t.name) ?? Infinity, r.latency?.min ?? r.period));
-  }
-}
-const median = (x: number[]) => [...x].sort((p, q) => p - q)[x.length >> 1]!;
-const stat = new Map<string, { mean: number; min: number }>();
-for (const [name] of tasks) stat.set(name, { mean: median(means.get(name)!), min: minima.get(name)! });
+const rounds = new RoundTimes();
+for (let round = 0; round < ROUNDS; round++) rounds.add(await timeTasks(tasks, { timeMs: TIME_MS, warmupMs: 50, iterations: 10 }));
+const stat = new Map(tasks.map(([name]) => [name, rounds.get(name)]));
 
 console.log(`# attention row kernels (${ROWS} f16 rows of dim ${DIM} per call; CPU ${cpus()[0]?.model ?? '?'}, best level ${best}; ` +
   `${ROUNDS} rounds x ${TIME_MS} ms per row; load ${loadavg().map((x) => x.toFixed(1)).join(' ')})`);

@@ -1,18 +1,59 @@
-/** Small helpers shared by the index benchmarks: run a tinybench suite, read mean times. */
+/** Small helpers shared by the benchmarks: run tinybench suites and read their times, seeded inputs. */
 import { Bench } from 'tinybench';
+
+/** A task's time per call in ms: tinybench's mean and its fastest call. */
+export interface TaskTime {
+  mean: number;
+  min: number;
+}
+
+/** Runs the tasks in one tinybench suite (one after the other) and returns each one's times, by name. */
+export async function timeTasks(
+  tasks: Iterable<[string, () => unknown]>,
+  o: { timeMs?: number; warmupMs?: number; iterations?: number } = {},
+): Promise<Map<string, TaskTime>> {
+  const bench = new Bench({ time: o.timeMs ?? 400, warmupTime: o.warmupMs ?? 50, ...(o.iterations ? { iterations: o.iterations } : {}) });
+  for (const [name, fn] of tasks) bench.add(name, fn);
+  await bench.run();
+  const out = new Map<string, TaskTime>();
+  for (const t of bench.tasks) {
+    const r = t.result as { state: string; period?: number; latency?: { min: number }; error?: unknown };
+    if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
+    out.set(t.name, { mean: r.period, min: r.latency?.min ?? r.period });
+  }
+  return out;
+}
 
 /** Runs each function in one tinybench suite and returns the mean time per call in ms, by name. */
 export async function meanMs(tasks: Record<string, () => unknown>, timeMs = 400): Promise<Record<string, number>> {
-  const bench = new Bench({ time: timeMs, warmupTime: 50 });
-  for (const [name, fn] of Object.entries(tasks)) bench.add(name, fn);
-  await bench.run();
-  const out: Record<string, number> = {};
-  for (const t of bench.tasks) {
-    const r = t.result as { state: string; period?: number; error?: unknown };
-    if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
-    out[t.name] = r.period;
+  const times = await timeTasks(Object.entries(tasks), { timeMs });
+  return Object.fromEntries([...times].map(([name, t]) => [name, t.mean]));
+}
+
+/**
+ * Times of the same tasks over several rounds (each a {@link timeTasks} run): a task's figure is the
+ * median of its round means and the least of its minima. On a shared machine a slow few seconds
+ * then move one round of every task, not every round of a few.
+ */
+export class RoundTimes {
+  private readonly runs = new Map<string, { means: number[]; min: number }>();
+
+  /** Adds one round's times. */
+  add(times: Map<string, TaskTime>): void {
+    for (const [name, t] of times) {
+      const r = this.runs.get(name) ?? { means: [], min: Infinity };
+      r.means.push(t.mean);
+      r.min = Math.min(r.min, t.min);
+      this.runs.set(name, r);
+    }
   }
-  return out;
+
+  /** The task's median round mean and least minimum (E: a task never added). */
+  get(name: string): TaskTime {
+    const r = this.runs.get(name);
+    if (!r) throw new Error(`RoundTimes: no times for task ${name}`);
+    return { mean: [...r.means].sort((a, b) => a - b)[r.means.length >> 1]!, min: r.min };
+  }
 }
 
 /** Float32Array of n uniform values in [-1, 1) from a seeded LCG (benchmarks need no quality RNG). */

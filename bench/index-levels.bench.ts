@@ -30,8 +30,7 @@ import { cpus, loadavg } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
-import { Bench } from 'tinybench';
-import { blobPoints, uniform } from './bench-util.js';
+import { blobPoints, RoundTimes, timeTasks, uniform } from './bench-util.js';
 
 const { values: a } = parseArgs({
   options: { context: { type: 'string' }, 'time-ms': { type: 'string' }, rounds: { type: 'string' }, dist: { type: 'string' } },
@@ -106,30 +105,16 @@ const rowNames = Object.keys(builds[0]!.rows);
 
 const best = here.indexKernelLevel('best') as string;
 const levels = ['scalar', ...(best === 'scalar' ? [] : ['avx2']), ...(best === 'avx512' ? ['avx512'] : [])];
-type Stat = { means: number[]; min: number };
-const stats = new Map<string, Stat>();  // key: level | build | row
+const rounds = new RoundTimes();  // task names: level | build | row
 for (let round = 0; round < ROUNDS; round++) {
   for (const level of levels) {
     for (const b of builds) b.m.indexKernelLevel(level);
-    const bench = new Bench({ time: TIME_MS, warmupTime: 100, iterations: 5 });
-    for (const name of rowNames) for (const b of builds) bench.add(`${level}|${b.name}|${name}`, b.rows[name]!);
-    await bench.run();
+    const tasks = rowNames.flatMap((name) => builds.map((b): [string, () => unknown] => [`${level}|${b.name}|${name}`, b.rows[name]!]));
+    rounds.add(await timeTasks(tasks, { timeMs: TIME_MS, warmupMs: 100, iterations: 5 }));
     for (const b of builds) b.m.indexKernelLevel('best');
-    for (const t of bench.tasks) {
-      const r = t.result as { state: string; period?: number; min?: number; latency?: { min: number }; error?: unknown };
-      if (r.state !== 'completed' || r.period === undefined) throw new Error(`bench task ${t.name} did not complete: ${String(r.error ?? r.state)}`);
-      const st = stats.get(t.name) ?? { means: [], min: Infinity };
-      st.means.push(r.period);
-      st.min = Math.min(st.min, r.latency?.min ?? r.min ?? r.period);
-      stats.set(t.name, st);
-    }
   }
 }
-const median = (x: number[]) => [...x].sort((p, r) => p - r)[x.length >> 1]!;
-const cell = (level: string, b: string, row: string) => {
-  const st = stats.get(`${level}|${b}|${row}`)!;
-  return { mean: median(st.means), min: st.min };
-};
+const cell = (level: string, b: string, row: string) => rounds.get(`${level}|${b}|${row}`);
 
 const f = here.cpuFeatures() as { active: string };
 console.log(`# index kernels by SIMD level (${distRoot ? `this build against ${distRoot}, in one process` : 'this build'}; CPU ${cpus()[0]?.model ?? '?'}, best level ${best}, active ${f.active}; ` +
