@@ -345,7 +345,8 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
   }
 
   // new SelectionIndex({ policy: 'kvdrive'|'quest'|'shadowkv', chunkSize, tokensPerCluster,
-  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, varianceWeight, threads,
+  //   segmentTokens, sinks, local, kmeansIters, seed, candidateFactor, reuseCandidateFactor,
+  //   candidateExponent, varianceWeight, threads,
   //   rerankFactor, radiusWeight, outlierFraction, tokenGranular, keySketch, preferSketch, sketchBits,
   //   releaseChunkMeans, outlierChunks, reclusterDelay })
   explicit SelectionIndex(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SelectionIndex>(info), s_(std::make_shared<SharedIndex>()) {
@@ -381,6 +382,12 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         double v = rc.IsNumber() ? rc.As<Napi::Number>().DoubleValue() : NAN;
         if (!(v >= 0.0 && v <= 1e6)) Throw("E_CONFIG", what + ".reuseCandidateFactor: expected a number in [0, 1e6], got " + (rc.IsNumber() ? Num(v) : "a non-number"));
         cfg.reuseCandidateFactor = v;
+      }
+      Napi::Value ce = o.Get("candidateExponent");
+      if (!ce.IsUndefined()) {
+        double v = ce.IsNumber() ? ce.As<Napi::Number>().DoubleValue() : NAN;
+        if (!(v >= 0.0 && v <= 1.0)) Throw("E_CONFIG", what + ".candidateExponent: expected a number in [0, 1], got " + (ce.IsNumber() ? Num(v) : "a non-number"));
+        cfg.candidateExponent = v;
       }
       Napi::Value vw = o.Get("varianceWeight");
       if (!vw.IsUndefined()) {

@@ -850,7 +850,7 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
 size_t LayerIndex::RerankChunks(int64_t budget) const {
   // Without chunk means (released) there is no level 2 to pick the re-ranked chunks: all of them.
   if (cfg_.releaseChunkMeans) return std::numeric_limits<size_t>::max();
-  return std::max<size_t>(1, size_t(std::ceil(cfg_.rerankFactor * double(budget) / cfg_.chunk)));
+  return std::max<size_t>(1, size_t(std::ceil(cfg_.FactorAt(cfg_.rerankFactor, budget, tokens_) * double(budget) / cfg_.chunk)));
 }
 
 bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, int64_t budget, int64_t want,
@@ -1104,7 +1104,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // below, so the next level walks the cache forwards).
       // With a prior selection, fewer clusters: the prior's chunks join the candidates below.
       const std::vector<int32_t>* prior = cfg_.reuseCandidateFactor > 0 && !prior_.empty() ? &prior_[size_t(h)] : nullptr;
-      const double factor = prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor;
+      const double factor = cfg_.FactorAt(prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor, budget, tokens_);
       const double target = std::max(factor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
       TakeClusters(clusters, ctoks, target, sc.hist, chosen);

@@ -9,7 +9,8 @@
 // Policies:
 //  - kvdrive: chunk means (c = 4) clustered by k-means per segment of `segmentTokens` tokens
 //    (~tokensPerCluster tokens per cluster). Select scores every centroid (max over the GQA group),
-//    takes the best clusters until candidateFactor x K tokens (at least the pool), re-ranks their
+//    takes the best clusters until candidateFactor x K tokens (at least the pool; the factors scale
+//    with K, IndexConfig::candidateExponent), re-ranks their
 //    chunks by q·chunk-mean (max over the group) and keeps the best up to K tokens. Both levels add
 //    the variance term of IndexConfig::varianceWeight. Given the keys (the host's KV, read in place),
 //    level 3 re-ranks the best level-2 chunks up to rerankFactor x K tokens by their estimated share
@@ -29,6 +30,7 @@
 // Ranking ties break towards the lower chunk id (clusters: the lower index over the head's segments),
 // so selections are deterministic.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +65,20 @@ struct IndexConfig {
   // its norm per step on the synthetic trace), so the prior carries most of this step's selection
   // and fewer clusters need re-ranking. 0: a prior is ignored.
   double reuseCandidateFactor = 0.0;
+  // kvdrive: how the candidate and re-rank counts grow with the budget K. The three factors
+  // (candidateFactor, reuseCandidateFactor, rerankFactor) hold where K is kFactorShare of the
+  // context T (2048 of 128K, where they were tuned); at budget K each is multiplied by
+  // (K / (kFactorShare T))^(candidateExponent - 1), so the candidates grow as K^candidateExponent.
+  // 1: proportional to K. Below 1 a large budget's extra tokens are the low-mass tail, which fewer
+  // candidates per selected token still find, and a small budget, where each missed token weighs
+  // more, gets more candidates per token.
+  double candidateExponent = 0.5;  // src/index/options.ts default (tuned there)
+  static constexpr double kFactorShare = 1.0 / 64;
+  // A factor as it applies at budget K over a context of T tokens (see candidateExponent).
+  double FactorAt(double factor, int64_t budget, int64_t tokens) const {
+    if (candidateExponent == 1.0) return factor;
+    return factor * std::pow(double(budget) / (kFactorShare * double(std::max<int64_t>(tokens, 1))), candidateExponent - 1.0);
+  }
   // kvdrive: weight of the variance term in centroid and chunk scores (0: plain q·mean). A chunk's
   // attention mass is sum_t exp(s q·k_t) ~ exp(s q·mean + s²/2 q^T Σ q) (second-order cumulant);
   // with an isotropic Σ = var·I the score in q·k units is q·mean + w (s/2) |q|² var, s = 1/sqrt(dim).

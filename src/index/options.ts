@@ -54,6 +54,20 @@ export interface PolicyOptions {
    */
   reuseCandidateFactor?: number;
   /**
+   * kvdrive only: how the candidates grow with the budget (a number in [0, 1]; default 0.5).
+   * candidateFactor, reuseCandidateFactor and rerankFactor hold where the budget is 1/64 of the
+   * context (2048 of 128K, where they were tuned); at budget K over T tokens each is multiplied by
+   * (64 K / T)^(candidateExponent - 1), so the candidate tokens grow as K^candidateExponent: 1 =
+   * proportional to the budget; 0.5 = twice the budget, 1.41x the candidates. A large budget's extra
+   * tokens are the low-mass tail (missing one costs little); at a small budget every miss weighs
+   * more. Tuned with bench/select-step.ts (128K, 8 steps, offloaded select, tuning seeds 3, 4 and 5;
+   * seeds 1 and 11 never looked at), recall / oracle at 1 -> 0.5: budget 512 0.9755 / 0.9724 /
+   * 0.9588 -> 0.9856 / 0.9854 / 0.9769 (+12% bytes scored), 1024 0.9791 / 0.9781 / 0.9671 -> 0.9852
+   * / 0.9840 / 0.9746 (+9%), 4096 0.9896 / 0.9864 / 0.9851 -> 0.9838 / 0.9808 / 0.9760 (-14%);
+   * 2048 as before. Figures: bench/pareto.md.
+   */
+  candidateExponent?: number;
+  /**
    * kvdrive only: weight w of the variance term in centroid and chunk scores (default 3; 0 = plain
    * q·mean). A chunk's attention mass is Σ_t exp(s·q·k_t) ≈ exp(s·q·mean + s²/2·qᵀΣq); with an
    * isotropic Σ = var·I the score becomes q·mean + w·(s/2)·|q|²·var (s = 1/sqrt(headDim)), so chunks
@@ -177,6 +191,7 @@ export interface ResolvedPolicyOptions {
   seed: number;
   candidateFactor: number;
   reuseCandidateFactor: number;
+  candidateExponent: number;
   varianceWeight: number;
   rerankFactor: number;
   radiusWeight: number;
@@ -195,7 +210,7 @@ export interface ResolvedPolicyOptions {
 }
 
 const DEFAULT_CHUNK: Record<PolicyName, number> = { kvdrive: 4, shadowkv: 8, quest: 16 };
-const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'reuseCandidateFactor', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
+const KVDRIVE_ONLY = ['tokensPerCluster', 'segmentTokens', 'kmeansIters', 'seed', 'candidateFactor', 'reuseCandidateFactor', 'candidateExponent', 'varianceWeight', 'rerankFactor', 'radiusWeight', 'outlierFraction', 'tokenGranular', 'keySketch', 'preferSketch', 'sketchBits', 'releaseChunkMeans', 'reclusterDelay'] as const;
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
@@ -210,6 +225,7 @@ const schema = z
     seed: int(0, Number.MAX_SAFE_INTEGER).optional(),
     candidateFactor: z.number().min(1).max(1e6).optional(),
     reuseCandidateFactor: z.number().min(0).max(1e6).optional(),
+    candidateExponent: z.number().min(0).max(1).optional(),
     varianceWeight: z.number().min(0).max(1000).optional(),
     rerankFactor: z.number().min(0).max(1e6).optional(),
     radiusWeight: z.number().min(0).max(1000).optional(),
@@ -238,6 +254,7 @@ const EXPECTED: Record<string, string> = {
   seed: 'a safe integer >= 0',
   candidateFactor: 'a number in [1, 1e6]',
   reuseCandidateFactor: 'a number in [0, 1e6]',
+  candidateExponent: 'a number in [0, 1]',
   varianceWeight: 'a number in [0, 1000]',
   rerankFactor: 'a number in [0, 1e6]',
   radiusWeight: 'a number in [0, 1000]',
@@ -300,6 +317,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     seed: o.seed ?? 0,
     candidateFactor: o.candidateFactor ?? 8,
     reuseCandidateFactor: o.reuseCandidateFactor ?? (policy === 'kvdrive' ? 5 : 0),
+    candidateExponent: o.candidateExponent ?? 0.5,
     varianceWeight: o.varianceWeight ?? 3,
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
