@@ -1,7 +1,8 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
+import { native } from '../src/native.js';
 import { generateSyntheticTrace, NEEDLES_TENSOR, type SyntheticTrace } from '../src/trace/synthetic.js';
 import { layerKvWithNew, openTrace, type TraceLayer } from '../src/trace/trace.js';
 import { f32ArrayToF16, toF32 } from '../src/util/f16.js';
@@ -45,6 +46,26 @@ async function denseLayer(tr: SyntheticTrace, l: number) {
 }
 
 describe('synthetic traces', () => {
+  it('asks for huge pages on its KV before writing it, and layerKvWithNew on the joined KV (attention reads their rows at random)', async () => {
+    const advised: ArrayBufferView[] = [];
+    const spy = vi.spyOn(native, 'adviseHugePages').mockImplementation((a: Uint16Array) => {
+      // Still untouched: the advice only helps pages not faulted in yet.
+      expect(a.every((x) => x === 0)).toBe(true);
+      advised.push(a);
+      return 0;
+    });
+    try {
+      const tr = generateSyntheticTrace({ layers: 1, promptTokens: 64, decodeSteps: 2, qHeads: 4, kvHeads: 2, headDim: 16, dtype: 'f16', seed: 3 });
+      const d = tr.layerData(0);
+      for (const a of [d.k, d.v, d.kNew, d.vNew]) expect(advised).toContain(a);
+      const joined = layerKvWithNew(await tr.layer(0));
+      expect(advised).toContain(joined.k.data);
+      expect(advised).toContain(joined.v.data);
+    } finally {
+      spy.mockRestore();
+    }
+  });
+
   it('is deterministic by seed and different across seeds', () => {
     const a = generateSyntheticTrace({ seed: 7, promptTokens: 256, layers: 1 });
     const b = generateSyntheticTrace({ seed: 7, promptTokens: 256, layers: 1 });

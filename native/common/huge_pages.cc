@@ -1,6 +1,6 @@
 // AdviseHugePages (huge_pages.h) and its binding, the one place the addon asks for huge pages:
-// the GGUF weights (llama_model.cc), the GGUF host's dense KV cache (src/model/gguf/model.ts) and
-// the runtime's DRAM-tier arenas (src/storage/dram-store.ts).
+// the GGUF weights (llama_model.cc), KV held outside the runtime (src/util/kv-array.ts: the GGUF
+// host's dense cache, synthetic traces) and the runtime's DRAM-tier arenas (src/storage/dram-store.ts).
 //
 // Why the arenas: attention over a token-granular selection reads ~16K rows of 256 B per
 // layer-step at random from them (hundreds of MiB). With 4 KiB pages nearly every row is a TLB

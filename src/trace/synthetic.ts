@@ -39,6 +39,7 @@ import { z } from 'zod';
 import { KvdriveError, describe, fail } from '../errors.js';
 import type { Dtype } from '../types.js';
 import { f32BitsToBf16Bits, f32BitsToF16Bits, fromF32 } from '../util/f16.js';
+import { kvArray } from '../util/kv-array.js';
 import { memoryTrace, writeTrace, type TraceExtraTensor, type TraceLayerData, type TraceMeta, type TraceReader } from './trace.js';
 
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
@@ -712,9 +713,6 @@ function storageNormals(dtype: 'f16' | 'bf16'): Uint16Array {
   return (storageTables[dtype] = t);
 }
 
-function allocStorage(dtype: Dtype, n: number): Float32Array | Uint16Array {
-  return dtype === 'f32' ? new Float32Array(n) : new Uint16Array(n);
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -774,10 +772,10 @@ export function generateSyntheticTrace(options: SyntheticTraceOptions = {}): Syn
     if (!Number.isInteger(l) || l < 0 || l >= o.layers) fail('E_RANGE', 'synthetic trace layer', `an integer in [0, ${o.layers})`, l);
     const plan = plans[l]!;
     const { promptTokens: T, decodeSteps: S, kvHeads: H, headDim: D } = o;
-    const k = allocStorage(o.dtype, T * H * D);
-    const v = allocStorage(o.dtype, T * H * D);
-    const kNew = allocStorage(o.dtype, S * H * D);
-    const vNew = allocStorage(o.dtype, S * H * D);
+    const k = kvArray(o.dtype, T * H * D);
+    const v = kvArray(o.dtype, T * H * D);
+    const kNew = kvArray(o.dtype, S * H * D);
+    const vNew = kvArray(o.dtype, S * H * D);
     generateKeys(o, bands, plan, topicOf, 0, T, plan.keySeed, k);
     generateKeys(o, bands, plan, topicOf, T, T + S, plan.newSeed, kNew);
     generateValues(o, T * H * D, plan.valueSeed, v);

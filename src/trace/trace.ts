@@ -15,6 +15,7 @@ import type { Dtype, KvTensor } from '../types.js';
 import { bf16ArrayToF32, f16ArrayToF32, fromF32 } from '../util/f16.js';
 import { SafetensorsFile, SafetensorsWriter, type DataDtype, type Tensor, type TensorSpec } from './safetensors.js';
 import { expectObject } from '../util/check.js';
+import { kvArray } from '../util/kv-array.js';
 
 const positiveInt = z.number().int().positive();
 
@@ -374,7 +375,7 @@ export function layerKvWithNew(layer: TraceLayer): { k: KvTensor; v: KvTensor } 
     if (a.data.length !== a.tokens * row || b.data.length !== b.tokens * row) {
       fail('E_SHAPE', `layerKvWithNew ${what} data`, `${a.tokens * row} and ${b.tokens * row} elements`, `${a.data.length} and ${b.data.length}`);
     }
-    const out = a.dtype === 'f32' ? new Float32Array((a.tokens + b.tokens) * row) : new Uint16Array((a.tokens + b.tokens) * row);
+    const out = kvArray(a.dtype, (a.tokens + b.tokens) * row);
     out.set(a.data, 0);
     out.set(b.data, a.data.length);
     return { data: out, dtype: a.dtype, tokens: a.tokens + b.tokens, heads: a.heads, dim: a.dim, layout: 'thd' };
