@@ -2,7 +2,8 @@
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { expect } from 'vitest';
+import { expect, vi } from 'vitest';
+import { native } from '../src/native.js';
 import { isKvdriveError, type ErrorCode } from '../src/errors.js';
 import { mulberry32 } from '../src/model/sampler.js';
 import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
@@ -67,4 +68,24 @@ export function ioBufferBytes(io: IoEngineOptions = {}, mode: 'sequential' | 'pi
   } finally {
     e.close();
   }
+}
+
+/**
+ * Runs `fn` with native.adviseHugePages replaced by a recorder, and returns the arrays it was asked
+ * to advise. Each must still be untouched (all zero) when advised: the advice only helps pages not
+ * faulted in yet.
+ */
+export async function recordHugePageAdvice(fn: () => unknown): Promise<ArrayBufferView[]> {
+  const advised: ArrayBufferView[] = [];
+  const spy = vi.spyOn(native, 'adviseHugePages').mockImplementation((a: Uint8Array) => {
+    expect(a.every((x) => x === 0)).toBe(true);
+    advised.push(a);
+    return 0;
+  });
+  try {
+    await fn();
+  } finally {
+    spy.mockRestore();
+  }
+  return advised;
 }

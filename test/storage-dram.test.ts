@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs';
-import { describe, expect, it, vi } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
 import { SlotHeap } from '../src/storage/slot-heap.js';
 import { expectedChunk, segmentKv } from './storage-kv.js';
 import type { StoreShape } from '../src/storage/ssd-store.js';
-import { expectKvdError, rng } from './helpers.js';
+import { expectKvdError, recordHugePageAdvice, rng } from './helpers.js';
 import { native } from '../src/native.js';
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: 4 }; // 256-byte chunks
@@ -118,21 +118,11 @@ describe('slot heap (lazy increases)', () => {
 });
 
 describe('DRAM store', () => {
-  it('asks for huge pages on every arena before writing it (attention reads its rows at random)', () => {
-    const advised: Uint8Array[] = [];
-    const spy = vi.spyOn(native, 'adviseHugePages').mockImplementation((a: Uint8Array) => {
-      // Still untouched: the advice only helps pages not faulted in yet.
-      expect(a.every((x) => x === 0)).toBe(true);
-      advised.push(a);
-      return 0;
-    });
-    try {
-      const d = new DramStore({ budgetBytes: 40 * (256 + DramStore.metadataBytesPerSlot), shape, blockBytes: 7 * 256 });
-      expect(advised.length).toBe(d.arenas.length);
-      advised.forEach((a, i) => expect(a).toBe(d.arenas[i]));
-    } finally {
-      spy.mockRestore();
-    }
+  it('asks for huge pages on every arena before writing it (attention reads its rows at random)', async () => {
+    let d: DramStore | undefined;
+    const advised = await recordHugePageAdvice(() => (d = new DramStore({ budgetBytes: 40 * (256 + DramStore.metadataBytesPerSlot), shape, blockBytes: 7 * 256 })));
+    expect(advised.length).toBe(d!.arenas.length);
+    advised.forEach((a, i) => expect(a).toBe(d!.arenas[i]));
     // The binding itself: whole 2 MiB pages inside the view only, any TypedArray, shared or not.
     const big = new Uint8Array(new SharedArrayBuffer(9 << 20), 4096, (8 << 20) + 100);
     const bytes = native.adviseHugePages(big) as number;

@@ -1,12 +1,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it, vi } from 'vitest';
-import { native } from '../src/native.js';
+import { afterAll, describe, expect, it } from 'vitest';
 import { generateSyntheticTrace, NEEDLES_TENSOR, type SyntheticTrace } from '../src/trace/synthetic.js';
 import { layerKvWithNew, openTrace, type TraceLayer } from '../src/trace/trace.js';
 import { f32ArrayToF16, toF32 } from '../src/util/f16.js';
-import { expectKvdError } from './helpers.js';
+import { expectKvdError, recordHugePageAdvice } from './helpers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvd-synth-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -47,23 +46,14 @@ async function denseLayer(tr: SyntheticTrace, l: number) {
 
 describe('synthetic traces', () => {
   it('asks for huge pages on its KV before writing it, and layerKvWithNew on the joined KV (attention reads their rows at random)', async () => {
-    const advised: ArrayBufferView[] = [];
-    const spy = vi.spyOn(native, 'adviseHugePages').mockImplementation((a: Uint16Array) => {
-      // Still untouched: the advice only helps pages not faulted in yet.
-      expect(a.every((x) => x === 0)).toBe(true);
-      advised.push(a);
-      return 0;
+    const tr = generateSyntheticTrace({ layers: 1, promptTokens: 64, decodeSteps: 2, qHeads: 4, kvHeads: 2, headDim: 16, dtype: 'f16', seed: 3 });
+    let d: ReturnType<typeof tr.layerData> | undefined;
+    let joined: ReturnType<typeof layerKvWithNew> | undefined;
+    const advised = await recordHugePageAdvice(async () => {
+      d = tr.layerData(0);
+      joined = layerKvWithNew(await tr.layer(0));
     });
-    try {
-      const tr = generateSyntheticTrace({ layers: 1, promptTokens: 64, decodeSteps: 2, qHeads: 4, kvHeads: 2, headDim: 16, dtype: 'f16', seed: 3 });
-      const d = tr.layerData(0);
-      for (const a of [d.k, d.v, d.kNew, d.vNew]) expect(advised).toContain(a);
-      const joined = layerKvWithNew(await tr.layer(0));
-      expect(advised).toContain(joined.k.data);
-      expect(advised).toContain(joined.v.data);
-    } finally {
-      spy.mockRestore();
-    }
+    for (const a of [d!.k, d!.v, d!.kNew, d!.vNew, joined!.k.data, joined!.v.data]) expect(advised).toContain(a);
   });
 
   it('is deterministic by seed and different across seeds', () => {
