@@ -173,13 +173,13 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   );
 
   // The ratio: DRAM+SSD and DRAM-only runtimes on the first R layers, side by side, steps
-  // interleaved. With R < L the DRAM+SSD runtime keeps the main run's DRAM tier per layer (its
-  // fixed parts: hot tier, fetch buffers and the I/O engine's buffers whole, tails and index per layer).
+  // interleaved. With R < L the DRAM+SSD runtime keeps the main run's DRAM tier, hot tier, tails and
+  // index per layer (its fixed parts, fetch buffers and the I/O engine's buffers, whole).
   const ratioDramBudget =
     R === L
       ? o.dramBudget
-      : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes) * R) / L) + plan.hotTierBytes + plan.fetchBytes + plan.selectArenaBytes + plan.ioBufferBytes;
-  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + plan.hotTierBytes + 256 * 2 ** 20;
+      : Math.ceil(((plan.residentBytes + plan.indexBytes + plan.dramTierBytes + plan.hotTierBytes) * R) / L) + plan.fetchBytes + plan.selectArenaBytes + plan.ioBufferBytes;
+  const dramOnlyBudget = Math.ceil(R * (T + S) * 2 * H * D * es * 1.1) + (plan.indexFixedBytes + plan.indexBytesPerToken * (T + S)) * R + Math.ceil((plan.hotTierBytes * R) / L) + 256 * 2 ** 20;
   const runtimes: Runtime[] = [];
   // A scratch store inside the demo's directory, deleted afterwards if this run made it (the demo
   // leaves only its manifest); one an interrupted run left is reused (the runtime deletes its old

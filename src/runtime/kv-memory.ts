@@ -54,7 +54,7 @@ export interface KvMemoryConfig {
   dramBudget?: number;
   /** Tokens per sealed segment once decoding (a multiple of the chunk size). */
   sealTokens: number;
-  /** Hot tier byte cap (0: none); counted inside dramBudget. */
+  /** Bytes the hot tier holds (0: none; what it allocated, at most its cap); counted inside dramBudget. */
   hotTierBytes: number;
   /** Micro-batches that may run at once (fetch buffers in flight). */
   concurrency: number;
@@ -82,7 +82,7 @@ export interface MemoryPlan {
    * open segment's working set at its largest (kvdrive: its chunk means, running sums, centroids).
    */
   indexFixedBytes: number;
-  /** The hot tier's byte cap. */
+  /** The hot tier's bytes (what it allocated for its windows, at most its maxBytes cap). */
   hotTierBytes: number;
   /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
   fetchBytes: number;

@@ -114,7 +114,7 @@ export class MemoryRuntime {
     const concurrency = entriesInFlight(init.mode);
     const qLen = shape.qHeads * shape.headDim;
     const selectArenaBytes = init.mode === 'pipelined' ? SelectArena.bytes(concurrency, init.microBatch, qLen, shape.kvHeads, init.budget) : 0;
-    const config: Omit<KvMemoryConfig, 'ssd'> = { ...rest, concurrency, hotTierBytes: init.hotTier?.maxBytes ?? 0, selectArenaBytes };
+    const config: Omit<KvMemoryConfig, 'ssd' | 'hotTierBytes'> = { ...rest, concurrency, selectArenaBytes };
     const ssd = init.ssd
       ? await SsdStore.open({
           ...runtimeIoDefaults(init.mode),
@@ -131,8 +131,11 @@ export class MemoryRuntime {
     let hot: HotTier | undefined;
     let pipeline: Pipeline | undefined;
     try {
-      const memory = KvMemory.open({ ...config, ssd });
+      // The hot tier before the plan, so that the plan reserves the bytes the tier holds (its
+      // windows' slots and metadata, at most maxBytes) and not the cap: a generous cap would
+      // otherwise be budget that no tier ever uses. Its slots are not touched until admitted.
       hot = init.hotTier ? new HotTier(init.hotTier) : undefined;
+      const memory = KvMemory.open({ ...config, hotTierBytes: hot?.info().bytes ?? 0, ssd });
       let select: { pipeline: Pipeline; arena: SelectArena } | undefined;
       if (init.mode === 'pipelined') {
         const arena = new SelectArena(concurrency, init.microBatch, qLen, shape.kvHeads, init.budget); // plan.selectArenaBytes

@@ -79,8 +79,9 @@ export interface RuntimeOptions {
    * A hot tier (src/cache/hot-tier.ts) in front of the DRAM tier: its residents are attended from
    * their slots, the other selected chunks are admitted as they are fetched (bit-identical
    * outputs). `windows` and `eviction` as in HotTierOptions (a token-granular step needs ~2.4
-   * windows to keep its chunks resident); `maxBytes` is its hard byte cap, counted inside
-   * dramBudget. Closing a sequence empties its arenas.
+   * windows to keep its chunks resident); `maxBytes` is its hard byte cap. What dramBudget counts
+   * for it is what it allocates for its windows (at most the cap; the memory plan's hotTierBytes),
+   * so a generous cap takes nothing from the DRAM tier. Closing a sequence empties its arenas.
    */
   hotTier?: Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>;
   /**
