@@ -8,6 +8,9 @@ import { isKvdriveError, type ErrorCode } from '../src/errors.js';
 import { mulberry32 } from '../src/model/sampler.js';
 import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
 import { runtimeIoDefaults } from '../src/runtime/memory-runtime.js';
+import { HotTier } from '../src/cache/hot-tier.js';
+import { resolvePolicyOptions } from '../src/index/options.js';
+import type { RuntimeOptions } from '../src/runtime/runtime.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -88,4 +91,21 @@ export async function recordHugePageAdvice(fn: () => unknown): Promise<ArrayBuff
     spy.mockRestore();
   }
   return advised;
+}
+
+/**
+ * Bytes the hot tier of runtime options `o` allocates (its windows' slots and metadata for
+ * o.maxSequences): what the runtime's memory plan counts for it, whatever its maxBytes cap. Tests
+ * that size a DRAM budget around a hot tier add this, so the DRAM tier stays as small as they mean.
+ */
+export function hotTierBytesOf(o: RuntimeOptions): number {
+  if (!o.hotTier) return 0;
+  const { layers, kvHeads, headDim } = o.shape;
+  const chunkSize = resolvePolicyOptions(o.policy ?? 'kvdrive', o.policyOptions ?? {}).chunkSize;
+  const probe = new HotTier({ layers, kvHeads, headDim, dtype: o.dtype ?? 'f32', chunkSize, budget: o.budget, windows: o.hotTier.windows, sequences: o.maxSequences ?? 1, maxBytes: 2 ** 40 });
+  try {
+    return probe.info().bytes;
+  } finally {
+    probe.destroy();
+  }
 }

@@ -8,13 +8,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
-import { HotTier } from '../src/cache/hot-tier.js';
-import { resolvePolicyOptions } from '../src/index/options.js';
 import { attendDense } from '../src/attention/kernels.js';
 import { fromF32 } from '../src/util/f16.js';
 import { checkMemory, formatMemoryCheck, processMemory } from '../src/runtime/process-memory.js';
 import type { Dtype, KvTensor } from '../src/types.js';
-import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
+import { expectKvdError, hotTierBytesOf, ioBufferBytes, randn } from './helpers.js';
 import { corruptSegments } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -72,17 +70,6 @@ async function decode(rt: Runtime, seed: number, n = SEQS, steps = STEPS): Promi
 // keySketch off: a smaller index reserve, so SMALL leaves a DRAM tier of about a quarter of the
 // sealed chunks (the sketch path is covered by the dense-equality test below and the demo test).
 const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { keySketch: false, segmentTokens: 256, reclusterDelay: 16 }, microBatch: 2, maxSequences: SEQS, maxTokens: 512 };
-/** Bytes a runtime's hot tier of `windows` allocates for `sequences` of `base` (f32 KV): what its memory plan counts. */
-function hotTierBytes(windows: number, sequences: number): number {
-  const chunkSize = resolvePolicyOptions('kvdrive', base.policyOptions).chunkSize;
-  const { layers, kvHeads, headDim } = shape;
-  const probe = new HotTier({ layers, kvHeads, headDim, dtype: 'f32', chunkSize, budget: base.budget, windows, sequences, maxBytes: 2 ** 40 });
-  try {
-    return probe.info().bytes;
-  } finally {
-    probe.destroy();
-  }
-}
 /** A hot tier of 2 windows under a generous cap (1 MiB): the plan counts what it allocates, not the cap. */
 const HOT = { windows: 2, maxBytes: MiB };
 
@@ -98,7 +85,7 @@ describe('Runtime memory model', () => {
       // DRAM tier far smaller than the KV: most sealed chunks are read from SSD.
       ['dram+ssd sequential', { ...base, dramBudget: SMALL, sealTokens: SEAL, ssd: { dir: tmp() } }],
       ['dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL_PIPELINED, sealTokens: SEAL, ssd: { dir: tmp() } }],
-      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + hotTierBytes(2, SEQS), sealTokens: SEAL, ssd: { dir: tmp() }, hotTier: HOT }],
+      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + hotTierBytesOf({ ...base, hotTier: HOT }), sealTokens: SEAL, ssd: { dir: tmp() }, hotTier: HOT }],
     ];
     for (const [name, opts] of configs) {
       const fdsBefore = fds();
@@ -113,7 +100,7 @@ describe('Runtime memory model', () => {
       expect(m.plan.residentBytes + m.plan.indexBytes + m.plan.hotTierBytes + m.plan.fetchBytes + m.plan.selectArenaBytes + m.plan.ioBufferBytes + m.plan.dramTierBytes).toBe(opts.dramBudget);
       expect(m.dram.reservedBytes).toBeLessThanOrEqual(m.plan.dramTierBytes);
       // The hot tier is counted at what it allocated (well under its cap here), not at the cap.
-      expect(m.plan.hotTierBytes, name).toBe(opts.hotTier ? hotTierBytes(2, SEQS) : 0);
+      expect(m.plan.hotTierBytes, name).toBe(hotTierBytesOf(opts));
       if (opts.hotTier) expect(m.plan.hotTierBytes, name).toBeLessThan(opts.hotTier.maxBytes / 4);
       const t = m.traffic;
       expect(t.chunks).toBe(t.hotChunks + t.dramChunks + t.ssdChunks + t.tailChunks);
@@ -148,7 +135,7 @@ describe('Runtime memory model', () => {
     };
     const hotTier = HOT;
     const reference = await run({ ...base, maxSequences: 1, hotTier });
-    const mem = await run({ ...base, maxSequences: 1, hotTier, dramBudget: SMALL + hotTierBytes(2, 1), sealTokens: SEAL, ssd: { dir: tmp() } });
+    const mem = await run({ ...base, maxSequences: 1, hotTier, dramBudget: SMALL + hotTierBytesOf({ ...base, maxSequences: 1, hotTier }), sealTokens: SEAL, ssd: { dir: tmp() } });
     expect(mem.outs.map(bits)).toEqual(reference.outs.map(bits));
     expect(mem.st.warmedChunks).toBe(reference.st.warmedChunks);
     expect(mem.st.warmedChunks).toBeGreaterThan(0);

@@ -9,7 +9,7 @@ import { readdirSync } from 'node:fs';
 import { afterAll, describe, expect, it } from 'vitest';
 import { openRuntime, type Runtime, type RuntimeOptions } from '../src/runtime/runtime.js';
 import type { KvTensor } from '../src/types.js';
-import { expectKvdError, ioBufferBytes, randn } from './helpers.js';
+import { expectKvdError, hotTierBytesOf, ioBufferBytes, randn } from './helpers.js';
 import { corruptSegments, removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -54,6 +54,9 @@ async function decodeAll(rt: Runtime, n: number): Promise<Map<string, string>> {
 // One select thread: a sequential step selects and fetches kv head by kv head (two head groups,
 // step.ts), the pipelined mode fetches a stage worker's whole selection at once.
 const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', policyOptions: { sinks: 0, threads: 1 }, microBatch: 2, maxSequences: 2, maxTokens: 512, sealTokens: 32 };
+/** A hot tier under a generous cap, and the bytes it takes from a DRAM budget (what it allocates). */
+const HOT = { windows: 2, maxBytes: MiB };
+const HOT_BYTES = hotTierBytesOf({ ...base, hotTier: HOT });
 
 describe('Runtime decode from the tiers', () => {
   it('without sinks: DRAM only, DRAM + SSD and hot tier + DRAM + SSD give bit-identical outputs, both modes', async () => {
@@ -61,13 +64,13 @@ describe('Runtime decode from the tiers', () => {
       ['dram', { ...base, dramBudget: 64 * MiB }],
       ['dram+ssd', { ...base, dramBudget: SMALL, ssd: { dir: tmp(), streamHeads: 1 } }],
       ['dram+ssd, one select', { ...base, dramBudget: SMALL, ssd: { dir: tmp() } }],
-      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL_PIPELINED + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
+      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: SMALL_PIPELINED + HOT_BYTES, ssd: { dir: tmp() }, hotTier: HOT }],
       // sequential with an SSD: head by head (streamHeads 1), each head split against the hot tier at its headBase
-      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp(), streamHeads: 1 }, hotTier: { windows: 2, maxBytes: MiB } }],
+      ['hot+dram+ssd sequential', { ...base, dramBudget: SMALL + HOT_BYTES, ssd: { dir: tmp(), streamHeads: 1 }, hotTier: HOT }],
       // one select: the hot-tier admission runs while the reads are in flight, copies from the pages
       // still being read made once they land; the tier must end as the DRAM-only one's does
-      ['hot+dram+ssd sequential, one select', { ...base, dramBudget: SMALL + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
-      ['hot+dram', { ...base, dramBudget: 64 * MiB, hotTier: { windows: 2, maxBytes: MiB } }],
+      ['hot+dram+ssd sequential, one select', { ...base, dramBudget: SMALL + HOT_BYTES, ssd: { dir: tmp() }, hotTier: HOT }],
+      ['hot+dram', { ...base, dramBudget: 64 * MiB, hotTier: HOT }],
     ];
     let want: Map<string, string> | undefined;
     const hotTraffic = new Map<string, string>();
@@ -92,9 +95,9 @@ describe('Runtime decode from the tiers', () => {
     { mode: 'pipelined', hot: false },
     { mode: 'sequential', hot: true },
   ] as const)('a corrupt extent fails only the sequence that reads it, on every retry; the other decodes on; repaired, it continues as a clean run ($mode, hot tier $hot)', async ({ mode, hot }) => {
-    const hotTier = hot ? { hotTier: { windows: 2, maxBytes: MiB } } : {};
-    const opts: RuntimeOptions = { ...base, dramBudget: (mode === 'pipelined' ? SMALL_PIPELINED : SMALL) + (hot ? MiB : 0), mode, ...hotTier };
-    const clean = await openRuntime({ ...opts, dramBudget: SMALL + (hot ? MiB : 0), mode: 'sequential', ssd: { dir: tmp() } });
+    const hotTier = hot ? { hotTier: HOT } : {};
+    const opts: RuntimeOptions = { ...base, dramBudget: (mode === 'pipelined' ? SMALL_PIPELINED : SMALL) + (hot ? HOT_BYTES : 0), mode, ...hotTier };
+    const clean = await openRuntime({ ...opts, dramBudget: SMALL + (hot ? HOT_BYTES : 0), mode: 'sequential', ssd: { dir: tmp() } });
     const want = await decodeAll(clean, 2);
     await clean.close();
     const dir = tmp();

@@ -10,7 +10,7 @@ import { attendDense, attendSparse } from '../src/attention/kernels.js';
 import { createPolicy } from '../src/index/policy.js';
 import { offloadedPolicyOptions } from '../src/index/options.js';
 import type { KvTensor } from '../src/types.js';
-import { ioBufferBytes, randn } from './helpers.js';
+import { hotTierBytesOf, ioBufferBytes, randn } from './helpers.js';
 import { removeTempDirs, tempDir } from './storage-kv.js';
 
 const shape = { layers: 2, qHeads: 4, kvHeads: 2, headDim: 16 };
@@ -84,6 +84,8 @@ async function referenceOutputs(budget: number, dense = false): Promise<Float32A
 }
 
 const base: RuntimeOptions = { shape, budget: 32, policy: 'kvdrive', microBatch: 2, maxSequences: SEQS, maxTokens: 512, sealTokens: SEAL };
+/** A hot tier under a generous cap (the budget adds what it allocates: hotTierBytesOf). */
+const HOT = { windows: 2, maxBytes: MiB };
 
 describe('Runtime memory model: token-granular attention inside fetched chunks', () => {
   it('equals attendSparse over a contiguous cache with the eval --offloaded selection, whichever tier served a token, both modes', async () => {
@@ -97,7 +99,7 @@ describe('Runtime memory model: token-granular attention inside fetched chunks',
       ['dram-only pipelined', { ...base, mode: 'pipelined', dramBudget: 64 * MiB }],
       ['dram+ssd sequential', { ...base, dramBudget: small, ssd: { dir: tmp() } }],
       ['dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: smallPipelined, ssd: { dir: tmp() } }],
-      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: smallPipelined + MiB, ssd: { dir: tmp() }, hotTier: { windows: 2, maxBytes: MiB } }],
+      ['hot+dram+ssd pipelined', { ...base, mode: 'pipelined', dramBudget: smallPipelined + hotTierBytesOf({ ...base, hotTier: HOT }), ssd: { dir: tmp() }, hotTier: HOT }],
     ];
     for (const [name, opts] of configs) {
       const { outs, traffic } = await runtimeOutputs(opts);
