@@ -1,4 +1,4 @@
-// Transparent huge pages for large buffers read at random (the DRAM tier's KV arenas).
+// Transparent huge pages for large buffers read at random or streamed (KV arenas and caches, weights).
 #pragma once
 #include <cstddef>
 

@@ -24,6 +24,7 @@ import type { SegmentData, StoreShape } from './ssd-store.js';
 import { chunkBytesOf, storeShapeSchema } from './ssd-store.js';
 import { parseOptions } from './io-engine.js';
 import { SlotHeap } from './slot-heap.js';
+import { adviseHuge } from '../util/kv-array.js';
 
 /** Options of a {@link DramStore}. */
 export interface DramStoreOptions {
@@ -157,7 +158,7 @@ export class DramStore {
       // Before any write: attention reads these rows at random, and in 2 MiB pages far fewer of
       // those reads miss the TLB (native/common/huge_pages.cc). The arena's bytes are in the budget
       // in full, so pages that come in 2 MiB at a time never take the process past it.
-      native.adviseHugePages(arena);
+      adviseHuge(arena);
       arenas.push(arena);
     }
     this.arenas = arenas;

@@ -3,10 +3,9 @@
  * (native/common/huge_pages.cc). Attention reads a sparse selection's rows at random from such an
  * array — one 256-byte row per token and kv head, 2 KiB apart in a token-major layout — and over
  * 4 KiB pages nearly every row is a TLB miss (a two-level page walk under virtualisation). The
- * runtime's DRAM tier advises its arenas for the same reason; this is the same advice for KV that
- * lives outside it: synthetic traces (what the Pareto bench, `kvdrive eval` and the demo's policy
- * rows attend over) and the GGUF host's dense cache. Advice only: where the kernel has no huge page
- * to give, the array is an ordinary one.
+ * same advice serves the runtime's DRAM-tier arenas, the GGUF host's dense cache and synthetic
+ * traces (what the Pareto bench, `kvdrive eval` and the demo's policy rows attend over). Advice
+ * only: where the kernel has no huge page to give, the array is an ordinary one.
  */
 import { native } from '../native.js';
 import type { Dtype } from '../types.js';
@@ -16,8 +15,8 @@ export function kvArray(dtype: Dtype, length: number): Float32Array | Uint16Arra
   return adviseHuge(dtype === 'f32' ? new Float32Array(length) : new Uint16Array(length));
 }
 
-/** `a` (fresh, not yet written) advised for huge pages; returned for chaining. */
-export function adviseHuge<T extends Float32Array | Uint16Array>(a: T): T {
+/** `a` (fresh, not yet written; any typed array, shared or not) advised for huge pages; returned for chaining. */
+export function adviseHuge<T extends Float32Array | Uint16Array | Uint8Array>(a: T): T {
   native.adviseHugePages(a);
   return a;
 }
