@@ -20,8 +20,6 @@ import type { SyntheticTrace } from '../trace/synthetic.js';
 import { f32ArrayToBf16, f32ArrayToF16, toF32 } from '../util/f16.js';
 import type { KvTensor } from '../types.js';
 import { ProgressBar } from './progress.js';
-import { HotTier } from '../cache/hot-tier.js';
-import { resolvePolicyOptions } from '../index/options.js';
 import { KvdriveError } from '../errors.js';
 import { createPolicy } from '../index/policy.js';
 import type { PolicyName } from '../index/selection.js';
@@ -125,7 +123,9 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const layerKv = 2 * T * H * D * es;
   const before = processMemory();
   const shape = { layers: L, qHeads, kvHeads: H, headDim: D };
-  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: hotTierBytes(trace, o) } : undefined;
+  // The tier allocates what its windows need and the memory plan counts that, so its cap is just
+  // the budget it lives in.
+  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: o.dramBudget } : undefined;
   const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype, ...(hotTier ? { hotTier } : {}) };
   const bar = new ProgressBar(L * (S + 1), 'runtime');
   const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true, streamHeads: o.streamHeads } });
@@ -262,17 +262,6 @@ export function renderRuntimeDemo(r: RuntimeDemoResult, o: RuntimeDemoOptions): 
       `select ${ms(r.tieredStages.select)} vs ${ms(r.dramOnlyStages.select)}, fetch ${ms(r.tieredStages.fetch)} vs ${ms(r.dramOnlyStages.fetch)}, compute ${ms(r.tieredStages.compute)} vs ${ms(r.dramOnlyStages.compute)}`,
     `peak RSS (VmHWM) against the budget: ${formatMemoryCheck(r.memory)}`,
   ].join('\n');
-}
-
-/** Bytes a hot tier of this shape and window takes (slots + metadata): measured on a probe tier. */
-function hotTierBytes(trace: SyntheticTrace, o: RuntimeDemoOptions): number {
-  const { layers, kvHeads, headDim } = trace.meta;
-  const probe = new HotTier({ layers, kvHeads, headDim, dtype: trace.dtype, chunkSize: resolvePolicyOptions('kvdrive', {}).chunkSize, budget: o.budget, windows: o.hotWindows, maxBytes: 2 ** 52 }); // a cap above any tier: it allocates what its windows need
-  try {
-    return probe.info().bytes;
-  } finally {
-    probe.destroy();
-  }
 }
 
 /** Tokens and decode steps of {@link warmUp}'s throwaway sequence: 8192 and 40, within the runtime's maxTokens. */
