@@ -21,10 +21,9 @@
  * The outputs of the two builds are compared bit for bit and any difference is printed.
  */
 import { cpus, loadavg } from 'node:os';
-import { join, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
+import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { RoundTimes, timeTasks, uniform } from './bench-util.js';
+import { importFromBuild, RoundTimes, timeTasks, uniform } from './bench-util.js';
 import { native as here, cpuFeatures } from '../src/native.js';
 import { f32ArrayToF16 } from '../src/util/f16.js';
 
@@ -38,7 +37,7 @@ const distRoot = a.dist ? resolve(a.dist) : undefined;
 type Native = typeof here;
 const builds: { name: string; native: Native }[] = [{ name: 'this build', native: here }];
 if (distRoot) {
-  const other = (await import(pathToFileURL(join(distRoot, 'src/native.js')).href)) as { native: Native };
+  const other = await importFromBuild<{ native: Native }>('src/native.js', distRoot);
   builds.unshift({ name: 'before', native: other.native });
 }
 

@@ -1,4 +1,6 @@
 /** Small helpers shared by the benchmarks: run tinybench suites and read their times, seeded inputs. */
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { Bench } from 'tinybench';
 
 /** A task's time per call in ms: tinybench's mean and its fastest call. */
@@ -54,6 +56,15 @@ export class RoundTimes {
     if (!r) throw new Error(`RoundTimes: no times for task ${name}`);
     return { mean: [...r.means].sort((a, b) => a - b)[r.means.length >> 1]!, min: r.min };
   }
+}
+
+/**
+ * Imports module `path` (relative to a build's root, e.g. 'src/native.js') from another build's
+ * dist/ directory `root` (with its own addon: the "before" of a change, run in the same process),
+ * or from this build when `root` is undefined.
+ */
+export async function importFromBuild<T = Record<string, unknown>>(path: string, root?: string): Promise<T> {
+  return (await import(root ? pathToFileURL(join(root, path)).href : `../${path}`)) as T;
 }
 
 /** Float32Array of n uniform values in [-1, 1) from a seeded LCG (benchmarks need no quality RNG). */

@@ -27,10 +27,9 @@
  * before / after does not depend on how busy the machine was in two separate runs.
  */
 import { cpus, loadavg } from 'node:os';
-import { join, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
+import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { blobPoints, RoundTimes, timeTasks, uniform } from './bench-util.js';
+import { blobPoints, importFromBuild, RoundTimes, timeTasks, uniform } from './bench-util.js';
 
 const { values: a } = parseArgs({
   options: { context: { type: 'string' }, 'time-ms': { type: 'string' }, rounds: { type: 'string' }, dist: { type: 'string' } },
@@ -45,9 +44,8 @@ const distRoot = a.dist ? resolve(a.dist) : undefined;
 
 // The modules a build's rows need, imported from this build or from DIR/dist.
 async function load(root?: string) {
-  const from = async (p: string) => import(root ? pathToFileURL(join(root, p)).href : `../${p}`);
   const [policy, options, kernels, nat] = await Promise.all(
-    ['src/index/policy.js', 'src/index/options.js', 'src/index/kernels.js', 'src/native.js'].map(from),
+    ['src/index/policy.js', 'src/index/options.js', 'src/index/kernels.js', 'src/native.js'].map((p) => importFromBuild<any>(p, root)),
   );
   return { ...policy, ...options, ...kernels, ...nat };
 }
