@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { createPolicy } from '../src/index/policy.js';
 import { offloadedPolicyOptions, type PolicyOptions } from '../src/index/options.js';
 import { prefixView } from '../src/eval/replay.js';
+import { native } from '../src/native.js';
 import { expectKvdError } from './helpers.js';
 import { traceReplay } from './trace-replay.js';
 
@@ -46,5 +47,8 @@ describe('kvdrive candidateExponent (candidates as budget^exponent)', () => {
     for (const bad of [-0.1, 1.5, Number.NaN, '0.5'])
       expectKvdError(() => createPolicy('kvdrive', { ...shape, candidateExponent: bad as number }), 'E_CONFIG', /candidateExponent/);
     expectKvdError(() => createPolicy('quest', { ...shape, candidateExponent: 0.5 }), 'E_CONFIG', /kvdrive-only/);
+    // The binding checks it again: it does not trust its caller to have validated.
+    for (const bad of [2, -1, Number.NaN, Infinity, '0.5'])
+      expectKvdError(() => new native.SelectionIndex({ policy: 'kvdrive', chunkSize: 4, candidateExponent: bad }), 'E_CONFIG', /candidateExponent: expected a number in \[0, 1\]/);
   });
 });

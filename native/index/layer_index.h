@@ -74,7 +74,9 @@ struct IndexConfig {
   // more, gets more candidates per token.
   double candidateExponent = 0.5;  // src/index/options.ts default (tuned there)
   static constexpr double kFactorShare = 1.0 / 64;
-  // A factor as it applies at budget K over a context of T tokens (see candidateExponent).
+  // A factor as it applies at budget K over a context of T tokens (see candidateExponent). For e in
+  // [0, 1] (checked at construction), FactorAt(f, K, T) x K <= f x max(K, T / 64): the token counts
+  // made from it stay as far inside size_t as f x K did before.
   double FactorAt(double factor, int64_t budget, int64_t tokens) const {
     if (candidateExponent == 1.0) return factor;
     return factor * std::pow(double(budget) / (kFactorShare * double(std::max<int64_t>(tokens, 1))), candidateExponent - 1.0);
