@@ -123,9 +123,9 @@ export async function runRuntimeDemo(trace: SyntheticTrace, o: RuntimeDemoOption
   const layerKv = 2 * T * H * D * es;
   const before = processMemory();
   const shape = { layers: L, qHeads, kvHeads: H, headDim: D };
-  // The tier allocates what its windows need and the memory plan counts that, so its cap is just
-  // the budget it lives in.
-  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: o.dramBudget } : undefined;
+  // No cap of the tier's own: it allocates what its windows need, the memory plan counts that inside
+  // dramBudget, and a budget too small for it fails there (E_BUDGET naming dramBudget and its parts).
+  const hotTier = o.hotWindows > 0 ? { windows: o.hotWindows, maxBytes: 2 ** 52 } : undefined; // a cap above any tier
   const common = { shape, budget: o.budget, mode: o.mode, maxSequences: 1, maxTokens: T + S, dtype: trace.dtype, ...(hotTier ? { hotTier } : {}) };
   const bar = new ProgressBar(L * (S + 1), 'runtime');
   const rt = await openRuntime({ ...common, dramBudget: o.dramBudget, ssd: { dir: o.dir, direct: true, streamHeads: o.streamHeads } });
