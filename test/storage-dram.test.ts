@@ -301,4 +301,47 @@ describe('DRAM store', () => {
     await expectKvdError(() => d.addSegment('s', 16), 'E_CONFIG', /not registered yet/);
     await expectKvdError(() => d.addSegment('t', 6), 'E_SHAPE', /multiple of chunkSize 4/);
   });
+
+  // (After the RSS test: tens of MiB these allocate would be collected inside its window.)
+  it('warm: ties at the cut go to the lower entries, and a segment larger than one staging batch lands whole', () => {
+    // 64 KiB chunks (f32, 64 tokens x dim 128): warm packs 64 chunks per batch (4 MiB staging), so
+    // 150 chunks per (layer, head) take three batches in each of the four regions.
+    const wide: StoreShape = { layers: 2, kvHeads: 2, headDim: 128, dtype: 'f32', chunkSize: 64 };
+    const chunkBytes = 2 * 64 * 128 * 4;
+    const chunks = 150;
+    const data = segmentKv(wide, chunks * 64, 5);
+    // Room for 500 of the 600 chunks; scores 0..9 repeating, so the cut (score 1) falls inside a tie.
+    const d = new DramStore({ budgetBytes: 500 * (chunkBytes + DramStore.metadataBytesPerSlot), shape: wide, shared: false });
+    d.addSegment('w', chunks * 64);
+    const scores = Float32Array.from({ length: 4 * chunks }, (_, k) => k % 10);
+    expect(d.warm('w', data, scores)).toBe(500);
+    // Above the cut: every entry; at it (score 1, 60 entries): the first 500 - 480 = 20.
+    let tiesTaken = 0;
+    for (let k = 0; k < 4 * chunks; k++) {
+      const [layer, head, chunk] = [Math.floor(k / (2 * chunks)), Math.floor(k / chunks) % 2, k % chunks];
+      const slot = d.lookup('w', layer, head, chunk);
+      if (scores[k]! > 1) expect(slot).toBeGreaterThanOrEqual(0);
+      else if (scores[k]! < 1) expect(slot).toBe(-1);
+      else {
+        expect(slot >= 0).toBe(tiesTaken < 20);
+        if (slot >= 0) tiesTaken++;
+      }
+      // Buffer comparison: toEqual walks 64 KiB element by element (seconds per chunk).
+      if (slot >= 0) expect(Buffer.from(d.chunk(slot)).equals(Buffer.from(expectedChunk(wide, data, layer, head, chunk)))).toBe(true);
+    }
+    expect(tiesTaken).toBe(20);
+  });
+
+  it('warm: a non-finite score or a short tensor is a typed error before any chunk is admitted', () => {
+    const d = new DramStore({ budgetBytes: 10 * (256 + DramStore.metadataBytesPerSlot), shape });
+    const data = segmentKv(shape, 32, 3);
+    d.addSegment('w', 32);
+    const scores = new Float32Array(32).fill(1);
+    scores[17] = NaN;
+    expect(() => d.warm('w', data, scores)).toThrow(expect.objectContaining({ code: 'E_NONFINITE' }));
+    expect(d.stats().residentChunks).toBe(0);
+    const short = { layers: data.layers.map((l) => ({ ...l, k: { ...l.k, data: l.k.data.subarray(0, l.k.data.length - 1) } })) };
+    expect(() => d.warm('w', short, new Float32Array(32).fill(1))).toThrow(expect.objectContaining({ code: 'E_SHAPE' }));
+    expect(d.stats().residentChunks).toBe(0);
+  });
 });

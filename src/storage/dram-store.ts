@@ -26,6 +26,9 @@ import { parseOptions } from './io-engine.js';
 import { SlotHeap } from './slot-heap.js';
 import { adviseHuge } from '../util/kv-array.js';
 
+/** Bytes of the staging buffer {@link DramStore.warm} packs chunks in (a batch of pages per native gather). */
+const WARM_STAGING_BYTES = 4 * 2 ** 20;
+
 /** Options of a {@link DramStore}. */
 export interface DramStoreOptions {
   /** Hard budget for resident chunk data plus per-slot metadata, bytes (>= one chunk). */
@@ -466,35 +469,80 @@ export class DramStore {
     const e = this.entry(id);
     const s = this.shape;
     if (scores.length !== e.slots.length) fail('E_SHAPE', 'DramStore.warm scores', `${e.slots.length} entries (layers*kvHeads*chunks)`, scores.length);
-    const order = Array.from({ length: scores.length }, (_, i) => i).sort((a, b) => scores[b]! - scores[a]!);
-    // The best-scored chunks, admitted in (layer, head, chunk) order: which are admitted is the same
-    // in any order (each admission evicts the least important resident below it), and slots taken in
-    // chunk order keep a head's chunks in ascending slots, as a whole-segment fill lays them out.
-    const take = order.slice(0, Math.min(order.length, this.capacityChunks)).sort((a, b) => a - b);
-    const es = s.dtype === 'f32' ? 4 : 2;
-    const rowBytes = s.headDim * es;
-    const page = new Uint8Array(this.chunkBytes);
-    let admitted = 0;
-    for (const k of take) {
-      const chunk = k % e.chunks;
-      const region = (k - chunk) / e.chunks;
-      const layer = Math.floor(region / s.kvHeads);
-      const head = region % s.kvHeads;
+    const tokens = e.chunks * s.chunkSize;
+    const bytesOf = (t: SegmentData['layers'][number]['k']) => new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+    const layers = Array.from({ length: s.layers }, (_, layer) => {
       const lay = data.layers[layer];
       if (!lay) fail('E_SHAPE', 'DramStore.warm data.layers', `${s.layers} layers`, data.layers.length);
-      let at = 0;
-      for (const t of [lay.k, lay.v]) {
-        if (t.dtype !== s.dtype || t.heads !== s.kvHeads || t.dim !== s.headDim || t.tokens !== e.chunks * s.chunkSize)
-          fail('E_SHAPE', `DramStore.warm data.layers[${layer}]`, `${e.chunks * s.chunkSize} x ${s.kvHeads} x ${s.headDim} ${s.dtype}`, `${t.tokens} x ${t.heads} x ${t.dim} ${t.dtype}`);
-        const bytes = new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
-        for (let r = 0; r < s.chunkSize; r++) {
-          const off = ((chunk * s.chunkSize + r) * s.kvHeads + head) * rowBytes;
-          page.set(bytes.subarray(off, off + rowBytes), at);
-          at += rowBytes;
-        }
+      for (const t of [lay.k, lay.v])
+        if (t.dtype !== s.dtype || t.heads !== s.kvHeads || t.dim !== s.headDim || t.tokens !== tokens || t.data.length < tokens * s.kvHeads * s.headDim)
+          fail('E_SHAPE', `DramStore.warm data.layers[${layer}]`, `${tokens} x ${s.kvHeads} x ${s.headDim} ${s.dtype}`, `${t.tokens} x ${t.heads} x ${t.dim} ${t.dtype}`);
+      return { k: bytesOf(lay.k), v: bytesOf(lay.v) };
+    });
+    for (let k = 0; k < scores.length; k++) if (!Number.isFinite(scores[k]!)) fail('E_NONFINITE', `DramStore.warm score of entry ${k}`, 'a finite number', scores[k]);
+    // The best-scored chunks (ties: lower entry first), admitted in (layer, head, chunk) order:
+    // which are admitted is the same in any order (each admission evicts the least important
+    // resident below it), and slots taken in chunk order keep a head's chunks in ascending slots, as
+    // a whole-segment fill lays them out. The cut is found on a sorted copy of the scores (no sort
+    // of 10^5-10^6 entries by comparator): every entry above it, and the first ties at it.
+    const cap = Math.min(scores.length, this.capacityChunks);
+    if (cap === 0) return 0;
+    const cut = Float32Array.from(scores).sort()[scores.length - cap]!;
+    let ties = cap;
+    for (let k = 0; k < scores.length; k++) if (scores[k]! > cut) ties--;
+    const rowBytes = s.headDim * (s.dtype === 'f32' ? 4 : 2);
+    const cs = s.chunkSize;
+    // Chunks are packed page-first into a staging buffer a batch at a time (two native row gathers,
+    // K and V), then admitted by one put per batch of one (layer, head).
+    const batch = Math.max(1, Math.min(cap, Math.floor(WARM_STAGING_BYTES / this.chunkBytes)));
+    const staging = new Uint8Array(batch * this.chunkBytes);
+    const srcK = new Float64Array(batch * cs);
+    const srcV = new Float64Array(batch * cs);
+    const dstK = new Float64Array(batch * cs);
+    const dstV = new Float64Array(batch * cs);
+    const ids = new Int32Array(batch);
+    const taken = new Float32Array(batch);
+    const at = new Float64Array(batch);
+    for (let i = 0; i < batch; i++) {
+      at[i] = i * this.chunkBytes;
+      for (let r = 0; r < cs; r++) {
+        dstK[i * cs + r] = i * this.chunkBytes + r * rowBytes;
+        dstV[i * cs + r] = i * this.chunkBytes + (cs + r) * rowBytes;
       }
-      admitted += this.put(id, layer, head, [chunk], [scores[k]!], page, [0]);
     }
+    let admitted = 0;
+    let n = 0;
+    let region = -1;
+    const flush = () => {
+      if (n === 0) return;
+      const layer = Math.floor(region / s.kvHeads);
+      const src = layers[layer]!;
+      native.copyChunks(src.k, srcK.subarray(0, n * cs), staging, dstK.subarray(0, n * cs), rowBytes);
+      native.copyChunks(src.v, srcV.subarray(0, n * cs), staging, dstV.subarray(0, n * cs), rowBytes);
+      admitted += this.put(id, layer, region % s.kvHeads, ids.subarray(0, n), taken.subarray(0, n), staging, at.subarray(0, n));
+      n = 0;
+    };
+    for (let k = 0; k < scores.length; k++) {
+      const score = scores[k]!;
+      if (score < cut || (score === cut && ties-- <= 0)) continue;
+      const chunk = k % e.chunks;
+      const r = (k - chunk) / e.chunks;
+      if (r !== region || n === batch) {
+        flush();
+        region = r;
+      }
+      const head = r % s.kvHeads;
+      for (let t = 0; t < cs; t++) {
+        // Token-major rows: token (chunk * cs + t), kv head `head`.
+        const off = ((chunk * cs + t) * s.kvHeads + head) * rowBytes;
+        srcK[n * cs + t] = off;
+        srcV[n * cs + t] = off;
+      }
+      ids[n] = chunk;
+      taken[n] = score;
+      n++;
+    }
+    flush();
     return admitted;
   }
 
