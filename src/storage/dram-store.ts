@@ -496,8 +496,8 @@ export class DramStore {
     // K and V), then admitted by one put per batch of one (layer, head).
     const batch = Math.max(1, Math.min(cap, Math.floor(WARM_STAGING_BYTES / this.chunkBytes)));
     const staging = new Uint8Array(batch * this.chunkBytes);
-    const srcK = new Float64Array(batch * cs);
-    const srcV = new Float64Array(batch * cs);
+    // Row offsets in the token-major K and V tensors (the same for both), and in the staging pages.
+    const rows = new Float64Array(batch * cs);
     const dstK = new Float64Array(batch * cs);
     const dstV = new Float64Array(batch * cs);
     const ids = new Int32Array(batch);
@@ -517,8 +517,8 @@ export class DramStore {
       if (n === 0) return;
       const layer = Math.floor(region / s.kvHeads);
       const src = layers[layer]!;
-      native.copyChunks(src.k, srcK.subarray(0, n * cs), staging, dstK.subarray(0, n * cs), rowBytes);
-      native.copyChunks(src.v, srcV.subarray(0, n * cs), staging, dstV.subarray(0, n * cs), rowBytes);
+      native.copyChunks(src.k, rows.subarray(0, n * cs), staging, dstK.subarray(0, n * cs), rowBytes);
+      native.copyChunks(src.v, rows.subarray(0, n * cs), staging, dstV.subarray(0, n * cs), rowBytes);
       admitted += this.put(id, layer, region % s.kvHeads, ids.subarray(0, n), taken.subarray(0, n), staging, at.subarray(0, n));
       n = 0;
     };
@@ -532,12 +532,8 @@ export class DramStore {
         region = r;
       }
       const head = r % s.kvHeads;
-      for (let t = 0; t < cs; t++) {
-        // Token-major rows: token (chunk * cs + t), kv head `head`.
-        const off = ((chunk * cs + t) * s.kvHeads + head) * rowBytes;
-        srcK[n * cs + t] = off;
-        srcV[n * cs + t] = off;
-      }
+      // Token-major rows: token (chunk * cs + t), kv head `head`.
+      for (let t = 0; t < cs; t++) rows[n * cs + t] = ((chunk * cs + t) * s.kvHeads + head) * rowBytes;
       ids[n] = chunk;
       taken[n] = score;
       n++;
