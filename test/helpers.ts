@@ -10,7 +10,7 @@ import { IoEngine, type IoEngineOptions } from '../src/storage/io-engine.js';
 import { runtimeIoDefaults } from '../src/runtime/memory-runtime.js';
 import { HotTier } from '../src/cache/hot-tier.js';
 import { resolvePolicyOptions } from '../src/index/options.js';
-import type { RuntimeOptions } from '../src/runtime/runtime.js';
+import { hotTierOptionsOf, type RuntimeOptions } from '../src/runtime/runtime.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -99,10 +99,10 @@ export async function recordHugePageAdvice(fn: () => unknown): Promise<ArrayBuff
  * that size a DRAM budget around a hot tier add this, so the DRAM tier stays as small as they mean.
  */
 export function hotTierBytesOf(o: RuntimeOptions): number {
-  if (!o.hotTier) return 0;
-  const { layers, kvHeads, headDim } = o.shape;
-  const chunkSize = resolvePolicyOptions(o.policy ?? 'kvdrive', o.policyOptions ?? {}).chunkSize;
-  const probe = new HotTier({ layers, kvHeads, headDim, dtype: o.dtype ?? 'f32', chunkSize, budget: o.budget, windows: o.hotTier.windows, sequences: o.maxSequences ?? 1, maxBytes: 2 ** 40 });
+  const options = hotTierOptionsOf(o, resolvePolicyOptions(o.policy ?? 'kvdrive', o.policyOptions ?? {}).chunkSize);
+  if (!options) return 0;
+  // The tier the runtime would create, without its cap (a probe must not fail where the plan would).
+  const probe = new HotTier({ ...options, maxBytes: 2 ** 40 });
   try {
     return probe.info().bytes;
   } finally {

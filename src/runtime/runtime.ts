@@ -134,22 +134,31 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
     maxChunksPerHead,
     mode,
     microBatch,
-    hotTier: o.hotTier
-      ? {
-          ...(o.hotTier as Pick<HotTierOptions, 'windows' | 'maxBytes' | 'eviction'>),
-          layers: shape.layers,
-          kvHeads: shape.kvHeads,
-          headDim: shape.headDim,
-          dtype,
-          chunkSize: cs,
-          budget: o.budget,
-          sequences: maxSequences,
-        }
-      : undefined,
+    hotTier: hotTierOptionsOf(options, cs),
     ssd: o.ssd ? { dir: o.ssd.dir, direct: o.ssd.direct, io: o.ssd.io } : undefined,
     streamHeads: o.ssd?.streamHeads ?? shape.kvHeads,
   });
   return new Runtime(memory, shape, mode, microBatch, maxSequences, maxTokens);
+}
+
+/**
+ * The hot tier a runtime with these (validated) options creates in front of its tiers, or undefined
+ * without `hotTier`: its windows, cap and eviction as given, its geometry from the shape, dtype,
+ * budget and sequences, and `chunkSize` (the memory model's resolved chunk size). Internal: tests
+ * size budgets around the tier's bytes with the same options the runtime uses.
+ */
+export function hotTierOptionsOf(o: RuntimeOptions, chunkSize: number): HotTierOptions | undefined {
+  if (!o.hotTier) return undefined;
+  return {
+    ...o.hotTier,
+    layers: o.shape.layers,
+    kvHeads: o.shape.kvHeads,
+    headDim: o.shape.headDim,
+    dtype: o.dtype ?? 'f32',
+    chunkSize,
+    budget: o.budget,
+    sequences: o.maxSequences ?? 4,
+  };
 }
 
 /** See {@link openRuntime}. Calls to attend/prefill/closeSequence run one at a time, in call order. */
