@@ -73,6 +73,10 @@ function checkVector(what: string, v: unknown, length: number): asserts v is Flo
     if (!Number.isFinite(v[i]!)) throw new KvdriveError('E_NONFINITE', `${what}: expected finite values, got ${v[i]} at element ${i}`);
 }
 
+/** RuntimeOptions.maxSequences and .dtype when not given (openRuntime and hotTierOptionsOf alike). */
+const DEFAULT_MAX_SEQUENCES = 4;
+const DEFAULT_DTYPE = 'f32';
+
 /** Opens a runtime; see {@link RuntimeOptions}. */
 export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   if (options === null || typeof options !== 'object') fail('E_CONFIG', 'openRuntime options', 'an object', options);
@@ -105,10 +109,10 @@ export async function openRuntime(options: RuntimeOptions): Promise<Runtime> {
   for (const k of ['qHeads', 'kvHeads', 'headDim'])
     if (k in policyOptions) fail('E_CONFIG', `openRuntime options.policyOptions.${k}`, 'no shape field (it comes from options.shape)', (policyOptions as Record<string, unknown>)[k]);
   const maxTokens = o.maxTokens ?? 4096;
-  const maxSequences = o.maxSequences ?? 4;
+  const maxSequences = o.maxSequences ?? DEFAULT_MAX_SEQUENCES;
   const mode = o.mode ?? 'sequential';
   const microBatch = o.microBatch ?? 1;
-  const dtype = o.dtype ?? 'f32';
+  const dtype = o.dtype ?? DEFAULT_DTYPE;
   // The memory model selects without the full keys (they are sealed away): kvdrive re-ranks on its
   // key sketch and selects single tokens (offloadedPolicyOptions, shared with eval --offloaded).
   const memPolicyOptions = offloadedPolicyOptions(policy, policyOptions);
@@ -154,10 +158,10 @@ export function hotTierOptionsOf(o: RuntimeOptions, chunkSize: number): HotTierO
     layers: o.shape.layers,
     kvHeads: o.shape.kvHeads,
     headDim: o.shape.headDim,
-    dtype: o.dtype ?? 'f32',
+    dtype: o.dtype ?? DEFAULT_DTYPE,
     chunkSize,
     budget: o.budget,
-    sequences: o.maxSequences ?? 4,
+    sequences: o.maxSequences ?? DEFAULT_MAX_SEQUENCES,
   };
 }
 
