@@ -30,6 +30,7 @@ import { DramStore, type DramStats } from '../storage/dram-store.js';
 import { chunkBytesOf, type ClusterLayout, type SsdStore, type StoreShape } from '../storage/ssd-store.js';
 import { TieredKv } from '../storage/tiered-kv.js';
 import { clusterLayout } from '../storage/cluster-layout.js';
+import { dtypeArray } from '../util/kv-array.js';
 import type { Dtype, KvTensor, ModelShape } from '../types.js';
 
 /** What the memory model is built from (resolved runtime options). */
@@ -123,10 +124,6 @@ const elemBytes = (d: Dtype) => (d === 'f32' ? 4 : 2);
 /** Largest finite f32: the importance of a chunk whose only copy is in DRAM (no SSD store). */
 const F32_MAX = 3.4028234663852886e38;
 
-function typed(d: Dtype, n: number): Float32Array | Uint16Array {
-  return d === 'f32' ? new Float32Array(n) : new Uint16Array(n);
-}
-
 /** One (sequence, layer): its index, sinks, open tail and sealed segment chain. */
 export class LayerKv {
   /** Tokens committed (-1: not prefilled). Advanced only by a step that completed. */
@@ -145,10 +142,10 @@ export class LayerKv {
   readonly tailV: Float32Array | Uint16Array;
 
   constructor(dtype: Dtype, sinks: number, tailCapacity: number, row: number) {
-    this.sinkK = typed(dtype, sinks * row);
-    this.sinkV = typed(dtype, sinks * row);
-    this.tailK = typed(dtype, tailCapacity * row);
-    this.tailV = typed(dtype, tailCapacity * row);
+    this.sinkK = dtypeArray(dtype, sinks * row);
+    this.sinkV = dtypeArray(dtype, sinks * row);
+    this.tailK = dtypeArray(dtype, tailCapacity * row);
+    this.tailV = dtypeArray(dtype, tailCapacity * row);
   }
 }
 

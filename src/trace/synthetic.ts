@@ -713,7 +713,6 @@ function storageNormals(dtype: 'f16' | 'bf16'): Uint16Array {
   return (storageTables[dtype] = t);
 }
 
-
 // ---------------------------------------------------------------------------------------------
 
 /** Validates options (E_CONFIG naming each bad field) and applies defaults. */

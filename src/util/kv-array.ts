@@ -10,9 +10,14 @@
 import { native } from '../native.js';
 import type { Dtype } from '../types.js';
 
-/** A zeroed array of `length` elements of `dtype` (f16 / bf16 as their bits), huge pages advised. */
+/** A zeroed array of `length` elements of `dtype` (f16 / bf16 as their bits): small KV buffers. */
+export function dtypeArray(dtype: Dtype, length: number): Float32Array | Uint16Array {
+  return dtype === 'f32' ? new Float32Array(length) : new Uint16Array(length);
+}
+
+/** {@link dtypeArray} with huge pages advised: KV read at random, MiBs and more. */
 export function kvArray(dtype: Dtype, length: number): Float32Array | Uint16Array {
-  return adviseHuge(dtype === 'f32' ? new Float32Array(length) : new Uint16Array(length));
+  return adviseHuge(dtypeArray(dtype, length));
 }
 
 /** `a` (fresh, not yet written; any typed array, shared or not) advised for huge pages; returned for chaining. */
