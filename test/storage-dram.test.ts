@@ -332,7 +332,7 @@ describe('DRAM store', () => {
     expect(tiesTaken).toBe(20);
   });
 
-  it('warm: a non-finite score or a short tensor is a typed error before any chunk is admitted', () => {
+  it('warm: bad scores, tensors or segments are typed errors before any chunk is admitted', () => {
     const d = new DramStore({ budgetBytes: 10 * (256 + DramStore.metadataBytesPerSlot), shape });
     const data = segmentKv(shape, 32, 3);
     d.addSegment('w', 32);
@@ -342,6 +342,13 @@ describe('DRAM store', () => {
     expect(d.stats().residentChunks).toBe(0);
     const short = { layers: data.layers.map((l) => ({ ...l, k: { ...l.k, data: l.k.data.subarray(0, l.k.data.length - 1) } })) };
     expect(() => d.warm('w', short, new Float32Array(32).fill(1))).toThrow(expect.objectContaining({ code: 'E_SHAPE' }));
+    const ones = new Float32Array(32).fill(1);
+    // Another dtype, a layer missing, a score per chunk missing, a segment never registered.
+    const wrongDtype = { layers: data.layers.map((l) => ({ ...l, v: { ...l.v, dtype: 'bf16' as const } })) };
+    expect(() => d.warm('w', wrongDtype, ones)).toThrow(expect.objectContaining({ code: 'E_SHAPE', message: expect.stringMatching(/f16/) }));
+    expect(() => d.warm('w', { layers: data.layers.slice(0, 1) }, ones)).toThrow(expect.objectContaining({ code: 'E_SHAPE' }));
+    expect(() => d.warm('w', data, ones.subarray(0, 31))).toThrow(expect.objectContaining({ code: 'E_SHAPE' }));
+    expect(() => d.warm('nope', data, ones)).toThrow(expect.objectContaining({ code: 'E_NOT_FOUND' }));
     expect(d.stats().residentChunks).toBe(0);
   });
 });

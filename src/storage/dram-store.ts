@@ -14,7 +14,9 @@
  *  capacity = floor(budgetBytes / (chunkBytes + metadataBytesPerSlot)), so arena + metadata never
  *  exceed budgetBytes. Outside the budget, stated: a slot map of 4 bytes per (layer, kv head, chunk)
  *  of each registered segment ({@link DramStore.indexBytes}; 0.2% of the KV it indexes at 2 KiB
- *  chunks) and a few hundred bytes of JS objects per registered segment.
+ *  chunks), a few hundred bytes of JS objects per registered segment, and while {@link warm} runs
+ *  its staging buffer (4 MiB of pages and ~0.2 MiB of row offsets at 2 KiB chunks) and a sorted
+ *  copy of the scores (4 bytes per chunk), freed after.
  */
 import { constants as bufferConstants } from 'node:buffer';
 import { z } from 'zod';
