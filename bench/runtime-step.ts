@@ -20,7 +20,8 @@
  * Reported per row (steps 2..S of every round): median and minimum ms per layer-step, process CPU
  * ms per layer-step, the ratios dense / row of the medians and of the minima (> 1: faster than
  * dense; on a loaded machine the minima are the steadier figure), and for runtime rows each stage's
- * (select / fetch / attend) median and minimum, and the chunks per step by tier.
+ * (select / fetch / attend) median and minimum, every round's prefill wall time (index build, SSD
+ * write, DRAM-tier fill) and the chunks per step by tier.
  *
  * Run: npm run build:ts && node dist/bench/runtime-step.js [--context N] [--budget K] [--steps S]
  *      [--rounds R] [--before DIST] [--io uring,pread,mmap [--cold]] [--dir /tmp]
@@ -51,6 +52,8 @@ interface Row {
   /** Runtime rows: median and minimum ms per layer-step of each stage (select, fetch, attend). */
   parts?: [number, number, number];
   partsMin?: [number, number, number];
+  /** Runtime rows: wall ms of the prefill (index build, SSD write, DRAM-tier fill). */
+  prefillMs?: number;
   extra?: string;
 }
 
@@ -107,7 +110,9 @@ async function child(root: string, io: string[]): Promise<Row[]> {
   const runtimeRow = async (name: string, opts: Record<string, unknown>, before?: () => void) => {
     const rt = await openRuntime({ shape, budget, policy: 'kvdrive', dtype: 'f16', maxSequences: 1, maxTokens: context + steps + 64, mode: 'sequential', ...opts });
     const seq = rt.createSequence();
+    const p0 = performance.now();
     await rt.prefill(seq, 0, kv(d.k, context), kv(d.v, context));
+    const prefillMs = performance.now() - p0;
     await measure(
       name,
       (s) => rt.attend(0, [{ seq, q: qs[s]!, kNew: kNew[s]!, vNew: vNew[s]! }]),
@@ -119,6 +124,7 @@ async function child(root: string, io: string[]): Promise<Row[]> {
     );
     const m = (await rt.stats()).memory;
     const last = out[out.length - 1]!;
+    last.prefillMs = prefillMs;
     if (m?.traffic) last.extra = `chunks/step ${(m.traffic.chunks / steps).toFixed(0)} (hot ${(m.traffic.hotChunks / steps).toFixed(0)}, dram ${(m.traffic.dramChunks / steps).toFixed(0)}, ssd ${(m.traffic.ssdChunks / steps).toFixed(0)}, tail ${(m.traffic.tailChunks / steps).toFixed(0)}), DRAM tier ${(m.plan.dramTierBytes / 2 ** 20).toFixed(0)} MiB`;
     await rt.close();
   };
@@ -186,10 +192,12 @@ if (process.argv.includes('--child')) {
       const ratio = median(pick.map((p) => p.dense.medianMs / p.r.medianMs));
       const ratioMin = Math.min(...pick.map((p) => p.dense.minMs)) / Math.min(...pick.map((p) => p.r.minMs));
       const parts = pick[0]!.r.parts ? [0, 1, 2].map((i) => median(pick.map((p) => p.r.parts![i]!)).toFixed(2)).join(' / ') : '';
+      // Every round's prefill (one per round: seconds, in round order).
+      const prefill = pick.every((p) => p.r.prefillMs !== undefined) ? `prefill ${pick.map((p) => (p.r.prefillMs! / 1000).toFixed(2)).join(' / ')} s; ` : '';
       const partsMin = pick[0]!.r.partsMin ? [0, 1, 2].map((i) => Math.min(...pick.map((p) => p.r.partsMin![i]!)).toFixed(2)).join(' / ') : '';
       console.log(
         `| ${label} | ${name} | ${median(pick.map((p) => p.r.medianMs)).toFixed(2)} | ${Math.min(...pick.map((p) => p.r.minMs)).toFixed(2)} | ${median(pick.map((p) => p.r.cpuMs)).toFixed(2)} | ` +
-          `${ratio.toFixed(3)} | ${ratioMin.toFixed(3)} | ${parts} | ${partsMin} | ${pick[0]!.r.extra ?? ''} |`,
+          `${ratio.toFixed(3)} | ${ratioMin.toFixed(3)} | ${parts} | ${partsMin} | ${prefill}${pick[0]!.r.extra ?? ''} |`,
       );
     }
 }
