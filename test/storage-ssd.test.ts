@@ -200,6 +200,53 @@ describe('SSD store integrity and errors', () => {
       await expectKvdError(() => store.readArrays({ ...req(), done: new Float32Array(1) as unknown as Int32Array }), 'E_DTYPE', /segmentRead\.done/);
     });
 
+  for (const { kind } of engines)
+    it(`readArrays' per-item flags: each item's set once its chunks landed, an empty item's at once, a failed item's never (${kind})`, async () => {
+      const dir = tempDir('items');
+      const store = await openStore({ dir, shape, kind });
+      const data = segmentKv(shape, 32, 13);
+      await store.writeSegment('d', data);
+      const h = store.segmentHandle('d');
+      // Items: (layer 1, head 0) chunks 0, 3, 5; (layer 0, head 1) chunk 2; (layer 1, head 1) nothing.
+      const items = [
+        { layer: 1, head: 0, ids: [0, 3, 5] },
+        { layer: 0, head: 1, ids: [2] },
+        { layer: 1, head: 1, ids: [] as number[] },
+      ];
+      const ids = items.flatMap((it) => it.ids);
+      const req = (done: Int32Array) => ({
+        segments: Int32Array.from(items, () => h),
+        layers: Int32Array.from(items, (it) => it.layer),
+        heads: Int32Array.from(items, (it) => it.head),
+        itemOffsets: Int32Array.from([0, 3, 4, 4]),
+        chunkIds: Int32Array.from(ids),
+        dest: new Uint8Array(ids.length * store.chunkBytes),
+        destOffsets: Float64Array.from(ids, (_, k) => k * store.chunkBytes),
+        done,
+      });
+      const chunkOf = (r: { dest: Uint8Array }, k: number) => r.dest.subarray(k * store.chunkBytes, (k + 1) * store.chunkBytes);
+      const done = new Int32Array(new SharedArrayBuffer(4 * (1 + items.length)));
+      const ok = req(done);
+      const reading = store.readArrays(ok);
+      // Item 1's flag, once set, means its chunk is there, whatever the rest of the read is doing.
+      while (Atomics.load(done, 2) === 0) await new Promise((r) => setImmediate(r));
+      expect(chunkOf(ok, 3)).toEqual(expectedChunk(shape, data, 0, 1, 2));
+      await reading;
+      expect(Array.from(done)).toEqual([1, 1, 1, 1]);
+      ids.slice(0, 3).forEach((j, k) => expect(chunkOf(ok, k)).toEqual(expectedChunk(shape, data, 1, 0, j)));
+      // Item 0's chunk 3 corrupt: the read fails (2), item 0 never lands; the empty item lands.
+      const ext = store.extents('d', 1, 0);
+      const pos = ext.order.indexOf(3);
+      let extent = 0;
+      while (extent + 1 < ext.firstPos.length && ext.firstPos[extent + 1]! <= pos) extent++;
+      flipByte(join(dir, 'd.kvseg'), ext.offsets[extent]! + (pos - ext.firstPos[extent]!) * store.chunkBytes + 7, 0xff);
+      const failed = new Int32Array(new SharedArrayBuffer(4 * (1 + items.length)));
+      await expectKvdError(() => store.readArrays(req(failed)), 'E_CORRUPT', /d\.kvseg/);
+      expect(Atomics.load(failed, 0)).toBe(2);
+      expect(Atomics.load(failed, 1)).toBe(0);
+      expect(Atomics.load(failed, 3)).toBe(1);
+    });
+
   it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {
     const dir = tempDir('trunc');
     const a = await openStore({ dir, shape, kind: 'pread' });

@@ -119,11 +119,17 @@ describe('tiered KV fetch', () => {
     // Resident: chunks 0-3 of head 0 and chunks 0, 5 of head 1 (layer 0).
     dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i === 16 || i === 21 ? 10 : i === 0 ? 5 : i < 4 ? 1 : 0)));
     const req = request(0, [[0, 1, 2], [0, 5, 17]]);
-    let early: { placement: FetchPlacement; pending: number[] } | undefined;
+    let early: { placement: FetchPlacement; pending: number[]; landed: (heads?: Uint8Array) => boolean } | undefined;
     let dest = new Uint8Array(0);
-    const p = kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)), (placement, pending) => (early = { placement, pending: Array.from(pending) }));
+    const p = kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)), (placement, pending, landed) => (early = { placement, pending: Array.from(pending), landed }));
     expect(early?.pending).toEqual([0, 1]); // head 1's chunk 17 (segment b) is being read
     expect(Array.from(early!.placement.source)).toEqual([1, 1, 1, 1, 1, 0]);
+    // Per kv head: head 0 is there from the start; head 1 lands (1) once its read did, before the promise may settle.
+    const heads = new Uint8Array(2);
+    early!.landed(heads);
+    expect(heads[0]).toBe(1);
+    while (!early!.landed(heads)) await new Promise((r) => setImmediate(r));
+    expect(Array.from(heads)).toEqual([1, 1]);
     const { stats, placement } = await p;
     expect(placement).toBe(early!.placement);
     expect(stats.ssdChunks).toBe(1);
@@ -265,6 +271,20 @@ describe('tiered KV fetch', () => {
     expect(kv.prefetch(req)).toBeUndefined(); // the only staging buffer is taken
     await p.done;
     const dest = new Uint8Array(8 * kv.chunkBytes);
+    // In place, the staged entries land only once the call copies them: heads 2 ("not before the
+    // promise"), never 1, until it settles; then the fetch gives them back.
+    const heads = new Uint8Array(2);
+    let landedEarly: boolean | undefined;
+    const inPlace = await kv.fetchInPlace(req, (bytes) => new Uint8Array(bytes), (_pl, pending, landed) => {
+      landedEarly = landed(heads);
+      expect(Array.from(pending)).toEqual([1, 1]);
+    });
+    expect(landedEarly).toBe(false);
+    expect(Array.from(heads)).toEqual([2, 2]);
+    expect(inPlace.stats.prefetchedChunks).toBe(8);
+    inPlace.placement.release();
+    const p2 = kv.prefetch(req)!;
+    await p2.done;
     const st = await kv.fetch(req, dest);
     expectFetched(dest, req, data, kv.chunkBytes);
     expect(st.prefetchedChunks).toBe(8);

@@ -489,7 +489,11 @@ struct ReadResult {
 // by file offset, neighbours merged into one run when no whole untouched 4 KiB page (plus the
 // engine's coalesceGapBytes) lies between them, so O_DIRECT's page alignment never reads a page
 // twice. Every chunk is verified against its own crc32c before any of its bytes are copied out.
-void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, ReadResult& res) {
+// itemDone (optional, one int32 per item): item i's flag is set to 1 (a release store) the moment
+// every chunk of item i has been verified and copied out, while the rest of the batch is still
+// being read, so a caller can use that item's chunks early; a flag stays 0 if the batch fails or is
+// cancelled before its item landed.
+void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, ReadResult& res, int32_t* itemDone = nullptr) {
   struct Need {
     Segment* seg;
     int region;
@@ -532,17 +536,33 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
     res.chunks += it.n;
     res.payloadBytes += it.n * it.seg->chunkBytes;
   }
+  // Per item, its copies still to make (itemDone only); an item with no chunk has landed already.
+  std::unique_ptr<std::atomic<uint32_t>[]> itemLeft;
+  if (itemDone) {
+    itemLeft.reset(new std::atomic<uint32_t>[items.size()]);
+    for (size_t i = 0; i < items.size(); ++i) {
+      itemLeft[i].store(uint32_t(items[i].n), std::memory_order_relaxed);
+      if (items[i].n == 0) __atomic_store_n(&itemDone[i], 1, __ATOMIC_RELEASE);
+    }
+  }
   if (needs.empty()) return;
   // Destinations grouped by need (CSR): a chunk requested twice is read once and copied twice.
   std::vector<uint32_t> copyStart(needs.size() + 1, 0);
   for (uint32_t n : needOfChunk) copyStart[n + 1]++;
   for (size_t n = 0; n < needs.size(); ++n) copyStart[n + 1] += copyStart[n];
   std::vector<uint8_t*> copyDest(needOfChunk.size());
+  std::vector<uint32_t> copyItem(itemDone ? needOfChunk.size() : 0);  // the item each copy belongs to
   {
     std::vector<uint32_t> fill(copyStart.begin(), copyStart.end() - 1);
     size_t k = 0;
-    for (ReadItem& it : items)
-      for (size_t j = 0; j < it.n; ++j, ++k) copyDest[fill[needOfChunk[k]]++] = it.dest + uint64_t(it.destOfs[j]);
+    for (size_t i = 0; i < items.size(); ++i) {
+      ReadItem& it = items[i];
+      for (size_t j = 0; j < it.n; ++j, ++k) {
+        const uint32_t c = fill[needOfChunk[k]]++;
+        copyDest[c] = it.dest + uint64_t(it.destOfs[j]);
+        if (itemDone) copyItem[c] = uint32_t(i);
+      }
+    }
   }
   // Sort by file position and group neighbours into runs; each run is one read.
   std::vector<uint32_t> ord(needs.size());
@@ -624,7 +644,12 @@ void RunRead(std::vector<ReadItem>& items, const std::atomic<bool>* cancel, Read
         }
         continue;
       }
-      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) std::memcpy(copyDest[c], src, cb);
+      for (uint32_t c = copyStart[ni]; c < copyStart[ni + 1]; ++c) {
+        std::memcpy(copyDest[c], src, cb);
+        // The item's last copy made (by whichever thread made it): its flag, after its bytes.
+        if (itemDone && itemLeft[copyItem[c]].fetch_sub(1, std::memory_order_acq_rel) == 1)
+          __atomic_store_n(&itemDone[copyItem[c]], 1, __ATOMIC_RELEASE);
+      }
     }
   };
   try {
@@ -732,7 +757,9 @@ Napi::Value SegmentExtents(const Napi::CallbackInfo& info) {
 // sets the moment it ends (a release store): 1 when every chunk has landed in dest, verified; 2
 // when it failed or was cancelled. The promise settles only once the JS thread runs its callback,
 // which can be a whole attention call later; a caller that polls `done` (Atomics.load) can read
-// the pages as soon as they are there. Left 0 while the read runs.
+// the pages as soon as they are there. Left 0 while the read runs. With at least 1 + items
+// elements, element 1 + i is set to 1 as soon as every chunk of item i has landed (verified),
+// while other items are still being read (left 0 if the read fails first).
 Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     Napi::Env env = info.Env();
@@ -780,11 +807,12 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     auto res = std::make_shared<ReadResult>();
     auto itemsP = std::make_shared<std::vector<ReadItem>>(std::move(items));
     int32_t* doneAt = done.data;
+    int32_t* itemDone = done.data && done.length >= n + 1 ? done.data + 1 : nullptr;
     std::vector<Napi::Object> keep = {dest.object, ids.object, dofs.object};
     if (doneAt) keep.push_back(done.object);
     return PromiseWorker::Start(
         env,
-        [itemsP, cancel, res, doneAt] {
+        [itemsP, cancel, res, doneAt, itemDone] {
           // The signal is stored whichever way RunRead ends (2 unless it returned a complete read).
           struct Signal {
             int32_t* at;
@@ -793,7 +821,7 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
               if (at) __atomic_store_n(at, value, __ATOMIC_RELEASE);
             }
           } signal{doneAt};
-          RunRead(*itemsP, cancel.get(), *res);
+          RunRead(*itemsP, cancel.get(), *res, itemDone);
           if (!res->io.cancelled) signal.value = 1;
         },
         [res, itemsP](Napi::Env env) -> Napi::Value {

@@ -10,7 +10,8 @@
  *   selected tokens, read where they lie + tail (attendFetched: bit-identical to attendSparse over
  *   a contiguous cache with the same selection, whichever tier served a token; while the SSD reads
  *   are in flight every kv head is admitted to the hot tier, its copies from the pages still being
- *   read made once they land, and the kv heads no read touches are attended) ─▶ DRAM admission of
+ *   read made once they land, and each kv head is attended as soon as its pages are all there: the
+ *   read's thread flags each (segment, kv head) as it lands) ─▶ DRAM admission of
  *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
@@ -57,6 +58,21 @@ export interface EntryStepStats {
  * pipelined mode concurrent entries share the pool, each caller working on its own entry too.
  */
 const ATTEND_THREADS = Math.min(8, availableParallelism());
+
+/** A cell nothing notifies: Atomics.wait on it sleeps the JS thread (between looks at the reads' flags). */
+const SLEEP_CELL = new Int32Array(new SharedArrayBuffer(4));
+/** How long the JS thread sleeps between looks at the SSD reads' per-head flags, milliseconds. */
+const READ_POLL_MS = 0.02;
+
+/**
+ * While a step waits for SSD reads with nothing ready to attend: a short sleep (not a spin: on a
+ * 2-core host the reads' own thread needs the core), then one turn of the event loop, so the other
+ * entries of a pipelined step and the reads' promises make progress.
+ */
+function waitForReads(): Promise<void> {
+  Atomics.wait(SLEEP_CELL, 0, 0, READ_POLL_MS);
+  return new Promise((resolve) => setImmediate(resolve));
+}
 
 /**
  * Arrays one (sequence, layer)'s steps reuse (at most one step of a pair runs at a time, and
@@ -209,8 +225,11 @@ interface HeadGroup {
    */
   placement?: FetchPlacement;
   pending?: Uint8Array;
-  /** Whether every page of the group's fetch has landed (its reads' thread says so; see fetchInPlace). */
-  landed?: () => boolean;
+  /**
+   * Whether every page of the group's fetch has landed, and with `heads` each kv head's state (its
+   * reads' thread says so; see TieredKv.fetchInPlace).
+   */
+  landed?: (heads?: Uint8Array) => boolean;
 }
 
 /** The group selections of one entry, in head order, as one selection over every kv head. */
@@ -448,8 +467,8 @@ interface EntryAttention {
  * head), each group's tier chunks fetched (DRAM pins, SSD reads in flight on the I/O engine) while
  * the next group is selected. Kv heads select independently, so the groups concatenated are the
  * whole selection and the output does not depend on the mode. Then hot-tier admission and
- * attention with q — of the kv heads no SSD read touches while the reads are in flight, of the others
- * once they landed (per kv head the same calls in the same order as one pass: bit-identical) —
+ * attention with q — each kv head once its pages are all there, while other heads' reads are still
+ * in flight (a kv head attends the same bits in any call, alone or with others: bit-identical) —
  * and DRAM admission. `offThread`: attention runs off the JS thread (pipelined). Nothing is
  * committed: the caller calls `commit()` once every entry of the step succeeded (the token count
  * advances and the seal this made due starts), so a failed step leaves every sequence where it
@@ -573,59 +592,81 @@ export async function fetchAttendEntry(
     else attendFetched(args);
     e.computeMs += performance.now() - t;
   };
-  // The kv heads left for after the reads (undefined: every head).
+  // The kv heads left for after the reads' promises settle (undefined: every head).
   let rest: Uint8Array | undefined;
   // Whether every head's hot-tier admission ran while the reads were in flight.
   let hotAdmittedEarly = false;
   // Whether every head was attended before the reads' promises settled (they had landed).
   let attendedAll = false;
-  // Every group's pages are in place: the reads' own thread has said so (it does before this thread
-  // hears of it, which waits for the event loop; on this 2-core host often a whole attention call).
-  const allLanded = () => groups.every((g) => !g.landed || g.landed());
+  /**
+   * Per kv head, whether its pages are there (the groups' landed(), see TieredKv.fetchInPlace): 1
+   * landed (the reads' own thread has said so; it does before this thread hears of it, which waits
+   * for the event loop: on this 2-core host often a whole attention call), 0 still being read, 2
+   * not before the fetches' promises settle (prefetched entries still to copy, a failed read).
+   */
+  const headStates = (into: Uint8Array, scratch: Uint8Array): void => {
+    into.fill(1);
+    for (const g of groups) {
+      if (!g.landed) continue;
+      g.landed(scratch);
+      for (let h = 0; h < H; h++) if (scratch[h] !== 1 && into[h] !== 2) into[h] = scratch[h]!;
+    }
+  };
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
-      // While the SSD reads are in flight: hot-tier admission of every kv head, and attention of
-      // the kv heads none of them touches (their pages are all in the hot tier, the DRAM arena or
-      // the tail); the other heads' attention after the reads land. A group whose fetch failed
-      // before placing its pages leaves everything to the error path.
+      // While the SSD reads are in flight: hot-tier admission of every kv head, then attention of
+      // each kv head as soon as its pages are all there (in the hot tier, the DRAM arena, the tail,
+      // or landed in the fetch buffer: the store lays heads out in order, so they land about in head
+      // order); what is left once nothing more can land before the promises settle is attended
+      // after them. A group whose fetch failed before placing its pages leaves everything to the
+      // error path.
       if (groups.some((g) => g.tier > 0 && !g.pending)) return;
       // Every head's hot-tier admission now, the copies from pages still being read left for
       // after them: the reads' wait is the step's only idle time on a CPU-bound host.
       const e = attention(sc, nChunks);
       admitHot(e, undefined, true);
       hotAdmittedEarly = true;
-      // The reads often land during the admission: then every kv head is attended now, in one call
-      // (a head attends the same bits in any call; hot-tier slots still waiting for their copies
-      // are read from the pages, which are there).
-      if (allLanded()) {
-        await attendHeads(e, undefined, true);
-        attendedAll = true;
-        return;
-      }
-      const pending = new Uint8Array(H);
-      for (const g of groups) if (g.pending) for (let h = 0; h < H; h++) pending[h]! |= g.pending[h]!;
-      if (pending.every((x) => x === 1)) return;
-      const early = pending.map((x) => 1 - x);
-      // Attention splits whole kv heads over the pool (a sparse head is one part, attention_split.h):
-      // a call with a head count that is no multiple of the workers leaves some idle for a head's
-      // time, and both calls would. So ready heads beyond a multiple go with the later call (a head
-      // attends the same bits in either); fewer ready heads than workers all go early (they overlap
-      // the reads).
-      const ready = early.reduce((a, b) => a + b, 0);
-      let hold = ready >= ATTEND_THREADS ? ready % ATTEND_THREADS : 0;
-      for (let h = H - 1; h >= 0 && hold > 0; h--)
-        if (early[h]) {
-          early[h] = 0;
-          hold--;
+      const attended = new Uint8Array(H);
+      const state = new Uint8Array(H);
+      const scratch = new Uint8Array(H);
+      const now = new Uint8Array(H);
+      let left = H;
+      for (;;) {
+        headStates(state, scratch);
+        let ready = 0;
+        let reading = 0;
+        for (let h = 0; h < H; h++) {
+          now[h] = !attended[h] && state[h] === 1 ? 1 : 0;
+          ready += now[h]!;
+          if (!attended[h] && state[h] === 0) reading++;
         }
-      rest = early.map((x) => 1 - x);
-      // Early heads read no page still being read: their hot-tier copies are all made.
-      await attendHeads(e, early, true);
-      // The reads landed meanwhile: the other heads too, before their promises settle.
-      if (allLanded()) {
-        await attendHeads(e, rest, true);
-        attendedAll = true;
+        if (ready === left) {
+          // Everything left is there: one call (a head attends the same bits in any call; hot-tier
+          // slots still waiting for their copies are read from the pages, which are there).
+          await attendHeads(e, left === H ? undefined : now, true);
+          attendedAll = true;
+          return;
+        }
+        if (!reading) break;
+        // Attention splits whole kv heads over the pool (a sparse head is one part, attention_split.h):
+        // a call with a head count that is no multiple of the workers leaves some idle for a head's
+        // time. So while heads are still being read, ready heads beyond a multiple wait for a later
+        // call (a head attends the same bits in either); fewer ready heads than workers go now (they
+        // overlap the reads).
+        let hold = ready >= ATTEND_THREADS ? ready % ATTEND_THREADS : 0;
+        for (let h = H - 1; h >= 0 && hold > 0; h--)
+          if (now[h]) {
+            now[h] = 0;
+            hold--;
+            ready--;
+          }
+        if (ready > 0) {
+          await attendHeads(e, now, true);
+          for (let h = 0; h < H; h++) attended[h]! |= now[h]!;
+          left -= ready;
+        } else await waitForReads();
       }
+      rest = attended.map((x) => 1 - x);
     });
     const { sc, nChunks } = f;
     const e = attention(sc, nChunks);

@@ -584,7 +584,9 @@ export class SsdStore {
    * {@link readBatch} with native segment handles and typed arrays (the per-step hot path). `done`
    * (optional, an Int32Array over a SharedArrayBuffer): element 0 is set by the read's own thread
    * as it ends, 1 when every chunk has landed in `dest` (verified), 2 when it failed or was
-   * cancelled, before the promise settles on this thread (poll it with Atomics.load).
+   * cancelled, before the promise settles on this thread (poll it with Atomics.load). With at least
+   * 1 + items elements, element 1 + i is set to 1 as soon as every chunk of item i has landed
+   * (verified), while the other items are still being read.
    */
   readArrays(
     req: { segments: Int32Array; layers: Int32Array; heads: Int32Array; itemOffsets: Int32Array; chunkIds: Int32Array; dest: Uint8Array; destOffsets: Float64Array; done?: Int32Array },

@@ -307,16 +307,20 @@ export class TieredKv {
    * resolves with; its `source` / `at` final, not to be released before the promise settles) and
    * `pending`, one entry per kv head: 1 when some entry of that head still lands in `dest` (an SSD
    * read, a prefetch), 0 when every page of the head can be read now. A reader attends the ready
-   * heads while the reads are in flight. `landed()` says, at any later moment, whether every entry
-   * has landed in `dest` already (the SSD read's own thread signals it; true only for a read that
-   * succeeded, and never while a prefetch's entries are still to be copied), so a reader can attend
-   * the other heads too before the promise settles. Not called when the call fails before the reads
-   * are issued.
+   * heads while the reads are in flight. `landed(heads?)` says, at any later moment, whether every
+   * entry has landed in `dest` already (the SSD read's own thread signals it; true only for a read
+   * that succeeded, and never while a prefetch's entries are still to be copied), so a reader can
+   * attend the other heads too before the promise settles; with `heads` (one entry per kv head) it
+   * also says, per kv head, 1 when all its entries have landed, 0 while some are still being read,
+   * 2 when some will not land before the promise settles (staged by a prefetch, or the read failed):
+   * the read's thread flags the items of one (segment, kv head) as they complete, mostly in head
+   * order (the store lays heads out in order), so a reader can attend heads one by one as they
+   * land. Not called when the call fails before the reads are issued.
    */
   async fetchInPlace(
     req: FetchRequest,
     dest: Uint8Array | ((bytes: number) => Uint8Array),
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: () => boolean) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean) => void,
   ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
     const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
@@ -326,7 +330,7 @@ export class TieredKv {
     req: FetchRequest,
     destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
     inPlace: boolean,
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: () => boolean) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean) => void,
   ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
@@ -398,8 +402,9 @@ export class TieredKv {
       }
       const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
-      // `readDone` (for onIssued's landed()): set by the read's thread as it ends (SsdStore.readArrays).
-      const readDone = groups.size && onIssued ? new Int32Array(new SharedArrayBuffer(4)) : undefined;
+      // `readDone` (for onIssued's landed()): element 0 set by the read's thread as it ends, element
+      // 1 + i as read item i (groups' i-th (segment, kv head), in insertion order) lands (SsdStore.readArrays).
+      const readDone = groups.size && onIssued ? new Int32Array(new SharedArrayBuffer(4 * (1 + groups.size))) : undefined;
       const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf, undefined, readDone) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
       if (nDram) {
@@ -414,10 +419,27 @@ export class TieredKv {
       if (onIssued && placement) {
         // Heads with an entry still to land: those with SSD misses or prefetched entries.
         const pending = new Uint8Array(H);
-        for (const gk of groups.keys()) pending[gk % H] = 1;
-        for (const idx of stagedIdx) for (const i of idx) pending[this.headOfEntry(req, i)] = 1;
+        const itemHead = Int32Array.from(groups.keys(), (gk) => gk % H);
+        for (const h of itemHead) pending[h] = 1;
+        // Heads with prefetched entries land only once this call copies them (after the promise).
+        const stagedHead = new Uint8Array(H);
+        for (const idx of stagedIdx) for (const i of idx) pending[this.headOfEntry(req, i)] = stagedHead[this.headOfEntry(req, i)] = 1;
         const staged = stagedIdx.some((idx) => idx.length > 0);
-        const landed = () => !staged && (!readDone || Atomics.load(readDone, 0) === 1);
+        const landed = (heads?: Uint8Array): boolean => {
+          const end = readDone ? Atomics.load(readDone, 0) : 1;
+          const all = !staged && end === 1;
+          if (heads) {
+            // Per head: 1 landed, 0 still being read, 2 not before the promise settles (entries
+            // staged by a prefetch, or items of a read that ended without them: it failed).
+            for (let h = 0; h < H; h++) heads[h] = !all && stagedHead[h] ? 2 : 1;
+            if (!all && readDone)
+              for (let i = 0; i < itemHead.length; i++) {
+                const h = itemHead[i]!;
+                if (heads[h] !== 2 && Atomics.load(readDone, 1 + i) !== 1) heads[h] = end === 0 ? 0 : 2;
+              }
+          }
+          return all;
+        };
         try {
           onIssued(placement, pending, landed);
         } catch (e) {
