@@ -376,6 +376,9 @@ async function selectAndFetch(
         g.pending = pending;
         g.landed = landed;
       });
+      // Its failure is taken from allSettled below; meanwhile the step may wait event-loop turns for
+      // other heads' reads, and a rejection seen then must not count as unhandled.
+      g.fetch.catch(() => undefined);
     }
     // Every group's reads are in flight: the heads they do not touch can be computed meanwhile.
     if (groups.some((g) => g.pending?.includes(1))) await whileReading(sc, cBase);
