@@ -336,7 +336,7 @@ interface SsdInput {
    * Reads; `done`: through SsdStore.readArrays with a completion flag (a valid one, an empty one, or
    * the wrong type) instead of readChunks.
    */
-  reads: { layer: number; head: number; ids: number[]; done?: 'flag' | 'empty' | 'f32' }[];
+  reads: { layer: number; head: number; ids: number[]; done?: 'flag' | 'items' | 'empty' | 'f32' }[];
   /** I/O engine the store reads through (a small pool keeps each input cheap). */
   engine: 'pread' | 'auto';
 }
@@ -379,9 +379,11 @@ function reseal(b: Uint8Array): void {
  * One read of segment s0 through readArrays with a completion flag; checks the flag's contract: 1
  * when the read resolved, 2 when it failed after starting (0: refused before it started).
  */
-async function readWithFlag(s: SsdStore, r: SsdInput['reads'][number], kind: 'flag' | 'empty' | 'f32'): Promise<void> {
+async function readWithFlag(s: SsdStore, r: SsdInput['reads'][number], kind: 'flag' | 'items' | 'empty' | 'f32'): Promise<void> {
   const n = r.ids.length;
-  const done = kind === 'flag' ? new Int32Array(new SharedArrayBuffer(4)) : kind === 'empty' ? new Int32Array(0) : (new Float32Array(1) as unknown as Int32Array);
+  // 'items': the end flag and the one item's landing flag (element 1).
+  const done =
+    kind === 'flag' || kind === 'items' ? new Int32Array(new SharedArrayBuffer(kind === 'items' ? 8 : 4)) : kind === 'empty' ? new Int32Array(0) : (new Float32Array(1) as unknown as Int32Array);
   const req = {
     segments: Int32Array.from([s.segmentHandle('s0')]),
     layers: Int32Array.from([r.layer]),
@@ -397,9 +399,14 @@ async function readWithFlag(s: SsdStore, r: SsdInput['reads'][number], kind: 'fl
     await s.readArrays(req);
     resolved = true;
   } finally {
-    if (kind === 'flag') {
+    if (kind === 'flag' || kind === 'items') {
       const v = Atomics.load(done, 0);
       if (resolved ? v !== 1 : v !== 0 && v !== 2) throw new Error(`readArrays done flag: expected ${resolved ? '1 after a read that resolved' : '0 or 2 after one that failed'}, got ${v}`);
+    }
+    if (kind === 'items') {
+      // The item landed iff the read resolved (an item with chunks never lands in a read that failed).
+      const v = Atomics.load(done, 1);
+      if (resolved ? v !== 1 : n > 0 && v !== 0) throw new Error(`readArrays item flag: expected ${resolved ? 1 : 0} after a read that ${resolved ? 'resolved' : 'failed'}, got ${v}`);
     }
   }
 }
@@ -420,7 +427,7 @@ export const ssdTarget = defineTarget<SsdInput>({
         layer: g.num(g.int(0, 1), 0.1),
         head: g.num(g.int(0, 1), 0.1),
         ids: Array.from({ length: g.int(0, 6) }, () => g.num(g.int(0, 7), 0.1)),
-        ...(g.bool(0.3) ? { done: g.pick(['flag', 'flag', 'empty', 'f32'] as const) } : {}),
+        ...(g.bool(0.3) ? { done: g.pick(['flag', 'flag', 'items', 'items', 'empty', 'f32'] as const) } : {}),
       });
     return x;
   },
