@@ -245,6 +245,12 @@ describe('SSD store integrity and errors', () => {
       expect(Atomics.load(failed, 0)).toBe(2);
       expect(Atomics.load(failed, 1)).toBe(0);
       expect(Atomics.load(failed, 3)).toBe(1);
+      // Flags for some items only are refused before anything is read.
+      await expectKvdError(
+        () => store.readArrays(req(new Int32Array(new SharedArrayBuffer(4 * items.length)))),
+        'E_SHAPE',
+        /segmentRead\.done: expected 1 element \(the end flag\) or at least 1 \+ 3 \(one landing flag per item\), got 3/,
+      );
     });
 
   it('reports a truncated extent file as E_CORRUPT at open and on read, others readable', async () => {

@@ -782,6 +782,11 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     if (!o.Get("done").IsUndefined()) {
       done = GetI32(o.Get("done"), "segmentRead.done");
       if (done.length < 1) Throw("E_SHAPE", "segmentRead.done: expected an Int32Array of at least 1 element, got 0");
+      // Per-item flags are all or nothing: a flag array too short for the items would leave some
+      // items unflagged, and a caller polling them would wait forever.
+      if (done.length > 1 && done.length - 1 < n)
+        Throw("E_SHAPE", "segmentRead.done: expected 1 element (the end flag) or at least 1 + " + std::to_string(n) +
+                             " (one landing flag per item), got " + std::to_string(done.length));
     }
     std::vector<ReadItem> items(n);
     std::shared_ptr<IoEngine> eng;
@@ -807,7 +812,7 @@ Napi::Value SegmentRead(const Napi::CallbackInfo& info) {
     auto res = std::make_shared<ReadResult>();
     auto itemsP = std::make_shared<std::vector<ReadItem>>(std::move(items));
     int32_t* doneAt = done.data;
-    int32_t* itemDone = done.data && done.length >= n + 1 ? done.data + 1 : nullptr;
+    int32_t* itemDone = done.data && done.length > 1 ? done.data + 1 : nullptr;
     std::vector<Napi::Object> keep = {dest.object, ids.object, dofs.object};
     if (doneAt) keep.push_back(done.object);
     return PromiseWorker::Start(
