@@ -423,7 +423,11 @@ export class TieredKv {
         for (const h of itemHead) pending[h] = 1;
         // Heads with prefetched entries land only once this call copies them (after the promise).
         const stagedHead = new Uint8Array(H);
-        for (const idx of stagedIdx) for (const i of idx) pending[this.headOfEntry(req, i)] = stagedHead[this.headOfEntry(req, i)] = 1;
+        for (const idx of stagedIdx)
+          for (const i of idx) {
+            const h = this.headOfEntry(req, i);
+            pending[h] = stagedHead[h] = 1;
+          }
         const staged = stagedIdx.some((idx) => idx.length > 0);
         const landed = (heads?: Uint8Array): boolean => {
           const end = readDone ? Atomics.load(readDone, 0) : 1;
