@@ -103,6 +103,33 @@ export function xorshift(seed: number): () => number {
   };
 }
 
+/**
+ * A random selection of `perHead` distinct units (of `unit` tokens) per kv head, ascending, among the
+ * units between `sinks` and the `local`-token tail of a `tokens`-token context.
+ */
+export function randomUnits(
+  shape: { kvHeads: number; sinks: number; local: number },
+  tokens: number,
+  seed: number,
+  unit: number,
+  perHead: number,
+): { chunkSize: number; tokens: number; sinkEnd: number; tailStart: number; offsets: Int32Array; chunkIds: Int32Array } {
+  const { kvHeads, sinks, local } = shape;
+  const next = xorshift(seed);
+  const first = Math.ceil(sinks / unit);
+  const tailStart = tokens - local;
+  const last = Math.floor(tailStart / unit); // exclusive
+  const offsets = new Int32Array(kvHeads + 1);
+  const chunkIds = new Int32Array(perHead * kvHeads);
+  for (let h = 0; h < kvHeads; h++) {
+    const chosen = new Set<number>();
+    while (chosen.size < perHead) chosen.add(first + (next() % (last - first)));
+    chunkIds.set(Int32Array.from([...chosen].sort((a, b) => a - b)), h * perHead);
+    offsets[h + 1] = (h + 1) * perHead;
+  }
+  return { chunkSize: unit, tokens, sinkEnd: sinks, tailStart, offsets, chunkIds };
+}
+
 /** f16 bits of random values with |x| in ~[2^-4, 2^1) and random sign: realistic magnitudes, never NaN/Inf. */
 export function fillF16(data: Uint16Array, seed: number): void {
   const next = xorshift(seed);

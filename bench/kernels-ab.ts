@@ -13,7 +13,7 @@
  */
 import { createRequire } from 'node:module';
 import os from 'node:os';
-import { fillF16, xorshift } from './bench-util.js';
+import { fillF16, randomUnits } from './bench-util.js';
 
 const require = createRequire(import.meta.url);
 const [A, B] = [process.argv[2], process.argv[3]];
@@ -38,22 +38,8 @@ const k = kv(1);
 const v = kv(2);
 const q = new Float32Array(Q_HEADS * DIM).map((_, i) => Math.sin(i * 0.37) * 0.5);
 
-/** `per` distinct chunks per kv head at random places between the sinks and the tail, ascending. */
-function chunks(tokens: number, seed: number, per: number) {
-  const next = xorshift(seed);
-  const first = SINKS / CHUNK;
-  const tailStart = tokens - LOCAL;
-  const last = Math.floor(tailStart / CHUNK);
-  const offsets = new Int32Array(KV_HEADS + 1);
-  const chunkIds = new Int32Array(per * KV_HEADS);
-  for (let h = 0; h < KV_HEADS; h++) {
-    const chosen = new Set<number>();
-    while (chosen.size < per) chosen.add(first + (next() % (last - first)));
-    chunkIds.set(Int32Array.from([...chosen].sort((x, y) => x - y)), h * per);
-    offsets[h + 1] = (h + 1) * per;
-  }
-  return { chunkSize: CHUNK, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds };
-}
+/** `per` distinct 4-token chunks per kv head at random places between the sinks and the tail, ascending. */
+const chunks = (tokens: number, seed: number, per: number) => randomUnits({ kvHeads: KV_HEADS, sinks: SINKS, local: LOCAL }, tokens, seed, CHUNK, per);
 // The compact arena: every chunk of a head-major arena of sinks + budget + tail tokens per head.
 const perHead = SINKS + BUDGET + LOCAL;
 const arena = (seed: number) => {

@@ -31,7 +31,7 @@ import { cpuFeatures, setSimdLevel, type SimdLevel } from '../src/native.js';
 import { native } from '../src/native.js';
 import type { KvTensor } from '../src/types.js';
 import type { Selection } from '../src/index/selection.js';
-import { fillF16, xorshift } from './bench-util.js';
+import { fillF16, randomUnits as randomUnitsOf, xorshift } from './bench-util.js';
 
 const Q_HEADS = 32;
 const KV_HEADS = 8;
@@ -44,25 +44,9 @@ const LOCAL = 64;
 const ROW_BYTES = DIM * 2; // f16
 const TIME_MS = Number(process.env.KVD_BENCH_TIME_MS ?? 1500);
 
-/**
- * A random selection of `perHead` distinct units (of `unit` tokens) per kv head, ascending, among the
- * units between the sinks and the 64-token tail.
- */
-function randomUnits(tokens: number, seed: number, unit: number, perHead: number): Selection {
-  const next = xorshift(seed);
-  const first = Math.ceil(SINKS / unit);
-  const tailStart = tokens - LOCAL;
-  const last = Math.floor(tailStart / unit); // exclusive
-  const offsets = new Int32Array(KV_HEADS + 1);
-  const ids = new Int32Array(perHead * KV_HEADS);
-  for (let h = 0; h < KV_HEADS; h++) {
-    const chosen = new Set<number>();
-    while (chosen.size < perHead) chosen.add(first + (next() % (last - first)));
-    ids.set(Int32Array.from([...chosen].sort((a, b) => a - b)), h * perHead);
-    offsets[h + 1] = (h + 1) * perHead;
-  }
-  return { chunkSize: unit, tokens, sinkEnd: SINKS, tailStart, offsets, chunkIds: ids };
-}
+/** A random selection of `perHead` distinct units (of `unit` tokens) per kv head (bench-util's randomUnits at this shape). */
+const randomUnits = (tokens: number, seed: number, unit: number, perHead: number): Selection =>
+  randomUnitsOf({ kvHeads: KV_HEADS, sinks: SINKS, local: LOCAL }, tokens, seed, unit, perHead);
 
 /** A random budget-K selection per kv head over the whole context: BUDGET/CHUNK chunks, ascending. */
 const randomSelection = (tokens: number, seed: number): Selection => randomUnits(tokens, seed, CHUNK, BUDGET / CHUNK);
