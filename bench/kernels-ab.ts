@@ -4,12 +4,13 @@
  * 2048 tokens of it, the shapes of `npm run bench:kernels` (32 query / 8 kv heads, dim 128, f16,
  * token-major KV on huge pages). Sparse cases: a compact per-head arena (the hot tier's layout, the
  * same rows every call: cache-resident), 4-token chunks scattered over the context (the same
- * selection every call), and 16 such selections in turn (rows from DRAM). On a shared VM separate
+ * selection every call), 2048 single tokens scattered over it (a token-granular selection, the same
+ * every call), and 16 selections of 4-token chunks in turn (rows from DRAM). On a shared VM separate
  * runs differ by more than most kernel changes, so the two builds run on the same inputs, call by
  * call (A, B; B, A on odd rounds), and each one's min / median wall per call is printed, with
  * whether their outputs are bit-identical.
  *
- *   node dist/bench/kernels-ab.js <a.node> <b.node> [threads=1,2] [reps=30] [cases=dense,compact,scattered,cold]
+ *   node dist/bench/kernels-ab.js <a.node> <b.node> [threads=1,2] [reps=30] [cases=dense,compact,scattered,tokens,cold]
  */
 import { createRequire } from 'node:module';
 import os from 'node:os';
@@ -20,7 +21,7 @@ const [A, B] = [process.argv[2], process.argv[3]];
 if (!A || !B) throw new Error('usage: node dist/bench/kernels-ab.js <a.node> <b.node> [threads=1,2] [reps=30] [cases]');
 const THREADS = (process.argv[4] ?? '1,2').split(',').map(Number);
 const REPS = Number(process.argv[5] ?? 30);
-const CASES = (process.argv[6] ?? 'dense,compact,scattered,cold').split(',');
+const CASES = (process.argv[6] ?? 'dense,compact,scattered,tokens,cold').split(',');
 if (THREADS.some((t) => !Number.isInteger(t) || t < 1)) throw new Error(`threads: expected a list of integers >= 1, got ${process.argv[4]}`);
 if (!Number.isInteger(REPS) || REPS < 1) throw new Error(`reps: expected an integer >= 1, got ${process.argv[5]}`);
 
@@ -52,6 +53,8 @@ const arenaV = arena(4);
 const arenaSel = chunks(perHead, 0, BUDGET / CHUNK);
 for (let h = 0; h < KV_HEADS; h++) for (let i = 0; i < BUDGET / CHUNK; i++) arenaSel.chunkIds[h * (BUDGET / CHUNK) + i] = SINKS / CHUNK + i;
 const hotSel = chunks(TOKENS, 7, BUDGET / CHUNK);
+// The same tokens as single-token units (how kvdrive's token-granular selections lie).
+const tokenSel = randomUnits({ kvHeads: KV_HEADS, sinks: SINKS, local: LOCAL }, TOKENS, 9, 1, BUDGET);
 const coldSels = Array.from({ length: 16 }, (_, i) => chunks(TOKENS, 100 + i, BUDGET / CHUNK));
 
 let coldAt = 0;
@@ -59,6 +62,7 @@ const cases: Record<string, { run: (a: Addon, threads: number) => { out: Float32
   dense: { run: (a, threads) => a.attendDense({ q, qHeads: Q_HEADS, k, v, tokens: TOKENS, threads }) },
   compact: { run: (a, threads) => a.attendSparse({ q, qHeads: Q_HEADS, k: arenaK, v: arenaV, selection: arenaSel, threads }) },
   scattered: { run: (a, threads) => a.attendSparse({ q, qHeads: Q_HEADS, k, v, selection: hotSel, threads }) },
+  tokens: { run: (a, threads) => a.attendSparse({ q, qHeads: Q_HEADS, k, v, selection: tokenSel, threads }) },
   // Both builds attend the same selection in a round; the next round takes the next one.
   cold: { run: (a, threads) => a.attendSparse({ q, qHeads: Q_HEADS, k, v, selection: coldSels[coldAt % 16], threads }), next: () => coldAt++ },
 };
