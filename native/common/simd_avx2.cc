@@ -379,7 +379,7 @@ KVD_AVX2 inline void TouchRows(const void* const* rows, size_t nrows, size_t row
 // chains of 4-cycle FMAs a row took ~1.4x longer in the cache-resident microbenchmark above.
 // The rows are touched first (TouchRows): each row is swept n / (8 DB) times, one block per
 // sweep, so without it a line still on its way stalled a sweep; with it a dense 128K call took
-// 9-14% less time and sparse calls over scattered rows 4-10% (bench/kernels-ab.ts; bench/RESULTS.md,
+// 9-11% less time and sparse calls over scattered rows 3-10% (bench/kernels-ab.ts; bench/RESULTS.md,
 // "The values pass touches its tile first").
 template <Dtype DT, int NQ, int DB>
 KVD_AVX2 void WeightedRowsN(float* acc, const float* w, size_t wStride, const void* const* rows, size_t nrows,
