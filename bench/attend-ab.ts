@@ -22,7 +22,7 @@
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
-import { fillF16, xorshift } from './bench-util.js';
+import { bitsEqual, fillF16, median, xorshift } from './bench-util.js';
 
 const require = createRequire(import.meta.url);
 const [A, B] = [process.argv[2]!, process.argv[3]!];
@@ -94,7 +94,6 @@ const rows = KV_HEADS * (SINKS + BUDGET + LOCAL);
 
 type Out = { out: Float32Array; lse: Float32Array; chunkMass: Float32Array };
 const runs = [A, B].map((path) => ({ path, fn: require(path).attendFetched as (o: unknown) => Out, wall: [] as number[], cpu: 0 }));
-const bitsEqual = (x: Float32Array, y: Float32Array) => Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(y.buffer, y.byteOffset, y.byteLength)) === 0;
 let same = true;
 for (const s of sels) {
   const [x, y] = runs.map((r) => r.fn(s));
@@ -112,7 +111,6 @@ for (let r = 0; r < REPS; r++)
     const d = process.cpuUsage(c);
     run.cpu += (d.user + d.system) / 1000;
   }
-const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 for (const run of runs) {
   const p50 = median(run.wall);
   console.log(`${run.path}: min ${Math.min(...run.wall).toFixed(3)} p50 ${p50.toFixed(3)} ms (${((p50 * 1e6) / rows).toFixed(1)} ns/row), CPU ${(run.cpu / REPS).toFixed(3)} ms/call`);

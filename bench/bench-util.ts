@@ -103,6 +103,16 @@ export function xorshift(seed: number): () => number {
   };
 }
 
+/** The median of `a` (the upper one of an even count); `a` is not reordered. */
+export function median(a: readonly number[]): number {
+  return [...a].sort((x, y) => x - y)[a.length >> 1]!;
+}
+
+/** Whether two float arrays hold the same bits (NaN payloads and signed zeros included). */
+export function bitsEqual(x: Float32Array, y: Float32Array): boolean {
+  return Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(y.buffer, y.byteOffset, y.byteLength)) === 0;
+}
+
 /**
  * A random selection of `perHead` distinct units (of `unit` tokens) per kv head, ascending, among the
  * units between `sinks` and the `local`-token tail of a `tokens`-token context.

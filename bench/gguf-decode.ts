@@ -37,7 +37,7 @@ import { native } from '../src/native.js';
 import type { AttentionBackend, AttentionShape } from '../src/model/attention-backend.js';
 import { createBackend } from '../src/model/backends.js';
 import { GgufTransformer, loadGgufModel } from '../src/model/gguf/model.js';
-import { uniform } from './bench-util.js';
+import { median, uniform } from './bench-util.js';
 
 function arg(name: string, fallback: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -87,7 +87,6 @@ class Switch implements AttentionBackend {
   }
 }
 
-const median = (a: number[]): number => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)]!;
 interface StepStats {
   wall: number;
   cpu: number;

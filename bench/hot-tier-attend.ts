@@ -18,6 +18,7 @@ import { HotTier } from '../src/cache/hot-tier.js';
 import type { Selection } from '../src/index/selection.js';
 import type { KvTensor } from '../src/types.js';
 import { f32ArrayToF16 } from '../src/util/f16.js';
+import { median } from './bench-util.js';
 
 const T = 16384, H = 8, Hq = 32, D = 128, c = 4, K = 2048;
 
@@ -78,7 +79,6 @@ function time(fn: () => void): number {
   fn();
   return performance.now() - t0;
 }
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const min = (xs: number[]) => Math.min(...xs);
 const steps = Array.from({ length: 64 }, () => nextSelection(0.2));
 const base: number[] = [];

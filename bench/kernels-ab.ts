@@ -14,7 +14,7 @@
  */
 import { createRequire } from 'node:module';
 import os from 'node:os';
-import { fillF16, randomUnits } from './bench-util.js';
+import { bitsEqual, fillF16, median, randomUnits } from './bench-util.js';
 
 const require = createRequire(import.meta.url);
 const [A, B] = [process.argv[2], process.argv[3]];
@@ -68,8 +68,6 @@ const cases: Record<string, { run: (a: Addon, threads: number) => { out: Float32
 };
 for (const c of CASES) if (!cases[c]) throw new Error(`cases: expected names among ${Object.keys(cases).join(', ')}, got ${c}`);
 
-const bitsEqual = (x: Float32Array, y: Float32Array) => Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(y.buffer, y.byteOffset, y.byteLength)) === 0;
-const median = (a: number[]) => [...a].sort((x, y) => x - y)[a.length >> 1]!;
 console.log(`kernels A/B (${A} vs ${B}), ${REPS} rounds per case; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 console.log('| case | threads | A min / p50 ms | B min / p50 ms | B / A (p50) | bit-identical |');
 console.log('|---|---:|---:|---:|---:|---|');

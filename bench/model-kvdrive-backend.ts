@@ -31,6 +31,7 @@ import { generate } from '../src/model/generate.js';
 import { RuntimeAttention } from '../src/model/runtime-attention.js';
 import { openRuntime } from '../src/runtime/runtime.js';
 import { loadTokenizer } from '../src/model/tokenizer.js';
+import { median } from './bench-util.js';
 
 function random(n: number, seed: number): Float32Array {
   let a = seed >>> 0;
@@ -40,7 +41,6 @@ function random(n: number, seed: number): Float32Array {
   });
 }
 
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const shape: AttentionShape = { nLayers: 1, nHeads: 32, nKvHeads: 8, headSize: 128, seqLen: 4096 };
 const kvDim = shape.nKvHeads * shape.headSize;

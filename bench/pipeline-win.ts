@@ -25,7 +25,7 @@ import { join } from 'node:path';
 import { openRuntime, type Runtime, type RuntimeStats } from '../src/runtime/runtime.js';
 import { ioUringAvailable } from '../src/storage/io-engine.js';
 import { Worker } from 'node:worker_threads';
-import { uniform } from './bench-util.js';
+import { median, uniform } from './bench-util.js';
 
 /**
  * Cores this process can get right now: the same fixed CPU loop run on 1 thread, then on 2 threads
@@ -124,7 +124,6 @@ async function run(rt: Runtime, seqs: number[], batch: number, steps: number, se
 }
 
 const sum = (x: number[]) => x.reduce((a, b) => a + b, 0);
-const median = (x: number[]) => [...x].sort((a, b) => a - b)[x.length >> 1]!;
 const diff = (b: RuntimeStats, a: RuntimeStats) => ({
   wall: b.wallMs - a.wallMs,
   sel: b.selectionMs - a.selectionMs,
