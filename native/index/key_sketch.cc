@@ -352,6 +352,18 @@ __attribute__((target("avx2"), always_inline)) inline void Row4Avx2(const int8_t
   for (int u = 0; u < NJ; ++u) out[size_t(u) * ld] = sums[u];
 }
 
+// Position k of the 4-bit bodies' stream order (StreamRow): its row index (*i) and code bytes, rb
+// bytes per row; the row kAhead / kStreams on in the same stream is prefetched first.
+inline const uint8_t* VisitRow4(const uint8_t* codes, const int64_t* rows, size_t rb, size_t k, size_t qn, size_t n, size_t* i) {
+  const size_t ahead = StreamAhead(k, qn, n);
+  if (ahead < n) {
+    const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);
+    for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
+  }
+  *i = StreamRow(k, qn);
+  return codes + size_t(rows[*i]) * rb;
+}
+
 // The common shape of Score4Avx2: whole groups of four query heads and a head dim of KB whole
 // 64-dim blocks (KB <= 4: the int16 partial sums of one head's row then never saturate, see
 // Row4Avx2). With the block count known at compile time the row's nibbles are unpacked once into
@@ -368,12 +380,8 @@ __attribute__((target("avx2"))) void Score4Avx2Blocks(const int8_t* q8, int grou
   const __m256i ones = _mm256_set1_epi16(1);
   const size_t qn = n / kStreams;
   for (size_t k = 0; k < n; ++k) {
-    const size_t i = StreamRow(k, qn), ahead = StreamAhead(k, qn, n);
-    if (ahead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
-    }
-    const uint8_t* r = codes + size_t(rows[i]) * rb;
+    size_t i;
+    const uint8_t* r = VisitRow4(codes, rows, rb, k, qn, n, &i);
     __m256i lo[KB], hi[KB];
     for (int blk = 0; blk < KB; ++blk) {
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + blk * 32));
@@ -424,12 +432,8 @@ __attribute__((target("avx2"))) void Score4Avx2(const int8_t* q8, const int16_t*
   const int full = dim / 64 * 64;
   const size_t qn = n / kStreams;
   for (size_t k = 0; k < n; ++k) {
-    const size_t i = StreamRow(k, qn), ahead = StreamAhead(k, qn, n);
-    if (ahead < n) {
-      const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);
-      for (size_t b = 0; b < rb; b += 64) __builtin_prefetch(p + b);
-    }
-    const uint8_t* r = codes + size_t(rows[i]) * rb;
+    size_t i;
+    const uint8_t* r = VisitRow4(codes, rows, rb, k, qn, n, &i);
     for (int j0 = 0; j0 < group; j0 += 4) {
       const int8_t* qj = q8 + size_t(j0) * full;
       int32_t* o = dots + size_t(j0) * ld + i;
