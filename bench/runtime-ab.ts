@@ -1,0 +1,82 @@
+/**
+ * Same-process A/B of the whole runtime step between two builds: `openRuntime` from each build's
+ * dist/ (its JS and its own addon, loaded side by side), DRAM-only and without a hot tier (the
+ * demo's runtime rows), prefilled with the same 128K-token layer of the `kvdrive demo` trace
+ * (32 query / 8 kv heads, dim 128, f16), then decoded step by step, the two runtimes' attend()
+ * calls alternating (which goes first alternates too). On a shared VM separate runs differ by more
+ * than most changes; here both builds see the same machine phase. Prints each build's median and
+ * mean ms per layer-step (the first two steps not counted: caches and V8 warm up) and whether every
+ * step's outputs were bit-identical between the builds.
+ * (bench/select-ab.ts, attend-ab.ts and kernels-ab.ts do the same for single kernels.)
+ *
+ *   node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11]
+ *
+ * `<x-dist>`: a build's dist/ folder (e.g. another clone's, after its `npm install`).
+ */
+import { resolve } from 'node:path';
+import { bitsEqual, importFromBuild, median } from './bench-util.js';
+import { generateSyntheticTrace } from '../src/trace/synthetic.js';
+import { toF32 } from '../src/util/f16.js';
+
+const [A, B] = [process.argv[2], process.argv[3]];
+if (!A || !B) throw new Error('usage: node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11]');
+const CONTEXT = Number(process.argv[4] ?? 131072);
+const STEPS = Number(process.argv[5] ?? 160);
+const SEED = Number(process.argv[6] ?? 11);
+if (!Number.isInteger(CONTEXT) || CONTEXT < 4096) throw new Error(`context: expected an integer >= 4096, got ${process.argv[4]}`);
+if (!Number.isInteger(STEPS) || STEPS < 3) throw new Error(`steps: expected an integer >= 3, got ${process.argv[5]}`);
+if (!Number.isInteger(SEED) || SEED < 0) throw new Error(`seed: expected an integer >= 0, got ${process.argv[6]}`);
+
+const Q_HEADS = 32, KV_HEADS = 8, DIM = 128, BUDGET = 2048, WARM_STEPS = 2;
+type Runtime = {
+  createSequence(): number;
+  prefill(seq: number, layer: number, k: unknown, v: unknown, obs?: Float32Array): Promise<void>;
+  attend(layer: number, batch: { seq: number; q: Float32Array; kNew: Float32Array; vNew: Float32Array }[]): Promise<Float32Array[]>;
+  close(): Promise<void>;
+};
+const builds = [A, B].map((d) => resolve(d));
+const open = await Promise.all(builds.map((root) => importFromBuild<{ openRuntime(o: unknown): Promise<Runtime> }>('src/runtime/runtime.js', root)));
+
+const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: Q_HEADS, kvHeads: KV_HEADS, headDim: DIM, dtype: 'f16', seed: SEED });
+const layer = trace.layerData(0);
+const options = {
+  shape: { layers: 1, qHeads: Q_HEADS, kvHeads: KV_HEADS, headDim: DIM },
+  budget: BUDGET,
+  mode: 'sequential',
+  maxSequences: 1,
+  maxTokens: CONTEXT + STEPS,
+  dtype: 'f16',
+  // The whole layer (K + V f16) with room for the index, tails and fetch buffers.
+  dramBudget: Math.ceil(CONTEXT * KV_HEADS * DIM * 2 * 2 * 1.6) + 256 * 2 ** 20,
+};
+const runtimes: Runtime[] = [];
+try {
+  for (const o of open) runtimes.push(await o.openRuntime(options));
+  const seqs = runtimes.map((r) => r.createSequence());
+  const tensor = (data: Uint16Array | Float32Array) => ({ data, dtype: 'f16', tokens: CONTEXT, heads: KV_HEADS, dim: DIM });
+  for (let k = 0; k < 2; k++) await runtimes[k]!.prefill(seqs[k]!, 0, tensor(layer.k), tensor(layer.v), trace.observationQueries(0, 32));
+  const q = toF32(layer.q, 'f16');
+  const row = KV_HEADS * DIM;
+  const ms: number[][] = [[], []];
+  let identical = 0;
+  for (let s = 0; s < STEPS; s++) {
+    const entry = {
+      q: q.slice(s * Q_HEADS * DIM, (s + 1) * Q_HEADS * DIM),
+      kNew: toF32(layer.kNew.slice(s * row, (s + 1) * row), 'f16'),
+      vNew: toF32(layer.vNew.slice(s * row, (s + 1) * row), 'f16'),
+    };
+    const out: Float32Array[] = [];
+    for (const k of s % 2 ? [1, 0] : [0, 1]) {
+      const t0 = performance.now();
+      out[k] = (await runtimes[k]!.attend(0, [{ seq: seqs[k]!, ...entry }]))[0]!;
+      if (s >= WARM_STEPS) ms[k]!.push(performance.now() - t0);
+    }
+    if (bitsEqual(out[0]!, out[1]!)) identical++;
+  }
+  const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
+  console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier`);
+  for (let k = 0; k < 2; k++) console.log(`${builds[k]}: median ${median(ms[k]!).toFixed(2)} mean ${mean(ms[k]!).toFixed(2)} ms per layer-step`);
+  console.log(`B / A: median ${(median(ms[1]!) / median(ms[0]!)).toFixed(3)}, mean ${(mean(ms[1]!) / mean(ms[0]!)).toFixed(3)}; bit-identical outputs in ${identical} of ${STEPS} steps`);
+} finally {
+  for (const r of runtimes) await r.close();
+}
