@@ -153,3 +153,41 @@ export function fillF16(data: Uint16Array, seed: number): void {
   // Tile the random block (distinct memory, so it is still streamed from DRAM).
   for (let off = block; off < data.length; off += block) data.copyWithin(off, 0, Math.min(block, data.length - off));
 }
+
+/** What {@link alternateDecode} needs of a runtime (any build's `openRuntime` result). */
+export interface DecodeRuntime {
+  attend(layer: number, batch: { seq: number; q: Float32Array; kNew: Float32Array; vNew: Float32Array }[]): Promise<Float32Array[]>;
+}
+
+/**
+ * Decodes `steps` steps of layer 0 through several prefilled runtimes in one process, their
+ * attend() calls taking turns: the first runtime goes first on even steps, the last on odd ones,
+ * so a machine that slows down mid-run slows all of them. `entry(s)` gives step s's inputs (every
+ * runtime gets the same). Steps before `warm` are not timed (caches, V8); `onWarm` runs just before
+ * step `warm` (e.g. to snapshot stats). Returns each runtime's ms per timed step and in how many
+ * steps every runtime's output held the first one's bits.
+ */
+export async function alternateDecode(
+  runs: readonly { rt: DecodeRuntime; seq: number }[],
+  entry: (s: number) => { q: Float32Array; kNew: Float32Array; vNew: Float32Array },
+  steps: number,
+  warm: number,
+  onWarm?: () => Promise<void>,
+): Promise<{ times: number[][]; identical: number }> {
+  const times = runs.map(() => [] as number[]);
+  let identical = 0;
+  for (let s = 0; s < steps; s++) {
+    if (s === warm) await onWarm?.();
+    const e = entry(s);
+    const outs: Float32Array[] = [];
+    const order = runs.map((_, i) => i);
+    if (s % 2) order.reverse();
+    for (const i of order) {
+      const t0 = performance.now();
+      outs[i] = (await runs[i]!.rt.attend(0, [{ seq: runs[i]!.seq, ...e }]))[0]!;
+      if (s >= warm) times[i]!.push(performance.now() - t0);
+    }
+    if (outs.every((o) => bitsEqual(o, outs[0]!))) identical++;
+  }
+  return { times, identical };
+}

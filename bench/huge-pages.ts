@@ -25,6 +25,7 @@ import { openRuntime } from '../src/runtime/runtime.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { toF32 } from '../src/util/f16.js';
 import { native } from '../src/native.js';
+import { alternateDecode } from './bench-util.js';
 
 const { values: a } = parseArgs({ options: { context: { type: 'string' }, steps: { type: 'string' }, seed: { type: 'string' } } });
 const T = Number(a.context ?? 131072);
@@ -58,7 +59,7 @@ async function open(huge: boolean) {
     });
     const seq = rt.createSequence();
     await rt.prefill(seq, 0, { data: d.k, dtype: 'f16', tokens: T, heads: H, dim: D }, { data: d.v, dtype: 'f16', tokens: T, heads: H, dim: D });
-    return { name: huge ? 'arenas in huge pages' : 'arenas in 4 KiB pages', rt, seq, times: [] as number[], outs: [] as Float32Array[], st0: undefined as undefined | Awaited<ReturnType<typeof rt.stats>> };
+    return { name: huge ? 'arenas in huge pages' : 'arenas in 4 KiB pages', rt, seq, times: [] as number[], st0: undefined as undefined | Awaited<ReturnType<typeof rt.stats>> };
   } finally {
     native.adviseHugePages = advise;
   }
@@ -66,17 +67,18 @@ async function open(huge: boolean) {
 const runs = [await open(true), await open(false)];
 const huge = anonHuge();
 const q = toF32(d.q, 'f16');
-for (let s = 0; s < S; s++) {
-  const slice = (x: Uint16Array | Float32Array, n: number) => toF32(x.slice(s * n, (s + 1) * n) as Uint16Array, 'f16');
-  for (const r of s % 2 ? runs : [...runs].reverse()) {
-    if (s === WARM) r.st0 = await r.rt.stats();
-    const t0 = performance.now();
-    const [out] = await r.rt.attend(0, [{ seq: r.seq, q: q.slice(s * QH * D, (s + 1) * QH * D), kNew: slice(d.kNew, H * D), vNew: slice(d.vNew, H * D) }]);
-    if (s >= WARM) r.times.push(performance.now() - t0);
-    r.outs.push(out!);
-  }
-}
-const same = runs[0]!.outs.every((o, s) => o.every((x, i) => Object.is(x, runs[1]!.outs[s]![i])));
+const slice = (x: Uint16Array | Float32Array, s: number, n: number) => toF32(x.slice(s * n, (s + 1) * n) as Uint16Array, 'f16');
+const decoded = await alternateDecode(
+  runs,
+  (s) => ({ q: q.slice(s * QH * D, (s + 1) * QH * D), kNew: slice(d.kNew, s, H * D), vNew: slice(d.vNew, s, H * D) }),
+  S,
+  WARM,
+  async () => {
+    for (const r of runs) r.st0 = await r.rt.stats();
+  },
+);
+runs.forEach((r, i) => (r.times = decoded.times[i]!));
+const same = decoded.identical === S;
 
 console.log(`# DRAM-tier arenas in huge pages vs 4 KiB pages (context ${T}, seed ${SEED}, ${S - WARM} timed steps; THP ${readThp()}; AnonHugePages ${huge} after both prefills)`);
 console.log('');

@@ -6,7 +6,8 @@
  * calls alternating (which goes first alternates too). On a shared VM separate runs differ by more
  * than most changes; here both builds see the same machine phase. Prints each build's median and
  * mean ms per layer-step (the first two steps not counted: caches and V8 warm up) and whether every
- * step's outputs were bit-identical between the builds.
+ * step's outputs were bit-identical between the builds (the loop: bench-util's alternateDecode,
+ * shared with bench/huge-pages.ts).
  * (bench/select-ab.ts, attend-ab.ts and kernels-ab.ts do the same for single kernels.)
  *
  *   node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11]
@@ -14,7 +15,7 @@
  * `<x-dist>`: a build's dist/ folder (e.g. another clone's, after its `npm install`).
  */
 import { resolve } from 'node:path';
-import { bitsEqual, importFromBuild, median } from './bench-util.js';
+import { alternateDecode, type DecodeRuntime, importFromBuild, median } from './bench-util.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { toF32 } from '../src/util/f16.js';
 
@@ -28,10 +29,9 @@ if (!Number.isInteger(STEPS) || STEPS < 3) throw new Error(`steps: expected an i
 if (!Number.isInteger(SEED) || SEED < 0) throw new Error(`seed: expected an integer >= 0, got ${process.argv[6]}`);
 
 const Q_HEADS = 32, KV_HEADS = 8, DIM = 128, BUDGET = 2048, WARM_STEPS = 2;
-type Runtime = {
+type Runtime = DecodeRuntime & {
   createSequence(): number;
   prefill(seq: number, layer: number, k: unknown, v: unknown, obs?: Float32Array): Promise<void>;
-  attend(layer: number, batch: { seq: number; q: Float32Array; kNew: Float32Array; vNew: Float32Array }[]): Promise<Float32Array[]>;
   close(): Promise<void>;
 };
 const builds = [A, B].map((d) => resolve(d));
@@ -57,22 +57,16 @@ try {
   for (let k = 0; k < 2; k++) await runtimes[k]!.prefill(seqs[k]!, 0, tensor(layer.k), tensor(layer.v), trace.observationQueries(0, 32));
   const q = toF32(layer.q, 'f16');
   const row = KV_HEADS * DIM;
-  const ms: number[][] = [[], []];
-  let identical = 0;
-  for (let s = 0; s < STEPS; s++) {
-    const entry = {
+  const { times: ms, identical } = await alternateDecode(
+    runtimes.map((rt, k) => ({ rt, seq: seqs[k]! })),
+    (s) => ({
       q: q.slice(s * Q_HEADS * DIM, (s + 1) * Q_HEADS * DIM),
       kNew: toF32(layer.kNew.slice(s * row, (s + 1) * row), 'f16'),
       vNew: toF32(layer.vNew.slice(s * row, (s + 1) * row), 'f16'),
-    };
-    const out: Float32Array[] = [];
-    for (const k of s % 2 ? [1, 0] : [0, 1]) {
-      const t0 = performance.now();
-      out[k] = (await runtimes[k]!.attend(0, [{ seq: seqs[k]!, ...entry }]))[0]!;
-      if (s >= WARM_STEPS) ms[k]!.push(performance.now() - t0);
-    }
-    if (bitsEqual(out[0]!, out[1]!)) identical++;
-  }
+    }),
+    STEPS,
+    WARM_STEPS,
+  );
   const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
   console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier`);
   for (let k = 0; k < 2; k++) console.log(`${builds[k]}: median ${median(ms[k]!).toFixed(2)} mean ${mean(ms[k]!).toFixed(2)} ms per layer-step`);
