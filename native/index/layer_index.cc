@@ -1300,17 +1300,26 @@ void LayerIndex::SetPrior(const int32_t* offsets, const int32_t* ids, int64_t id
     prior_.clear();
     return;
   }
-  std::vector<std::vector<int32_t>> prior(static_cast<size_t>(heads_));
+  // Rewritten in place, once per decode step: the per-head lists keep their capacity.
+  prior_.resize(static_cast<size_t>(heads_));
   for (int h = 0; h < heads_; ++h) {
-    std::vector<int32_t>& p = prior[size_t(h)];
+    std::vector<int32_t>& p = prior_[size_t(h)];
+    const int32_t* first = ids + offsets[h];
+    const int32_t* last = ids + offsets[h + 1];
     // Ids ascending and distinct, so their tokens are too.
-    for (int32_t i = offsets[h]; i < offsets[h + 1]; ++i) {
+    if (idTokens == 1) {
+      // A token selection (the runtime's): its ids are the tokens, each below the indexed count
+      // (the caller checked them against it).
+      p.assign(first, last);
+      continue;
+    }
+    p.clear();
+    for (const int32_t* i = first; i < last; ++i) {
       // Token ids are int32 (as selections hold them): an index past 2^31 tokens keeps those below.
-      const int64_t t0 = int64_t(ids[i]) * idTokens, t1 = std::min({t0 + idTokens, tokens_, int64_t(INT32_MAX)});
+      const int64_t t0 = int64_t(*i) * idTokens, t1 = std::min({t0 + idTokens, tokens_, int64_t(INT32_MAX)});
       for (int64_t t = t0; t < t1; ++t) p.push_back(int32_t(t));
     }
   }
-  prior_.swap(prior);
 }
 
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
