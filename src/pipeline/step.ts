@@ -362,7 +362,7 @@ async function selectAndFetch(
         sc.chunkOffsets[h]! += cBase;
         sc.tierOffsets[h]! += tBase;
       }
-      for (let i = tBase; i < tBase + split.tier; i++) sc.tierEntry[i]! += cBase;
+      if (cBase) for (let i = tBase; i < tBase + split.tier; i++) sc.tierEntry[i]! += cBase;
       const g: HeadGroup = { h0, h1, tokSel: gs.selection, tierBase: tBase, tier: split.tier, hotChunks: split.hot, tailChunks: split.tail, base: reads.offset };
       groups.push(g);
       cBase += split.chunks;
@@ -413,6 +413,20 @@ interface StepPages {
  */
 function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: number, readBuf: Uint8Array): StepPages {
   const nTier = sc.tierOffsets[heads]!;
+  const only = groups.length === 1 ? groups[0]!.placement : undefined;
+  if (only && groups[0]!.base === 0) {
+    // One group whose reads start the fetch buffer (every DRAM-only step, and an SSD step not
+    // streamed by heads): its placement is already the step's, nothing to copy.
+    const { source, at, arenas, inDest } = only;
+    return {
+      buffers: [readBuf, ...arenas],
+      offsets: sc.tierOffsets,
+      ids: sc.tierIds.subarray(0, nTier),
+      at,
+      source,
+      placement: nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined,
+    };
+  }
   const source = sc.pageSource.subarray(0, nTier);
   const at = sc.pageAt.subarray(0, nTier);
   let arenas: readonly Uint8Array[] = [];
