@@ -924,16 +924,25 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   // The prior's tokens outside the candidate chunks (`prior` is passed only with allMarked and
   // tokenGranular, where every entry below counts token by token): distinct from the chunks'
   // tokens and from each other.
-  if (prior)
+  if (prior) {
+    // SlotOf for ascending chunks: the segment is found by walking forwards (no divisions per
+    // token: ~16K prior tokens a layer-step).
+    size_t segP = 0;
     for (int32_t t : *prior) {
       const int64_t j = t / chunk;
       if (j < firstChunk() || j >= endChunk_ || t < cfg_.sinks) continue;
-      const int64_t slot = SlotOf(H, j);
+      while (segP < H.segments.size() && H.segments[segP].c1 <= j) ++segP;
+      int64_t slot = j;
+      if (segP < H.segments.size()) {
+        const Segment& seg = H.segments[segP];
+        if (seg.slotOrder && j >= seg.c0) slot = seg.chunkSlots[size_t(j - seg.c0)];
+      }
       if (bits[size_t(slot) >> 6] >> (slot & 63) & 1) continue;
       toksAt[m] = t;
       if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
       ++m;
     }
+  }
   const size_t nRe = m;
   // The rest keep their level-2 order below every re-ranked entry: score -(1 + rank) (masses >= 0).
   // Token-granular selections that the re-ranked tokens already fill never look at the rest.
