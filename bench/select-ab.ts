@@ -13,7 +13,8 @@
  * with that step's query (which build goes first alternates), with `flushMiB` (default 256) of
  * other memory read before every select so the index comes from DRAM, as in a runtime step that
  * alternates layers; reps then repeats the whole decode, each rep from a fresh build at the prompt
- * (as a runtime prefill leaves it). Selections of the two builds may differ (the count of identical
+ * (as a runtime prefill leaves it), and each select after a rep's first has the previous step's
+ * selection as its prior (setPrior), as in the runtime. Selections of the two builds may differ (the count of identical
  * steps is printed). The extends are timed too (not flushed before; each build's every call):
  * mean and max wall and CPU per call, since the runtime's select column adds them
  * (src/pipeline/step.ts: appendEntry's extend), and one slow call in a short decode moves its mean.
@@ -104,6 +105,9 @@ if (STEPS > 0) {
         touch();
         got.set(run, timed(run, qs, keyed ? kvNow : undefined));
       }
+      // The next step's select starts from this one's selection (reuseCandidateFactor), as the
+      // runtime's does once a step commits.
+      for (const run of runs) run.index.setPrior(got.get(run)!);
       const [x, y] = [got.get(runs[0]!)!, got.get(runs[1]!)!];
       sameSteps += Number(x.chunkIds.length === y.chunkIds.length && x.chunkIds.every((v, i) => v === y.chunkIds[i]));
     }
