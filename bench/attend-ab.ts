@@ -9,9 +9,11 @@
  * cluster: runs of neighbours are common; run 1 is the fully scattered worst case).
  *
  * Whether both builds return bit-identical outputs is printed (checked on every selection; builds
- * with different softmax arithmetic differ by float rounding); then calls alternate A, B (B, A on
- * odd rounds) for `reps` rounds and each build's min / median wall per call, process CPU per call
- * and the median wall per attended row (K+V, 512 B) are printed.
+ * with different softmax arithmetic differ by float rounding); then calls alternate A, B and a
+ * `memoryGather` of exactly the arena rows a call reads (the roofline; in reverse order on odd
+ * rounds) for `reps` rounds, and each one's min / median wall per call, process CPU per call and
+ * the median wall per attended row (K+V, 512 B) are printed, each build's median beside the
+ * gather's (gather / build: 1 = attention as fast as reading its rows).
  *
  *   [KVD_HUGE=1] node dist/bench/attend-ab.js <a.node> <b.node> [threads=2] [reps=60] [run=4] [page=16]
  *
@@ -39,8 +41,8 @@ const CHUNKS = TOKENS / PAGE;
 const TAIL_BASE = TOKENS - LOCAL;
 
 // The arena is a fresh f32 array (untouched until filled), so with KVD_HUGE=1 it can be advised for
-// transparent huge pages before its first write (fewer TLB misses per scattered row; the DRAM tier
-// itself does not advise its arena).
+// transparent huge pages before its first write (fewer TLB misses per scattered row), as the DRAM
+// tier advises its arenas (src/util/kv-array.ts).
 const arenaF32 = new Float32Array((KV_HEADS * CHUNKS * PAGE_BYTES) / 4);
 const HUGE = process.env.KVD_HUGE === '1';
 if (HUGE) require(A).adviseHugePages(arenaF32);
@@ -87,18 +89,35 @@ function args(seed: number) {
   for (let h = 0; h < KV_HEADS; h++)
     for (let i = fetchedOffsets[h]!; i < fetchedOffsets[h + 1]!; i++) fetchedAt[i] = slots[h * CHUNKS + pageIds[i]!]! * PAGE_BYTES;
   const selection = { chunkSize: 1, tokens: TOKENS, sinkEnd: SINKS, tailStart: TAIL_BASE, offsets, chunkIds: ids };
-  return { q, qHeads: Q_HEADS, sink, tail, tailBase: TAIL_BASE, selection, pageChunkSize: PAGE, fetched: arena, fetchedOffsets, fetchedIds: Int32Array.from(pageIds), fetchedAt, threads: THREADS };
+  // The arena rows the call reads, in the order its passes read them (every head's selected K rows,
+  // then their V rows; a page holds its tokens' K rows, then their V rows), in ROW-byte units: the
+  // gather baseline. (The sinks' and tail's rows, 3% of the rows, lie in small tensors: left out.)
+  const gatherRows = new Int32Array(2 * BUDGET * KV_HEADS);
+  for (let h = 0, n = 0; h < KV_HEADS; h++)
+    for (let i = h * BUDGET; i < (h + 1) * BUDGET; i++, n++) {
+      const t = ids[i]!;
+      const row = (slots[h * CHUNKS + Math.floor(t / PAGE)]! * PAGE_BYTES) / ROW + (t % PAGE);
+      gatherRows[n] = row;
+      gatherRows[BUDGET * KV_HEADS + n] = row + PAGE;
+    }
+  return { q, qHeads: Q_HEADS, sink, tail, tailBase: TAIL_BASE, selection, pageChunkSize: PAGE, fetched: arena, fetchedOffsets, fetchedIds: Int32Array.from(pageIds), fetchedAt, threads: THREADS, gatherRows };
 }
 const sels = Array.from({ length: 16 }, (_, i) => args(100 + i));
 const rows = KV_HEADS * (SINKS + BUDGET + LOCAL);
 
 type Out = { out: Float32Array; lse: Float32Array; chunkMass: Float32Array };
-const runs = [A, B].map((path) => ({ path, fn: require(path).attendFetched as (o: unknown) => Out, wall: [] as number[], cpu: 0 }));
+type Args = ReturnType<typeof args>;
+const runs = [A, B].map((path) => ({ path, fn: require(path).attendFetched as (o: Args) => unknown, wall: [] as number[], cpu: 0 }));
 let same = true;
 for (const s of sels) {
-  const [x, y] = runs.map((r) => r.fn(s));
+  const [x, y] = runs.map((r) => r.fn(s) as Out);
   same &&= bitsEqual(x!.out, y!.out) && bitsEqual(x!.lse, y!.lse) && bitsEqual(x!.chunkMass, y!.chunkMass);
 }
+// The roofline, timed in turn with the builds: a gather of exactly the arena rows each call reads
+// (memoryGather, A's build: each row's lines requested 4 KiB of rows ahead, summed, the list split
+// over the threads), what no kernel reading those rows can beat.
+const gatherFn = require(A).memoryGather as (buf: Uint8Array, rowBytes: number, rows: Int32Array, threads: number) => number;
+runs.push({ path: 'memoryGather of the same arena rows', fn: (s: Args) => gatherFn(arena, ROW, s.gatherRows, THREADS), wall: [], cpu: 0 });
 console.log(`attendFetched A/B: ${THREADS} thread(s), runs of ${RUN} tokens, ${PAGE}-token pages, ${rows} rows per call, arena on ${HUGE ? `huge pages (${hugeKb} KiB)` : '4 KiB pages'}; bit-identical outputs: ${same}; load ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
 let at = 0;
 for (let r = 0; r < REPS; r++)
@@ -111,8 +130,10 @@ for (let r = 0; r < REPS; r++)
     const d = process.cpuUsage(c);
     run.cpu += (d.user + d.system) / 1000;
   }
+const gatherP50 = median(runs[2]!.wall);
 for (const run of runs) {
   const p50 = median(run.wall);
-  console.log(`${run.path}: min ${Math.min(...run.wall).toFixed(3)} p50 ${p50.toFixed(3)} ms (${((p50 * 1e6) / rows).toFixed(1)} ns/row), CPU ${(run.cpu / REPS).toFixed(3)} ms/call`);
+  const vs = run === runs[2] ? '' : `; gather p50 / this p50 ${(gatherP50 / p50).toFixed(2)}`;
+  console.log(`${run.path}: min ${Math.min(...run.wall).toFixed(3)} p50 ${p50.toFixed(3)} ms (${((p50 * 1e6) / rows).toFixed(1)} ns/row), CPU ${(run.cpu / REPS).toFixed(3)} ms/call${vs}`);
 }
 console.log(`load after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}`);
