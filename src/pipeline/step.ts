@@ -413,20 +413,18 @@ interface StepPages {
  */
 function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: number, readBuf: Uint8Array): StepPages {
   const nTier = sc.tierOffsets[heads]!;
+  const pages = (source: Uint8Array, at: Float64Array, arenas: readonly Uint8Array[], inDest: number): StepPages => ({
+    buffers: [readBuf, ...arenas],
+    offsets: sc.tierOffsets,
+    ids: sc.tierIds.subarray(0, nTier),
+    at,
+    source,
+    placement: nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined,
+  });
   const only = groups.length === 1 ? groups[0]!.placement : undefined;
-  if (only && groups[0]!.base === 0) {
-    // One group whose reads start the fetch buffer (every DRAM-only step, and an SSD step not
-    // streamed by heads): its placement is already the step's, nothing to copy.
-    const { source, at, arenas, inDest } = only;
-    return {
-      buffers: [readBuf, ...arenas],
-      offsets: sc.tierOffsets,
-      ids: sc.tierIds.subarray(0, nTier),
-      at,
-      source,
-      placement: nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined,
-    };
-  }
+  // One group whose reads start the fetch buffer (every DRAM-only step, and an SSD step not
+  // streamed by heads): its placement is already the step's, nothing to copy.
+  if (only && groups[0]!.base === 0) return pages(only.source, only.at, only.arenas, only.inDest);
   const source = sc.pageSource.subarray(0, nTier);
   const at = sc.pageAt.subarray(0, nTier);
   let arenas: readonly Uint8Array[] = [];
@@ -441,14 +439,7 @@ function mergeGroupPages(groups: readonly HeadGroup[], sc: StepScratch, heads: n
       inDest += pl.inDest;
     }
   }
-  return {
-    buffers: [readBuf, ...arenas],
-    offsets: sc.tierOffsets,
-    ids: sc.tierIds.subarray(0, nTier),
-    at,
-    source,
-    placement: nTier ? { source, at, arenas, inDest, release: () => undefined } : undefined,
-  };
+  return pages(source, at, arenas, inDest);
 }
 
 /** The traffic of the groups (once their fetches settled) added to `stats`. */
