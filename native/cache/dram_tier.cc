@@ -23,6 +23,7 @@
 #include "common/args.h"
 #include "common/errors.h"
 #include "common/registry.h"
+#include "common/thread_pool.h"
 
 namespace kvd {
 namespace dram {
@@ -191,20 +192,30 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
       const int64_t key = (layer * kvHeads + h) * (int64_t(segStart.data[s + 1]) - segStart.data[s]) + (g - segStart.data[s]);
       return {s, key, g >= segStart.data[s] && g < segStart.data[s + 1] && key >= 0 && size_t(key) < maps[size_t(s)].length};
     };
-    for (int h = 0; h < kvHeads; ++h) {
-      for (int32_t i = off.data[h]; i < off.data[h + 1]; ++i) {
-        // Entry i + kPrefetchAhead, possibly of a later kv head (offsets are non-decreasing).
-        if (size_t(i) + kPrefetchAhead < n) {
+    // Pass 1, the kv heads in parallel on the addon's pool: each entry's slot (kSkipped, kMissing
+    // or the resident slot), checked. The slot-map reads are the call's cost (one cache miss per
+    // chunk, prefetched kPrefetchAhead entries ahead within the head); the heads' lists are
+    // disjoint ranges of `slotOf`. A failing check throws from its task; the pool rethrows the
+    // lowest head's, i.e. the first failing entry in entry order, as one pass would.
+    constexpr int32_t kSkipped = -2, kMissing = -1;
+    std::vector<int32_t> slotOf(n);
+    auto lookUpHead = [&](size_t head) {
+      const int h = int(head);
+      const int32_t end = off.data[h + 1];
+      for (int32_t i = off.data[h]; i < end; ++i) {
+        if (hasTier && i + int32_t(kPrefetchAhead) < end) {
           const int32_t j = i + int32_t(kPrefetchAhead);
-          int hj = h;
-          while (hj < kvHeads && j >= off.data[hj + 1]) ++hj;
-          if (hj < kvHeads && hasTier && (!hasSkip || !skip.data[j])) {
-            const MapAt m = mapAt(ids.data[j], hj);
+          if (!hasSkip || !skip.data[j]) {
+            const MapAt m = mapAt(ids.data[j], h);
             if (m.inside) __builtin_prefetch(maps[size_t(m.seg)].data + m.key);
           }
         }
-        int32_t slot = -1;
-        if (hasTier && (!hasSkip || !skip.data[i])) {
+        if (hasSkip && skip.data[i]) {
+          slotOf[size_t(i)] = kSkipped;
+          continue;
+        }
+        int32_t slot = kMissing;
+        if (hasTier) {
           const int32_t g = ids.data[i];
           const MapAt m = mapAt(g, h);
           const int32_t s = m.seg;
@@ -220,24 +231,31 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
           if (slot >= 0 && size_t(slot) >= cap)
             Throw("E_INTERNAL", what + ": segment " + std::to_string(s) + "'s slot map sends chunk " + std::to_string(g) + " of kv head " +
                                     std::to_string(h) + " to slot " + std::to_string(slot) + ", expected a slot below " + std::to_string(cap));
+          if (slot < 0) slot = kMissing;
         }
-        if (slot >= 0) {
-          oSlots.data[hits] = slot;
-          oEntries.data[hits++] = i;
-          if (placement) {
-            // 32-bit division (slot and perBlock are below 2^31): a 64-bit one costs several times more per chunk.
-            const uint32_t block = uint32_t(slot) / uint32_t(perBlock);
-            source.data[i] = uint8_t(1 + block);
-            at.data[i] = double(int64_t(uint32_t(slot) - block * uint32_t(perBlock)) * chunkBytes);
-          }
-        } else {
-          if (!hasSkip || !skip.data[i]) oMisses.data[misses++] = i;
-          if (placement) {
-            source.data[i] = 0;
-            at.data[i] = double(int64_t(inDest) * chunkBytes);
-          }
-          ++inDest;
+        slotOf[size_t(i)] = slot;
+      }
+    };
+    ThreadPool::Global().ParallelFor(size_t(kvHeads), lookUpHead);
+    // Pass 2, in entry order (sequential writes): hits and misses packed, the placement.
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t slot = slotOf[i];
+      if (slot >= 0) {
+        oSlots.data[hits] = slot;
+        oEntries.data[hits++] = int32_t(i);
+        if (placement) {
+          // 32-bit division (slot and perBlock are below 2^31): a 64-bit one costs several times more per chunk.
+          const uint32_t block = uint32_t(slot) / uint32_t(perBlock);
+          source.data[i] = uint8_t(1 + block);
+          at.data[i] = double(int64_t(uint32_t(slot) - block * uint32_t(perBlock)) * chunkBytes);
         }
+      } else {
+        if (slot == kMissing) oMisses.data[misses++] = int32_t(i);
+        if (placement) {
+          source.data[i] = 0;
+          at.data[i] = double(int64_t(inDest) * chunkBytes);
+        }
+        ++inDest;
       }
     }
     if (hasTier && st.hasPins) ApplyPins(st, oSlots.data, hits, 1, false, what + " pins");
