@@ -7,7 +7,9 @@
  * than most changes; here both builds see the same machine phase. Prints each build's median and
  * mean ms per layer-step (the first two steps not counted: caches and V8 warm up) and whether every
  * step's outputs were bit-identical between the builds (the loop: bench-util's alternateDecode,
- * shared with bench/huge-pages.ts).
+ * shared with bench/huge-pages.ts), then each build's time per layer-step in its addon's busiest
+ * calls (every exported function of the build's src/native.js timed around the call, over every
+ * step: where a difference between the builds comes from).
  * (bench/select-ab.ts, attend-ab.ts and kernels-ab.ts do the same for single kernels.)
  *
  *   node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11]
@@ -35,6 +37,22 @@ type Runtime = DecodeRuntime & {
   close(): Promise<void>;
 };
 const builds = [A, B].map((d) => resolve(d));
+// Each build's native calls, timed by name (wall ms summed; the wrapper is the same for both).
+const callMs = builds.map(() => new Map<string, number>());
+for (let k = 0; k < builds.length; k++) {
+  const { native } = await importFromBuild<{ native: Record<string, unknown> }>('src/native.js', builds[k]);
+  for (const [name, fn] of Object.entries(native)) {
+    if (typeof fn !== 'function' || /^[A-Z]/.test(name)) continue;
+    native[name] = (...args: unknown[]) => {
+      const t = performance.now();
+      try {
+        return (fn as (...a: unknown[]) => unknown)(...args);
+      } finally {
+        callMs[k]!.set(name, (callMs[k]!.get(name) ?? 0) + performance.now() - t);
+      }
+    };
+  }
+}
 const open = await Promise.all(builds.map((root) => importFromBuild<{ openRuntime(o: unknown): Promise<Runtime> }>('src/runtime/runtime.js', root)));
 
 const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: Q_HEADS, kvHeads: KV_HEADS, headDim: DIM, dtype: 'f16', seed: SEED });
@@ -55,6 +73,7 @@ try {
   const seqs = runtimes.map((r) => r.createSequence());
   const tensor = (data: Uint16Array | Float32Array) => ({ data, dtype: 'f16', tokens: CONTEXT, heads: KV_HEADS, dim: DIM });
   for (let k = 0; k < 2; k++) await runtimes[k]!.prefill(seqs[k]!, 0, tensor(layer.k), tensor(layer.v), trace.observationQueries(0, 32));
+  for (const m of callMs) m.clear(); // the decode's calls only
   const q = toF32(layer.q, 'f16');
   const row = KV_HEADS * DIM;
   const { times: ms, identical } = await alternateDecode(
@@ -71,6 +90,9 @@ try {
   console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier`);
   for (let k = 0; k < 2; k++) console.log(`${builds[k]}: median ${median(ms[k]!).toFixed(2)} mean ${mean(ms[k]!).toFixed(2)} ms per layer-step`);
   console.log(`B / A: median ${(median(ms[1]!) / median(ms[0]!)).toFixed(3)}, mean ${(mean(ms[1]!) / mean(ms[0]!)).toFixed(3)}; bit-identical outputs in ${identical} of ${STEPS} steps`);
+  const busiest = [...callMs[0]!.entries()].sort((x, y) => y[1] - x[1]).slice(0, 6).map(([name]) => name);
+  for (let k = 0; k < 2; k++)
+    console.log(`${builds[k]}: ms per layer-step in ` + busiest.map((name) => `${name} ${((callMs[k]!.get(name) ?? 0) / STEPS).toFixed(3)}`).join(', '));
 } finally {
   for (const r of runtimes) await r.close();
 }
