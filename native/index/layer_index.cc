@@ -847,6 +847,23 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
   }
 }
 
+namespace {
+// A cursor over a head's segments for ascending positions (chunk ids or slots: a segment's slots are
+// its chunk range): Ordered(x) is the slot-ordered segment holding x, or nullptr (x in no segment,
+// or in one still in chunk order, where slot and chunk are the same). Each call walks forwards from
+// the last, so a pass over ascending positions costs one step per segment, with no division.
+struct ForwardSegments {
+  const std::vector<Segment>& segs;
+  size_t at = 0;
+  const Segment* Ordered(int64_t x) {
+    while (at < segs.size() && segs[at].c1 <= x) ++at;
+    if (at == segs.size()) return nullptr;
+    const Segment& s = segs[at];
+    return s.slotOrder && x >= s.c0 ? &s : nullptr;
+  }
+};
+}  // namespace
+
 size_t LayerIndex::RerankChunks(int64_t budget) const {
   // Without chunk means (released) there is no level 2 to pick the re-ranked chunks: all of them.
   if (cfg_.releaseChunkMeans) return std::numeric_limits<size_t>::max();
@@ -883,30 +900,26 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   rowsAt.resize(useKeys ? 0 : most);
   size_t at = 0, m = 0;
   // ChunkOfSlot for ascending slots: the segment is found by walking forwards.
-  size_t segAt = 0;
+  ForwardSegments slotSegs{H.segments};
   auto chunkOf = [&](int64_t slot) -> int64_t {
-    while (segAt < H.segments.size() && H.segments[segAt].c1 <= slot) ++segAt;
-    if (segAt == H.segments.size()) return slot;
-    const Segment& seg = H.segments[segAt];
-    return seg.slotOrder && slot >= seg.c0 ? seg.slotChunks[size_t(slot - seg.c0)] : slot;
+    const Segment* seg = slotSegs.Ordered(slot);
+    return seg ? seg->slotChunks[size_t(slot - seg->c0)] : slot;
   };
   // The slot -> chunk entries of the candidates (4 bytes per slot, in runs scattered over the
   // segments' maps) mostly miss the cache: the lines of the first and last candidate of the word
   // kMapAhead words on are requested before this word's are read (a second cursor finds their
   // segment, walking forwards as chunkOf does).
   constexpr size_t kMapAhead = 4;
-  size_t segAhead = 0;
+  ForwardSegments aheadSegs{H.segments};
   auto prefetchMap = [&](size_t w) {
     const uint64_t b = bits[w];
     if (!b) return;
     const int64_t first = int64_t(w * 64) + __builtin_ctzll(b), last = int64_t(w * 64) + 63 - __builtin_clzll(b);
-    while (segAhead < H.segments.size() && H.segments[segAhead].c1 <= first) ++segAhead;
-    if (segAhead == H.segments.size()) return;
-    const Segment& seg = H.segments[segAhead];
-    if (!seg.slotOrder || first < seg.c0) return;
-    const int32_t* map = seg.slotChunks.data() - seg.c0;
+    const Segment* seg = aheadSegs.Ordered(first);
+    if (!seg) return;
+    const int32_t* map = seg->slotChunks.data() - seg->c0;
     __builtin_prefetch(map + first);
-    if (last < seg.c1) __builtin_prefetch(map + last);
+    if (last < seg->c1) __builtin_prefetch(map + last);
   };
   for (size_t w = 0; w < kMapAhead && w < bits.size(); ++w) prefetchMap(w);
   for (size_t w = 0; w < bits.size(); ++w) {
@@ -927,16 +940,12 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   if (prior) {
     // SlotOf for ascending chunks: the segment is found by walking forwards (no divisions per
     // token: ~16K prior tokens a layer-step).
-    size_t segP = 0;
+    ForwardSegments chunkSegs{H.segments};
     for (int32_t t : *prior) {
       const int64_t j = t / chunk;
       if (j < firstChunk() || j >= endChunk_ || t < cfg_.sinks) continue;
-      while (segP < H.segments.size() && H.segments[segP].c1 <= j) ++segP;
-      int64_t slot = j;
-      if (segP < H.segments.size()) {
-        const Segment& seg = H.segments[segP];
-        if (seg.slotOrder && j >= seg.c0) slot = seg.chunkSlots[size_t(j - seg.c0)];
-      }
+      const Segment* seg = chunkSegs.Ordered(j);
+      const int64_t slot = seg ? seg->chunkSlots[size_t(j - seg->c0)] : j;
       if (bits[size_t(slot) >> 6] >> (slot & 63) & 1) continue;
       toksAt[m] = t;
       if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
