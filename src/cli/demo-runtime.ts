@@ -328,11 +328,16 @@ export async function warmUpPolicies(names: readonly PolicyName[], meta: Synthet
 /**
  * One row of the default demo: kvdrive decoded through openRuntime (the memory model, DRAM only,
  * its default budget) in one mode, as an eval source (ReplayOptions.attended): before the eval
- * replays a layer, `prepare` prefills that layer's prompt into the runtime and decodes its steps
- * with attendTraced, so the eval scores the tokens the runtime actually attended against the same
- * dense reference as the policies (the layer is generated once for both). Layers are independent,
- * so each trace layer is decoded as its own sequence, closed before the next: the runtime holds one
- * layer's KV at a time and reuses its DRAM tier slots (the eval holds one layer at a time too).
+ * replays a layer, `prepare` prefills that layer's prompt into the runtime; the eval then asks for
+ * each decode step right after the policies' step (`step`, one attendTraced), so the eval scores
+ * the tokens the runtime actually attended against the same dense reference as the policies (the
+ * layer is generated once for both), and every row's step is timed in the same conditions: after
+ * that step's dense pass, with the caches cold as a layer's step finds them in a real decode
+ * between the other layers' steps. (Decoding a layer's steps back to back instead, as this row
+ * did until 2026-11-29, left each step the previous one's index and rows in cache: ~3-6% faster
+ * than after a 256 MiB read, a throwaway measurement.) Layers are independent, so each trace layer
+ * is decoded as its own sequence, closed before the next: the runtime holds one layer's KV at a
+ * time and reuses its DRAM tier slots (the eval holds one layer at a time too).
  */
 export class RuntimeRow implements AttendedSource {
   readonly name: string;
@@ -342,6 +347,8 @@ export class RuntimeRow implements AttendedSource {
   readonly time = { wallMs: 0, selectMs: 0, fetchMs: 0, computeMs: 0, prefillMs: 0, layerSteps: 0 };
   /** The sequence decoding the current layer. */
   private seq: number | undefined;
+  /** The layer being decoded (set by `prepare`); its steps are decoded one `step` call at a time. */
+  private layer: ReplayLayer | undefined;
 
   private constructor(
     readonly mode: 'sequential' | 'pipelined',
@@ -366,34 +373,44 @@ export class RuntimeRow implements AttendedSource {
     return new RuntimeRow(o.mode, rt, o.onStep);
   }
 
-  /** Prefills layer.layer's prompt and decodes its steps (the new tokens follow the prompt in layer.k / layer.v). */
+  /** Prefills layer.layer's prompt (into a fresh sequence); `step` then decodes its steps in order. */
   async prepare(layer: ReplayLayer): Promise<void> {
-    const { promptTokens: T, decodeSteps: S, qHeads } = layer;
-    const { heads: H, dim: D } = layer.k;
-    const row = H * D;
-    const dtype = layer.k.dtype;
     if (this.seq !== undefined) await this.rt.closeSequence(this.seq);
     this.seq = this.rt.createSequence();
+    this.layer = layer;
+    this.steps[layer.layer] = [];
+    const T = layer.promptTokens;
     const t0 = performance.now();
     await this.rt.prefill(this.seq, layer.layer, prefixView(layer.k, T), prefixView(layer.v, T));
     this.time.prefillMs += performance.now() - t0;
-    const steps: AttendedStep[] = [];
-    this.steps[layer.layer] = steps;
-    for (let s = 0; s < S; s++) {
-      const rowAt = (t: KvTensor) => toF32(t.data.subarray((T + s) * row, (T + s + 1) * row), dtype);
-      const [r] = await this.rt.attendTraced(layer.layer, [{ seq: this.seq, q: layer.q.subarray(s * qHeads * D, (s + 1) * qHeads * D), kNew: rowAt(layer.k), vNew: rowAt(layer.v) }]);
-      const st = (await this.rt.stats()).recentSteps.at(-1)!;
-      steps.push({ selection: r!.selection, out: r!.out, bytesScored: r!.bytesScored, selectMs: st.selectionMs, attendMs: st.computeMs });
-      this.time.wallMs += st.wallMs;
-      this.time.selectMs += st.selectionMs;
-      this.time.fetchMs += st.fetchMs;
-      this.time.computeMs += st.computeMs;
-      this.time.layerSteps++;
-      this.onStep?.(`${this.mode} runtime: layer ${layer.layer} step ${s}`);
-    }
   }
 
-  step(layer: number, step: number): AttendedStep {
+  /** Decodes decode step `step` of the prepared layer (the new tokens follow the prompt in layer.k / layer.v). */
+  async step(layerId: number, step: number): Promise<AttendedStep> {
+    const layer = this.layer;
+    const steps = this.steps[layerId];
+    if (!layer || layer.layer !== layerId || this.seq === undefined || !steps || step !== steps.length || step >= layer.decodeSteps)
+      throw new KvdriveError('E_INTERNAL', `demo: expected the ${this.mode} runtime to be asked for step ${steps?.length ?? 0} of its prepared layer ${layer?.layer ?? 'none'}, got layer ${layerId} step ${step}`);
+    const { promptTokens: T, qHeads } = layer;
+    const { heads: H, dim: D } = layer.k;
+    const row = H * D;
+    const dtype = layer.k.dtype;
+    const rowAt = (t: KvTensor) => toF32(t.data.subarray((T + step) * row, (T + step + 1) * row), dtype);
+    const [r] = await this.rt.attendTraced(layer.layer, [{ seq: this.seq, q: layer.q.subarray(step * qHeads * D, (step + 1) * qHeads * D), kNew: rowAt(layer.k), vNew: rowAt(layer.v) }]);
+    const st = (await this.rt.stats()).recentSteps.at(-1)!;
+    const out: AttendedStep = { selection: r!.selection, out: r!.out, bytesScored: r!.bytesScored, selectMs: st.selectionMs, attendMs: st.computeMs };
+    steps.push(out);
+    this.time.wallMs += st.wallMs;
+    this.time.selectMs += st.selectionMs;
+    this.time.fetchMs += st.fetchMs;
+    this.time.computeMs += st.computeMs;
+    this.time.layerSteps++;
+    this.onStep?.(`${this.mode} runtime: layer ${layer.layer} step ${step}`);
+    return out;
+  }
+
+  /** A step this row has decoded (E_INTERNAL if it has not). */
+  private decoded(layer: number, step: number): AttendedStep {
     const s = this.steps[layer]?.[step];
     if (!s) throw new KvdriveError('E_INTERNAL', `demo: expected the ${this.mode} runtime to have decoded layer ${layer} step ${step}, got nothing`);
     return s;
@@ -412,7 +429,7 @@ export class RuntimeRow implements AttendedSource {
     const b = (x: Float32Array) => Buffer.from(x.buffer, x.byteOffset, x.byteLength);
     this.steps.forEach((layer, l) =>
       layer.forEach((st, s) => {
-        if (Buffer.compare(b(st.out), b(other.step(l, s).out)) !== 0)
+        if (Buffer.compare(b(st.out), b(other.decoded(l, s).out)) !== 0)
           throw new KvdriveError('E_INTERNAL', `demo: expected the ${this.mode} runtime's output at layer ${l} step ${s} to equal the ${other.mode} one bit for bit, got a difference`);
       }),
     );

@@ -101,9 +101,15 @@ export interface AttendedStep {
 
 export interface AttendedSource {
   name: string;
-  /** Called with each layer before it is replayed (e.g. to decode it); `step` is asked after. */
+  /** Called with each layer before it is replayed (e.g. to prefill it); `step` is asked after. */
   prepare?: (layer: ReplayLayer) => Promise<void>;
-  step: (layer: number, step: number) => AttendedStep;
+  /**
+   * The layer's decode step `step`, asked once per step in step order, right after the policies'
+   * own step: a source that decodes here (rather than in `prepare`) runs each step in the same
+   * conditions as the policies (after that step's dense pass, which leaves the caches cold, as a
+   * layer's step finds them between the other layers' steps of a real decode).
+   */
+  step: (layer: number, step: number) => AttendedStep | Promise<AttendedStep>;
 }
 
 function mean(xs: number[]): number {
@@ -198,10 +204,10 @@ export async function replayLayer(
       const bytesScored = run.policy.lastSelectStats().bytesScored;
       run.result.steps.push({ ...score(run.result, s, tokens, sel, weights, sparse.out, ref.out, bytesScored), selectMs, attendMs });
     }
-    (opts.attended ?? []).forEach((src, i) => {
-      const a = src.step(layer.layer, s);
+    for (const [i, src] of (opts.attended ?? []).entries()) {
+      const a = await src.step(layer.layer, s);
       attendedRuns[i]!.steps.push({ ...score(attendedRuns[i]!, s, tokens, a.selection, weights, a.out, ref.out, a.bytesScored), selectMs: a.selectMs, attendMs: a.attendMs });
-    });
+    }
     opts.onStep?.(layer.layer, s);
   }
   return { dense, byPolicy: new Map(runs.map((r) => [r.name, r.result])), attended: attendedRuns };
