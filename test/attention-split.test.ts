@@ -1,5 +1,5 @@
-// Attention split by KV length (native/attention/attention_split.h): heads longer than one part (8192 tokens)
-// are attended part by part on the thread pool and merged through their log-sum-exp. The result must
+// Attention split by KV length (native/attention/attention_split.h): heads longer than 8192 tokens are
+// cut every 2048 tokens, attended part by part on the thread pool and merged through their log-sum-exp. The result must
 // match the float64 reference, be bit-identical for every thread count, and a selection that covers
 // every chunk must still reproduce dense attention bit for bit (same cut points). Per-chunk mass is
 // re-weighted per query head across parts.
@@ -14,12 +14,12 @@ describe('attention split by KV length', () => {
   const kvHeads = 2;
   const qHeads = 6;
   const dim = 16;
-  const tokens = 8192 * 2 + 777; // three parts per head, the last one partial
+  const tokens = 8192 * 2 + 777; // nine parts of 2048 per head, the last one partial
   const k = randomKv(tokens, kvHeads, dim, 'f16', 71, 1.5);
   const v = randomKv(tokens, kvHeads, dim, 'f16', 72);
   const q = randn(qHeads * dim, 73);
 
-  it('dense over three parts matches the reference and is bit-identical at 1, 2, 3 and 8 threads', async () => {
+  it('dense over nine parts matches the reference and is bit-identical at 1, 2, 3 and 8 threads', async () => {
     const one = attendDense({ q, qHeads, k: k.tensor, v: v.tensor, threads: 1 });
     const ref = referenceAttention(q, qHeads, k, v, () => range(tokens));
     expect(relErr(one.out, ref.out)).toBeLessThan(1e-5);
@@ -73,7 +73,8 @@ describe('attention split by KV length', () => {
   });
 
   it('per-chunk mass across parts equals the reference mass (and does not depend on threads)', () => {
-    // Every other chunk of 16 tokens: ~8.6K tokens per head, so two parts, chunks cut at the seam.
+    // Every other chunk of 16 tokens: ~8.6K tokens per head (with the 4 sinks first), so five parts of
+    // 2048, chunks cut at the seams.
     const chunk = 16;
     const nChunks = Math.floor((tokens - 64) / chunk);
     const perHead = range(kvHeads).map((h) => range(nChunks).filter((c) => (c + h) % 2 === 0 && c > 0));

@@ -225,7 +225,7 @@ describe('attendFetched', () => {
   });
 
   it('on the thread pool: bit-identical at every thread count and to attendSparse, past one KV-length part per head; a NaN row is named in any part', () => {
-    // 2 kv heads x ~9000 selected tokens: more than kPartTokens (8192) per head, so each head is cut
+    // 2 kv heads x ~9000 selected tokens: more than kSinglePartTokens (8192) per head, so each head is cut
     // into KV-length parts attended on different workers and merged by log-sum-exp.
     const TT = 20000;
     const cs = 4;

@@ -28,13 +28,13 @@ struct Part {
   int64_t RowOff(size_t i) const { return whole ? 0 : rowOff[i]; }
 };
 
-// Cuts a head's spans at positions kPartTokens * p of its concatenated sequence (at least one part,
-// possibly empty).
+// One part for a head of at most kSinglePartTokens tokens; else the head's spans cut at positions
+// kPartTokens * p of its concatenated sequence (at least one part, possibly empty).
 std::vector<Part> CutParts(const HeadAttn& head, size_t esz) {
   int64_t total = 0;
   for (size_t s = 0; s < head.nSpans; ++s) total += std::max<int64_t>(0, head.spans[s].len);
   std::vector<Part> parts(1);
-  if (total <= kPartTokens) {
+  if (total <= kSinglePartTokens) {
     parts[0].whole = head.spans;
     parts[0].wholeN = head.nSpans;
     return parts;

@@ -1,14 +1,15 @@
 // Attention over many kv heads on the thread pool, split by kv head AND by KV length
-// (flash-decoding): each head's concatenated token sequence is cut into parts of kPartTokens
-// tokens, every part is attended on its own (AttendHeadsSpans), and the partial results are merged
-// through their log-sum-exp in part order.
+// (flash-decoding): a head of more than kSinglePartTokens tokens has its concatenated token
+// sequence cut into parts of kPartTokens tokens, every part is attended on its own
+// (AttendHeadsSpans), and the partial results are merged through their log-sum-exp in part order.
 //
-// Determinism: the cut points depend only on each head's token count (position kPartTokens * p in
-// its concatenated sequence), never on the thread count or on how parts and heads are assigned to
-// threads, and parts are merged in ascending order; so the result is bit-identical for every
-// thread count, and a selection that lists every token in order reproduces dense attention bit for
-// bit. A head of at most kPartTokens tokens is one part: its result is exactly AttendHeadsSpans'
-// (what the tiered and hot-tier paths compute for the same spans).
+// Determinism: the cut points depend only on each head's token count (none up to
+// kSinglePartTokens, else position kPartTokens * p in its concatenated sequence), never on the
+// thread count or on how parts and heads are assigned to threads, and parts are merged in
+// ascending order; so the result is bit-identical for every thread count, and a selection that
+// lists every token in order reproduces dense attention bit for bit. A head of at most
+// kSinglePartTokens tokens is one part: its result is exactly AttendHeadsSpans' (what the tiered
+// and hot-tier paths compute for the same spans).
 #pragma once
 #include <cstddef>
 
@@ -16,9 +17,17 @@
 
 namespace kvd {
 
-// Tokens per part. 8192 tokens x 4 query heads of logits = 128 KiB per head: a part's scratch stays
-// in L2 while its values are read, and a 128K dense head splits into 16 parts for the pool.
-constexpr int64_t kPartTokens = 8192;
+// A head of at most this many tokens is attended as one part (a sparse selection: budget, sinks
+// and tail), so splitting never changes a sparse head's arithmetic, and two such heads of a GQA
+// group of 4 keep their logits (2 x 128 KiB) in L2.
+constexpr int64_t kSinglePartTokens = 8192;
+// Tokens per part of a longer head (dense attention and its long selections). Long heads come many
+// parts to a work item with all of a call's heads together (they read a token-major cache as one
+// stream): at 2,048 tokens an item's logits (8 kv heads x 4 query heads x 2,048 x 4 B = 256 KiB)
+// stay in L2 between the keys pass, the softmax and the values pass. With 8,192 (1 MiB) they did
+// not: dense 128K on two threads took 0.91-0.95 of the time at 2,048 (also at 1,024 and 4,096;
+// bench/kernels-ab.ts, bench/RESULTS.md).
+constexpr int64_t kPartTokens = 2048;
 
 // Runs heads[0, nHeads) (fields as in AttendHeadsSpans; spanMass may be null per head; the
 // spanMassByQuery field is ignored) with at most `threads` workers of ThreadPool::Global().

@@ -182,7 +182,7 @@ void Run(const FetchedJob& job) {
     headOf.push_back(h);
   }
   try {
-    // Heads of at most kPartTokens attended tokens are one part each: bit-identical to
+    // Heads of at most kSinglePartTokens attended tokens are one part each: bit-identical to
     // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way). Which
     // other heads share the call never changes a head's bits (AttendSplit's grouping).
     AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
