@@ -5,9 +5,8 @@
  */
 import { describe, expect, it } from 'vitest';
 import { RuntimeRow } from '../src/cli/demo-runtime.js';
-import { evaluateTrace, type AttendedSource, type AttendedStep, type ReplayLayer } from '../src/eval/replay.js';
+import { evaluateTrace, loadReplayLayer, type AttendedSource, type AttendedStep, type ReplayLayer } from '../src/eval/replay.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
-import { layerKvWithNew } from '../src/trace/trace.js';
 import { expectKvdError } from './helpers.js';
 
 const trace = generateSyntheticTrace({ layers: 2, promptTokens: 1024, decodeSteps: 3, qHeads: 8, kvHeads: 2, headDim: 32, seed: 6 });
@@ -49,9 +48,7 @@ describe('demo runtime rows', () => {
     const row = await RuntimeRow.open(trace.meta, trace.dtype, { budget: 64, threads: 2, mode: 'sequential' });
     try {
       await expectKvdError(() => row.step(0, 0), 'E_INTERNAL', /expected the sequential runtime to be asked for step 0 of its prepared layer none, got layer 0 step 0/);
-      const raw = await trace.layer(1);
-      const { promptTokens, decodeSteps, qHeads } = trace.meta;
-      await row.prepare({ layer: 1, promptTokens, decodeSteps, qHeads, ...layerKvWithNew(raw), q: raw.q });
+      await row.prepare(await loadReplayLayer(trace, 1));
       await expectKvdError(() => row.step(1, 1), 'E_INTERNAL', /step 0 of its prepared layer 1, got layer 1 step 1/);
       await expectKvdError(() => row.step(0, 0), 'E_INTERNAL', /got layer 0 step 0/);
       await row.step(1, 0);

@@ -269,6 +269,13 @@ export interface TraceEvaluation {
   attended: ReturnType<typeof summarize<string>>[];
 }
 
+/** Layer `l` of a trace as {@link replayLayer} takes it: the prompt's and the new tokens' K / V, the decode queries. */
+export async function loadReplayLayer(reader: TraceReader, l: number): Promise<ReplayLayer> {
+  const { meta } = reader;
+  const layer = await reader.layer(l);
+  return { layer: l, promptTokens: meta.promptTokens, decodeSteps: meta.decodeSteps, qHeads: meta.qHeads, ...layerKvWithNew(layer), q: layer.q };
+}
+
 /**
  * Evaluates policies on every layer of a trace, one layer in memory at a time.
  * `onLayer` is called before each layer loads (progress reporting).
@@ -285,13 +292,9 @@ export async function evaluateTrace(
   const attended: LayerResult[][] = (opts.attended ?? []).map(() => []);
   for (const l of layers) {
     opts.onPhase?.(`layer ${l}: loading`);
-    const layer = await reader.layer(l);
-    const { k, v } = layerKvWithNew(layer);
+    const layer = await loadReplayLayer(reader, l);
     opts.onPhase?.(`layer ${l}: indexing`);
-    const r = await replayLayer(
-      { layer: l, promptTokens: meta.promptTokens, decodeSteps: meta.decodeSteps, qHeads: meta.qHeads, k, v, q: layer.q },
-      { ...opts, needles },
-    );
+    const r = await replayLayer(layer, { ...opts, needles });
     dense.push(...r.dense);
     for (const [name, res] of r.byPolicy) per.get(name)!.push(res);
     r.attended.forEach((res, i) => attended[i]!.push(res));
