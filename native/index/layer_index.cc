@@ -1318,7 +1318,18 @@ void LayerIndex::SetPrior(const int32_t* offsets, const int32_t* ids, int64_t id
     prior_.clear();
     return;
   }
-  // Rewritten in place, once per decode step: the per-head lists keep their capacity.
+  // Rewritten in place, once per decode step: the per-head lists keep their capacity. A prior is
+  // only a hint to the next select's candidates, so if growing a list fails midway the prior is
+  // dropped (never left half old, half new) and the error goes to the caller.
+  try {
+    RewritePrior(offsets, ids, idTokens);
+  } catch (...) {
+    prior_.clear();
+    throw;
+  }
+}
+
+void LayerIndex::RewritePrior(const int32_t* offsets, const int32_t* ids, int64_t idTokens) {
   prior_.resize(static_cast<size_t>(heads_));
   for (int h = 0; h < heads_; ++h) {
     std::vector<int32_t>& p = prior_[size_t(h)];

@@ -322,6 +322,8 @@ class LayerIndex {
   std::vector<HeadIndex> heads_data_;
   // SetPrior: per kv head, ascending distinct token ids (no vectors: no prior).
   std::vector<std::vector<int32_t>> prior_;
+  // SetPrior's rewrite of prior_ in place (SetPrior drops the prior if this throws).
+  void RewritePrior(const int32_t* offsets, const int32_t* ids, int64_t idTokens);
   std::shared_ptr<PendingRecluster> pending_;
 };
 
