@@ -87,7 +87,7 @@ describe('attention input validation', () => {
     await expectKvdError(() => attendSparse({ ...base, selection: selectionOf([[3, 10], []], tokens, 4, 4, 32) }), 'E_RANGE', /chunkIds\[1\] \(kv head 0\): expected a chunk id in \[0, 10\).*got 10/);
     await expectKvdError(() => attendSparse({ ...base, selection: selectionOf([[], [-1]], tokens, 4, 4, 32) }), 'E_RANGE', /kv head 1.*got -1/);
     await expectKvdError(() => attendSparse({ ...base, selection: selectionOf([[5, 5], []], tokens, 4, 4, 32) }), 'E_RANGE', /ascending unique chunk ids, got 5 after 5/);
-    await expectKvdError(() => attendSparse({ ...base, selection: { ...sel, chunkIds: new Float32Array(20) as never } }), 'E_DTYPE', /chunkIds: expected a Int32Array/);
+    await expectKvdError(() => attendSparse({ ...base, selection: { ...sel, chunkIds: new Float32Array(20) as never } }), 'E_DTYPE', /chunkIds: expected an Int32Array/);
     await expectKvdError(() => attendSparse({ ...base, selection: { ...sel, chunkSize: 0 } }), 'E_RANGE', /chunkSize/);
     await expectKvdError(() => attendSparseAsync({ ...base, selection: { ...sel, tokens: 99 } }), 'E_RANGE', /selection\.tokens/);
   });

@@ -91,6 +91,13 @@ inline const char* TypedArrayName(napi_typedarray_type t) {
   }
 }
 
+// The type with its article, as an error message says it: "a Float32Array", "an Int32Array".
+inline std::string TypedArrayNoun(napi_typedarray_type t) {
+  const std::string name = TypedArrayName(t);
+  if (name.rfind("another", 0) == 0) return name;
+  return (name[0] == 'I' ? "an " : "a ") + name;
+}
+
 // A typed array view (no copy). `length` is in elements.
 template <typename T>
 struct ArrayArg {
@@ -102,12 +109,11 @@ struct ArrayArg {
 template <typename T>
 inline ArrayArg<T> GetArray(const Napi::Value& v, napi_typedarray_type want, const std::string& what) {
   if (!v.IsTypedArray())
-    Throw("E_TYPE", what + ": expected a " + TypedArrayName(want) + ", got " +
+    Throw("E_TYPE", what + ": expected " + TypedArrayNoun(want) + ", got " +
                         (v.IsArray() ? "a plain Array" : v.IsUndefined() ? "undefined" : "a non-TypedArray value"));
   Napi::TypedArray ta = v.As<Napi::TypedArray>();
   if (ta.TypedArrayType() != want)
-    Throw("E_DTYPE", what + ": expected a " + std::string(TypedArrayName(want)) + ", got a " +
-                         TypedArrayName(ta.TypedArrayType()));
+    Throw("E_DTYPE", what + ": expected " + TypedArrayNoun(want) + ", got " + TypedArrayNoun(ta.TypedArrayType()));
   ArrayArg<T> a;
   // napi_get_typedarray_info's data pointer already includes the byte offset and works for
   // SharedArrayBuffer-backed arrays too (pipeline workers share KV and arenas that way).

@@ -123,7 +123,7 @@ Bytes BufferArg(const Napi::CallbackInfo& info, const std::string& what) {
     case napi_uint16_array: elem = 2; break;
     case napi_uint8_array: elem = 1; break;
     default:
-      Throw("E_DTYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got a " + TypedArrayName(type));
+      Throw("E_DTYPE", what + ": expected a Float32Array, Uint16Array or Uint8Array, got " + TypedArrayNoun(type));
   }
   return {static_cast<const uint8_t*>(data), length * elem};
 }
