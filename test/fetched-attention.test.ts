@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { HotTier } from '../src/cache/hot-tier.js';
 import type { Selection } from '../src/index/selection.js';
 import { native, setSimdLevel } from '../src/native.js';
-import { attendFetched } from '../src/storage/fetched-attention.js';
+import { attendFetched, attendFetchedAsync } from '../src/storage/fetched-attention.js';
 import { attendSparse } from '../src/attention/kernels.js';
 import { cpuFeatures } from '../src/index.js';
 import type { KvTensor } from '../src/types.js';
@@ -268,6 +268,12 @@ describe('attendFetched', () => {
           expect(bits(got.lse)).toBe(bits(want.lse));
           expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
         }
+        // Gated by landed reads (one work item per part and head): the same bits.
+        const landed = { done: Int32Array.of(1, 1, 1), itemHead: Int32Array.of(0, 1) };
+        const gated = attendFetched({ ...o, threads: 2, landing: [landed] });
+        expect(Array.from(gated.attended!)).toEqual([1, 1]);
+        expect(bits(gated.out)).toBe(bits(want.out));
+        expect(bits(gated.chunkMass)).toBe(bits(want.chunkMass));
       }
     } finally {
       setSimdLevel('best');
@@ -281,6 +287,93 @@ describe('attendFetched', () => {
     expect(badIds).toContain(19000);
     for (const threads of [1, 2])
       expect(() => attendFetched({ ...o, fetched: bad, threads })).toThrow(/k: kv head 1, token 19000 \(fetched chunk\): NaN\/Inf in the key row/);
+  });
+
+  it('landing: one call attends each kv head once its reads have landed (the reads\' own flags), never before; a head whose read failed is left out; bad flags are typed errors', async () => {
+    const k: KvTensor = { data: randn(T * kvHeads * D, 31), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
+    const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 32) };
+    const cs = 4;
+    const sinkEnd = 4;
+    const tailBase = 448;
+    const tailStart = 480;
+    const perHead = [
+      [9, 10, 40, 203, 300, 447, 450],
+      [5, 6, 100, 104, 333, 460],
+    ];
+    const offsets = new Int32Array(kvHeads + 1);
+    perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
+    const sel: Selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
+    const pb = 2 * cs * D * 4;
+    const pageOffsets = new Int32Array(kvHeads + 1);
+    const ids: number[] = [];
+    const pageHead: number[] = [];
+    for (let h = 0; h < kvHeads; h++) {
+      for (const c of [...new Set(perHead[h]!.map((t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase)) {
+        ids.push(c);
+        pageHead.push(h);
+      }
+      pageOffsets[h + 1] = ids.length;
+    }
+    const pages = new Uint8Array(ids.length * pb);
+    ids.forEach((c, i) => pages.set(page(k, v, pageHead[i]!, c, cs), i * pb));
+    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+    const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+    const q = randn(qHeads * D, 33);
+    const base = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids), threads: 2 };
+    const whole = attendFetched({ ...base, fetched: pages });
+    // The fetch buffer as a read fills it: head 0's pages there, head 1's NaN until "its read lands".
+    const buf = Uint8Array.from(pages);
+    const head1 = buf.subarray(pageOffsets[1]! * pb);
+    new Float32Array(head1.buffer, head1.byteOffset, head1.byteLength / 4).fill(NaN);
+    // One read of two items (head 0's pages, head 1's), as TieredKv.fetchInPlace hands them.
+    const done = new Int32Array(new SharedArrayBuffer(4 * 3));
+    Atomics.store(done, 1, 1);
+    const landing = [{ done, itemHead: Int32Array.of(0, 1) }];
+    const pending = attendFetchedAsync({ ...base, fetched: buf, landing });
+    let settled = false;
+    void pending.then(() => (settled = true));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(settled).toBe(false); // head 1 still being read: the call waits for it
+    buf.set(pages.subarray(pageOffsets[1]! * pb), pageOffsets[1]! * pb);
+    Atomics.store(done, 2, 1); // the page bytes first, then the item's flag (as the read's thread does)
+    Atomics.store(done, 0, 1);
+    const got = await pending;
+    expect(Array.from(got.attended!)).toEqual([1, 1]);
+    expect(bits(got.out)).toBe(bits(whole.out));
+    expect(bits(got.lse)).toBe(bits(whole.lse));
+    expect(bits(got.chunkMass)).toBe(bits(whole.chunkMass));
+
+    // The read ends without head 1's item (it failed): head 0 is attended, head 1 left out (its rows not written).
+    const failed = new Int32Array(new SharedArrayBuffer(4 * 3));
+    Atomics.store(failed, 1, 1);
+    const into = { out: new Float32Array(qHeads * D), lse: new Float32Array(qHeads), chunkMass: new Float32Array(sel.chunkIds.length) };
+    const half = attendFetchedAsync({ ...base, fetched: buf.map((x, i) => (i < pageOffsets[1]! * pb ? x : 255)), into, landing: [{ done: failed, itemHead: Int32Array.of(0, 1) }] });
+    await new Promise((r) => setTimeout(r, 20));
+    Atomics.store(failed, 0, 2);
+    const r = await half;
+    expect(Array.from(r.attended!)).toEqual([1, 0]);
+    const g = qHeads / kvHeads;
+    expect(bits(into.out.subarray(0, g * D))).toBe(bits(whole.out.subarray(0, g * D)));
+    expect(into.out.subarray(g * D).every((x) => x === 0)).toBe(true);
+    expect(into.lse[qHeads - 1]).toBe(0);
+    // A masked-out head is not attended either (and not waited on).
+    const masked = attendFetched({ ...base, fetched: pages, heads: Uint8Array.of(1, 0), landing: [{ done: Int32Array.of(0, 1, 0), itemHead: Int32Array.of(0, 1) }] });
+    expect(Array.from(masked.attended!)).toEqual([1, 0]);
+
+    const code = (f: () => unknown): string | undefined => {
+      try {
+        f();
+      } catch (e) {
+        return `${(e as { code?: string }).code}: ${(e as Error).message}`;
+      }
+      return undefined;
+    };
+    const o = { ...base, fetched: pages };
+    expect(code(() => attendFetched({ ...o, landing: 1 as unknown as [] }))).toMatch(/^E_TYPE: attendFetched.landing: expected an array of \{ done: Int32Array, itemHead: Int32Array \}/);
+    expect(code(() => attendFetched({ ...o, landing: [3 as unknown as { done: Int32Array; itemHead: Int32Array }] }))).toMatch(/^E_TYPE: attendFetched.landing\[0\]: expected \{ done: Int32Array, itemHead: Int32Array \}/);
+    expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1), itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_SHAPE: attendFetched.landing\[0\].done: expected at least 1 \+ 2 elements/);
+    expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1, 1), itemHead: Int32Array.of(0, 2) }] }))).toMatch(/^E_RANGE: attendFetched.landing\[0\].itemHead\[1\]: expected a kv head in \[0, 2\), got 2/);
+    expect(code(() => attendFetched({ ...o, landing: [{ done: new Uint32Array(3) as unknown as Int32Array, itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_DTYPE: attendFetched.landing\[0\].done: expected an Int32Array/);
   });
 
   it('an output that overflows f32 from finite values is an E_NONFINITE error naming the kv head, not a crash', () => {

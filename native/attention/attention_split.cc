@@ -3,9 +3,12 @@
 #include "attention/attention_split.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -83,9 +86,13 @@ AttnScratch& ThreadScratch() {
   return s;
 }
 
-}  // namespace
+// How long a gated worker sleeps when no unclaimed head is ready: a sleep, not a spin, so that on
+// a host with as many cores as workers the thread landing the reads gets a core.
+constexpr auto kGateSleep = std::chrono::microseconds(20);
 
-void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads) {
+// AttendSplit and AttendSplitGated (gate and attended null for the former).
+void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads, const HeadGate* gate,
+           uint8_t* attended) {
   if (nHeads == 0) return;
   const size_t esz = DtypeSize(dt);
   const size_t headOut = size_t(group) * size_t(dim);
@@ -113,8 +120,10 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
   // Work items: (part p, a block of the heads that have a part p). All heads of a part together
   // read a token-major cache as one stream; when there are fewer parts than ~2 items per worker,
   // heads are split into blocks so every worker gets some. Grouping never changes a head's bits.
+  // Gated, every head is an item of its own: a worker then never waits on a block-mate still being read.
   const int workers = std::max(1, std::min(threads, ThreadPool::Global().Size()));
-  const size_t blocks = std::min(nHeads, std::max<size_t>(1, (size_t(2 * workers) + maxParts - 1) / maxParts));
+  const size_t blocks =
+      gate ? nHeads : std::min(nHeads, std::max<size_t>(1, (size_t(2 * workers) + maxParts - 1) / maxParts));
   struct Item {
     size_t part;
     std::vector<size_t> heads;
@@ -132,9 +141,34 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
     }
   }
 
+  // Gated: item claims (0 free, 1 taken) and the items left out (their head will never be there).
+  // ParallelFor runs the body once per item, and each run claims exactly one item, so a run always
+  // finds one unclaimed: it takes the first whose head is ready, or whose head never will be (to
+  // skip it), else sleeps and looks again.
+  std::unique_ptr<std::atomic<uint8_t>[]> claimed(gate ? new std::atomic<uint8_t>[items.size()] : nullptr);
+  std::vector<uint8_t> skipped(gate ? items.size() : 0, 0);
+  for (size_t i = 0; gate && i < items.size(); ++i) claimed[i].store(0, std::memory_order_relaxed);
+  auto claim = [&]() -> size_t {
+    for (;;) {
+      for (size_t j = 0; j < items.size(); ++j) {
+        if (claimed[j].load(std::memory_order_relaxed)) continue;
+        const HeadGate::State st = gate->Of(items[j].heads[0]);
+        if (st == HeadGate::kPending) continue;
+        uint8_t free = 0;
+        if (!claimed[j].compare_exchange_strong(free, 1, std::memory_order_acq_rel)) continue;
+        if (st == HeadGate::kNever) skipped[j] = 1;
+        return j;
+      }
+      std::this_thread::sleep_for(kGateSleep);
+    }
+  };
   ThreadPool::Global().ParallelFor(
       items.size(),
       [&](size_t i) {
+        if (gate) {
+          i = claim();
+          if (skipped[i]) return;
+        }
         const Item& it = items[i];
         std::vector<HeadAttn> calls;
         calls.reserve(it.heads.size());
@@ -167,9 +201,16 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
       },
       workers);
 
+  // Gated: a head with a part left out is not attended at all (none of its outputs are written).
+  std::vector<uint8_t> out(nHeads, 1);
+  for (size_t i = 0; gate && i < items.size(); ++i)
+    if (skipped[i]) out[items[i].heads[0]] = 0;
+  if (attended) std::copy(out.begin(), out.end(), attended);
+
   // The lowest failing head, and its first failing part.
   for (size_t h = 0; h < nHeads; ++h)
     for (const PartOut& r : res[h]) {
+      if (!out[h]) break;
       if (!r.failed) continue;
       if (r.span >= heads[h].nSpans) throw NonFiniteRowError(h, heads[h].nSpans, 0, r.inValue, r.msg);
       const std::string what = r.inValue ? "attention output is not finite: NaN/Inf in the value row"
@@ -180,6 +221,7 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
 
   // Merge each head's parts in ascending order.
   for (size_t h = 0; h < nHeads; ++h) {
+    if (!out[h]) continue;
     std::vector<PartOut>& rs = res[h];
     std::copy(rs[0].out.begin(), rs[0].out.end(), heads[h].out);
     std::copy(rs[0].lse.begin(), rs[0].lse.end(), heads[h].lse);
@@ -206,6 +248,17 @@ void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype
     }
     for (size_t s = 0; s < heads[h].nSpans; ++s) mass[s] = float(acc[s] / group);
   }
+}
+
+}  // namespace
+
+void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads) {
+  Split(heads, nHeads, group, dim, dt, scale, threads, nullptr, nullptr);
+}
+
+void AttendSplitGated(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
+                      const HeadGate& gate, uint8_t* attended) {
+  Split(heads, nHeads, group, dim, dt, scale, threads, &gate, attended);
 }
 
 }  // namespace kvd

@@ -36,4 +36,26 @@ constexpr int64_t kPartTokens = 2048;
 // part, with span / row indices of the head's ORIGINAL span list.
 void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads);
 
+// Which heads' rows are there yet, for a call made while some are still being read (the runtime's
+// SSD step: one call over every kv head while the reads land, instead of one call per batch of
+// landed heads, each waiting for its slowest head). State(h) for head h of the call (its index in
+// `heads`): kReady once every row of the head can be read, kPending while some are on their way
+// (ask again), kNever when some never will be (the read failed): the head is left out. A head goes
+// from kPending to kReady or kNever and stays there. Called from the pool's workers concurrently.
+class HeadGate {
+ public:
+  enum State { kPending = 0, kReady = 1, kNever = 2 };
+  virtual ~HeadGate() = default;
+  virtual State Of(size_t head) const = 0;
+};
+
+// AttendSplit that attends each head once `gate` says its rows are there: every (part, head) is a
+// work item, and a worker takes whichever unclaimed item is ready (sleeping briefly while none is),
+// so the workers stay busy while the rest land and no head waits for a batch. Heads the gate calls
+// kNever are not attended: attended[h] is set to 1 for each head attended, 0 for the others (whose
+// out / lse / spanMass are not written). A head's bits are those of AttendSplit (same parts, same
+// merge order), whichever worker took it and when.
+void AttendSplitGated(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
+                      const HeadGate& gate, uint8_t* attended);
+
 }  // namespace kvd

@@ -37,6 +37,8 @@ namespace {
 
 // Most page buffers one call may name (fetched: a Uint8Array or an array of them).
 constexpr size_t kMaxPageBuffers = 256;  // buffer indices are Uint8Array entries
+// Most reads one call may wait on (landing): a step issues one per head group.
+constexpr uint32_t kMaxLandingReads = 1024;
 
 // Page pointers of one call, one per page entry. Not a std::vector: value-initialising ~10K entries
 // per layer-step (and faulting the freed pages back in) showed up on the calling thread's profile.
@@ -77,6 +79,33 @@ struct FetchedJob {
   // Optional (fetchedMass): per page entry, the sum of chunkMass over the selected units it holds,
   // in unit order (the importance the DRAM tier ranks a fetched chunk by).
   float* pageMass = nullptr;
+  // Optional (landing): SSD reads still landing in the fetch buffer. Per read, its flag array `done`
+  // (element 0: 0 while the read runs, 1 once it ended with every item landed, else it failed;
+  // element 1 + i: 1 once item i landed; release stores by the read's own thread, see
+  // native/storage/extent_store.cc). landingOf[h]: (read, flag) of every item holding kv head h's
+  // pages. A head is attended once all of them are 1 (ReadGate); `attended` (kv heads) says which were.
+  std::vector<const int32_t*> landingEnd;
+  std::vector<std::vector<std::pair<uint32_t, const int32_t*>>> landingOf;
+  uint8_t* attended = nullptr;
+};
+
+// The HeadGate of a call with reads landing (FetchedJob::landingOf), over the call's packed heads.
+class ReadGate : public HeadGate {
+ public:
+  ReadGate(const FetchedJob& job, const std::vector<size_t>& headOf) : job_(job), headOf_(headOf) {}
+  State Of(size_t head) const override {
+    for (const auto& [read, flag] : job_.landingOf[headOf_[head]]) {
+      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1) continue;
+      if (__atomic_load_n(job_.landingEnd[read], __ATOMIC_ACQUIRE) == 0) return kPending;
+      // The read has ended: an item it landed set its flag before the end flag, so look again.
+      if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != 1) return kNever;
+    }
+    return kReady;
+  }
+
+ private:
+  const FetchedJob& job_;
+  const std::vector<size_t>& headOf_;
 };
 
 // Where a span's rows live, for error messages.
@@ -185,7 +214,16 @@ void Run(const FetchedJob& job) {
     // Heads of at most kSinglePartTokens attended tokens are one part each: bit-identical to
     // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way). Which
     // other heads share the call never changes a head's bits (AttendSplit's grouping).
-    AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
+    if (job.attended) {
+      // Reads still landing: each head as soon as its pages are there, in this one call.
+      std::vector<uint8_t> done(headOf.size(), 0);
+      AttendSplitGated(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads,
+                       ReadGate(job, headOf), done.data());
+      std::fill(job.attended, job.attended + kvHeads, uint8_t(0));
+      for (size_t i = 0; i < headOf.size(); ++i) job.attended[headOf[i]] = done[i];
+    } else {
+      AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
+    }
   } catch (const NonFiniteRowError& ne) {
     const NonFiniteRowError e(headOf[ne.head], ne.span, ne.row, ne.inValue, ne.what());
     const size_t at = rs.start[e.head] + e.span;
@@ -199,7 +237,7 @@ void Run(const FetchedJob& job) {
   std::vector<int32_t> pageIds;
   std::vector<float> pageMass;
   for (int h = 0; h < job.kvHeads; ++h) {
-    if (!job.Active(h)) continue;
+    if (!job.Active(h) || (job.attended && !job.attended[h])) continue;
     const size_t first = job.sinkEnd > 0 ? 1 : 0;
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i)
       job.chunkMass[i] = rs.mass[rs.start[size_t(h)] + first + size_t(i - job.offsets[h])];
@@ -399,7 +437,45 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
     job.pageMass = pm.data;
   }
 
+  const Napi::Value lv = o.Get("landing");
+  const bool landing = !lv.IsUndefined();
+  if (landing) {
+    if (!lv.IsArray())
+      Throw("E_TYPE", what + ".landing: expected an array of { done: Int32Array, itemHead: Int32Array } (one per read in flight)");
+    const Napi::Array reads = lv.As<Napi::Array>();
+    if (reads.Length() > kMaxLandingReads)
+      Throw("E_SHAPE", what + ".landing: expected at most " + std::to_string(kMaxLandingReads) + " reads, got " +
+                           std::to_string(reads.Length()));
+    job.landingOf.resize(size_t(job.kvHeads));
+    for (uint32_t j = 0; j < reads.Length(); ++j) {
+      const std::string at = what + ".landing[" + std::to_string(j) + "]";
+      const Napi::Value rv = reads.Get(j);
+      if (!rv.IsObject()) Throw("E_TYPE", at + ": expected { done: Int32Array, itemHead: Int32Array }");
+      const Napi::Object r = rv.As<Napi::Object>();
+      auto done = GetI32(r.Get("done"), at + ".done");
+      auto itemHead = GetI32(r.Get("itemHead"), at + ".itemHead");
+      if (done.length < 1 + itemHead.length)
+        Throw("E_SHAPE", at + ".done: expected at least 1 + " + std::to_string(itemHead.length) +
+                             " elements (the end flag, then one per item of itemHead), got " + std::to_string(done.length));
+      for (size_t i = 0; i < itemHead.length; ++i) {
+        const int32_t h = itemHead.data[i];
+        if (h < 0 || h >= job.kvHeads)
+          Throw("E_RANGE", at + ".itemHead[" + std::to_string(i) + "]: expected a kv head in [0, " + std::to_string(job.kvHeads) +
+                               "), got " + std::to_string(h));
+        job.landingOf[size_t(h)].push_back({j, done.data + 1 + i});
+      }
+      job.landingEnd.push_back(done.data);
+      keep.push_back(done.object);
+      keep.push_back(itemHead.object);
+    }
+  }
+
   result = Napi::Object::New(env);
+  if (landing) {
+    Napi::Uint8Array attended = Napi::Uint8Array::New(env, size_t(job.kvHeads));
+    job.attended = attended.Data();
+    result.Set("attended", attended);
+  }
   const Napi::Value iv = o.Get("into");
   if (iv.IsUndefined()) {
     auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");

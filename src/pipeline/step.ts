@@ -10,8 +10,8 @@
  *   selected tokens, read where they lie + tail (attendFetched: bit-identical to attendSparse over
  *   a contiguous cache with the same selection, whichever tier served a token; while the SSD reads
  *   are in flight every kv head is admitted to the hot tier, its copies from the pages still being
- *   read made once they land, and each kv head is attended as soon as its pages are all there: the
- *   read's thread flags each (segment, kv head) as it lands) ─▶ DRAM admission of
+ *   read made once they land, and one attention call takes each kv head as soon as its pages are
+ *   all there: the read's thread flags each (segment, kv head) as it lands) ─▶ DRAM admission of
  *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
@@ -28,7 +28,7 @@ import { KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
-import { attendFetched, attendFetchedAsync, type FetchedAttentionResult } from '../storage/fetched-attention.js';
+import { attendFetched, attendFetchedAsync, type FetchedAttentionResult, type ReadLanding } from '../storage/fetched-attention.js';
 import type { FetchPlacement, FetchStats } from '../storage/tiered-kv.js';
 import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
 import type { KvTensor } from '../types.js';
@@ -58,21 +58,6 @@ export interface EntryStepStats {
  * pipelined mode concurrent entries share the pool, each caller working on its own entry too.
  */
 const ATTEND_THREADS = Math.min(8, availableParallelism());
-
-/** A cell nothing notifies: Atomics.wait on it sleeps the JS thread (between looks at the reads' flags). */
-const SLEEP_CELL = new Int32Array(new SharedArrayBuffer(4));
-/** How long the JS thread sleeps between looks at the SSD reads' per-head flags, milliseconds. */
-const READ_POLL_MS = 0.02;
-
-/**
- * While a step waits for SSD reads with nothing ready to attend: a short sleep (not a spin: on a
- * 2-core host the reads' own thread needs the core), then one turn of the event loop, so the other
- * entries of a pipelined step and the reads' promises make progress.
- */
-function waitForReads(): Promise<void> {
-  Atomics.wait(SLEEP_CELL, 0, 0, READ_POLL_MS);
-  return new Promise((resolve) => setImmediate(resolve));
-}
 
 /**
  * Arrays one (sequence, layer)'s steps reuse (at most one step of a pair runs at a time, and
@@ -230,6 +215,8 @@ interface HeadGroup {
    * reads' thread says so; see TieredKv.fetchInPlace).
    */
   landed?: (heads?: Uint8Array) => boolean;
+  /** The SSD read's own landing flags (when the group reads from SSD): what attention waits on. */
+  reads?: ReadLanding;
 }
 
 /** The group selections of one entry, in head order, as one selection over every kv head. */
@@ -371,10 +358,11 @@ async function selectAndFetch(
       // The request spans every kv head (the tiers' shape), empty outside the group.
       const offsets = new Int32Array(H + 1);
       for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending, landed) => {
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending, landed, rd) => {
         g.placement = pl;
         g.pending = pending;
         g.landed = landed;
+        g.reads = rd;
       });
       // Its failure is taken from allSettled below; meanwhile the step may wait event-loop turns for
       // other heads' reads, and a rejection seen then must not count as unhandled.
@@ -572,7 +560,7 @@ export async function fetchAttendEntry(
    * their hot-tier admission (unless `admitted`). Each kv head has its own hot-tier residents and
    * attention output, so the heads done in two passes end exactly as in one.
    */
-  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined, admitted: boolean): Promise<void> => {
+  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined, admitted: boolean, landing?: ReadLanding[]): Promise<Uint8Array> => {
     const { pages } = e;
     const mask = heads ? { heads } : {};
     if (!admitted) admitHot(e, heads, false);
@@ -595,10 +583,12 @@ export async function fetchAttendEntry(
       into: e.r,
       ...(e.pageMass ? { fetchedMass: e.pageMass } : {}),
       ...mask,
+      ...(landing?.length ? { landing } : {}),
     };
-    if (offThread) await attendFetchedAsync(args);
-    else attendFetched(args);
+    const r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
     e.computeMs += performance.now() - t;
+    // The heads attended: with landing, as the call says; else those of the mask.
+    return r.attended ?? (heads ? heads.slice() : new Uint8Array(H).fill(1));
   };
   /**
    * DRAM-tier admission of the chunks attention just weighed (the SSD-read pages offered, the
@@ -634,62 +624,31 @@ export async function fetchAttendEntry(
   };
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
-      // While the SSD reads are in flight: hot-tier admission of every kv head, then attention of
-      // each kv head as soon as its pages are all there (in the hot tier, the DRAM arena, the tail,
-      // or landed in the fetch buffer: the store lays heads out in order, so they land about in head
-      // order); what is left once nothing more can land before the promises settle is attended
-      // after them. A group whose fetch failed before placing its pages leaves everything to the
-      // error path.
+      // While the SSD reads are in flight: hot-tier admission of every kv head, then one attention
+      // call over the heads whose pages can land before the promises settle, which attends each as
+      // soon as its reads have landed (attendFetched's `landing`: the reads' own thread flags each
+      // item, the pool's workers take whichever head is ready). The heads it leaves (entries staged
+      // by a prefetch, a failed read) are attended after the promises. A group whose fetch failed
+      // before placing its pages leaves everything to the error path.
       if (groups.some((g) => g.tier > 0 && !g.pending)) return;
       // Every head's hot-tier admission now, the copies from pages still being read left for
       // after them: the reads' wait is the step's only idle time on a CPU-bound host.
       const e = attention(sc, nChunks);
       admitHot(e, undefined, true);
       hotAdmittedEarly = true;
-      const attended = new Uint8Array(H);
       const state = new Uint8Array(H);
-      const scratch = new Uint8Array(H);
-      const now = new Uint8Array(H);
-      let left = H;
-      for (;;) {
-        headStates(state, scratch);
-        let ready = 0;
-        let reading = 0;
-        for (let h = 0; h < H; h++) {
-          now[h] = !attended[h] && state[h] === 1 ? 1 : 0;
-          ready += now[h]!;
-          if (!attended[h] && state[h] === 0) reading++;
-        }
-        if (ready === left) {
-          // Everything left is there: one call (a head attends the same bits in any call; hot-tier
-          // slots still waiting for their copies are read from the pages, which are there).
-          await attendHeads(e, left === H ? undefined : now, true);
-          attendedAll = true;
-          // Every read has landed (each head's flag says so); the JS thread hears of it only on a
-          // later event-loop turn: the hot-tier copies from the read pages and the DRAM admission
-          // run now instead of after that (~1% of the held-out SSD step, bench/runtime-memory.md).
-          landHotTier(e, false);
-          admitDram(e);
-          return;
-        }
-        if (!reading) break;
-        // Attention splits whole kv heads over the pool (a sparse head is one part, attention_split.h):
-        // a call with a head count that is no multiple of the workers leaves some idle for a head's
-        // time. So while heads are still being read, ready heads beyond a multiple wait for a later
-        // call (a head attends the same bits in either); fewer ready heads than workers go now (they
-        // overlap the reads).
-        let hold = ready >= ATTEND_THREADS ? ready % ATTEND_THREADS : 0;
-        for (let h = H - 1; h >= 0 && hold > 0; h--)
-          if (now[h]) {
-            now[h] = 0;
-            hold--;
-            ready--;
-          }
-        if (ready > 0) {
-          await attendHeads(e, now, true);
-          for (let h = 0; h < H; h++) attended[h]! |= now[h]!;
-          left -= ready;
-        } else await waitForReads();
+      headStates(state, new Uint8Array(H));
+      const now = state.map((x) => (x === 2 ? 0 : 1));
+      const landing = groups.flatMap((g) => (g.reads ? [g.reads] : []));
+      const attended = await attendHeads(e, now.includes(0) ? now : undefined, true, landing);
+      if (!attended.includes(0)) {
+        attendedAll = true;
+        // Every read has landed (each head's flag says so); the JS thread hears of it only on a
+        // later event-loop turn: the hot-tier copies from the read pages and the DRAM admission
+        // run now instead of after that (~1% of the held-out SSD step, bench/runtime-memory.md).
+        landHotTier(e, false);
+        admitDram(e);
+        return;
       }
       rest = attended.map((x) => 1 - x);
     });

@@ -79,6 +79,23 @@ export interface AttendFetchedOptions {
    * entries of the kv heads attended are written.
    */
   fetchedMass?: Float32Array;
+  /**
+   * SSD reads still landing in the pages (TieredKv.fetchInPlace's `reads`, one per fetch): each
+   * kv head is attended in this one call as soon as every read item holding its pages has landed
+   * (`done[1 + i]` is 1 for each item i with `itemHead[i]` the head; `done[0]` is 0 while the read
+   * runs), the workers taking whichever head is ready; a head whose read ended without its items
+   * (a failed read) is left out. The result's `attended` says which heads were. Each head's output
+   * is bit-identical to an ungated call's.
+   */
+  landing?: ReadLanding[];
+}
+
+/** The landing flags of one SSD read in flight (see TieredKv.fetchInPlace). */
+export interface ReadLanding {
+  /** Element 0: 0 while the read runs, 1 once it ended with every item landed, else it failed; element 1 + i: 1 once item i landed. */
+  done: Int32Array;
+  /** Kv head of each read item. */
+  itemHead: Int32Array;
 }
 
 /** Output of {@link attendFetched}: as attendSparse's (out, lse, chunkMass per selection entry). */
@@ -86,6 +103,8 @@ export interface FetchedAttentionResult {
   out: Float32Array;
   lse: Float32Array;
   chunkMass: Float32Array;
+  /** With `landing`: 1 per kv head attended by the call, 0 per head left out (masked, or its read failed). */
+  attended?: Uint8Array;
 }
 
 /**

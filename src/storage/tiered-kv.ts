@@ -20,6 +20,7 @@ import { DramStore, type DramChain } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
 import { chunkBytesOf, storeShapeSchema, type SsdStore, type StoreShape } from './ssd-store.js';
 import { expectArray, expectInt, expectObject } from '../util/check.js';
+import type { ReadLanding } from './fetched-attention.js';
 
 /** Options of a {@link TieredKv}. */
 export interface TieredKvOptions {
@@ -315,12 +316,15 @@ export class TieredKv {
    * 2 when some will not land before the promise settles (staged by a prefetch, or the read failed):
    * the read's thread flags the items of one (segment, kv head) as they complete, mostly in head
    * order (the store lays heads out in order), so a reader can attend heads one by one as they
-   * land. Not called when the call fails before the reads are issued.
+   * land. `reads` (when some entries are read from SSD): the read's own flags, `done` (the
+   * landed() state above: element 0 the end, element 1 + i item i) and `itemHead` (each item's kv
+   * head), for attention that waits on them itself (attendFetched's `landing`). Not called when the
+   * call fails before the reads are issued.
    */
   async fetchInPlace(
     req: FetchRequest,
     dest: Uint8Array | ((bytes: number) => Uint8Array),
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean, reads?: ReadLanding) => void,
   ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
     const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
@@ -330,7 +334,7 @@ export class TieredKv {
     req: FetchRequest,
     destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
     inPlace: boolean,
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean) => void,
+    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean, reads?: ReadLanding) => void,
   ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
@@ -445,7 +449,7 @@ export class TieredKv {
           return all;
         };
         try {
-          onIssued(placement, pending, landed);
+          onIssued(placement, pending, landed, readDone ? { done: readDone, itemHead } : undefined);
         } catch (e) {
           // The reads write into dest: let them land before the caller may reuse it.
           await reading?.catch(() => undefined);
