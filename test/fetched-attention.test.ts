@@ -356,6 +356,11 @@ describe('attendFetched', () => {
     expect(bits(into.out.subarray(0, g * D))).toBe(bits(whole.out.subarray(0, g * D)));
     expect(into.out.subarray(g * D).every((x) => x === 0)).toBe(true);
     expect(into.lse[qHeads - 1]).toBe(0);
+    // Flags that never come: past landingTimeoutMs the pending head is left out, not waited on forever.
+    const t0 = performance.now();
+    const stuck = attendFetched({ ...base, fetched: buf, landing: [{ done: Int32Array.of(0, 1, 0), itemHead: Int32Array.of(0, 1) }], landingTimeoutMs: 30 });
+    expect(Array.from(stuck.attended!)).toEqual([1, 0]);
+    expect(performance.now() - t0).toBeGreaterThanOrEqual(25);
     // A masked-out head is not attended either (and not waited on).
     const masked = attendFetched({ ...base, fetched: pages, heads: Uint8Array.of(1, 0), landing: [{ done: Int32Array.of(0, 1, 0), itemHead: Int32Array.of(0, 1) }] });
     expect(Array.from(masked.attended!)).toEqual([1, 0]);
@@ -374,6 +379,8 @@ describe('attendFetched', () => {
     expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1), itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_SHAPE: attendFetched.landing\[0\].done: expected at least 1 \+ 2 elements/);
     expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1, 1), itemHead: Int32Array.of(0, 2) }] }))).toMatch(/^E_RANGE: attendFetched.landing\[0\].itemHead\[1\]: expected a kv head in \[0, 2\), got 2/);
     expect(code(() => attendFetched({ ...o, landing: [{ done: new Uint32Array(3) as unknown as Int32Array, itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_DTYPE: attendFetched.landing\[0\].done: expected an Int32Array/);
+    expect(code(() => attendFetched({ ...o, landingTimeoutMs: 5 }))).toMatch(/^E_CONFIG: attendFetched.landingTimeoutMs: expected it only with landing/);
+    expect(code(() => attendFetched({ ...o, landing: [], landingTimeoutMs: -1 }))).toMatch(/^E_RANGE: attendFetched.landingTimeoutMs/);
   });
 
   it('an output that overflows f32 from finite values is an E_NONFINITE error naming the kv head, not a crash', () => {

@@ -247,6 +247,12 @@ function kernelCall(g: Gen): Call {
   };
   (o.sink as Obj).v = { ...((o.sink as Obj).k as Obj) };
   (o.tail as Obj).v = { ...((o.tail as Obj).k as Obj) };
+  if (g.bool(0.3)) {
+    // Reads "in flight": flags landed, failed or never set (a short timeout then leaves those heads out).
+    const items = g.int(0, 4);
+    o.landing = [{ done: Int32Array.from({ length: 1 + items }, () => g.pick([0, 1, 1, 2])), itemHead: Int32Array.from({ length: items }, () => g.int(0, s.kvHeads - 1)) }];
+    o.landingTimeoutMs = g.int(0, 3);
+  }
   return { fn, args: [mutate(g, o)] };
 }
 

@@ -15,6 +15,7 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -87,16 +88,22 @@ struct FetchedJob {
   std::vector<const int32_t*> landingEnd;
   std::vector<std::vector<std::pair<uint32_t, const int32_t*>>> landingOf;
   uint8_t* attended = nullptr;
+  // How long a head may stay pending (landingTimeoutMs): past it the head is left out as for a
+  // failed read, so flags that never come (a stuck read, a caller's mistake) cannot hang the call;
+  // the caller attends the head once its read settles.
+  std::chrono::milliseconds landingTimeout{30000};
 };
 
 // The HeadGate of a call with reads landing (FetchedJob::landingOf), over the call's packed heads.
 class ReadGate : public HeadGate {
  public:
-  ReadGate(const FetchedJob& job, const std::vector<size_t>& headOf) : job_(job), headOf_(headOf) {}
+  ReadGate(const FetchedJob& job, const std::vector<size_t>& headOf)
+      : job_(job), headOf_(headOf), deadline_(std::chrono::steady_clock::now() + job.landingTimeout) {}
   State Of(size_t head) const override {
     for (const auto& [read, flag] : job_.landingOf[headOf_[head]]) {
       if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 1) continue;
-      if (__atomic_load_n(job_.landingEnd[read], __ATOMIC_ACQUIRE) == 0) return kPending;
+      if (__atomic_load_n(job_.landingEnd[read], __ATOMIC_ACQUIRE) == 0)
+        return std::chrono::steady_clock::now() < deadline_ ? kPending : kNever;
       // The read has ended: an item it landed set its flag before the end flag, so look again.
       if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) != 1) return kNever;
     }
@@ -106,6 +113,7 @@ class ReadGate : public HeadGate {
  private:
   const FetchedJob& job_;
   const std::vector<size_t>& headOf_;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 // Where a span's rows live, for error messages.
@@ -468,6 +476,9 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
       keep.push_back(done.object);
       keep.push_back(itemHead.object);
     }
+    job.landingTimeout = std::chrono::milliseconds(GetIntOr(o, "landingTimeoutMs", what, 0, int64_t(1) << 31, 30000));
+  } else if (!o.Get("landingTimeoutMs").IsUndefined()) {
+    Throw("E_CONFIG", what + ".landingTimeoutMs: expected it only with landing");
   }
 
   result = Napi::Object::New(env);

@@ -88,6 +88,12 @@ export interface AttendFetchedOptions {
    * is bit-identical to an ungated call's.
    */
   landing?: ReadLanding[];
+  /**
+   * With `landing`: how long the call waits for a head still being read, milliseconds (default
+   * 30000; an integer >= 0). Past it the head is left out as for a failed read (`attended` 0), so
+   * flags that never come cannot hang the call; the caller attends it once the read settles.
+   */
+  landingTimeoutMs?: number;
 }
 
 /** The landing flags of one SSD read in flight (see TieredKv.fetchInPlace). */
