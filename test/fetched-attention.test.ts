@@ -29,7 +29,55 @@ function page(k: KvTensor, v: KvTensor, h: number, c: number, cs: number): Uint8
   return new Uint8Array(out.buffer);
 }
 
+/** "CODE: message" of what f throws, or undefined. */
+function code(f: () => unknown): string | undefined {
+  try {
+    f();
+  } catch (e) {
+    return `${(e as { code?: string }).code}: ${(e as Error).message}`;
+  }
+  return undefined;
+}
+
 const bits = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
+
+/**
+ * Two kv heads' scattered token selections (some in the tail, before tailStart) over one layer of
+ * seeded random K / V, and one fetch buffer holding each head's sealed chunks' pages, packed in
+ * (head, chunk) order: what the mask and landing tests attend.
+ */
+function twoHeadCase(seed: number) {
+  const k: KvTensor = { data: randn(T * kvHeads * D, seed), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
+  const v: KvTensor = { ...k, data: randn(T * kvHeads * D, seed + 1) };
+  const cs = 4;
+  const sinkEnd = 4;
+  const tailBase = 448;
+  const tailStart = 480;
+  const perHead = [
+    [9, 10, 40, 203, 300, 447, 450],
+    [5, 6, 100, 104, 333, 460],
+  ];
+  const offsets = new Int32Array(kvHeads + 1);
+  perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
+  const sel: Selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
+  const pb = 2 * cs * D * 4;
+  const pageOffsets = new Int32Array(kvHeads + 1);
+  const ids: number[] = [];
+  const pageHead: number[] = [];
+  for (let h = 0; h < kvHeads; h++) {
+    for (const c of [...new Set(perHead[h]!.map((t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase)) {
+      ids.push(c);
+      pageHead.push(h);
+    }
+    pageOffsets[h + 1] = ids.length;
+  }
+  const buf = new Uint8Array(ids.length * pb);
+  ids.forEach((c, i) => buf.set(page(k, v, pageHead[i]!, c, cs), i * pb));
+  const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+  const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+  const q = randn(qHeads * D, seed + 2);
+  return { k, v, cs, sinkEnd, tailBase, tailStart, offsets, sel, pb, pageOffsets, ids, pageHead, buf, sink, tail, q };
+}
 
 describe('attendFetched', () => {
   // Pages of 4 tokens (the runtime's: a power of two) and of 6 (any multiple of the selection's unit).
@@ -98,35 +146,7 @@ describe('attendFetched', () => {
   }
 
   it('kv-head masks: heads attended in two calls into one result (fetchedMass: each page\'s mass) equal one call bit for bit, a skipped head\'s pages are never read; hot-tier admission by mask ends as one call; bad masks and result arrays are typed errors', () => {
-    const k: KvTensor = { data: randn(T * kvHeads * D, 21), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
-    const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 22) };
-    const cs = 4;
-    const sinkEnd = 4;
-    const tailBase = 448;
-    const tailStart = 480;
-    const perHead = [
-      [9, 10, 40, 203, 300, 447, 450],
-      [5, 6, 100, 104, 333, 460],
-    ];
-    const offsets = new Int32Array(kvHeads + 1);
-    perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
-    const sel: Selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
-    const pb = 2 * cs * D * 4;
-    const pageOffsets = new Int32Array(kvHeads + 1);
-    const ids: number[] = [];
-    const pageHead: number[] = [];
-    for (let h = 0; h < kvHeads; h++) {
-      for (const c of [...new Set(perHead[h]!.map((t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase)) {
-        ids.push(c);
-        pageHead.push(h);
-      }
-      pageOffsets[h + 1] = ids.length;
-    }
-    const buf = new Uint8Array(ids.length * pb);
-    ids.forEach((c, i) => buf.set(page(k, v, pageHead[i]!, c, cs), i * pb));
-    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
-    const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
-    const q = randn(qHeads * D, 23);
+    const { k, v, cs, sinkEnd, tailBase, tailStart, offsets, sel, pb, pageOffsets, ids, pageHead, buf, sink, tail, q } = twoHeadCase(21);
     const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetched: buf, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids), threads: 2 };
     const wholeMass = new Float32Array(ids.length);
     const whole = attendFetched({ ...o, fetchedMass: wholeMass });
@@ -168,14 +188,6 @@ describe('attendFetched', () => {
     const noPages = { fetched: new Uint8Array(0), fetchedOffsets: new Int32Array(kvHeads + 1), fetchedIds: new Int32Array(0) };
     for (const t of tiers) expect(bits(attendFetched({ ...o, ...noPages, hot: { handle: t.handle, layer: 0 } }).out)).toBe(bits(whole.out));
 
-    const code = (f: () => unknown): string | undefined => {
-      try {
-        f();
-      } catch (e) {
-        return `${(e as { code?: string }).code}: ${(e as Error).message}`;
-      }
-      return undefined;
-    };
 
     // Admission while some pages are still being read (pageLanding: every other page, its bytes
     // NaN until it "lands"): the same residents and counters as one admission after the reads; the
@@ -290,35 +302,7 @@ describe('attendFetched', () => {
   });
 
   it('landing: one call attends each kv head once its reads have landed (the reads\' own flags), never before; a head whose read failed is left out; bad flags are typed errors', async () => {
-    const k: KvTensor = { data: randn(T * kvHeads * D, 31), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
-    const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 32) };
-    const cs = 4;
-    const sinkEnd = 4;
-    const tailBase = 448;
-    const tailStart = 480;
-    const perHead = [
-      [9, 10, 40, 203, 300, 447, 450],
-      [5, 6, 100, 104, 333, 460],
-    ];
-    const offsets = new Int32Array(kvHeads + 1);
-    perHead.forEach((l, h) => (offsets[h + 1] = offsets[h]! + l.length));
-    const sel: Selection = { chunkSize: 1, tokens: T, sinkEnd, tailStart, offsets, chunkIds: Int32Array.from(perHead.flat()) };
-    const pb = 2 * cs * D * 4;
-    const pageOffsets = new Int32Array(kvHeads + 1);
-    const ids: number[] = [];
-    const pageHead: number[] = [];
-    for (let h = 0; h < kvHeads; h++) {
-      for (const c of [...new Set(perHead[h]!.map((t) => Math.floor(t / cs)))].filter((c) => c * cs < tailBase)) {
-        ids.push(c);
-        pageHead.push(h);
-      }
-      pageOffsets[h + 1] = ids.length;
-    }
-    const pages = new Uint8Array(ids.length * pb);
-    ids.forEach((c, i) => pages.set(page(k, v, pageHead[i]!, c, cs), i * pb));
-    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
-    const tail = { k: { ...k, tokens: T - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: T - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
-    const q = randn(qHeads * D, 33);
+    const { cs, pb, pageOffsets, ids, buf: pages, sink, tail, tailBase, sel, q } = twoHeadCase(31);
     const base = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids), threads: 2 };
     const whole = attendFetched({ ...base, fetched: pages });
     // The fetch buffer as a read fills it: head 0's pages there, head 1's NaN until "its read lands".
@@ -365,14 +349,6 @@ describe('attendFetched', () => {
     const masked = attendFetched({ ...base, fetched: pages, heads: Uint8Array.of(1, 0), landing: [{ done: Int32Array.of(0, 1, 0), itemHead: Int32Array.of(0, 1) }] });
     expect(Array.from(masked.attended!)).toEqual([1, 0]);
 
-    const code = (f: () => unknown): string | undefined => {
-      try {
-        f();
-      } catch (e) {
-        return `${(e as { code?: string }).code}: ${(e as Error).message}`;
-      }
-      return undefined;
-    };
     const o = { ...base, fetched: pages };
     expect(code(() => attendFetched({ ...o, landing: 1 as unknown as [] }))).toMatch(/^E_TYPE: attendFetched.landing: expected an array of \{ done: Int32Array, itemHead: Int32Array \}/);
     expect(code(() => attendFetched({ ...o, landing: [3 as unknown as { done: Int32Array; itemHead: Int32Array }] }))).toMatch(/^E_TYPE: attendFetched.landing\[0\]: expected \{ done: Int32Array, itemHead: Int32Array \}/);
