@@ -92,6 +92,20 @@ describe('SSD-backed runtime', () => {
     }
   });
 
+  it('pipelined, one sequence per micro-batch with several in flight: every step waits on its own reads inside one attention call; bit-identical to DRAM-only', async () => {
+    // 6 micro-batches, 4 at once (entriesInFlight): each issues its SSD read, then an attention
+    // call that waits on that read's flags, all on the same libuv and addon pools.
+    const base: RuntimeOptions = { shape, budget: 48, microBatch: 1, maxSequences: 6, maxTokens: 512 };
+    const expected = await decode(await openRuntime({ ...base, mode: 'sequential' }), 6, 9);
+    const hotTier = { windows: 2, maxBytes: 1 << 22 };
+    const rt = await openRuntime({ ...base, mode: 'pipelined', hotTier, dramBudget: await tierBudget({ ...base, mode: 'pipelined', hotTier }, 0.1), ssd: { dir: tmp() } });
+    expect((await decode(rt, 6, 9)).map(bits)).toEqual(expected.map(bits));
+    const st = await rt.stats();
+    expect(st.ssdChunks).toBeGreaterThan(0);
+    expect(st.maxInFlight).toBeGreaterThan(1);
+    await rt.close();
+  });
+
   it('with a hot tier: only non-resident chunks are fetched; bit-identical to DRAM-only, both modes', async () => {
     const base: RuntimeOptions = { shape, budget: 48, microBatch: 2, maxSequences: 3, maxTokens: 512 };
     const expected = await decode(await openRuntime({ ...base, mode: 'sequential' }), 3, 5);
