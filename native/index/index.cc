@@ -629,11 +629,11 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         Throw("E_SHAPE", "scoreSketch q: expected group*dim elements (dim " + std::to_string(dim) + ", group <= 4096), got " + std::to_string(q.length));
       CheckFinite(q.data, q.length, "scoreSketch q");
       auto t = GetArray<int32_t>(info[2], napi_int32_array, "scoreSketch tokens (Int32Array)");
-      std::vector<int64_t> toks(t.length);
+      std::vector<int32_t> toks(t.length);
       for (size_t i = 0; i < t.length; ++i) {
         if (t.data[i] < 0 || t.data[i] >= sk.tokens())
           Throw("E_RANGE", "scoreSketch tokens[" + std::to_string(i) + "]: expected a token in [0, " + std::to_string(sk.tokens()) + "), got " + std::to_string(t.data[i]));
-        toks[i] = index.SketchRow(h, t.data[i]);
+        toks[i] = int32_t(index.SketchRow(h, t.data[i]));  // a row of a token < sk.tokens() <= INT32_MAX
       }
       const int g = int(q.length / dim);
       SketchQuery sq;

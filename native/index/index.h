@@ -88,7 +88,7 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
 // j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /
 // bf16); each dot accumulates 16 lanes over d with fused multiply-adds, then a fixed reduction tree
 // (not DotFixed's order, but the same bits at every SIMD level: the scalar level uses fmaf).
-void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int32_t* tokens, size_t n, float* out,
                   size_t ld);
 // Attention shares of scored tokens. logits: group rows of ld floats (ld a multiple of 16, >= n),
 // row j holding q_j·k_i for i < n. Per row: x = scale * logit, w_i = exp(x_i - max) / sum_i exp(..)

@@ -674,7 +674,7 @@ struct Table {
   void (*scoreMinMax)(const float*, int, const float*, const float*, size_t, int, float*);
   void (*scoreTilesMax)(const float*, int, const float*, size_t, int, float*, const float*, const float*);
   void (*nearest)(const float*, const float*, size_t, const float*, const float*, size_t, int, int32_t*, float*);
-  void (*scoreKeyRows)(const float*, int, const KvView&, int, const int64_t*, size_t, float*, size_t);
+  void (*scoreKeyRows)(const float*, int, const KvView&, int, const int32_t*, size_t, float*, size_t);
   int64_t (*groupShares)(float*, int, size_t, size_t, size_t, float, float*);
 };
 
@@ -704,7 +704,7 @@ struct Table {
                           int dim, int32_t* best, float* dist) {                                               \
     NearestBody<ROWS>(x, xn, n, ct, cn, k, dim, best, dist);                                                    \
   }                                                                                                             \
-  ATTR void ScoreKeyRows##NAME(const float* q, int group, const KvView& keys, int h, const int64_t* tokens,     \
+  ATTR void ScoreKeyRows##NAME(const float* q, int group, const KvView& keys, int h, const int32_t* tokens,     \
                                size_t n, float* out, size_t ld) {                                              \
     KVD_SCORE_KEY_ROWS_BODY(LV)                                                                                 \
   }                                                                                                             \
@@ -792,7 +792,7 @@ void ScoreMinMaxMax(const float* q, int group, const float* mn, const float* mx,
   Active().scoreMinMax(q, group, mn, mx, n, dim, out);
 }
 
-void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int32_t* tokens, size_t n, float* out,
                   size_t ld) {
   Active().scoreKeyRows(q, group, keys, h, tokens, n, out, ld);
 }

@@ -382,7 +382,7 @@ KVD_AVX2_FMA inline void Fma16(V16& acc, V16 a, __m256 b0, __m256 b1) {
 // four query heads, lanes fused-multiply-added over d (the zero-padded tail too), Reduce16's tree
 // (the generic Reduce4x16 sums each head in that same tree).
 template <Dtype DT>
-KVD_AVX2_FMA void KeyRowDots(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+KVD_AVX2_FMA void KeyRowDots(const float* q, int group, const KvView& keys, int h, const int32_t* tokens, size_t n, float* out,
                              size_t ld) {
   constexpr size_t kAhead = 16;
   const int dim = keys.dim;
@@ -425,7 +425,7 @@ KVD_AVX2_FMA void KeyRowDots(const float* q, int group, const KvView& keys, int 
 
 }  // namespace
 
-void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out, size_t ld) {
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int32_t* tokens, size_t n, float* out, size_t ld) {
   switch (keys.dtype) {
     case Dtype::F32: return KeyRowDots<Dtype::F32>(q, group, keys, h, tokens, n, out, ld);
     case Dtype::F16: return KeyRowDots<Dtype::F16>(q, group, keys, h, tokens, n, out, ld);

@@ -31,7 +31,7 @@ void ScoreRowsMax(const float* q, int group, const float* rows, const int32_t* i
 // ScoreMinMaxMax (index.h).
 void ScoreMinMax(const float* q, int group, const float* mn, const float* mx, size_t n, int dim, float* out);
 // ScoreKeyRows (index.h): fused multiply-adds, as every level of it.
-void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int64_t* tokens, size_t n, float* out,
+void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const int32_t* tokens, size_t n, float* out,
                   size_t ld);
 // ScoreTilesMaxI8 (index.h): the int8 tile dots and ScoreTilesI8's f32 epilogue, fused.
 void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,

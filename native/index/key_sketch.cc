@@ -202,7 +202,7 @@ int QueryLevels(int dim, int bits) {
   return int(std::max<int64_t>(1, std::min<int64_t>(bits == 4 ? 127 : 32767, lv)));
 }
 
-void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, const int64_t* rows, size_t n,
+void ScoreScalar(const int16_t* q, int group, int dim, const int8_t* codes, const int32_t* rows, size_t n,
                  int32_t* dots, size_t ld) {
   for (size_t i = 0; i < n; ++i) {
     const int8_t* r = codes + size_t(rows[i]) * size_t(dim);
@@ -282,7 +282,7 @@ __attribute__((target("avx2"))) int32_t Hsum8(__m256i v) {
 #define KVD_LOADQ2(p) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
 #define KVD_MADD2(a, c, qv) _mm256_add_epi32(a, _mm256_madd_epi16(c, qv))
 __attribute__((target("avx2"))) void ScoreAvx2(const int16_t* q, int group, int dim, const int8_t* codes,
-                                               const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
+                                               const int32_t* rows, size_t n, int32_t* dots, size_t ld) {
   KVD_SKETCH_SCORE_BODY(16, __m256i, _mm256_setzero_si256(), KVD_LOADC2, KVD_LOADQ2, KVD_MADD2, Hsum8)
 }
 
@@ -290,14 +290,14 @@ __attribute__((target("avx2"))) void ScoreAvx2(const int16_t* q, int group, int 
 #define KVD_LOADQ5(p) _mm512_loadu_si512(p)
 #define KVD_MADD5(a, c, qv) _mm512_add_epi32(a, _mm512_madd_epi16(c, qv))
 __attribute__((target("avx512f,avx512bw"))) void ScoreAvx512(const int16_t* q, int group, int dim, const int8_t* codes,
-                                                             const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
+                                                             const int32_t* rows, size_t n, int32_t* dots, size_t ld) {
   KVD_SKETCH_SCORE_BODY(32, __m512i, _mm512_setzero_si512(), KVD_LOADC5, KVD_LOADQ5, KVD_MADD5, _mm512_reduce_add_epi32)
 }
 
 // 4-bit: dots[j * ld + i] = sum_d q_j[d] * u_{rows[i]}[d] (unsigned codes; ScoreSketchRows
 // subtracts the offset). Full 64-dim blocks unpack into two runs of consecutive dims (key_sketch.h);
 // a last block of fewer dims runs scalar.
-void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, const int64_t* rows, size_t n,
+void Score4Scalar(const int16_t* q, int group, int dim, const uint8_t* codes, const int32_t* rows, size_t n,
                   int32_t* dots, size_t ld) {
   const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
   for (size_t i = 0; i < n; ++i) {
@@ -354,7 +354,7 @@ __attribute__((target("avx2"), always_inline)) inline void Row4Avx2(const int8_t
 
 // Position k of the 4-bit bodies' stream order (StreamRow): its row index (*i) and code bytes, rb
 // bytes per row; the row kAhead / kStreams on in the same stream is prefetched first.
-inline const uint8_t* VisitRow4(const uint8_t* codes, const int64_t* rows, size_t rb, size_t k, size_t qn, size_t n, size_t* i) {
+inline const uint8_t* VisitRow4(const uint8_t* codes, const int32_t* rows, size_t rb, size_t k, size_t qn, size_t n, size_t* i) {
   const size_t ahead = StreamAhead(k, qn, n);
   if (ahead < n) {
     const char* p = reinterpret_cast<const char*>(codes + size_t(rows[ahead]) * rb);
@@ -371,7 +371,7 @@ inline const uint8_t* VisitRow4(const uint8_t* codes, const int64_t* rows, size_
 // are gone: 16-17 ns per row instead of 33-37 on a Zen 3 core with the rows in cache, 20-25 instead
 // of 38-49 cold (runs of 16 rows, a throwaway harness; the dots are the same integers).
 template <int KB>
-__attribute__((target("avx2"))) void Score4Avx2Blocks(const int8_t* q8, int group, const uint8_t* codes, const int64_t* rows, size_t n,
+__attribute__((target("avx2"))) void Score4Avx2Blocks(const int8_t* q8, int group, const uint8_t* codes, const int32_t* rows, size_t n,
                                                       int32_t* dots, size_t ld) {
   static_assert(KB >= 1 && KB <= 4, "int16 partial sums hold at most four 64-dim blocks");
   constexpr size_t rb = size_t(KB) * 32;
@@ -416,7 +416,7 @@ __attribute__((target("avx2"))) void Score4Avx2Blocks(const int8_t* q8, int grou
 // heads per pass; a last block of fewer than 64 dims runs scalar. Whole groups of four heads over
 // 64 to 256 dims in whole blocks run Score4Avx2Blocks.
 __attribute__((target("avx2"))) void Score4Avx2(const int8_t* q8, const int16_t* q, int group, int dim, const uint8_t* codes,
-                                                const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
+                                                const int32_t* rows, size_t n, int32_t* dots, size_t ld) {
   if (group % 4 == 0 && dim % 64 == 0) {
     switch (dim / 64) {
       case 1: return Score4Avx2Blocks<1>(q8, group, codes, rows, n, dots, ld);
@@ -495,7 +495,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline __m512i Row4Vnni(_
 // per row, full: the dims of whole 64-dim blocks, mask: 15 in every byte, all as there).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4RowsVnni(const int8_t* q8, const int16_t* q, int group, int dim,
                                                                           size_t rb, int full, __m512i mask, const uint8_t* codes,
-                                                                          const int64_t* rows, size_t n, int32_t* dots, size_t ld) {
+                                                                          const int32_t* rows, size_t n, int32_t* dots, size_t ld) {
   for (size_t i = 0; i < n; ++i) {
     const uint8_t* r = codes + size_t(rows[i]) * rb;
     for (int j = 0; j < group; ++j) {
@@ -551,7 +551,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void Blocks4Vnni(c
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void Score4Vnni(const int8_t* q8, const int16_t* q, int group, int dim,
-                                                                      const uint8_t* codes, const int64_t* rows, size_t n,
+                                                                      const uint8_t* codes, const int32_t* rows, size_t n,
                                                                       int32_t* dots, size_t ld) {
   const __m512i mask = _mm512_set1_epi8(15);
   const size_t rb = size_t(KeySketch::RowBytes(dim, 4));
@@ -699,7 +699,7 @@ void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQue
   }
 }
 
-void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_t* rows, size_t n, float* out,
+void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int32_t* rows, size_t n, float* out,
                      size_t ld) {
   // Integer dots land in `out` reinterpreted, then become floats in place.
   int32_t* dots = reinterpret_cast<int32_t*>(out);

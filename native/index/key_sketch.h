@@ -81,7 +81,7 @@ void PrepareSketchQuery(const float* q, int group, const KeySketch& s, SketchQue
 // out[j * ld + i] = approximate q_j . (the key of sketch row rows[i]) for j < group, i < n (see
 // the header comment). Rows are read in the order given (ascending runs read the sketch forwards).
 // Rows must be < s.tokens(). A non-finite row scale (a NaN/Inf key) gives a non-finite score.
-void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int64_t* rows, size_t n, float* out,
+void ScoreSketchRows(SketchQuery& q, int group, const KeySketch& s, const int32_t* rows, size_t n, float* out,
                      size_t ld);
 
 }  // namespace kvd

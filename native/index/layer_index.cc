@@ -274,7 +274,9 @@ struct SelectScratch {
   std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
   std::vector<uint32_t> hist;
-  std::vector<int64_t> toksAt, rowsAt;
+  // Token ids and their sketch rows, int32 (a layer's tokens are: LayerIndex::CheckKv): half the
+  // bytes of the re-rank's per-head scratch, which with the group's logits must stay in L2.
+  std::vector<int32_t> toksAt, rowsAt;
   SketchQuery sketchQuery;
   QueryI8 queryI8;  // level 1: the head's query group as int8
 };
@@ -301,7 +303,9 @@ int64_t LayerIndex::ChunkTokens(int64_t j) const {
 }
 
 void LayerIndex::CheckKv(const KvView& kv, int64_t tokens, const char* what) const {
-  if (tokens < 0) Throw("E_RANGE", std::string(what) + " tokens: expected >= 0, got " + std::to_string(tokens));
+  // Token ids are int32 everywhere past the index (selections, the re-rank's scratch).
+  if (tokens < 0 || tokens > INT32_MAX)
+    Throw("E_RANGE", std::string(what) + " tokens: expected an integer in [0, " + std::to_string(INT32_MAX) + "], got " + std::to_string(tokens));
   if (tokens > kv.tokens)
     Throw("E_SHAPE", std::string(what) + " tokens: expected at most k.tokens = " + std::to_string(kv.tokens) + ", got " +
                          std::to_string(tokens));
@@ -891,8 +895,8 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     bits.assign(size_t(endChunk_ + 63) / 64, 0);
     for (size_t i = 0; i < n; ++i) bits[size_t(ranked[i].id) >> 6] |= uint64_t(1) << (ranked[i].id & 63);
   }
-  std::vector<int64_t>& toksAt = sc.toksAt;
-  std::vector<int64_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
+  std::vector<int32_t>& toksAt = sc.toksAt;
+  std::vector<int32_t>& rowsAt = sc.rowsAt;  // sketch rows of toksAt (when scoring the sketch)
   const int64_t chunk = cfg_.chunk;
   // Sized once for the most tokens (n whole chunks, sinks, tail) and written by index.
   const size_t most = n * size_t(chunk) + (prior ? prior->size() : 0) + size_t(sinkEnd()) + size_t(tokens_ - tailStart());
@@ -929,8 +933,8 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
       const int64_t j = chunkOf(slot);
       ranked[at++].id = int32_t(j);  // ranked[0, n) now chunk ids in slot order (scores rewritten below)
       for (int64_t t = std::max<int64_t>(j * chunk, cfg_.sinks); t < (j + 1) * chunk; ++t, ++m) {
-        toksAt[m] = t;
-        if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
+        toksAt[m] = int32_t(t);
+        if (!useKeys) rowsAt[m] = int32_t(slot * chunk + (t - j * chunk));
       }
     }
   }
@@ -947,8 +951,8 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
       const Segment* seg = chunkSegs.Ordered(j);
       const int64_t slot = seg ? seg->chunkSlots[size_t(j - seg->c0)] : j;
       if (bits[size_t(slot) >> 6] >> (slot & 63) & 1) continue;
-      toksAt[m] = t;
-      if (!useKeys) rowsAt[m] = slot * chunk + (t - j * chunk);
+      toksAt[m] = int32_t(t);
+      if (!useKeys) rowsAt[m] = int32_t(slot * chunk + (t - j * chunk));
       ++m;
     }
   }
@@ -964,11 +968,11 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   }
 
   // The always attended sinks and tail only feed the normalisers.
-  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt[m++] = t;
-  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt[m++] = t;
+  for (int64_t t = 0; t < sinkEnd(); ++t) toksAt[m++] = int32_t(t);
+  for (int64_t t = tailStart(); t < tokens_; ++t) toksAt[m++] = int32_t(t);
   const size_t nAll = m;
   if (!useKeys)
-    for (size_t i = nRe; i < nAll; ++i) rowsAt[i] = SketchRow(h, toksAt[i]);
+    for (size_t i = nRe; i < nAll; ++i) rowsAt[i] = int32_t(SketchRow(h, toksAt[i]));
   // Exact q·k of every gathered row for the whole GQA group (head-major, g x ld), one read per row.
   const size_t ld = (nAll + 15) / 16 * 16;
   std::vector<float>& logits = sc.logits;
@@ -996,8 +1000,8 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     // the tokens built for it. The same set as MarkBest over that list.
     bits.assign(size_t(tokens_ + 63) / 64, 0);
     const float* sp = share.data();
-    const int64_t* tp = toksAt.data();
-    MarkBestBy(nRe, [sp](size_t i) { return sp[i]; }, [tp](size_t i) { return int32_t(tp[i]); },
+    const int32_t* tp = toksAt.data();
+    MarkBestBy(nRe, [sp](size_t i) { return sp[i]; }, [tp](size_t i) { return tp[i]; },
                std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
     ranked.clear();
     marked = true;
@@ -1006,7 +1010,7 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     // tokens in level-2 order (scores -(1 + chunk rank)). Sorted lazily by the caller.
     std::vector<Ranked>& tok = sc.tok;
     tok.resize(nRe);
-    for (size_t i = 0; i < nRe; ++i) tok[i] = {share[i], int32_t(toksAt[i])};
+    for (size_t i = 0; i < nRe; ++i) tok[i] = {share[i], toksAt[i]};
     for (size_t i = n; i < ranked.size(); ++i) {
       const int64_t j = ranked[i].id;
       for (int64_t t = std::max<int64_t>(j * cfg_.chunk, cfg_.sinks); t < (j + 1) * cfg_.chunk; ++t)
