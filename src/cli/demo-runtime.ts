@@ -329,7 +329,7 @@ export async function warmUpPolicies(names: readonly PolicyName[], meta: Synthet
  * One row of the default demo: kvdrive decoded through openRuntime (the memory model, DRAM only,
  * its default budget) in one mode, as an eval source (ReplayOptions.attended): before the eval
  * replays a layer, `prepare` prefills that layer's prompt into the runtime; the eval then asks for
- * each decode step right after the policies' step (`step`, one attendTraced), so the eval scores
+ * each decode step among the policies' steps (`step`, one attendTraced), so the eval scores
  * the tokens the runtime actually attended against the same dense reference as the policies (the
  * layer is generated once for both), and every row's step is timed in the same conditions: after
  * that step's dense pass, with the caches cold as a layer's step finds them in a real decode
