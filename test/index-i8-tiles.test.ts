@@ -127,6 +127,30 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     expect(indexKernelLevel()).toBe(best);
   });
 
+  it("7-bit tiles (every byte in [-63, 63], the index's centroids) take AVX2's unsigned-byte kernel: the reference bits at every level, spread term too", () => {
+    const best = indexKernelLevel('best');
+    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [8, 128, 33], [1, 5, 1], [6, 64, 18], [7, 37, 23], [2, 20, 17]] as const) {
+      const r = rng(3 * g + dim);
+      const tiles = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
+      for (let i = 0; i < n; i++) for (let d = 0; d < dim; d++) tiles[tileByte(i, d, dim)] = Math.floor(r() * 127) - 63;
+      // The extremes in the first centroid: the pair sums the kernel must not saturate.
+      for (let d = 0; d < dim; d++) tiles[tileByte(0, d, dim)] = d % 2 ? 63 : -63;
+      const scales = new Float32Array(Math.ceil(n / 16) * 16).map((_, i) => (i < n ? 0.02 * (i + 1) : 0));
+      const q = randn(g * dim, 40 + g);
+      if (g > 1) q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
+      const spread = { var: Float32Array.from({ length: n }, () => r() * 3), coef: Float32Array.from({ length: g }, () => r() * 0.7) };
+      for (const sp of [undefined, spread]) {
+        const want = reference(q, g, tiles, scales, n, dim, sp);
+        for (const level of LEVELS) {
+          indexKernelLevel(level);
+          expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', sp)).toEqual(want);
+        }
+      }
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
   it('any tile byte (-128 too) scores exactly at every level', () => {
     const best = indexKernelLevel('best');
     const [g, dim, n] = [4, 128, 32];

@@ -13,6 +13,8 @@
 // what was given; the kernels behind (index_*.cc, layer_index.cc) assume valid input.
 #include <napi.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cmath>
 #include <memory>
@@ -171,7 +173,10 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       QueryI8 qq;
       QuantizeQueryI8(q.data, g, dim, qq);
       auto out = Napi::Float32Array::New(info.Env(), size_t(n));
-      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef);
+      // Tiles whose bytes all lie in [-63, 63] (the index's 7-bit centroid codes) take the faster
+      // AVX2 kernel, the others the general one: the same scores either way.
+      const bool codes7 = std::all_of(t.data, t.data + t.length, [](int8_t b) { return b >= -63 && b <= 63; });
+      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef, codes7);
       return out;
     }
     if (info.Length() > 6 && !info[6].IsUndefined())

@@ -827,13 +827,15 @@ bool CpuHasVnni512() {
 }
 
 void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
-                     const float* coef) {
+                     const float* coef, bool codes7) {
   switch (IndexKernelLevel()) {
     case SimdLevel::Avx512:
-      // AVX-512F without VNNI: the AVX2 kernel.
+      // AVX-512F without VNNI: the AVX2 kernels.
       if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
+      [[fallthrough]];
+    case SimdLevel::Avx2:
+      if (codes7) return avx2::ScoreTilesI8Codes7(q, ct, scales, k, out, var, coef);
       return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
-    case SimdLevel::Avx2: return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
     default: return ScoreTilesI8(q, ct, scales, k, out, var, coef);
   }
 }
@@ -843,19 +845,19 @@ namespace {
 inline size_t TileByteI8(size_t l, int d) { return size_t(d / 4) * 64 + l * 4 + size_t(d % 4); }
 }  // namespace
 
-void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales) {
+void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales, float levels) {
   std::fill(ct, ct + TileBytesI8(k, dim), int8_t(0));
   std::fill(scales, scales + TileScalesI8(k), 0.f);
-  for (size_t j = 0; j < k; ++j) SetTileI8(c + j * size_t(dim), j, dim, ct, scales);
+  for (size_t j = 0; j < k; ++j) SetTileI8(c + j * size_t(dim), j, dim, ct, scales, levels);
 }
 
-void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales) {
+void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales, float levels) {
   int8_t* tile = ct + (j / 16) * 16 * size_t(Dim4(dim));
   // Dims of one lane are contiguous in groups of 4: write them through a scratch row.
   int8_t codes[4096];
   std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
   int8_t* row = dim > 4096 ? big.data() : codes;
-  QuantizeCodes(centroid, nullptr, dim, 127.f, row, &scales[j]);
+  QuantizeCodes(centroid, nullptr, dim, levels, row, &scales[j]);
   for (int d = 0; d < dim; ++d) tile[TileByteI8(j % 16, d)] = row[d];
 }
 

@@ -525,5 +525,63 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
   }
 }
 
+// Tiles of 7-bit codes (every byte in [-63, 63]: ScoreTilesMaxI8's codes7, the index's centroids).
+// A 32-byte half of quad p is 8 centroids x dims 4p..4p+3; offset by 64 its bytes are unsigned, so
+// vpmaddubsw multiplies them by a query head's 4 codes (pat8, broadcast) and adds adjacent pairs
+// into int16 (at most 2 x 127 x 127 = 32258: no saturation), and vpmaddwd by ones sums each
+// centroid's two pairs into its int32 lane, in centroid order: no sign extension, no lane
+// shuffles. The offset's share, 64 x the sum of the head's codes (QueryI8::sum), is subtracted at
+// the end, so the dots are the exact integers of every other level and the f32 epilogue (the same
+// operations as ScoreTilesI8's) gives the same scores.
+KVD_AVX2_IDX void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+                                     const float* var, const float* coef) {
+  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  const __m256i offset = _mm256_set1_epi8(64), ones = _mm256_set1_epi16(1);
+  for (size_t t = 0; t < tiles; ++t) {
+    const int8_t* c = ct + t * quads * 64;
+    const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
+    const __m256 cs0 = _mm256_loadu_ps(scales + t * 16), cs1 = _mm256_loadu_ps(scales + t * 16 + 8);
+    alignas(32) float vvs[16] = {};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
+    const __m256 vv0 = _mm256_load_ps(vvs), vv1 = _mm256_load_ps(vvs + 8);
+    __m256 best0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), best1 = best0;
+    for (int j0 = 0; j0 < qq.group; j0 += 4) {
+      const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
+      __m256i lo[4], hi[4];
+      for (int u = 0; u < 4; ++u) lo[u] = hi[u] = _mm256_setzero_si256();
+      for (size_t p = 0; p < quads; ++p) {
+        const __m256i a0 = _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + p * 64)), offset);
+        const __m256i a1 = _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + p * 64 + 32)), offset);
+        for (int u = 0; u < nj; ++u) {
+          const __m256i qv = _mm256_set1_epi32(qq.pat8[size_t(j0 + u) * quads + p]);
+          lo[u] = _mm256_add_epi32(lo[u], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, qv), ones));
+          hi[u] = _mm256_add_epi32(hi[u], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, qv), ones));
+        }
+      }
+      for (int u = 0; u < nj; ++u) {
+        const int j = j0 + u;
+        const __m256i bias = _mm256_set1_epi32(64 * qq.sum[size_t(j)]);
+        const __m256i d0 = _mm256_sub_epi32(lo[u], bias), d1 = _mm256_sub_epi32(hi[u], bias);
+        // ScoreTilesI8's epilogue, operation for operation.
+        const __m256 sj = _mm256_set1_ps(qq.scale[size_t(j)]);
+        __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
+        __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
+        if (var) {
+          const __m256 cj = _mm256_set1_ps(coef[j]);
+          s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
+          s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
+        }
+        best0 = _mm256_max_ps(s0, best0);
+        best1 = _mm256_max_ps(s1, best1);
+      }
+    }
+    alignas(32) float b[16];
+    _mm256_store_ps(b, best0);
+    _mm256_store_ps(b + 8, best1);
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = b[l];
+  }
+}
+
 }  // namespace avx2
 }  // namespace kvd

@@ -402,7 +402,7 @@ void LayerIndex::ClusterSegment(const SegmentRows& rows, int h, Segment& seg) co
   seg.clusteredFull = seg.c1 == seg.cEnd;
   seg.tiles.resize(TileBytesI8(seg.k, dim_));
   seg.tileScales.resize(TileScalesI8(seg.k));
-  QuantizeTilesI8(seg.centroids.data(), seg.k, dim_, seg.tiles.data(), seg.tileScales.data());
+  QuantizeTilesI8(seg.centroids.data(), seg.k, dim_, seg.tiles.data(), seg.tileScales.data(), kCentroidLevels);
   if (seg.clusteredFull) {
     // A full segment never grows again: the running sums (k x dim doubles) and the row-major
     // centroids are no longer needed (select reads the tiles).
@@ -557,7 +557,7 @@ bool LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j, bool defer) cons
   // sits at t*dim*16 whatever k is, and padding lanes are zero).
   seg.tiles.resize(TileBytesI8(seg.k, dim_), 0);
   seg.tileScales.resize(TileScalesI8(seg.k), 0.f);
-  SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data());
+  SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data(), kCentroidLevels);
   RebuildCsr(seg);
   if (filled) {
     // Full, its k-means deferred: nothing joins it online any more, so the running sums and the
@@ -1104,10 +1104,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
             for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
           }
           ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
-                          ones.data());
+                          ones.data(), /*codes7=*/true);
         } else {
           ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
-                          useVar ? seg.var.data() : nullptr, coef.data());
+                          useVar ? seg.var.data() : nullptr, coef.data(), /*codes7=*/true);
         }
         out.vectorsScored += seg.k;
         i8Vectors += seg.k;
