@@ -462,6 +462,46 @@ KVD_AVX2_IDX inline void QuarterSums(const int8_t* c, const int64_t* const* pj, 
 
 }  // namespace
 
+// The f32 epilogue of the int8 tile kernels for one tile (16 centroids): each query head's exact
+// int32 dots d0 (centroids 0-7) and d1 (8-15), in centroid order, are scaled, the spread term
+// added, and max-ed into the tile's best: ScoreTilesI8's operations in its order, so the bits are
+// the generic level's. Store writes the tile's `jn` live lanes.
+struct TileEpilogue {
+  __m256 cs0, cs1, vv0, vv1, best0, best1;
+  const QueryI8& qq;
+  const float* coef;
+  bool spread;
+  KVD_AVX2_IDX TileEpilogue(const QueryI8& q, const float* scales, const float* var, const float* cf, size_t t, size_t jn)
+      : qq(q), coef(cf), spread(var != nullptr) {
+    cs0 = _mm256_loadu_ps(scales + t * 16);
+    cs1 = _mm256_loadu_ps(scales + t * 16 + 8);
+    alignas(32) float vvs[16] = {};
+    if (var)
+      for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
+    vv0 = _mm256_load_ps(vvs);
+    vv1 = _mm256_load_ps(vvs + 8);
+    best0 = best1 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  }
+  KVD_AVX2_IDX void Add(__m256i d0, __m256i d1, int j) {
+    const __m256 sj = _mm256_set1_ps(qq.scale[size_t(j)]);
+    __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
+    __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
+    if (spread) {
+      const __m256 cj = _mm256_set1_ps(coef[j]);
+      s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
+      s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
+    }
+    best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
+    best1 = _mm256_max_ps(s1, best1);
+  }
+  KVD_AVX2_IDX void Store(float* out, size_t t, size_t jn) const {
+    alignas(32) float b[16];
+    _mm256_store_ps(b, best0);
+    _mm256_store_ps(b + 8, best1);
+    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = b[l];
+  }
+};
+
 // Int8 centroid tiles (index.h, TileBytesI8): quarter g of quad p is 16 bytes, centroids 4g..4g+3
 // x dims 4p..4p+3. Each quarter is sign-extended to 16 x int16 and multiplied (vpmaddwd: exact
 // pairs in int32) by a query head's 4 dims (pat16, broadcast): lanes 2m and 2m+1 of quarter g's
@@ -484,26 +524,11 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
   for (size_t t = 0; t < tiles; ++t) {
     const int8_t* c = ct + t * quads * 64;
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-    const __m256 cs0 = _mm256_loadu_ps(scales + t * 16), cs1 = _mm256_loadu_ps(scales + t * 16 + 8);
-    alignas(32) float vvs[16] = {};
-    if (var)
-      for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
-    const __m256 vv0 = _mm256_load_ps(vvs), vv1 = _mm256_load_ps(vvs + 8);
-    __m256 best0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), best1 = best0;
+    TileEpilogue epi(qq, scales, var, coef, t, jn);
     // One query head's scores of the tile's 16 centroids from its four quarter sums, max-ed in.
     auto score = [&](const __m256i (&ar)[4], int j) KVD_AVX2_IDX {
-      const __m256i d0 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[0], ar[1]), order);
-      const __m256i d1 = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[2], ar[3]), order);
-      const __m256 sj = _mm256_set1_ps(qq.scale[j]);
-      __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
-      __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
-      if (var) {
-        const __m256 cj = _mm256_set1_ps(coef[j]);
-        s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
-        s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
-      }
-      best0 = _mm256_max_ps(s0, best0);  // s > best ? s : best
-      best1 = _mm256_max_ps(s1, best1);
+      epi.Add(_mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[0], ar[1]), order),
+              _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(ar[2], ar[3]), order), j);
     };
     // Four heads at a time while three or more are left (a three repeats its last head), then a
     // pair or a single (repeated): see QuarterSums.
@@ -518,10 +543,7 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
       for (int r = 0; r < nj; ++r) score(a[r], j0 + r);
       j0 += nj;
     }
-    alignas(32) float b[16];
-    _mm256_store_ps(b, best0);
-    _mm256_store_ps(b + 8, best1);
-    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = b[l];
+    epi.Store(out, t, jn);
   }
 }
 
@@ -540,12 +562,7 @@ KVD_AVX2_IDX void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const 
   for (size_t t = 0; t < tiles; ++t) {
     const int8_t* c = ct + t * quads * 64;
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
-    const __m256 cs0 = _mm256_loadu_ps(scales + t * 16), cs1 = _mm256_loadu_ps(scales + t * 16 + 8);
-    alignas(32) float vvs[16] = {};
-    if (var)
-      for (size_t l = 0; l < jn; ++l) vvs[l] = var[t * 16 + l];
-    const __m256 vv0 = _mm256_load_ps(vvs), vv1 = _mm256_load_ps(vvs + 8);
-    __m256 best0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), best1 = best0;
+    TileEpilogue epi(qq, scales, var, coef, t, jn);
     for (int j0 = 0; j0 < qq.group; j0 += 4) {
       const int nj = qq.group - j0 < 4 ? qq.group - j0 : 4;
       __m256i lo[4], hi[4];
@@ -560,26 +577,11 @@ KVD_AVX2_IDX void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const 
         }
       }
       for (int u = 0; u < nj; ++u) {
-        const int j = j0 + u;
-        const __m256i bias = _mm256_set1_epi32(64 * qq.sum[size_t(j)]);
-        const __m256i d0 = _mm256_sub_epi32(lo[u], bias), d1 = _mm256_sub_epi32(hi[u], bias);
-        // ScoreTilesI8's epilogue, operation for operation.
-        const __m256 sj = _mm256_set1_ps(qq.scale[size_t(j)]);
-        __m256 s0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d0), sj), cs0);
-        __m256 s1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(d1), sj), cs1);
-        if (var) {
-          const __m256 cj = _mm256_set1_ps(coef[j]);
-          s0 = _mm256_add_ps(s0, _mm256_mul_ps(vv0, cj));
-          s1 = _mm256_add_ps(s1, _mm256_mul_ps(vv1, cj));
-        }
-        best0 = _mm256_max_ps(s0, best0);
-        best1 = _mm256_max_ps(s1, best1);
+        const __m256i bias = _mm256_set1_epi32(64 * qq.sum[size_t(j0 + u)]);
+        epi.Add(_mm256_sub_epi32(lo[u], bias), _mm256_sub_epi32(hi[u], bias), j0 + u);
       }
     }
-    alignas(32) float b[16];
-    _mm256_store_ps(b, best0);
-    _mm256_store_ps(b + 8, best1);
-    for (size_t l = 0; l < jn; ++l) out[t * 16 + l] = b[l];
+    epi.Store(out, t, jn);
   }
 }
 
