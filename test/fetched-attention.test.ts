@@ -355,6 +355,9 @@ describe('attendFetched', () => {
     expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1), itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_SHAPE: attendFetched.landing\[0\].done: expected at least 1 \+ 2 elements/);
     expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1, 1, 1), itemHead: Int32Array.of(0, 2) }] }))).toMatch(/^E_RANGE: attendFetched.landing\[0\].itemHead\[1\]: expected a kv head in \[0, 2\), got 2/);
     expect(code(() => attendFetched({ ...o, landing: [{ done: new Uint32Array(3) as unknown as Int32Array, itemHead: Int32Array.of(0, 1) }] }))).toMatch(/^E_DTYPE: attendFetched.landing\[0\].done: expected an Int32Array/);
+    const many = Array.from({ length: 1025 }, () => ({ done: Int32Array.of(1), itemHead: new Int32Array(0) }));
+    expect(code(() => attendFetched({ ...o, landing: many }))).toMatch(/^E_SHAPE: attendFetched.landing: expected at most 1024 reads, got 1025/);
+    expect(code(() => attendFetched({ ...o, landing: [{ done: Int32Array.of(1), itemHead: 7 as unknown as Int32Array }] }))).toMatch(/^E_TYPE: attendFetched.landing\[0\].itemHead/);
     expect(code(() => attendFetched({ ...o, landingTimeoutMs: 5 }))).toMatch(/^E_CONFIG: attendFetched.landingTimeoutMs: expected it only with landing/);
     expect(code(() => attendFetched({ ...o, landing: [], landingTimeoutMs: -1 }))).toMatch(/^E_RANGE: attendFetched.landingTimeoutMs/);
   });
