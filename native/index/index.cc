@@ -14,7 +14,6 @@
 #include <napi.h>
 
 #include <algorithm>
-
 #include <atomic>
 #include <cmath>
 #include <memory>
