@@ -11,14 +11,17 @@ function roundEven(x: number): number {
   return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
 }
 
-/** One row's codes and scale, as the native quantizer (QuantizeCodes, key_sketch.h) computes them in f32. */
-function quantize(x: Float32Array): { codes: Int8Array; scale: number } {
+/**
+ * One row's codes and scale, as the native quantizer (QuantizeCodes, key_sketch.h) computes them in
+ * f32: `levels` 127 for a query head, 63 for a centroid (the index's 7-bit codes, kCentroidLevels).
+ */
+function quantize(x: Float32Array, levels = 127): { codes: Int8Array; scale: number } {
   let m = 0;
   for (const v of x) m = Math.max(m, Math.abs(v));
-  const scale = Math.fround(m / 127);
+  const scale = Math.fround(m / levels);
   const inv = scale > 0 ? Math.fround(1 / scale) : 0;
   const codes = new Int8Array(x.length);
-  for (let d = 0; d < x.length; d++) codes[d] = Math.min(127, Math.max(-127, roundEven(Math.fround(x[d]! * inv))));
+  for (let d = 0; d < x.length; d++) codes[d] = Math.min(levels, Math.max(-levels, roundEven(Math.fround(x[d]! * inv))));
   return { codes, scale };
 }
 
@@ -52,7 +55,7 @@ function reference(
 }
 
 describe('int8 centroid tiles (what the index stores and scores)', () => {
-  it('quantizes each centroid with its own scale, in the 16-lane x 4-dim tile layout', () => {
+  it("quantizes each centroid with its own scale into the index's 7-bit codes, in the 16-lane x 4-dim tile layout", () => {
     for (const [dim, n] of [[128, 40], [37, 29], [5, 1]] as const) {
       const c = randn(n * dim, 3 + dim);
       const t = centroidTiles(c, n, dim, 'i8');
@@ -60,7 +63,7 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
       expect(t.tiles.length).toBe(Math.ceil(n / 16) * 16 * dim4(dim));
       expect(t.scales.length).toBe(Math.ceil(n / 16) * 16);
       for (let i = 0; i < n; i++) {
-        const { codes, scale } = quantize(c.subarray(i * dim, (i + 1) * dim));
+        const { codes, scale } = quantize(c.subarray(i * dim, (i + 1) * dim), 63);
         expect(t.scales[i]).toBe(scale);
         for (let d = 0; d < dim; d++) {
           expect(t.tiles[tileByte(i, d, dim)]).toBe(codes[d]);
@@ -145,6 +148,27 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
           indexKernelLevel(level);
           expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', sp)).toEqual(want);
         }
+      }
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('7-bit tiles with one byte outside [-63, 63] (anywhere, the last tile too) still score exactly: the AVX2 kernel checks the bytes as it reads them', () => {
+    const best = indexKernelLevel('best');
+    const [g, dim, n] = [4, 37, 40];
+    const r = rng(17);
+    const base = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
+    for (let i = 0; i < n; i++) for (let d = 0; d < dim; d++) base[tileByte(i, d, dim)] = Math.floor(r() * 127) - 63;
+    const scales = new Float32Array(Math.ceil(n / 16) * 16).map((_, i) => (i < n ? 0.03 * (i + 1) : 0));
+    const q = randn(g * dim, 23);
+    for (const [i, d, b] of [[0, 0, 64], [17, 20, -64], [n - 1, dim - 1, -128], [n - 1, 36, 127], [33, 5, 100]] as const) {
+      const tiles = base.slice();
+      tiles[tileByte(i, d, dim)] = b;
+      const want = reference(q, g, tiles, scales, n, dim);
+      for (const level of LEVELS) {
+        indexKernelLevel(level);
+        expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
       }
     }
     indexKernelLevel('best');

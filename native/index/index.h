@@ -92,6 +92,11 @@ void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out);
 // the kernels do not check), which lets the AVX2 level use its faster kernel; same scores.
 void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
                      const float* var = nullptr, const float* coef = nullptr, bool codes7 = false);
+// ScoreTilesMaxI8 for tiles nobody vouches for (the scoreCentroids binding): the 7-bit kernel, which
+// checks the bytes as it reads them, and the general one again only if one lay outside [-63, 63].
+// Same scores as ScoreTilesMaxI8, without a separate pass over the tiles.
+void ScoreTilesMaxI8Any(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
+                        const float* var = nullptr, const float* coef = nullptr);
 
 // Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
 // j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /

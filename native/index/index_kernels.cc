@@ -840,6 +840,14 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
   }
 }
 
+void ScoreTilesMaxI8Any(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                        const float* coef) {
+  const SimdLevel level = IndexKernelLevel();
+  const bool avx2 = level == SimdLevel::Avx2 || (level == SimdLevel::Avx512 && !CpuHasVnni512());
+  if (avx2 && avx2::ScoreTilesI8Codes7Checked(q, ct, scales, k, out, var, coef)) return;
+  ScoreTilesMaxI8(q, ct, scales, k, out, var, coef, false);
+}
+
 namespace {
 // Byte of lane l, dim d inside a tile (see TileBytesI8).
 inline size_t TileByteI8(size_t l, int d) { return size_t(d / 4) * 64 + l * 4 + size_t(d % 4); }

@@ -39,6 +39,10 @@ void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size
 // The same for tiles whose bytes are all in [-63, 63] (ScoreTilesMaxI8's codes7): same scores.
 void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
                         const float* coef);
+// ScoreTilesI8Codes7 that also checks every byte as it reads it: false (out not valid) if one lies
+// outside [-63, 63].
+bool ScoreTilesI8Codes7Checked(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+                               const float* var, const float* coef);
 
 }  // namespace avx2
 }  // namespace kvd

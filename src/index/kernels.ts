@@ -39,7 +39,7 @@ export function chunkMeans(k: KvTensor, opts: { start?: number; end?: number; ch
 
 /** Centroids as the index stores them: int8 tiles and one scale per centroid (see {@link centroidTiles}). */
 export interface CentroidTilesI8 {
-  /** ceil(n/16) tiles of 16 centroids x ceil(dim/4)*4 codes in [-127, 127], zero-padded. */
+  /** ceil(n/16) tiles of 16 centroids x ceil(dim/4)*4 codes, zero-padded: in [-63, 63] from {@link centroidTiles} (the index's 7-bit codes); any int8 is scored exactly. */
   tiles: Int8Array;
   /** ceil(n/16)*16 scales: centroid i ~= code_i x scales[i] (0 for padding lanes). */
   scales: Float32Array;
@@ -69,8 +69,10 @@ export function scoreCentroids(
 
 /**
  * n x dim row-major centroids in the index's tile layout: ceil(n/16) tiles of dim x 16 lanes as f32
- * (default), or (dtype 'i8') the index's int8 tiles: per centroid, codes round(c / s) with
- * s = max|c| / 127, in 16-lane tiles of 4-dim groups (E_DTYPE for another dtype).
+ * (default), or (dtype 'i8') the index's int8 tiles: per centroid, 7-bit codes round(c / s) with
+ * s = max|c| / 63, in 16-lane tiles of 4-dim groups, exactly as the index stores its centroids (so
+ * `scoreCentroids(.., 'tiles8')` over them runs the kernel a select's level 1 runs; E_DTYPE for
+ * another dtype).
  */
 export function centroidTiles(centroids: Float32Array, n: number, dim: number): Float32Array;
 export function centroidTiles(centroids: Float32Array, n: number, dim: number, dtype: 'f32'): Float32Array;
