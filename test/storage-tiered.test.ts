@@ -5,7 +5,7 @@ import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { DramStore } from '../src/storage/dram-store.js';
 import { native } from '../src/native.js';
 import { SsdStore, type SegmentData, type StoreShape } from '../src/storage/ssd-store.js';
-import { chunkRows, TieredKv, type FetchPlacement, type FetchRequest } from '../src/storage/tiered-kv.js';
+import { chunkRows, TieredKv, type FetchIssued, type FetchRequest } from '../src/storage/tiered-kv.js';
 import { attendSparse } from '../src/attention/kernels.js';
 import { attendFetched } from '../src/storage/fetched-attention.js';
 import { expectKvdError, randn, rng } from './helpers.js';
@@ -119,17 +119,18 @@ describe('tiered KV fetch', () => {
     // Resident: chunks 0-3 of head 0 and chunks 0, 5 of head 1 (layer 0).
     dram!.warm('a', data[0]!, Float32Array.from({ length: 2 * 2 * 16 }, (_, i) => (i === 16 || i === 21 ? 10 : i === 0 ? 5 : i < 4 ? 1 : 0)));
     const req = request(0, [[0, 1, 2], [0, 5, 17]]);
-    let early: { placement: FetchPlacement; pending: number[]; landed: (heads?: Uint8Array) => boolean } | undefined;
+    let early: (Omit<FetchIssued, 'pending' | 'staged'> & { pending: number[]; staged: number[] }) | undefined;
     let dest = new Uint8Array(0);
-    const p = kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)), (placement, pending, landed) => (early = { placement, pending: Array.from(pending), landed }));
+    const p = kv.fetchInPlace(req, (bytes) => (dest = new Uint8Array(bytes)), (issued) => (early = { ...issued, pending: Array.from(issued.pending), staged: Array.from(issued.staged) }));
     expect(early?.pending).toEqual([0, 1]); // head 1's chunk 17 (segment b) is being read
+    expect(early?.staged).toEqual([0, 0]);
     expect(Array.from(early!.placement.source)).toEqual([1, 1, 1, 1, 1, 0]);
-    // Per kv head: head 0 is there from the start; head 1 lands (1) once its read did, before the promise may settle.
-    const heads = new Uint8Array(2);
-    early!.landed(heads);
-    expect(heads[0]).toBe(1);
-    while (!early!.landed(heads)) await new Promise((r) => setImmediate(r));
-    expect(Array.from(heads)).toEqual([1, 1]);
+    // The read's own flags: one item (segment b, kv head 1), set by the read's thread once it landed,
+    // before the promise may settle; then the end flag (1: every item landed).
+    const { done, itemHead } = early!.reads!;
+    expect(Array.from(itemHead)).toEqual([1]);
+    while (Atomics.load(done, 0) === 0) await new Promise((r) => setImmediate(r));
+    expect(Array.from(done)).toEqual([1, 1]);
     const { stats, placement } = await p;
     expect(placement).toBe(early!.placement);
     expect(stats.ssdChunks).toBe(1);
@@ -137,7 +138,7 @@ describe('tiered KV fetch', () => {
     expect(Buffer.compare(dest.subarray(placement.at[5]!, placement.at[5]! + cb), expectedChunk(shape, data[1]!, 0, 1, 1))).toBe(0);
     placement.release();
     let pending: number[] = [];
-    const hits = await kv.fetchInPlace(request(0, [[0], [5]]), new Uint8Array(0), (_, p) => (pending = Array.from(p)));
+    const hits = await kv.fetchInPlace(request(0, [[0], [5]]), new Uint8Array(0), (i) => (pending = Array.from(i.pending)));
     expect(pending).toEqual([0, 0]);
     hits.placement.release();
   });
@@ -271,16 +272,13 @@ describe('tiered KV fetch', () => {
     expect(kv.prefetch(req)).toBeUndefined(); // the only staging buffer is taken
     await p.done;
     const dest = new Uint8Array(8 * kv.chunkBytes);
-    // In place, the staged entries land only once the call copies them: heads 2 ("not before the
-    // promise"), never 1, until it settles; then the fetch gives them back.
-    const heads = new Uint8Array(2);
-    let landedEarly: boolean | undefined;
-    const inPlace = await kv.fetchInPlace(req, (bytes) => new Uint8Array(bytes), (_pl, pending, landed) => {
-      landedEarly = landed(heads);
-      expect(Array.from(pending)).toEqual([1, 1]);
-    });
-    expect(landedEarly).toBe(false);
-    expect(Array.from(heads)).toEqual([2, 2]);
+    // In place, the staged entries land only once the call copies them (after the promise): both
+    // heads are pending and staged, and nothing is read from SSD (no landing flags).
+    let issued: FetchIssued | undefined;
+    const inPlace = await kv.fetchInPlace(req, (bytes) => new Uint8Array(bytes), (i) => (issued = i));
+    expect(Array.from(issued!.pending)).toEqual([1, 1]);
+    expect(Array.from(issued!.staged)).toEqual([1, 1]);
+    expect(issued!.reads).toBeUndefined();
     expect(inPlace.stats.prefetchedChunks).toBe(8);
     inPlace.placement.release();
     const p2 = kv.prefetch(req)!;

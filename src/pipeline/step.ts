@@ -210,11 +210,8 @@ interface HeadGroup {
    */
   placement?: FetchPlacement;
   pending?: Uint8Array;
-  /**
-   * Whether every page of the group's fetch has landed, and with `heads` each kv head's state (its
-   * reads' thread says so; see TieredKv.fetchInPlace).
-   */
-  landed?: (heads?: Uint8Array) => boolean;
+  /** The kv heads with entries staged by a prefetch: there only once the fetch's promise settles. */
+  staged?: Uint8Array;
   /** The SSD read's own landing flags (when the group reads from SSD): what attention waits on. */
   reads?: ReadLanding;
 }
@@ -358,11 +355,11 @@ async function selectAndFetch(
       // The request spans every kv head (the tiers' shape), empty outside the group.
       const offsets = new Int32Array(H + 1);
       for (let h = 0; h <= H; h++) offsets[h] = sc.tierOffsets[Math.max(h0, Math.min(h, h1))]! - g.tierBase;
-      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (pl, pending, landed, rd) => {
-        g.placement = pl;
-        g.pending = pending;
-        g.landed = landed;
-        g.reads = rd;
+      g.fetch = lk.tiers!.fetchInPlace({ layer: 0, offsets, chunkIds: sc.tierIds.subarray(g.tierBase, tBase), chunkSize: cs }, reads.take, (issued) => {
+        g.placement = issued.placement;
+        g.pending = issued.pending;
+        g.staged = issued.staged;
+        g.reads = issued.reads;
       });
       // Its failure is taken from allSettled below; meanwhile the step may wait event-loop turns for
       // other heads' reads, and a rejection seen then must not count as unhandled.
@@ -608,20 +605,6 @@ export async function fetchAttendEntry(
   let hotAdmittedEarly = false;
   // Whether every head was attended before the reads' promises settled (they had landed).
   let attendedAll = false;
-  /**
-   * Per kv head, whether its pages are there (the groups' landed(), see TieredKv.fetchInPlace): 1
-   * landed (the reads' own thread has said so; it does before this thread hears of it, which waits
-   * for the event loop: on this 2-core host often a whole attention call), 0 still being read, 2
-   * not before the fetches' promises settle (prefetched entries still to copy, a failed read).
-   */
-  const headStates = (into: Uint8Array, scratch: Uint8Array): void => {
-    into.fill(1);
-    for (const g of groups) {
-      if (!g.landed) continue;
-      g.landed(scratch);
-      for (let h = 0; h < H; h++) if (scratch[h] !== 1 && into[h] !== 2) into[h] = scratch[h]!;
-    }
-  };
   try {
     const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
       // While the SSD reads are in flight: hot-tier admission of every kv head, then one attention
@@ -636,9 +619,10 @@ export async function fetchAttendEntry(
       const e = attention(sc, nChunks);
       admitHot(e, undefined, true);
       hotAdmittedEarly = true;
-      const state = new Uint8Array(H);
-      headStates(state, new Uint8Array(H));
-      const now = state.map((x) => (x === 2 ? 0 : 1));
+      // Every head but those with prefetch-staged entries (copied only after the promises): the
+      // call itself waits on the reads' flags, and leaves out a head whose read failed.
+      const now = new Uint8Array(H).fill(1);
+      for (const g of groups) g.staged?.forEach((x, h) => x && (now[h] = 0));
       const landing = groups.flatMap((g) => (g.reads ? [g.reads] : []));
       const attended = await attendHeads(e, now.includes(0) ? now : undefined, true, landing);
       if (!attended.includes(0)) {

@@ -136,6 +136,18 @@ export interface FetchPlacement {
   release: () => void;
 }
 
+/** What {@link TieredKv.fetchInPlace} tells its `onIssued` once every entry is placed and the reads are in flight. */
+export interface FetchIssued {
+  /** Where each entry's page is (the object the promise resolves with; not to be released before it settles). */
+  placement: FetchPlacement;
+  /** Per kv head: 1 when some entry of the head still lands in dest (an SSD read, a prefetch), 0 when every page can be read now. */
+  pending: Uint8Array;
+  /** Per kv head: 1 when some entry was staged by a prefetch (copied into dest only after the promise settles). */
+  staged: Uint8Array;
+  /** The SSD read's landing flags, when some entries are read from SSD (attendFetched's `landing`). */
+  reads?: ReadLanding;
+}
+
 /**
  * The arrays one fetch's DRAM lookup writes (DramStore.locate), for up to `lists.length / 3`
  * entries: hit slots, hit entries, misses (thirds of `lists`), and the in-place placement (source,
@@ -304,27 +316,20 @@ export class TieredKv {
    * pages where they lie (the runtime's step); on error nothing stays pinned.
    *
    * `onIssued` (optional) is called within this call, before it returns its promise, once every
-   * entry is placed and the reads are in flight: with the placement (the object the promise
-   * resolves with; its `source` / `at` final, not to be released before the promise settles) and
-   * `pending`, one entry per kv head: 1 when some entry of that head still lands in `dest` (an SSD
-   * read, a prefetch), 0 when every page of the head can be read now. A reader attends the ready
-   * heads while the reads are in flight. `landed(heads?)` says, at any later moment, whether every
-   * entry has landed in `dest` already (the SSD read's own thread signals it; true only for a read
-   * that succeeded, and never while a prefetch's entries are still to be copied), so a reader can
-   * attend the other heads too before the promise settles; with `heads` (one entry per kv head) it
-   * also says, per kv head, 1 when all its entries have landed, 0 while some are still being read,
-   * 2 when some will not land before the promise settles (staged by a prefetch, or the read failed):
-   * the read's thread flags the items of one (segment, kv head) as they complete, mostly in head
-   * order (the store lays heads out in order), so a reader can attend heads one by one as they
-   * land. `reads` (when some entries are read from SSD): the read's own flags, `done` (the
-   * landed() state above: element 0 the end, element 1 + i item i) and `itemHead` (each item's kv
-   * head), for attention that waits on them itself (attendFetched's `landing`). Not called when the
-   * call fails before the reads are issued.
+   * entry is placed and the reads are in flight, with {@link FetchIssued}: the placement (the object
+   * the promise resolves with; its `source` / `at` final, not to be released before the promise
+   * settles), which kv heads still wait for pages (`pending`: an SSD read or a prefetch), which of
+   * those wait for a prefetch (`staged`: its entries are copied only after the promise), and the SSD
+   * read's own landing flags (`reads`, when some entries are read from SSD). A reader attends the
+   * ready heads while the reads are in flight, and the others as their reads land by waiting on
+   * `reads` itself (attendFetched's `landing`: the read's thread flags the items of one (segment,
+   * kv head) as they complete, mostly in head order) — except the `staged` heads, which are attended
+   * after the promise. Not called when the call fails before the reads are issued.
    */
   async fetchInPlace(
     req: FetchRequest,
     dest: Uint8Array | ((bytes: number) => Uint8Array),
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean, reads?: ReadLanding) => void,
+    onIssued?: (issued: FetchIssued) => void,
   ): Promise<{ stats: FetchStats; placement: FetchPlacement }> {
     const r = await this.fetchInto(req, dest, true, onIssued);
     return { stats: r.stats, placement: r.placement! };
@@ -334,7 +339,7 @@ export class TieredKv {
     req: FetchRequest,
     destOrFn: Uint8Array | ((bytes: number) => Uint8Array),
     inPlace: boolean,
-    onIssued?: (placement: FetchPlacement, pending: Uint8Array, landed: (heads?: Uint8Array) => boolean, reads?: ReadLanding) => void,
+    onIssued?: (issued: FetchIssued) => void,
   ): Promise<{ stats: FetchStats; placement?: FetchPlacement }> {
     this.check();
     const t0 = performance.now();
@@ -406,8 +411,8 @@ export class TieredKv {
       }
       const destOf = placement ? (i: number) => placement.at[i]! : (i: number) => i * cb;
       // SSD reads go first so they are in flight while DRAM hits are copied and prefetches finish.
-      // `readDone` (for onIssued's landed()): element 0 set by the read's thread as it ends, element
-      // 1 + i as read item i (groups' i-th (segment, kv head), in insertion order) lands (SsdStore.readArrays).
+      // `readDone` (onIssued's `reads`): element 0 set by the read's thread as it ends, element 1 + i
+      // as read item i (groups' i-th (segment, kv head), in insertion order) lands (SsdStore.readArrays).
       const readDone = groups.size && onIssued ? new Int32Array(new SharedArrayBuffer(4 * (1 + groups.size))) : undefined;
       const reading = groups.size ? this.readGroups(layer, groups, req.chunkIds, dest, destOf, undefined, readDone) : undefined;
       reading?.catch(() => undefined); // awaited below; never an unhandled rejection if a copy throws first
@@ -426,30 +431,14 @@ export class TieredKv {
         const itemHead = Int32Array.from(groups.keys(), (gk) => gk % H);
         for (const h of itemHead) pending[h] = 1;
         // Heads with prefetched entries land only once this call copies them (after the promise).
-        const stagedHead = new Uint8Array(H);
+        const staged = new Uint8Array(H);
         for (const idx of stagedIdx)
           for (const i of idx) {
             const h = this.headOfEntry(req, i);
-            pending[h] = stagedHead[h] = 1;
+            pending[h] = staged[h] = 1;
           }
-        const staged = stagedIdx.some((idx) => idx.length > 0);
-        const landed = (heads?: Uint8Array): boolean => {
-          const end = readDone ? Atomics.load(readDone, 0) : 1;
-          const all = !staged && end === 1;
-          if (heads) {
-            // Per head: 1 landed, 0 still being read, 2 not before the promise settles (entries
-            // staged by a prefetch, or items of a read that ended without them: it failed).
-            for (let h = 0; h < H; h++) heads[h] = !all && stagedHead[h] ? 2 : 1;
-            if (!all && readDone)
-              for (let i = 0; i < itemHead.length; i++) {
-                const h = itemHead[i]!;
-                if (heads[h] !== 2 && Atomics.load(readDone, 1 + i) !== 1) heads[h] = end === 0 ? 0 : 2;
-              }
-          }
-          return all;
-        };
         try {
-          onIssued(placement, pending, landed, readDone ? { done: readDone, itemHead } : undefined);
+          onIssued({ placement, pending, staged, ...(readDone ? { reads: { done: readDone, itemHead } } : {}) });
         } catch (e) {
           // The reads write into dest: let them land before the caller may reuse it.
           await reading?.catch(() => undefined);
