@@ -215,7 +215,8 @@ describe('DRAM store', () => {
   });
 
   it('a pinned least-important chunk does not refuse admissions: the next one is evicted, the pinned one competes again once unpinned', () => {
-    const d = new DramStore({ budgetBytes: 3 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
+    // Scores alone (no aging), so the expectations read off the scores given.
+    const d = new DramStore({ budgetBytes: 3 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false, aging: false });
     d.addSegment('s', 32);
     d.put('s', 0, 0, [0, 1, 2], [1, 2, 3], page(768, 1), [0, 256, 512]);
     const least = Int32Array.of(d.lookup('s', 0, 0, 0));
@@ -229,6 +230,50 @@ describe('DRAM store', () => {
     expect(d.put('s', 0, 0, [5], [4], page(256, 4), [0])).toBe(1);
     expect([0, 2, 3, 5].map((c) => d.lookup('s', 0, 0, c) >= 0)).toEqual([false, true, true, true]);
     expect(d.chunk(d.lookup('s', 0, 0, 5))).toEqual(page(256, 4));
+  });
+
+  it('GreedyDual aging: a chunk scored high once and never again ages out as evictions raise L; without aging it keeps its slot', () => {
+    const held = (d: DramStore, chunks: number[]) => chunks.map((c) => d.lookup('s', 0, 0, c) >= 0);
+    for (const aging of [true, false]) {
+      const d = new DramStore({ budgetBytes: 2 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false, aging });
+      d.addSegment('s', 64);
+      // Chunk 0 scored 0.5 (a prefill's observation window liked it), chunk 1 0.1.
+      d.put('s', 0, 0, [0, 1], [0.5, 0.1], page(512, 1), [0, 256]);
+      // Then a stream of chunks scored 0.3, each attended once.
+      const admitted: number[] = [];
+      for (let c = 2; c < 8; c++) admitted.push(d.put('s', 0, 0, [c], [0.3], page(256, c), [0]));
+      if (aging) {
+        // Chunk 1 goes first (L = 0.1); chunk 2 then holds 0.1 + 0.3 = 0.4 < chunk 0's 0.5, so chunk 3
+        // (0.1 + 0.3 = 0.4, not above 0.4) is refused; ... the rising L lets each newcomer in once it
+        // is above the older priorities, and chunk 0 (never attended again) is evicted in turn.
+        expect(held(d, [0, 1])).toEqual([false, false]);
+        expect(admitted.filter((x) => x === 1).length).toBeGreaterThanOrEqual(3);
+        expect(d.stats().evicted).toBeGreaterThanOrEqual(3);
+      } else {
+        // Scores alone: chunk 1 goes, chunk 2 takes its slot, and no 0.3 ever beats chunk 0's 0.5 or
+        // chunk 2's 0.3 again.
+        expect(held(d, [0, 1, 2])).toEqual([true, false, true]);
+        expect(admitted).toEqual([1, 0, 0, 0, 0, 0]);
+      }
+    }
+  });
+
+  it('GreedyDual priorities are rebased once L reaches rebaseAt: the same choices as without the rebase, priorities lowered by L', () => {
+    // Scores of 0.4: each newcomer (L + 0.4) beats the older resident, L rises by ~0.1 per eviction
+    // and passes rebaseAt (1) several times over 38 evictions.
+    const d = new DramStore({ budgetBytes: 2 * (256 + DramStore.metadataBytesPerSlot), shape, shared: false });
+    d.addSegment('s', 256);
+    d.put('s', 0, 0, [0, 1], [0.1, 0.2], page(512, 1), [0, 256]);
+    for (let c = 2; c < 40; c++) {
+      expect(d.put('s', 0, 0, [c], [0.4], page(256, c), [0])).toBe(1);
+      // The two newest chunks are the residents, the newest with the higher priority, both below rebaseAt + 1.
+      const a = d.lookup('s', 0, 0, c - 1);
+      const b = d.lookup('s', 0, 0, c);
+      expect(a >= 0 && b >= 0).toBe(true);
+      expect(d.scoreOf(b)).toBeGreaterThan(d.scoreOf(a));
+      expect(d.scoreOf(b)).toBeLessThan(DramStore.rebaseAt + 1);
+    }
+    expect(d.stats().evicted).toBe(38);
   });
 
   it('warms from KV in memory by importance, page-first', () => {

@@ -26,7 +26,8 @@ async function setup(budgetChunks?: number): Promise<{ ssd: SsdStore; dram?: Dra
   const data = [segmentKv(shape, segTokens, 1), segmentKv(shape, segTokens, 2)];
   await ssd.writeSegment('a', { ...data[0]!, clusters: randomClusters(shape, 16, 3) });
   await ssd.writeSegment('b', data[1]!);
-  const dram = budgetChunks === undefined ? undefined : new DramStore({ budgetBytes: budgetChunks * (ssd.chunkBytes + DramStore.metadataBytesPerSlot), shape });
+  // Scores alone (no GreedyDual aging): these tests read the tier's choices off the scores they give.
+  const dram = budgetChunks === undefined ? undefined : new DramStore({ budgetBytes: budgetChunks * (ssd.chunkBytes + DramStore.metadataBytesPerSlot), shape, aging: false });
   return { ssd, dram, data };
 }
 

@@ -4,6 +4,15 @@
  * hard byte budget, evicting the least important chunk first. Importance scores come from the
  * caller (warm-up attention mass from the observation window, decode attention mass later).
  *
+ * Eviction is GreedyDual: a chunk's priority is L + its latest score, where L is the priority of the
+ * last chunk evicted to make room (0 until the tier is full). A chunk that is not attended again
+ * keeps its old priority while L rises past it, so it ages out, however high its score once was;
+ * one attended step after step keeps rising with L. Without the aging, chunks scored high by the
+ * prefill's observation window held their slots for good, and a DRAM tier that is a small share of
+ * the KV turned away the decode's working set: at 2 x 128K under 330 MiB, without a hot tier, 2.3x
+ * the SSD reads (bench/runtime-memory.md, "GreedyDual"). Scores and priorities are f32: L is
+ * rebased to 0 (every priority lowered by it, the order kept) once it reaches {@link rebaseAt}.
+ *
  * Memory (all allocated once at construction, never grown):
  *  - arena: capacity x chunkBytes in blocks of at most `blockBytes` (1 GiB by default; each block
  *    one typed array, a SharedArrayBuffer by default so pipeline workers can read resident chunks).
@@ -44,6 +53,12 @@ export interface DramStoreOptions {
    * rounded down to whole chunks. At most {@link DramStore.maxBlocks} blocks.
    */
   blockBytes?: number;
+  /**
+   * GreedyDual aging of priorities (default true; see the class header): evict by L + latest score.
+   * False: by the latest score alone, so a chunk scored high once keeps its slot until a newcomer
+   * scores higher.
+   */
+  aging?: boolean;
 }
 
 const dramOptionsSchema = z
@@ -52,6 +67,7 @@ const dramOptionsSchema = z
     shape: storeShapeSchema,
     shared: z.boolean().optional(),
     blockBytes: z.number().int().min(1).max(bufferConstants.MAX_LENGTH).optional(),
+    aging: z.boolean().optional(),
   })
   .strict();
 
@@ -118,6 +134,16 @@ export class DramStore {
   /** Readers attending a slot in place (off the JS thread); a pinned slot is never evicted. */
   private readonly pins: Uint16Array;
   private freeTop = 0;
+  /** GreedyDual's L: the priority of the last chunk evicted to make room (see the header); stays 0 without aging. */
+  private inflation = 0;
+  private readonly aging: boolean;
+  /** Scores offset by L for {@link refreshScores} (grown to the largest refresh). */
+  private offsetScores = new Float32Array(0);
+  /**
+   * L at which every priority is lowered by L (an O(capacity) pass): while L stays below 1, f32
+   * priorities keep attention masses down to ~1e-7 apart.
+   */
+  static readonly rebaseAt = 1;
   private readonly segs = new Map<string, SegmentEntry>();
   private readonly byOrdinal = new Map<number, SegmentEntry>();
   private nextOrdinal = 0;
@@ -156,6 +182,7 @@ export class DramStore {
       fail('E_BUDGET', 'DramStore options.budgetBytes', `a DRAM tier of at most ${DramStore.maxBlocks} arena blocks of ${perBlock * this.chunkBytes} bytes (${DramStore.maxBlocks * perBlock} chunks)`, `${o.budgetBytes} (${cap} chunks, ${nBlocks} blocks)`);
     this.capacityChunks = cap;
     this.slotsPerBlock = perBlock;
+    this.aging = o.aging ?? true;
     const arenas: Uint8Array[] = [];
     for (let b = 0; b < nBlocks; b++) {
       const bytes = Math.min(perBlock, cap - b * perBlock) * this.chunkBytes;
@@ -285,9 +312,9 @@ export class DramStore {
 
   /**
    * Makes chunks resident: chunk ids[i] of (layer, head) with importance scores[i], bytes at
-   * src[srcOffsets[i]]. A chunk already resident gets its score updated. When full, the least
-   * important resident chunk is evicted if it scores below the newcomer; otherwise the newcomer is
-   * rejected. Returns how many were admitted.
+   * src[srcOffsets[i]]. A chunk already resident gets its score updated. When full, the chunk of
+   * lowest priority is evicted if it is below the newcomer's (L + score, see the header); otherwise
+   * the newcomer is rejected. Returns how many were admitted.
    */
   put(id: string, layer: number, head: number, ids: ArrayLike<number>, scores: ArrayLike<number>, src: Uint8Array, srcOffsets: ArrayLike<number>): number {
     const e = this.entry(id);
@@ -306,7 +333,7 @@ export class DramStore {
     const to: number[] = []; // slots
     for (let i = 0; i < ids.length; i++) {
       const k = this.key(e, id, layer, head, ids[i]!);
-      const score = scores[i]!;
+      const score = this.inflation + scores[i]!;
       const existing = e.slots[k]!;
       if (existing >= 0) {
         this.heap.update(existing, score);
@@ -320,7 +347,9 @@ export class DramStore {
       this.slotOwner[slot] = e.ordinal;
       this.slotKey[slot] = k;
       e.slots[k] = slot;
-      this.heap.insert(slot, score);
+      // A rebase during that eviction lowered every priority by L: the newcomer's too.
+      this.heap.insert(slot, score - this.rebased);
+      this.rebased = 0;
       from.push(srcOffsets[i]!);
       to.push(slot);
       this.counters.admitted++;
@@ -391,10 +420,26 @@ export class DramStore {
       victim = this.heap.peek();
     }
     if (victim < 0 || this.heap.scoreOf(victim) >= score || this.pins[victim] !== 0) return -1;
+    // GreedyDual: L rises to the evicted priority (the least of all, so never above another's).
+    if (this.aging) this.inflation = Math.max(this.inflation, this.heap.scoreOf(victim));
     this.release(victim);
     this.counters.evicted++;
+    if (this.inflation >= DramStore.rebaseAt) this.rebase();
     return this.free[--this.freeTop]!;
   }
+
+  /**
+   * Lowers every priority by L and L to 0. The caller's newcomer priority (put's `score`, taken
+   * before the eviction) is then L too high, by the same amount as everyone's: put re-reads it.
+   */
+  private rebase(): void {
+    const L = this.inflation;
+    this.heap.shift(L);
+    this.inflation = 0;
+    this.rebased = L;
+  }
+  /** What the last rebase subtracted (put lowers a newcomer's priority taken before it). */
+  private rebased = 0;
 
   /** Puts the slots allocate set aside back into the heap once unpinned (with their current score). */
   private restoreAside(): void {
@@ -423,7 +468,7 @@ export class DramStore {
     for (let i = 0; i < ids.length; i++) {
       const slot = e.slots[this.key(e, id, layer, head, ids[i]!)]!;
       if (!Number.isFinite(scores[i]!)) fail('E_NONFINITE', `DramStore.setScores score of chunk ${ids[i]}`, 'a finite number', scores[i]);
-      if (slot >= 0) this.heap.update(slot, scores[i]!);
+      if (slot >= 0) this.heap.update(slot, this.inflation + scores[i]!);
     }
   }
 
@@ -436,18 +481,25 @@ export class DramStore {
    */
   refreshScores(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
     if (entries.length !== slots.length) fail('E_SHAPE', 'DramStore.refreshScores entries', `${slots.length} entries (one per slot)`, entries.length);
-    // Every slot and score is checked (natively) before any score changes.
-    this.heap.refresh(slots, entries, scores);
+    // Every slot and score is checked (natively) before any score changes; priorities are L + score.
+    let given = scores;
+    if (this.inflation !== 0) {
+      if (this.offsetScores.length < scores.length) this.offsetScores = new Float32Array(scores.length);
+      given = this.offsetScores.subarray(0, scores.length);
+      // A non-finite score stays non-finite here: the native check still names it.
+      for (let i = 0; i < scores.length; i++) given[i] = this.inflation + scores[i]!;
+    }
+    this.heap.refresh(slots, entries, given);
   }
 
   /** Sets the importance of a resident slot (hot path of the tiered fetch). */
   setSlotScore(slot: number, score: number): void {
     if (!(slot >= 0 && slot < this.capacityChunks) || this.slotOwner[slot] === -1) fail('E_RANGE', 'DramStore.setSlotScore slot', 'a resident slot', slot);
     if (!Number.isFinite(score)) fail('E_NONFINITE', 'DramStore.setSlotScore score', 'a finite number', score);
-    this.heap.update(slot, score);
+    this.heap.update(slot, this.inflation + score);
   }
 
-  /** Score of a resident chunk's slot. */
+  /** Priority of a resident chunk's slot: L + its latest score (GreedyDual, see the header); its score until the tier first evicts. */
   scoreOf(slot: number): number {
     return this.heap.scoreOf(slot);
   }

@@ -123,6 +123,19 @@ export class SlotHeap {
     const dec = native.dramHeapRefresh({ records: this.recF, heap: this.heap, keys: this.keys, slots, entries, scores, out: { slots: this.decSlots, scores: this.decScores } }) as number;
     for (let j = 0; j < dec; j++) this.update(this.decSlots[j]!, this.decScores[j]!);
   }
+  /**
+   * Subtracts `delta` from every score and key (in the heap or not): the order of any two is kept
+   * (f32 rounding is monotonic), so the heap stays valid and key <= score still holds. O(capacity),
+   * for the DRAM tier's rare rebase of its GreedyDual priorities.
+   */
+  shift(delta: number): void {
+    const r = this.recF;
+    for (let b = 0; b < r.length; b += REC) {
+      r[b] = r[b]! - delta;
+      r[b + 1] = r[b + 1]! - delta;
+    }
+    for (let i = 0; i < this.n; i++) this.keys[i] = this.keys[i]! - delta;
+  }
   /** Takes a slot out of the heap (its score is kept); nothing for a slot not in it. */
   remove(slot: number): void {
     const i = this.recI[REC * slot + 2]!;
