@@ -9,7 +9,7 @@
  * keeps its old priority while L rises past it, so it ages out, however high its score once was;
  * one attended step after step keeps rising with L. Without the aging, chunks scored high by the
  * prefill's observation window held their slots for good, and a DRAM tier that is a small share of
- * the KV turned away the decode's working set: at 2 x 128K under 330 MiB, without a hot tier, 2.3x
+ * the KV turned away the decode's working set: at 2 x 128K under 330 MiB, without a hot tier, 2.1-2.2x
  * the SSD reads (bench/runtime-memory.md, "GreedyDual"). Scores and priorities are f32: L is
  * rebased to 0 (every priority lowered by it, the order kept) once it reaches {@link rebaseAt}.
  *
