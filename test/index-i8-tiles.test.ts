@@ -54,6 +54,16 @@ function reference(
   return out;
 }
 
+/** scoreCentroids over `tiles` equals the integer reference at every SIMD level (the level is restored to best after). */
+function expectReferenceAtEveryLevel(q: Float32Array, g: number, tiles: Int8Array, scales: Float32Array, n: number, dim: number): void {
+  const want = reference(q, g, tiles, scales, n, dim);
+  for (const level of LEVELS) {
+    indexKernelLevel(level);
+    expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
+  }
+  indexKernelLevel('best');
+}
+
 describe('int8 centroid tiles (what the index stores and scores)', () => {
   it("quantizes each centroid with its own scale into the index's 7-bit codes, in the 16-lane x 4-dim tile layout", () => {
     for (const [dim, n] of [[128, 40], [37, 29], [5, 1]] as const) {
@@ -165,13 +175,8 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     for (const [i, d, b] of [[0, 0, 64], [17, 20, -64], [n - 1, dim - 1, -128], [n - 1, 36, 127], [33, 5, 100]] as const) {
       const tiles = base.slice();
       tiles[tileByte(i, d, dim)] = b;
-      const want = reference(q, g, tiles, scales, n, dim);
-      for (const level of LEVELS) {
-        indexKernelLevel(level);
-        expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
-      }
+      expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim);
     }
-    indexKernelLevel('best');
     expect(indexKernelLevel()).toBe(best);
   });
 
@@ -185,12 +190,7 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     const scales = new Float32Array(n).map((_, i) => 0.01 * (i + 1));
     const q = randn(g * dim, 9);
     q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
-    const want = reference(q, g, tiles, scales, n, dim);
-    for (const level of LEVELS) {
-      indexKernelLevel(level);
-      expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
-    }
-    indexKernelLevel('best');
+    expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim);
     expect(indexKernelLevel()).toBe(best);
   });
 
