@@ -176,7 +176,7 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       // faster AVX2 kernel, which checks them as it reads them; any others by the general one: the
       // same scores either way. (A scan before the call cost a pass over the tiles: ~0.3 ms on a
       // cold 8-head 128K set, a third of the kernel.)
-      ScoreTilesMaxI8Any(qq, t.data, sc.data, size_t(n), out.Data(), var, coef);
+      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef, TileCodes::kCheck);
       return out;
     }
     if (info.Length() > 6 && !info[6].IsUndefined())

@@ -59,7 +59,7 @@ inline size_t TileBytesI8(size_t k, int dim) { return (k + 15) / 16 * 16 * size_
 inline size_t TileScalesI8(size_t k) { return (k + 15) / 16 * 16; }
 // ct and scales sized as above; every byte and scale is written. `levels`: the largest code, 127
 // (the default) or less: the index stores its centroids with kCentroidLevels, 7-bit codes, which
-// ScoreTilesMaxI8 scores faster on AVX2 (its `codes7`).
+// ScoreTilesMaxI8 scores faster on AVX2 (TileCodes::kSevenBit).
 void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales, float levels = 127.f);
 // Writes centroid j (dim values) into its lanes and scale of tiles that already hold >= j + 1 centroids.
 void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales, float levels = 127.f);
@@ -88,15 +88,16 @@ void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out);
 // level, so scores are bit-identical at every SIMD level (scalar, AVX2, AVX-512 with VNNI when the
 // CPU has it, else the AVX2 kernel). Any byte value is valid (-128 too); int32 sums cannot overflow
 // for dim <= 65536.
-// codes7: every tile byte is in [-63, 63] (tiles quantized with levels <= 63; the caller vouches,
-// the kernels do not check), which lets the AVX2 level use its faster kernel; same scores.
+// `codes` says what the caller knows of the tile bytes; every choice gives the same scores:
+//   kAny       any byte: the general kernel;
+//   kSevenBit  every byte in [-63, 63] (tiles quantized with levels <= 63, the index's own; the
+//              caller vouches, nothing checks): the AVX2 level's faster 7-bit kernel;
+//   kCheck     the 7-bit kernel, which checks the bytes as it reads them, and the general kernel
+//              again only if one lay outside [-63, 63] (tiles nobody vouches for, the
+//              scoreCentroids binding: no separate pass over the tiles).
+enum class TileCodes { kAny, kSevenBit, kCheck };
 void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
-                     const float* var = nullptr, const float* coef = nullptr, bool codes7 = false);
-// ScoreTilesMaxI8 for tiles nobody vouches for (the scoreCentroids binding): the 7-bit kernel, which
-// checks the bytes as it reads them, and the general one again only if one lay outside [-63, 63].
-// Same scores as ScoreTilesMaxI8, without a separate pass over the tiles.
-void ScoreTilesMaxI8Any(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
-                        const float* var = nullptr, const float* coef = nullptr);
+                     const float* var = nullptr, const float* coef = nullptr, TileCodes codes = TileCodes::kAny);
 
 // Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
 // j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /

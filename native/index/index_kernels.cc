@@ -827,25 +827,18 @@ bool CpuHasVnni512() {
 }
 
 void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
-                     const float* coef, bool codes7) {
+                     const float* coef, TileCodes codes) {
   switch (IndexKernelLevel()) {
     case SimdLevel::Avx512:
       // AVX-512F without VNNI: the AVX2 kernels.
       if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
       [[fallthrough]];
     case SimdLevel::Avx2:
-      if (codes7) return avx2::ScoreTilesI8Codes7(q, ct, scales, k, out, var, coef);
+      if (codes == TileCodes::kSevenBit) return avx2::ScoreTilesI8Codes7(q, ct, scales, k, out, var, coef);
+      if (codes == TileCodes::kCheck && avx2::ScoreTilesI8Codes7Checked(q, ct, scales, k, out, var, coef)) return;
       return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
     default: return ScoreTilesI8(q, ct, scales, k, out, var, coef);
   }
-}
-
-void ScoreTilesMaxI8Any(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
-                        const float* coef) {
-  const SimdLevel level = IndexKernelLevel();
-  const bool avx2 = level == SimdLevel::Avx2 || (level == SimdLevel::Avx512 && !CpuHasVnni512());
-  if (avx2 && avx2::ScoreTilesI8Codes7Checked(q, ct, scales, k, out, var, coef)) return;
-  ScoreTilesMaxI8(q, ct, scales, k, out, var, coef, false);
 }
 
 namespace {

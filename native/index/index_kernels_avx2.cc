@@ -547,7 +547,7 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
   }
 }
 
-// Tiles of 7-bit codes (every byte in [-63, 63]: ScoreTilesMaxI8's codes7, the index's centroids).
+// Tiles of 7-bit codes (every byte in [-63, 63]: ScoreTilesMaxI8's TileCodes, the index's centroids).
 // A 32-byte half of quad p is 8 centroids x dims 4p..4p+3; offset by 64 its bytes are unsigned, so
 // vpmaddubsw multiplies them by a query head's 4 codes (pat8, broadcast) and adds adjacent pairs
 // into int16 (at most 2 x 127 x 127 = 32258: no saturation), and vpmaddwd by ones sums each

@@ -36,7 +36,7 @@ void ScoreKeyRows(const float* q, int group, const KvView& keys, int h, const in
 // ScoreTilesMaxI8 (index.h): the int8 tile dots and ScoreTilesI8's f32 epilogue, fused.
 void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
                   const float* coef);
-// The same for tiles whose bytes are all in [-63, 63] (ScoreTilesMaxI8's codes7): same scores.
+// The same for tiles whose bytes are all in [-63, 63] (ScoreTilesMaxI8's TileCodes::kSevenBit): same scores.
 void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
                         const float* coef);
 // ScoreTilesI8Codes7 that also checks every byte as it reads it: false (out not valid) if one lies

@@ -1104,10 +1104,10 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
             for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
           }
           ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
-                          ones.data(), /*codes7=*/true);
+                          ones.data(), TileCodes::kSevenBit);
         } else {
           ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
-                          useVar ? seg.var.data() : nullptr, coef.data(), /*codes7=*/true);
+                          useVar ? seg.var.data() : nullptr, coef.data(), TileCodes::kSevenBit);
         }
         out.vectorsScored += seg.k;
         i8Vectors += seg.k;
