@@ -88,6 +88,16 @@ describe('slot heap (lazy increases)', () => {
     const args = { records: new Float32Array(12), heap: new Int32Array(4), slots: Int32Array.of(1), entries: Int32Array.of(0), scores: Float32Array.of(0.1), out: { slots: new Int32Array(1), scores: new Float32Array(1) } };
     await expectKvdError(() => native.dramHeapRefresh(args), 'E_TYPE', /dramHeapRefresh\.keys: expected a Float32Array/);
     await expectKvdError(() => native.dramHeapRefresh({ ...args, keys: new Float32Array(3) }), 'E_SHAPE', /keys \(one per heap position\)/);
+    // The offset (the DRAM tier's GreedyDual L) must be a finite number, and offset + score finite in f32.
+    const ok = { ...args, keys: new Float32Array(4) };
+    await expectKvdError(() => native.dramHeapRefresh({ ...ok, offset: NaN }), 'E_TYPE', /dramHeapRefresh\.offset: expected a finite number, got NaN/);
+    await expectKvdError(() => native.dramHeapRefresh({ ...ok, offset: '1' }), 'E_TYPE', /offset: expected a finite number, got a non-number/);
+    await expectKvdError(() => native.dramHeapRefresh({ ...ok, scores: Float32Array.of(3e38), offset: 3e38 }), 'E_NONFINITE', /scores\[entries\[0\]\] \+ offset: expected a finite number, got inf/i);
+    // offset + score summed in double and rounded once to f32, as the DRAM tier's priority.
+    const h2 = new SlotHeap(4);
+    h2.insert(1, 0.5);
+    h2.refresh(Int32Array.of(1), Int32Array.of(0), Float32Array.of(0.1), 0.3);
+    expect(h2.scoreOf(1)).toBe(Math.fround(0.3 + Math.fround(0.1)));
   });
 
   it('sifts a 4-ary heap correctly at every size: draining it yields the scores in order', () => {

@@ -451,7 +451,8 @@ export const dramTierTarget = defineTarget<DramInput>({
         const n = g.int(0, 8);
         const scores = Float32Array.from({ length: g.int(1, 6) }, () => g.pick([0.1, 1, 3, NaN]));
         const keys = Float32Array.from({ length: cap }, () => g.pick([0.1, 1, 3, NaN]));
-        const args = { records, heap, keys, slots: Int32Array.from({ length: n }, () => g.int(-1, cap)), entries: Int32Array.from({ length: n }, () => g.int(-1, scores.length)), scores, out: { slots: new Int32Array(g.int(0, n + 1)), scores: new Float32Array(g.int(0, n + 1)) } };
+        const offset = g.pick([undefined, 0, 0.5, 3e38, NaN, Infinity, 'x']);
+        const args = { records, heap, keys, slots: Int32Array.from({ length: n }, () => g.int(-1, cap)), entries: Int32Array.from({ length: n }, () => g.int(-1, scores.length)), scores, ...(offset === undefined ? {} : { offset }), out: { slots: new Int32Array(g.int(0, n + 1)), scores: new Float32Array(g.int(0, n + 1)) } };
         ops.push({ op: 'refresh', args: mutate(g, args) });
       }
     }

@@ -285,6 +285,16 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
     auto slots = GetI32(o.Get("slots"), what + ".slots");
     auto entries = GetI32(o.Get("entries"), what + ".entries");
     auto scores = GetF32(o.Get("scores"), what + ".scores");
+    // offset (optional, default 0): slot k's new score is f32(offset + scores[entries[k]]), the sum
+    // in double rounded once (the DRAM tier's GreedyDual L + score, without a copy of the scores).
+    const Napi::Value ov = o.Get("offset");
+    double offset = 0;
+    if (!ov.IsUndefined()) {
+      if (!ov.IsNumber() || !std::isfinite(ov.As<Napi::Number>().DoubleValue()))
+        Throw("E_TYPE", what + ".offset: expected a finite number, got " + (ov.IsNumber() ? Num(ov.As<Napi::Number>().DoubleValue()) : std::string("a non-number")));
+      offset = ov.As<Napi::Number>().DoubleValue();
+    }
+    auto given = [&](int32_t e) { return float(offset + double(scores.data[e])); };
     if (rec.length % 3 != 0)
       Throw("E_SHAPE", what + ".records: expected 3 words per slot (score, key, position), got " + std::to_string(rec.length) + " words");
     const size_t cap = rec.length / 3;
@@ -303,8 +313,9 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
       if (e < 0 || size_t(e) >= scores.length)
         Throw("E_RANGE", what + ".entries[" + std::to_string(k) + "]: expected an index into the " + std::to_string(scores.length) +
                              " scores, got " + std::to_string(e));
-      if (!std::isfinite(scores.data[e]))
-        Throw("E_NONFINITE", what + ".scores[entries[" + std::to_string(k) + "]]: expected a finite number, got " + Num(scores.data[e]));
+      if (!std::isfinite(given(e)))
+        Throw("E_NONFINITE", what + ".scores[entries[" + std::to_string(k) + "]]" + (offset != 0 ? " + offset" : "") +
+                                 ": expected a finite number, got " + Num(given(e)));
     }
     float* r = rec.data;
     // Word 3s+2 of a record is an i32 (JS writes it through an Int32Array over the same buffer).
@@ -318,7 +329,7 @@ Napi::Value DramHeapRefresh(const Napi::CallbackInfo& info) {
     for (size_t k = 0; k < n; ++k) {
       if (k + kPrefetchAhead < n) __builtin_prefetch(r + 3 * size_t(slots.data[k + kPrefetchAhead]), 1);
       const size_t b = 3 * size_t(slots.data[k]);
-      const float score = scores.data[entries.data[k]];
+      const float score = given(entries.data[k]);
       r[b] = score;
       const int32_t at = pos(b + 2);
       if (at < 0) {

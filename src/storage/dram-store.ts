@@ -137,8 +137,8 @@ export class DramStore {
   /** GreedyDual's L: the priority of the last chunk evicted to make room (see the header); stays 0 without aging. */
   private inflation = 0;
   private readonly aging: boolean;
-  /** Scores offset by L for {@link refreshScores} (grown to the largest refresh). */
-  private offsetScores = new Float32Array(0);
+  /** What the last rebase subtracted (put lowers a newcomer's priority taken before it). */
+  private rebased = 0;
   /**
    * L at which every priority is lowered by L (an O(capacity) pass): while L stays below 1, f32
    * priorities keep attention masses down to ~1e-7 apart.
@@ -438,8 +438,6 @@ export class DramStore {
     this.inflation = 0;
     this.rebased = L;
   }
-  /** What the last rebase subtracted (put lowers a newcomer's priority taken before it). */
-  private rebased = 0;
 
   /** Puts the slots allocate set aside back into the heap once unpinned (with their current score). */
   private restoreAside(): void {
@@ -481,15 +479,9 @@ export class DramStore {
    */
   refreshScores(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
     if (entries.length !== slots.length) fail('E_SHAPE', 'DramStore.refreshScores entries', `${slots.length} entries (one per slot)`, entries.length);
-    // Every slot and score is checked (natively) before any score changes; priorities are L + score.
-    let given = scores;
-    if (this.inflation !== 0) {
-      if (this.offsetScores.length < scores.length) this.offsetScores = new Float32Array(scores.length);
-      given = this.offsetScores.subarray(0, scores.length);
-      // A non-finite score stays non-finite here: the native check still names it.
-      for (let i = 0; i < scores.length; i++) given[i] = this.inflation + scores[i]!;
-    }
-    this.heap.refresh(slots, entries, given);
+    // Every slot and score is checked (natively) before any score changes; priorities are L + score,
+    // the sum made there.
+    this.heap.refresh(slots, entries, scores, this.inflation);
   }
 
   /** Sets the importance of a resident slot (hot path of the tiered fetch). */

@@ -108,19 +108,19 @@ export class SlotHeap {
     }
   }
   /**
-   * Many updates at once: slots[k] gets scores[entries[k]], in order (the same end state as
+   * Many updates at once: slots[k] gets f32(offset + scores[entries[k]]), in order (the same end state as
    * {@link update} one by one). A native pass (native/cache/dram_tier.cc, dramHeapRefresh) checks
    * every argument (E_RANGE / E_NONFINITE before anything changes), applies the updates that need
    * no sift with its loads prefetched, and returns the decreases, which sift here. For the DRAM
    * tier's per-step refresh of ~3,000 slots at random: one by one, each is a cache miss.
    */
-  refresh(slots: Int32Array, entries: Int32Array, scores: Float32Array): void {
+  refresh(slots: Int32Array, entries: Int32Array, scores: Float32Array, offset = 0): void {
     const n = slots.length;
     if (this.decSlots.length < n) {
       this.decSlots = new Int32Array(n);
       this.decScores = new Float32Array(n);
     }
-    const dec = native.dramHeapRefresh({ records: this.recF, heap: this.heap, keys: this.keys, slots, entries, scores, out: { slots: this.decSlots, scores: this.decScores } }) as number;
+    const dec = native.dramHeapRefresh({ records: this.recF, heap: this.heap, keys: this.keys, slots, entries, scores, offset, out: { slots: this.decSlots, scores: this.decScores } }) as number;
     for (let j = 0; j < dec; j++) this.update(this.decSlots[j]!, this.decScores[j]!);
   }
   /**
