@@ -55,11 +55,19 @@ function reference(
 }
 
 /** scoreCentroids over `tiles` equals the integer reference at every SIMD level (the level is restored to best after). */
-function expectReferenceAtEveryLevel(q: Float32Array, g: number, tiles: Int8Array, scales: Float32Array, n: number, dim: number): void {
-  const want = reference(q, g, tiles, scales, n, dim);
+function expectReferenceAtEveryLevel(
+  q: Float32Array,
+  g: number,
+  tiles: Int8Array,
+  scales: Float32Array,
+  n: number,
+  dim: number,
+  spread?: { var: Float32Array; coef: Float32Array },
+): void {
+  const want = reference(q, g, tiles, scales, n, dim, spread);
   for (const level of LEVELS) {
     indexKernelLevel(level);
-    expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8')).toEqual(want);
+    expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', spread)).toEqual(want);
   }
   indexKernelLevel('best');
 }
@@ -152,15 +160,8 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
       const q = randn(g * dim, 40 + g);
       if (g > 1) q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
       const spread = { var: Float32Array.from({ length: n }, () => r() * 3), coef: Float32Array.from({ length: g }, () => r() * 0.7) };
-      for (const sp of [undefined, spread]) {
-        const want = reference(q, g, tiles, scales, n, dim, sp);
-        for (const level of LEVELS) {
-          indexKernelLevel(level);
-          expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', sp)).toEqual(want);
-        }
-      }
+      for (const sp of [undefined, spread]) expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim, sp);
     }
-    indexKernelLevel('best');
     expect(indexKernelLevel()).toBe(best);
   });
 
