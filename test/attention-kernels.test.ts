@@ -273,4 +273,18 @@ describe('attentionWeights', () => {
       expect(sum).toBeCloseTo(1, 5);
     }
   });
+
+  it('writes into the caller\'s array when given one, the same values; E_SHAPE for another length', () => {
+    const k = randomKv(50, 2, 16, 'f16', 81, 2);
+    const q = randn(4 * 16, 82);
+    const fresh = attentionWeights({ q, qHeads: 4, k: k.tensor, tokens: 40 });
+    const into = new Float32Array(4 * 40).fill(NaN);
+    const got = attentionWeights({ q, qHeads: 4, k: k.tensor, tokens: 40, into });
+    expect(got).toBe(into);
+    expect(Array.from(into)).toEqual(Array.from(fresh));
+    expect(() => attentionWeights({ q, qHeads: 4, k: k.tensor, tokens: 40, into: new Float32Array(4 * 41) })).toThrow(
+      expect.objectContaining({ code: 'E_SHAPE', message: expect.stringMatching(/into \(qHeads x tokens\): expected 160 elements, got 164/) }),
+    );
+    expect(() => attentionWeights({ q, qHeads: 4, k: k.tensor, into: new Uint8Array(200) as never })).toThrow(expect.objectContaining({ code: 'E_DTYPE' }));
+  });
 });

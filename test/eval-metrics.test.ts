@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { attendedMask, kthLargest, massRecall, oracleMask, relativeError } from '../src/eval/metrics.js';
+import { attendedMask, kthLargest, massRecall, MetricsScratch, oracleMask, relativeError } from '../src/eval/metrics.js';
 import { rng } from './helpers.js';
 
 describe('eval metrics', () => {
@@ -38,6 +38,26 @@ describe('eval metrics', () => {
     };
     const m = attendedMask(sel, 1);
     expect(Array.from(m)).toEqual([1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1]);
+  });
+
+  it('the masks and the oracle through a reused scratch equal fresh ones, call after call', () => {
+    const r = rng(11);
+    const scratch = new MetricsScratch();
+    const kvHeads = 2, qHeads = 4;
+    // Growing and shrinking token counts: the scratch's larger buffers must not leak old marks.
+    for (const T of [40, 64, 24, 64]) {
+      const w = Float32Array.from({ length: qHeads * T }, () => r());
+      const sel = {
+        chunkSize: 4, tokens: T, sinkEnd: 2, tailStart: T - 6,
+        offsets: Int32Array.from([0, 2, 3]), chunkIds: Int32Array.from([1, 4, 3]),
+      };
+      expect(Array.from(attendedMask(sel, kvHeads, scratch))).toEqual(Array.from(attendedMask(sel, kvHeads)));
+      const fresh = oracleMask(w, qHeads, kvHeads, T, 2, T - 6, 5);
+      expect(Array.from(oracleMask(w, qHeads, kvHeads, T, 2, T - 6, 5, scratch))).toEqual(Array.from(fresh));
+      const xs = w.subarray(0, T);
+      expect(kthLargest(xs, 3, scratch.floats('copy', T))).toBe(kthLargest(xs, 3));
+      expect(Array.from(xs)).toEqual(Array.from(w.subarray(0, T))); // the input is never reordered
+    }
   });
 
   it('relativeError is 0 for equal vectors and scale-free', () => {

@@ -199,8 +199,8 @@ Napi::Value AttendSparse(const Napi::CallbackInfo& info) { return AttendSync(inf
 Napi::Value AttendDenseAsync(const Napi::CallbackInfo& info) { return AttendAsync(info, false); }
 Napi::Value AttendSparseAsync(const Napi::CallbackInfo& info) { return AttendAsync(info, true); }
 
-// attentionWeights({ q, qHeads, k, tokens?, scale? }) -> Float32Array(qHeads * tokens), row h =
-// softmax probabilities of query head h over tokens [0, tokens).
+// attentionWeights({ q, qHeads, k, tokens?, scale?, into? }) -> Float32Array(qHeads * tokens) (`into`
+// when given), row h = softmax probabilities of query head h over tokens [0, tokens).
 Napi::Value AttentionWeights(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     const std::string what = "attentionWeights";
@@ -211,7 +211,18 @@ Napi::Value AttentionWeights(const Napi::CallbackInfo& info) {
     ParseCommon(o, job, false, keep);
     job.tokens = GetIntOr(o, "tokens", what, 0, job.k.tokens, job.k.tokens);
     const size_t T = size_t(job.tokens);
-    auto probs = NewF32(info.Env(), CheckedMul(uint64_t(job.qHeads), T, what + " qHeads*tokens"), what + " (qHeads*tokens)");
+    const uint64_t n = CheckedMul(uint64_t(job.qHeads), T, what + " qHeads*tokens");
+    // `into`: the caller's array (an eval reusing one per step: a fresh qHeads x tokens array per
+    // step, 16 MiB at 128K, is garbage the next timed row's GC would pay for), else a new one.
+    Napi::Float32Array probs;
+    const Napi::Value iv = o.Get("into");
+    if (iv.IsUndefined()) {
+      probs = NewF32(info.Env(), n, what + " (qHeads*tokens)");
+    } else {
+      auto into = GetF32(iv, what + ".into");
+      ExpectLength(into.length, size_t(n), what + ".into (qHeads x tokens)");
+      probs = into.object.As<Napi::Float32Array>();
+    }
     for (int h = 0; h < job.kvHeads; ++h) {
       const size_t qOff = size_t(h) * size_t(job.group);
       Span span{job.k.Row(0, h), job.k.Row(0, h), job.tokens, job.k.tokenStride, job.k.tokenStride};

@@ -95,11 +95,17 @@ export interface AttentionWeightsOptions {
   tokens?: number;
   /** Softmax scale, finite and > 0; default `1/sqrt(dim)`. */
   scale?: number;
+  /**
+   * Where to write the probabilities: a `Float32Array` of exactly `qHeads * tokens` elements,
+   * returned (E_SHAPE for another length). Default: a new array. An eval that scores every decode
+   * step reuses one, so that no 16 MiB array per step (at 128K) is left for a timed step's GC.
+   */
+  into?: Float32Array;
 }
 
 const DENSE_KEYS = ['q', 'qHeads', 'k', 'v', 'tokens', 'scale', 'threads'] as const;
 const SPARSE_KEYS = ['q', 'qHeads', 'k', 'v', 'selection', 'scale', 'threads'] as const;
-const WEIGHTS_KEYS = ['q', 'qHeads', 'k', 'tokens', 'scale'] as const;
+const WEIGHTS_KEYS = ['q', 'qHeads', 'k', 'tokens', 'scale', 'into'] as const;
 
 /**
  * Rejects non-objects and unknown option names (a misspelt `threads` must not silently run with

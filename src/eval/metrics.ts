@@ -6,12 +6,37 @@
 import type { Selection } from '../index/selection.js';
 
 /**
- * Marks, per kv head, which tokens a selection attends: 1 for sinks, chosen chunks (clipped to
- * [sinkEnd, tailStart)) and the tail. Returns kvHeads × tokens bytes.
+ * Buffers the metrics reuse from call to call (an eval scores every row of every decode step: at
+ * 128K a mask is 1 MiB per kv-head set and the oracle's per-head copies 0.5 MiB each, garbage that
+ * the next timed row's GC would otherwise collect). A mask a metric returns through a scratch is a
+ * view of it, valid until the next call that uses the same scratch for that mask.
  */
-export function attendedMask(sel: Selection, kvHeads: number): Uint8Array {
+export class MetricsScratch {
+  private readonly u8 = new Map<string, Uint8Array>();
+  private readonly f32 = new Map<string, Float32Array>();
+
+  /** `n` zeroed bytes of buffer `name` (grown as needed). */
+  bytes(name: string, n: number): Uint8Array {
+    let b = this.u8.get(name);
+    if (!b || b.length < n) this.u8.set(name, (b = new Uint8Array(Math.max(n, 2 * (b?.length ?? 0)))));
+    return b.subarray(0, n).fill(0);
+  }
+
+  /** `n` floats of buffer `name` (grown as needed; contents not cleared). */
+  floats(name: string, n: number): Float32Array {
+    let b = this.f32.get(name);
+    if (!b || b.length < n) this.f32.set(name, (b = new Float32Array(Math.max(n, 2 * (b?.length ?? 0)))));
+    return b.subarray(0, n);
+  }
+}
+
+/**
+ * Marks, per kv head, which tokens a selection attends: 1 for sinks, chosen chunks (clipped to
+ * [sinkEnd, tailStart)) and the tail. Returns kvHeads × tokens bytes (in `scratch` when given).
+ */
+export function attendedMask(sel: Selection, kvHeads: number, scratch?: MetricsScratch): Uint8Array {
   const T = sel.tokens;
-  const mask = new Uint8Array(kvHeads * T);
+  const mask = scratch ? scratch.bytes('attended', kvHeads * T) : new Uint8Array(kvHeads * T);
   for (let h = 0; h < kvHeads; h++) {
     const row = mask.subarray(h * T, (h + 1) * T);
     row.fill(1, 0, Math.min(sel.sinkEnd, T));
@@ -57,7 +82,8 @@ export function massRecall(weights: Float32Array, mask: Uint8Array, qHeads: numb
 /**
  * The oracle at budget K: per kv head, sinks + tail + the K tokens of [sinkEnd, tailStart) with the
  * largest dense mass summed over the GQA group — the best any selection of K tokens can do.
- * Returns the oracle's attended mask (kvHeads × tokens).
+ * Returns the oracle's attended mask (kvHeads × tokens; in `scratch` when given, which also holds
+ * the per-head scores and their copy).
  */
 export function oracleMask(
   weights: Float32Array,
@@ -67,11 +93,12 @@ export function oracleMask(
   sinkEnd: number,
   tailStart: number,
   budget: number,
+  scratch?: MetricsScratch,
 ): Uint8Array {
   const g = qHeads / kvHeads;
-  const mask = new Uint8Array(kvHeads * tokens);
+  const mask = scratch ? scratch.bytes('oracle', kvHeads * tokens) : new Uint8Array(kvHeads * tokens);
   const span = Math.max(0, tailStart - sinkEnd);
-  const score = new Float32Array(span);
+  const score = scratch ? scratch.floats('score', span) : new Float32Array(span);
   for (let kh = 0; kh < kvHeads; kh++) {
     score.fill(0);
     for (let j = 0; j < g; j++) {
@@ -85,7 +112,7 @@ export function oracleMask(
       row.fill(1, sinkEnd, tailStart);
       continue;
     }
-    const threshold = kthLargest(score, budget);
+    const threshold = kthLargest(score, budget, scratch?.floats('copy', span));
     // Take everything above the threshold, then ties up to exactly `budget` tokens.
     let taken = 0;
     for (let t = 0; t < span; t++) if (score[t]! > threshold) { row[sinkEnd + t] = 1; taken++; }
@@ -94,9 +121,10 @@ export function oracleMask(
   return mask;
 }
 
-/** The k-th largest value (1-based) of xs, by quickselect on a copy. */
-export function kthLargest(xs: Float32Array, k: number): number {
-  const a = Float32Array.from(xs);
+/** The k-th largest value (1-based) of xs, by quickselect on a copy (into `copy` when given: xs.length floats). */
+export function kthLargest(xs: Float32Array, k: number, copy?: Float32Array): number {
+  const a = copy ? copy.subarray(0, xs.length) : new Float32Array(xs.length);
+  a.set(xs);
   let lo = 0;
   let hi = a.length - 1;
   const target = k - 1; // index in descending order
