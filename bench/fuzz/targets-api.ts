@@ -214,6 +214,11 @@ function kernelCall(g: Gen): Call {
     if (g.bool(0.5)) o.tokens = g.int(0, s.tokens);
     if (g.bool(0.2)) o.scale = g.pick([0.5, 1, 0.125]);
     if (g.bool(0.2)) o.threads = g.int(1, 4);
+    if (fn === 'attentionWeights' && g.bool(0.3)) {
+      // The caller's output: the right length, one off, or not a Float32Array.
+      const n = qHeads * ((o.tokens as number | undefined) ?? s.tokens);
+      o.into = g.pick([new Float32Array(n), new Float32Array(n + g.pick([-1, 1])), new Uint8Array(n)]);
+    }
     return { fn, args: [mutate(g, o)] };
   }
   if (fn === 'attendSparse' || fn === 'attendSparseAsync') {
