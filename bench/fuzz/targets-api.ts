@@ -217,7 +217,7 @@ function kernelCall(g: Gen): Call {
     if (fn === 'attentionWeights' && g.bool(0.3)) {
       // The caller's output: the right length, one off, or not a Float32Array.
       const n = qHeads * ((o.tokens as number | undefined) ?? s.tokens);
-      o.into = g.pick([new Float32Array(n), new Float32Array(n + g.pick([-1, 1])), new Uint8Array(n)]);
+      o.into = g.pick([new Float32Array(n), new Float32Array(n + (n > 0 ? g.pick([-1, 1]) : 1)), new Uint8Array(n)]);
     }
     return { fn, args: [mutate(g, o)] };
   }
