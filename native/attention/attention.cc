@@ -207,7 +207,7 @@ constexpr size_t kGatherAhead = 16;
 // the rows (keys or values) made a block at a time into `buf` (grown as needed, kept by the caller).
 template <typename Kernel>
 void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
-                         size_t esz, size_t rowBytes, std::vector<uint8_t>& buf, Kernel&& kernel) {
+                         size_t esz, size_t rowBytes, LineVector<uint8_t>& buf, Kernel&& kernel) {
   const size_t block = std::clamp(kGatherBytes / rowBytes / kTileRows * kTileRows, kTileRows, kGatherRows);
   if (buf.size() < block * rowBytes) buf.resize(block * rowBytes);
   uint8_t* const base = buf.data();
@@ -270,7 +270,7 @@ bool CopyFirst(const HeadAttn* heads, size_t nHeads, size_t rows, size_t spans, 
 // are copied into `buf` first (ForEachGatheredTile); else walked in place (ForEachTile), and
 // `prefetchValues`: a values pass follows.
 void Logits(const HeadAttn* heads, size_t nHeads, const int64_t* totals, float* const* Ls, int group, int dim,
-            Dtype dt, bool gather, bool prefetchValues, size_t lookahead, std::vector<uint8_t>& buf) {
+            Dtype dt, bool gather, bool prefetchValues, size_t lookahead, LineVector<uint8_t>& buf) {
   const AttnKernels& attn = AttnSimd();
   std::unique_ptr<bool[]> active(new bool[nHeads]);
   std::fill(active.get(), active.get() + nHeads, true);
@@ -465,7 +465,7 @@ void AttentionProbsHeadSpans(const float* qGroup, int group, int dim, Dtype dt, 
   if (total == 0) return;
   const HeadAttn head{qGroup, spans, nSpans, nullptr, nullptr, nullptr};
   const bool gather = CopyFirst(&head, 1, size_t(total), nSpans, DtypeSize(dt));
-  std::vector<uint8_t> gathered;
+  LineVector<uint8_t> gathered;
   Logits(&head, 1, &total, &probs, group, dim, dt, gather, false, LookaheadFor(size_t(total), nSpans), gathered);
   std::vector<float> ms(size_t(group) * 2);
   if (!Softmax(probs, group, total, scale, ms.data(), ms.data() + group))

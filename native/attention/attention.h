@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/aligned.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 
@@ -30,7 +31,7 @@ struct Span {
 // attention.cc); never shared between threads.
 struct AttnScratch {
   std::vector<float> logits;
-  std::vector<uint8_t> gathered;
+  LineVector<uint8_t> gathered;  // rows copied on whole cache lines
 };
 
 // One kv head's GQA group: `group` query heads (qGroup: group x dim, f32, contiguous) attend over

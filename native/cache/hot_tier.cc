@@ -138,7 +138,7 @@ Tier::Tier(const TierConfig& c) : cfg_(c) {
                           std::to_string(c.maxBytes) + " (window ×1 everywhere needs " + std::to_string(minOne) +
                           ")");
   }
-  arena_.reset(new uint8_t[size_t(slotBytes) > 0 ? size_t(slotBytes) : 1]);
+  arena_ = NewLineBytes(size_t(slotBytes) > 0 ? size_t(slotBytes) : 1);
   busy_.reset(new std::atomic<uint8_t>[size_t(c.sequences) * c.layers]);
   for (size_t i = 0; i < size_t(c.sequences) * c.layers; ++i) busy_[i].store(0);
   pairs_.resize(size_t(c.sequences) * c.layers * c.kvHeads);

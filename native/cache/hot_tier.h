@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned.h"
 #include "common/args.h"
 #include "attention/attention.h"
 #include "common/dtype.h"
@@ -220,7 +221,7 @@ class Tier {
   TierConfig cfg_;
   int32_t perStep_ = 0;
   int64_t bytes_ = 0;
-  std::unique_ptr<uint8_t[]> arena_;
+  LineBytes arena_;  // slots on cache lines: attention reads their rows at random
   std::vector<PairState> pairs_;
   std::unique_ptr<std::atomic<uint8_t>[]> busy_;  // sequences × layers
 };

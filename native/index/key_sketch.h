@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/aligned.h"
 #include "common/args.h"
 
 namespace kvd {
@@ -38,7 +39,8 @@ struct KeySketch {
   int dim = 0;
   int bits = 8;                     // 8 or 4 (set before CalibrateSketch)
   std::vector<float> channelScale;  // dim: c[d] > 0
-  std::vector<int8_t> codes;        // tokens x RowBytes(): int8 codes, or packed 4-bit u (see above)
+  LineVector<int8_t> codes;         // tokens x RowBytes(): int8 codes, or packed 4-bit u (see above);
+                                    // line-aligned: a 4-bit row of dim 128 is one cache line (common/aligned.h)
   std::vector<float> rowScale;      // tokens: s_t
   int64_t calibratedAt = 0;         // tokens the channel scales were measured on
 

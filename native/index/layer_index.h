@@ -36,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/aligned.h"
 #include "index/index.h"
 #include "index/key_sketch.h"
 
@@ -134,8 +135,9 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
-  std::vector<int8_t> tiles;      // the centroids as int8 tiles (TileBytesI8(k, dim) bytes, index.h),
-                                  // what level 1 scores: dim4 + 4 bytes per centroid with its scale
+  LineVector<int8_t> tiles;       // the centroids as int8 tiles (TileBytesI8(k, dim) bytes, index.h),
+                                  // what level 1 scores: dim4 + 4 bytes per centroid with its scale;
+                                  // line-aligned, so each 64-byte quad is one cache line
   std::vector<float> tileScales;  // TileScalesI8(k): per-centroid scale of the tiles
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
