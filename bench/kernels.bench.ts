@@ -32,6 +32,7 @@ import { native } from '../src/native.js';
 import type { KvTensor } from '../src/types.js';
 import type { Selection } from '../src/index/selection.js';
 import { fillF16, randomUnits as randomUnitsOf, xorshift } from './bench-util.js';
+import { placedArray } from '../src/util/kv-array.js';
 
 const Q_HEADS = 32;
 const KV_HEADS = 8;
@@ -83,8 +84,9 @@ async function main(): Promise<void> {
   console.log(`# kvdrive kernel benchmarks  (SIMD ${features.active}; node ${process.version}; ${TIME_MS} ms per task)`);
   console.log(`shape: qHeads ${Q_HEADS}, kvHeads ${KV_HEADS}, dim ${DIM}, f16 KV, layout thd; allocating 2 x ${(MAX_TOKENS * KV_HEADS * ROW_BYTES) / 2 ** 20} MiB`);
 
-  const kData = new Uint16Array(MAX_TOKENS * KV_HEADS * DIM);
-  const vData = new Uint16Array(MAX_TOKENS * KV_HEADS * DIM);
+  // Placed as traces and the runtime's arenas are (page-aligned, huge pages advised: kv-array.ts).
+  const kData = placedArray(Uint16Array, MAX_TOKENS * KV_HEADS * DIM);
+  const vData = placedArray(Uint16Array, MAX_TOKENS * KV_HEADS * DIM);
   fillF16(kData, 1);
   fillF16(vData, 2);
   const k: KvTensor = { data: kData, dtype: 'f16', tokens: MAX_TOKENS, heads: KV_HEADS, dim: DIM };
@@ -229,8 +231,17 @@ async function main(): Promise<void> {
     const PAGE = 16;
     const pageBytes = 2 * PAGE * ROW_BYTES;
     const chunks = MAX_TOKENS / PAGE;
-    const arenaBytes = new Uint8Array(KV_HEADS * chunks * pageBytes);
-    fillF16(new Uint16Array(arenaBytes.buffer), 9);
+    // Placed as the runtime places its DRAM tier (page-aligned, huge pages advised: kv-array.ts),
+    // and a copy of it 16 bytes past a cache line, where a buffer's start lies in V8 (what the
+    // runtime's arenas were until 2026-11-29): the same calls over both show what the placement is worth.
+    const arenaBytes = placedArray(Uint8Array, KV_HEADS * chunks * pageBytes);
+    fillF16(new Uint16Array(arenaBytes.buffer, arenaBytes.byteOffset, arenaBytes.length / 2), 9);
+    const offLine = (() => {
+      const raw = placedArray(Uint8Array, arenaBytes.length + 64);
+      const v = raw.subarray(16, 16 + arenaBytes.length);
+      v.set(arenaBytes);
+      return v;
+    })();
     // slot of (head, chunk): a fixed random permutation, as admissions over time leave them.
     const slots = Int32Array.from({ length: KV_HEADS * chunks }, (_, i) => i);
     const ns = xorshift(17);
@@ -291,9 +302,9 @@ async function main(): Promise<void> {
       }
       return { k: Int32Array.from(kRows), v: Int32Array.from(kRows, (r) => r + PAGE), edge: Int32Array.from(edge) };
     };
-    const gatherRows = (l: ReturnType<typeof rowListsOf>, threads: number) =>
-      memoryGather(arenaBytes, ROW_BYTES, l.k, threads) + memoryGather(kData, ROW_BYTES, l.edge, threads) +
-      memoryGather(arenaBytes, ROW_BYTES, l.v, threads) + memoryGather(vData, ROW_BYTES, l.edge, threads);
+    const gatherRows = (l: ReturnType<typeof rowListsOf>, threads: number, arena = arenaBytes) =>
+      memoryGather(arena, ROW_BYTES, l.k, threads) + memoryGather(kData, ROW_BYTES, l.edge, threads) +
+      memoryGather(arena, ROW_BYTES, l.v, threads) + memoryGather(vData, ROW_BYTES, l.edge, threads);
     const hotRows = rowListsOf(hotArgs);
     const coldRows = coldArgs.map(rowListsOf);
     const scatteredRows = scatteredArgs.map(rowListsOf);
@@ -312,6 +323,11 @@ async function main(): Promise<void> {
       add(
         { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)`, gather: g('of those rows, 16 selections in turn') },
         () => attendFetched({ ...coldArgs[coldF++ % 16]!, threads }),
+      );
+      add({ name: g('of those rows, 16 selections in turn, arena 16 B past a line'), bytes: sparseBytes, flops: 0 }, () => gatherRows(coldRows[coldG++ % 16]!, threads, offLine));
+      add(
+        { name: `attendFetched 2048 single tokens of 128K, DRAM-tier pages, 16 selections in turn, arena 16 B past a line (${threads}T)`, bytes: sparseBytes, flops: flopsFor(perHead), peak: `computePeak (${threads}T)`, baseline: `memoryRead sparse bytes, cold (${threads}T)`, gather: g('of those rows, 16 selections in turn, arena 16 B past a line') },
+        () => attendFetched({ ...coldArgs[coldF++ % 16]!, fetched: offLine, threads }),
       );
       add({ name: g('of those rows, scattered, 16 selections in turn'), bytes: sparseBytes, flops: 0 }, () => gatherRows(scatteredRows[scatteredG++ % 16]!, threads));
       add(

@@ -6,6 +6,7 @@ import { expectedChunk, segmentKv } from './storage-kv.js';
 import type { StoreShape } from '../src/storage/ssd-store.js';
 import { expectKvdError, recordHugePageAdvice, rng } from './helpers.js';
 import { native } from '../src/native.js';
+import { KV_ALIGNMENT, kvArray, placedArray } from '../src/util/kv-array.js';
 
 const shape: StoreShape = { layers: 2, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: 4 }; // 256-byte chunks
 
@@ -147,6 +148,29 @@ describe('DRAM store', () => {
     // 8 MiB + 100 bytes from an offset of 4 KiB hold at least three whole aligned 2 MiB pages.
     if (thp !== 'never') expect(bytes).toBeGreaterThanOrEqual(3 * (2 << 20));
     expect(native.adviseHugePages(new Float64Array(4))).toBe(0);
+  });
+
+  it('places its arenas on page boundaries, as every KV array read at random is (kv-array.ts)', () => {
+    const d = new DramStore({ budgetBytes: 40 * (256 + DramStore.metadataBytesPerSlot), shape, blockBytes: 7 * 256 });
+    for (const a of d.arenas) expect(native.alignmentGap(a, KV_ALIGNMENT)).toBe(0);
+    // V8 puts a large buffer's first byte 16 bytes past a page: what the placement corrects.
+    for (const make of [(n: number) => new Uint8Array(n), (n: number) => new Uint8Array(new SharedArrayBuffer(n))]) {
+      const raw = make(8 << 20);
+      const gap = native.alignmentGap(raw, KV_ALIGNMENT) as number;
+      expect(gap).toBeGreaterThanOrEqual(0);
+      expect(gap).toBeLessThan(KV_ALIGNMENT);
+      expect(native.alignmentGap(raw.subarray(gap), KV_ALIGNMENT)).toBe(0);
+      expect(native.alignmentGap(raw.subarray(gap + 16), 64)).toBe(48);
+    }
+    for (const [a, shared] of [[placedArray(Uint16Array, 3 << 20), false], [placedArray(Float32Array, 1000, true), true], [kvArray('f16', 4097), false]] as const) {
+      expect(native.alignmentGap(a, KV_ALIGNMENT)).toBe(0);
+      expect(a.buffer instanceof SharedArrayBuffer).toBe(shared);
+      expect(a.every((x) => x === 0)).toBe(true);
+    }
+    expect(placedArray(Uint8Array, 0).length).toBe(0);
+    for (const bad of [0, 3, 1.5, 2 ** 22, NaN]) expect(() => native.alignmentGap(new Uint8Array(8), bad)).toThrow(expect.objectContaining({ code: 'E_RANGE' }));
+    expect(() => native.alignmentGap([1, 2], 64)).toThrow(expect.objectContaining({ code: 'E_TYPE' }));
+    expect(() => native.alignmentGap(new Uint8Array(8))).toThrow(expect.objectContaining({ code: 'E_TYPE' }));
   });
 
   // One arena block (the default 1 GiB), and blocks of 7 chunks (+ 100 bytes left unused in each):

@@ -7,6 +7,9 @@ import { layerKvWithNew, openTrace, type TraceLayer } from '../src/trace/trace.j
 import { f32ArrayToF16, toF32 } from '../src/util/f16.js';
 import { expectKvdError, recordHugePageAdvice } from './helpers.js';
 
+/** The bytes a view covers (KV arrays start inside their buffer: src/util/kv-array.ts). */
+const bytesOf = (a: ArrayBufferView): Buffer => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+
 const dir = mkdtempSync(join(tmpdir(), 'kvd-synth-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -62,12 +65,12 @@ describe('synthetic traces', () => {
     const c = generateSyntheticTrace({ seed: 8, promptTokens: 256, layers: 1 });
     const [da, db, dc] = [a.layerData(0), b.layerData(0), c.layerData(0)];
     for (const key of ['k', 'v', 'q', 'kNew', 'vNew'] as const) {
-      expect(Buffer.compare(Buffer.from(da[key].buffer), Buffer.from(db[key].buffer))).toBe(0);
-      expect(Buffer.compare(Buffer.from(da[key].buffer), Buffer.from(dc[key].buffer))).not.toBe(0);
+      expect(Buffer.compare(bytesOf(da[key]), bytesOf(db[key]))).toBe(0);
+      expect(Buffer.compare(bytesOf(da[key]), bytesOf(dc[key]))).not.toBe(0);
     }
     expect(a.needles).toEqual(b.needles);
     // Generating a layer twice (lazily, in any order) gives the same bits.
-    expect(Buffer.compare(Buffer.from(a.layerData(0).k.buffer), Buffer.from(da.k.buffer))).toBe(0);
+    expect(Buffer.compare(bytesOf(a.layerData(0).k), bytesOf(da.k))).toBe(0);
   });
 
   it('fills f16 and bf16 storage with the rounded f32 trace', () => {
@@ -185,7 +188,7 @@ describe('synthetic traces', () => {
     expect(Array.from(tr.observationQueries(0, 3))).toEqual(Array.from(obs.subarray((W - 3) * Hq * D)));
     // Its own stream: every other tensor is what it was.
     const after = tr.layerData(0);
-    for (const key of ['k', 'v', 'q', 'kNew', 'vNew'] as const) expect(Buffer.compare(Buffer.from(after[key].buffer), Buffer.from(before[key].buffer))).toBe(0);
+    for (const key of ['k', 'v', 'q', 'kNew', 'vNew'] as const) expect(Buffer.compare(bytesOf(after[key]), bytesOf(before[key]))).toBe(0);
     // Position T-1's query attends the prompt much as decode step 0 does (same heads, one step of
     // drift apart); another layer's last query, with other directions, does not.
     const K = 64;
@@ -245,7 +248,7 @@ describe('synthetic traces', () => {
     const raw = generateSyntheticTrace({ ...opts, ropeStyle: 'none' });
     const kr = rot.layerData(0).k as Float32Array;
     const k0 = raw.layerData(0).k as Float32Array;
-    expect(Buffer.compare(Buffer.from(kr.buffer), Buffer.from(k0.buffer))).not.toBe(0);
+    expect(Buffer.compare(bytesOf(kr), bytesOf(k0))).not.toBe(0);
     const { kvHeads: H, headDim: D } = rot.meta;
     const P = D / 2;
     let checkedAngles = 0;

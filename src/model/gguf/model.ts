@@ -13,7 +13,7 @@
 import { z } from 'zod';
 import { fail, KvdriveError } from '../../errors.js';
 import { native } from '../../native.js';
-import { adviseHuge } from '../../util/kv-array.js';
+import { placedArray } from '../../util/kv-array.js';
 import type { AttentionBackend, AttentionShape } from '../attention-backend.js';
 import { GGML_TYPES } from './ggml-types.js';
 import { llamaConfig, nativeTensors, ropeFrequencies, type LlamaConfig } from './llama-config.js';
@@ -123,7 +123,7 @@ export class GgufTransformer {
     const kvDim = c.nKvHeads * c.headSize;
     // Huge pages for the cache (advised before its first write): dense decode streams all of it
     // every token, and over 4 KiB pages the page walks cost a large share of that (see weights).
-    const cache = (): Float32Array => adviseHuge(new Float32Array(seqLen * kvDim));
+    const cache = (): Float32Array => placedArray(Float32Array, seqLen * kvDim);
     this.kCache = Array.from({ length: c.nLayers }, cache);
     this.vCache = Array.from({ length: c.nLayers }, cache);
     this.logits = new Float32Array(c.vocabSize);
