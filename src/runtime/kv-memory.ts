@@ -30,7 +30,7 @@ import { DramStore, type DramStats } from '../storage/dram-store.js';
 import { chunkBytesOf, type ClusterLayout, type SsdStore, type StoreShape } from '../storage/ssd-store.js';
 import { TieredKv } from '../storage/tiered-kv.js';
 import { clusterLayout } from '../storage/cluster-layout.js';
-import { dtypeArray } from '../util/kv-array.js';
+import { dtypeArray, placedArray } from '../util/kv-array.js';
 import type { Dtype, KvTensor, ModelShape } from '../types.js';
 
 /** What the memory model is built from (resolved runtime options). */
@@ -236,9 +236,10 @@ export class KvMemory {
     if (!(bytes >= 0 && bytes <= cap)) fail('E_INTERNAL', 'KvMemory fetch buffer', `at most ${cap} bytes (kvHeads x maxChunksPerHead chunks)`, bytes);
     const pooled = this.fetchPool.pop();
     if (pooled) return pooled;
-    if (this.fetchBuffers >= this.config.concurrency) return new Uint8Array(bytes);
+    // Placed like the DRAM tier's arenas (kv-array.ts): attention reads the SSD-read pages' rows at random.
+    if (this.fetchBuffers >= this.config.concurrency) return placedArray(Uint8Array, bytes);
     this.fetchBuffers++;
-    return new Uint8Array(cap);
+    return placedArray(Uint8Array, cap);
   }
 
   /** Returns a buffer of {@link acquireFetchBuffer} (a transient one is dropped). */
