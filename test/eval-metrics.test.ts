@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { attendedMask, kthLargest, massRecall, MetricsScratch, oracleMask, relativeError } from '../src/eval/metrics.js';
+import { attendedMask, kthLargest, massRecall, MetricsScratch, oracleMask, relativeError, StepOracle } from '../src/eval/metrics.js';
 import { rng } from './helpers.js';
 
 describe('eval metrics', () => {
@@ -58,6 +58,16 @@ describe('eval metrics', () => {
       expect(kthLargest(xs, 3, scratch.floats('copy', T))).toBe(kthLargest(xs, 3));
       expect(Array.from(xs)).toEqual(Array.from(w.subarray(0, T))); // the input is never reordered
     }
+  });
+
+  it("StepOracle gives each (budget, sinks, tail) the oracle's recall, whatever was asked before", () => {
+    const r = rng(5);
+    const T = 50, kvHeads = 2, qHeads = 4;
+    const w = Float32Array.from({ length: qHeads * T }, () => r());
+    const direct = (b: number, s0: number, t0: number) => massRecall(w, oracleMask(w, qHeads, kvHeads, T, s0, t0, b), qHeads, kvHeads, T);
+    const o = new StepOracle(w, qHeads, kvHeads, T, new MetricsScratch());
+    for (const [b, s0, t0] of [[5, 2, 40], [9, 2, 40], [5, 0, 50], [5, 2, 40], [9, 2, 40]] as const) expect(o.recall(b, s0, t0)).toBe(direct(b, s0, t0));
+    expect(o.recall(9, 2, 40)).toBeGreaterThan(o.recall(5, 2, 40));
   });
 
   it('relativeError is 0 for equal vectors and scale-free', () => {

@@ -13,7 +13,7 @@
 import { generateSyntheticTrace } from '../trace/synthetic.js';
 import { layerKvWithNew } from '../trace/trace.js';
 import { prefixView, traceNeedles } from '../eval/replay.js';
-import { attendedMask, massRecall, MetricsScratch, oracleMask } from '../eval/metrics.js';
+import { attendedMask, massRecall, MetricsScratch, StepOracle } from '../eval/metrics.js';
 import { attendDense, attendSparse, attentionWeights, memoryRead } from '../attention/kernels.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
 import { offloadedPolicyOptions } from '../index/options.js';
@@ -153,17 +153,8 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
       denseMs += performance.now() - td;
       denseN++;
       const weights = attentionWeights({ q, qHeads: QHEADS, k: kv, into: weightsBuf.subarray(0, QHEADS * tokens) });
-      // The oracle's recall per budget and sinks / tail (the same for every policy): once per step.
-      const oracles = new Map<string, number>();
-      const oracleRecall = (budget: number, sinkEnd: number, tailStart: number): number => {
-        const at = `${budget}/${sinkEnd}/${tailStart}`;
-        let r = oracles.get(at);
-        if (r === undefined) {
-          r = massRecall(weights, oracleMask(weights, QHEADS, KVHEADS, tokens, sinkEnd, tailStart, budget, scratch), QHEADS, KVHEADS, tokens);
-          oracles.set(at, r);
-        }
-        return r;
-      };
+      // The oracle's recall per budget (the same for every policy): once per step.
+      const oracle = new StepOracle(weights, QHEADS, KVHEADS, tokens, scratch);
       // The policies take turns going first (step s starts at policy s mod n), as the demo's rows do.
       for (let r = 0; r < policies.length; r++) {
         const { label, keyed, policy } = policies[(s + r) % policies.length]!;
@@ -191,7 +182,7 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
           const cpuMs = (c1.user + c1.system) / 1000 + extendCpu;
           const mask = attendedMask(sel, KVHEADS, scratch);
           const recall = massRecall(weights, mask, QHEADS, KVHEADS, tokens);
-          const oracle = oracleRecall(budget, sel.sinkEnd, sel.tailStart);
+          const best = oracle.recall(budget, sel.sinkEnd, sel.tailStart);
           const a = acc.get(key(label, budget))!;
           // Time: the steps after each layer's first (with one step, that one), for every policy
           // alike: the first pays each (policy, budget)'s one-off costs (scratch growth at this
@@ -203,8 +194,8 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
             a.timed++;
           }
           a.recall += recall;
-          a.oracle += oracle;
-          a.ratio += oracle > 0 ? recall / oracle : 1;
+          a.oracle += best;
+          a.ratio += best > 0 ? recall / best : 1;
           a.n++;
           for (const nd of needles) {
             if (nd.layer !== l || s < nd.firstStep || s > nd.lastStep) continue;

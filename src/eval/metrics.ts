@@ -121,6 +121,34 @@ export function oracleMask(
   return mask;
 }
 
+/**
+ * The oracle's mass recall ({@link oracleMask}, then {@link massRecall}) for one decode step's dense
+ * probabilities, computed once per (budget, sinkEnd, tailStart): every row of a step scored against
+ * the same oracle (all of them share sinks and tail) costs one oracle, not one per row.
+ */
+export class StepOracle {
+  private readonly memo = new Map<string, number>();
+
+  constructor(
+    private readonly weights: Float32Array,
+    private readonly qHeads: number,
+    private readonly kvHeads: number,
+    private readonly tokens: number,
+    private readonly scratch?: MetricsScratch,
+  ) {}
+
+  recall(budget: number, sinkEnd: number, tailStart: number): number {
+    const key = `${budget}/${sinkEnd}/${tailStart}`;
+    let r = this.memo.get(key);
+    if (r === undefined) {
+      const { weights, qHeads, kvHeads, tokens } = this;
+      r = massRecall(weights, oracleMask(weights, qHeads, kvHeads, tokens, sinkEnd, tailStart, budget, this.scratch), qHeads, kvHeads, tokens);
+      this.memo.set(key, r);
+    }
+    return r;
+  }
+}
+
 /** The k-th largest value (1-based) of xs, by quickselect on a copy (into `copy` when given: xs.length floats). */
 export function kthLargest(xs: Float32Array, k: number, copy?: Float32Array): number {
   const a = copy ? copy.subarray(0, xs.length) : new Float32Array(xs.length);

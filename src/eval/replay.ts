@@ -15,7 +15,7 @@ import { fail } from '../errors.js';
 import { layerKvWithNew, type TraceMeta, type TraceReader } from '../trace/trace.js';
 import { NEEDLES_TENSOR } from '../trace/synthetic.js';
 import { attendDenseAsync, attendSparse, attentionWeights } from '../attention/kernels.js';
-import { attendedMask, massRecall, MetricsScratch, oracleMask, relativeError } from './metrics.js';
+import { attendedMask, massRecall, MetricsScratch, relativeError, StepOracle } from './metrics.js';
 
 /** One layer of a trace, with the prompt and the new tokens in one KV tensor (prompt first). */
 export interface ReplayLayer {
@@ -172,8 +172,8 @@ export async function replayLayer(
     selectMs: number;
     attendMs: number;
   }
-  /** Scores one row's step against the dense reference; `oracle`: the oracle's mass recall for the row's sinks and tail. */
-  const score = (s: number, tokens: number, r: RowStep, weights: Float32Array, ref: Float32Array, oracle: (sinkEnd: number, tailStart: number) => number) => {
+  /** Scores one row's step against the dense reference and the step's oracle. */
+  const score = (s: number, tokens: number, r: RowStep, weights: Float32Array, ref: Float32Array, oracle: StepOracle) => {
     const sel = r.selection;
     const mask = attendedMask(sel, kvHeads, scratch);
     let attended = 0;
@@ -185,7 +185,7 @@ export async function replayLayer(
     }
     r.result.steps.push({
       recall: massRecall(weights, mask, qHeads, kvHeads, tokens),
-      oracleRecall: oracle(sel.sinkEnd, sel.tailStart),
+      oracleRecall: oracle.recall(opts.budget, sel.sinkEnd, sel.tailStart),
       relError: relativeError(r.out, ref),
       sparseBytes: 2 * attended * rowBytes + r.bytesScored,
       selectMs: r.selectMs,
@@ -234,18 +234,7 @@ export async function replayLayer(
     for (let r = 0; r < rows.length; r++) await rows[(s + r) % rows.length]!();
 
     const weights = attentionWeights({ q, qHeads, k: kView, into: weightsBuf.subarray(0, qHeads * tokens) });
-    // The oracle depends on the step and the rows' sinks and tail only (the same for every row of
-    // one policy configuration): computed once per distinct pair.
-    const oracles = new Map<string, number>();
-    const oracle = (sinkEnd: number, tailStart: number): number => {
-      const key = `${sinkEnd}/${tailStart}`;
-      let r = oracles.get(key);
-      if (r === undefined) {
-        r = massRecall(weights, oracleMask(weights, qHeads, kvHeads, tokens, sinkEnd, tailStart, opts.budget, scratch), qHeads, kvHeads, tokens);
-        oracles.set(key, r);
-      }
-      return r;
-    };
+    const oracle = new StepOracle(weights, qHeads, kvHeads, tokens, scratch);
     for (const r of ran) score(s, tokens, r, weights, ref.out, oracle);
     opts.onStep?.(layer.layer, s);
   }
