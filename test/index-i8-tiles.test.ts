@@ -54,7 +54,7 @@ function reference(
   return out;
 }
 
-/** scoreCentroids over `tiles` equals the integer reference at every SIMD level (the level is restored to best after). */
+/** scoreCentroids over `tiles` equals the integer reference at every SIMD level; the level is restored to best after (checked). */
 function expectReferenceAtEveryLevel(
   q: Float32Array,
   g: number,
@@ -64,12 +64,14 @@ function expectReferenceAtEveryLevel(
   dim: number,
   spread?: { var: Float32Array; coef: Float32Array },
 ): void {
+  const best = indexKernelLevel('best');
   const want = reference(q, g, tiles, scales, n, dim, spread);
   for (const level of LEVELS) {
     indexKernelLevel(level);
     expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', spread)).toEqual(want);
   }
   indexKernelLevel('best');
+  expect(indexKernelLevel()).toBe(best);
 }
 
 describe('int8 centroid tiles (what the index stores and scores)', () => {
@@ -149,7 +151,6 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
   });
 
   it("7-bit tiles (every byte in [-63, 63], the index's centroids) take AVX2's unsigned-byte kernel: the reference bits at every level, spread term too", () => {
-    const best = indexKernelLevel('best');
     for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [8, 128, 33], [1, 5, 1], [6, 64, 18], [7, 37, 23], [2, 20, 17]] as const) {
       const r = rng(3 * g + dim);
       const tiles = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
@@ -162,11 +163,9 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
       const spread = { var: Float32Array.from({ length: n }, () => r() * 3), coef: Float32Array.from({ length: g }, () => r() * 0.7) };
       for (const sp of [undefined, spread]) expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim, sp);
     }
-    expect(indexKernelLevel()).toBe(best);
   });
 
   it('7-bit tiles with one byte outside [-63, 63] (anywhere, the last tile too) still score exactly: the AVX2 kernel checks the bytes as it reads them', () => {
-    const best = indexKernelLevel('best');
     const [g, dim, n] = [4, 37, 40];
     const r = rng(17);
     const base = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
@@ -178,11 +177,9 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
       tiles[tileByte(i, d, dim)] = b;
       expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim);
     }
-    expect(indexKernelLevel()).toBe(best);
   });
 
   it('any tile byte (-128 too) scores exactly at every level', () => {
-    const best = indexKernelLevel('best');
     const [g, dim, n] = [4, 128, 32];
     const r = rng(5);
     const tiles = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
@@ -192,7 +189,6 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     const q = randn(g * dim, 9);
     q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
     expectReferenceAtEveryLevel(q, g, tiles, scales, n, dim);
-    expect(indexKernelLevel()).toBe(best);
   });
 
   it('typed errors', () => {
