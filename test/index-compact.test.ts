@@ -92,6 +92,28 @@ describe('kvdrive compact index', () => {
     console.log(`sketch error / bound, worst: 8-bit ${worst[8]!.toFixed(3)}, 4-bit ${worst[4]!.toFixed(3)}`);
   });
 
+  it('4-bit scores are bit-identical at every SIMD level for any row count (the VNNI kernel\'s 16-row tiles and their leftovers)', () => {
+    // Tiles take 4 positions of each of 4 streams; counts around multiples of 16 leave 0-3 rows per
+    // stream and 0-3 after the streams to the one-row body.
+    const best = indexKernelLevel('best');
+    for (const [D, group] of [[128, 4], [256, 8]] as const) {
+      const shape = { qHeads: group, kvHeads: 1, headDim: D };
+      const T = 600;
+      const p = sketchPolicy({ sketchBits: 4 }, shape);
+      p.buildSync(randomKeys(T, shape.kvHeads, D, D + group), T);
+      const q = randomQuery(group * D, D + 1);
+      for (const n of [1, 3, 15, 16, 17, 31, 64, 67, 79, 255, 600]) {
+        const tokens = Int32Array.from({ length: n }, (_, i) => (i * 53 + (i % 7 === 0 ? 1 : 0)) % T);
+        indexKernelLevel('scalar');
+        const want = Array.from(p.sketchScores(q, 0, tokens));
+        indexKernelLevel('avx512');
+        expect(Array.from(p.sketchScores(q, 0, tokens)), `dim ${D} group ${group} rows ${n}`).toEqual(want);
+      }
+      indexKernelLevel('best');
+    }
+    expect(indexKernelLevel()).toBe(best);
+  });
+
   it('4-bit scores are bit-identical at every SIMD level, for whole and partial 64-dim blocks and any group', () => {
     const best = indexKernelLevel('best');
     // Groups of 4 and 8 over 1-4 whole blocks take the AVX2 body's compile-time-block path; the

@@ -74,6 +74,7 @@ struct SketchQuery {
   // over whole 64-dim blocks for AVX2 (empty for the scalar kernel, which reads q).
   enum class Kernel4 : unsigned char { Scalar, Avx2, Vnni } kernel4 = Kernel4::Scalar;
   std::vector<int8_t> q8;
+  std::vector<int32_t> qt;  // VNNI, head dims a multiple of 128, groups of whole fours: Tiles16Vnni's query
   std::vector<float> scale;
   std::vector<int32_t> offset;
   std::vector<float> rowScale;  // ScoreSketchRows' scratch (the scored rows' scales)
