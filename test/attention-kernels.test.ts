@@ -287,4 +287,24 @@ describe('attentionWeights', () => {
     );
     expect(() => attentionWeights({ q, qHeads: 4, k: k.tensor, into: new Uint8Array(200) as never })).toThrow(expect.objectContaining({ code: 'E_DTYPE' }));
   });
+
+  it('rejects an `into` that shares memory with q or k (E_CONFIG), leaving q and k as they were', () => {
+    // One buffer holding q, then an f32 key cache, then spare room: views of it that overlap.
+    const T = 40, H = 2, D = 16, Q = 4;
+    const qLen = Q * D, kLen = T * H * D, n = Q * T;
+    const buf = new Float32Array(qLen + kLen + n);
+    buf.set(randn(qLen + kLen, 83));
+    const q = buf.subarray(0, qLen);
+    const kData = buf.subarray(qLen, qLen + kLen);
+    const tensor = { data: kData, dtype: 'f32' as const, tokens: T, heads: H, dim: D };
+    const before = Float32Array.from(buf.subarray(0, qLen + kLen));
+    for (const [at, what] of [[0, /overlapping q/], [qLen + 8, /overlapping k\.data/], [qLen + kLen - n + 1, /overlapping k\.data/]] as const)
+      expect(() => attentionWeights({ q, qHeads: Q, k: tensor, into: buf.subarray(at, at + n) })).toThrow(
+        expect.objectContaining({ code: 'E_CONFIG', message: expect.stringMatching(what) }),
+      );
+    expect(Array.from(buf.subarray(0, qLen + kLen))).toEqual(Array.from(before));
+    // Right after k: no overlap, the same values as a fresh array.
+    const fresh = attentionWeights({ q, qHeads: Q, k: tensor });
+    expect(Array.from(attentionWeights({ q, qHeads: Q, k: tensor, into: buf.subarray(qLen + kLen) }))).toEqual(Array.from(fresh));
+  });
 });

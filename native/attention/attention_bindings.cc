@@ -221,6 +221,17 @@ Napi::Value AttentionWeights(const Napi::CallbackInfo& info) {
     } else {
       auto into = GetF32(iv, what + ".into");
       ExpectLength(into.length, size_t(n), what + ".into (qHeads x tokens)");
+      // The probabilities are written head by head while q and k are still read: an `into` sharing
+      // memory with either would be read back half overwritten (no crash, wrong numbers).
+      const auto overlaps = [&](const void* p, size_t bytes) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(into.data), b = reinterpret_cast<uintptr_t>(p);
+        return n > 0 && bytes > 0 && a < b + bytes && b < a + size_t(n) * sizeof(float);
+      };
+      const size_t qBytes = size_t(job.qHeads) * size_t(job.dim) * sizeof(float);
+      const size_t kBytes = size_t(job.k.tokens) * size_t(job.k.heads) * size_t(job.k.dim) * DtypeSize(job.k.dtype);
+      if (overlaps(job.q, qBytes) || overlaps(job.k.data, kBytes))
+        Throw("E_CONFIG", what + ".into: expected an array sharing no memory with q or k (it is written while they are read), got one overlapping " +
+                              (overlaps(job.q, qBytes) ? "q" : "k.data"));
       probs = into.object.As<Napi::Float32Array>();
     }
     for (int h = 0; h < job.kvHeads; ++h) {

@@ -97,7 +97,8 @@ export interface AttentionWeightsOptions {
   scale?: number;
   /**
    * Where to write the probabilities: a `Float32Array` of exactly `qHeads * tokens` elements,
-   * returned (E_SHAPE for another length). Default: a new array. An eval that scores every decode
+   * returned (E_SHAPE for another length; E_CONFIG when it shares memory with `q` or `k.data`,
+   * which are still read while it is written). Default: a new array. An eval that scores every decode
    * step reuses one, so that no 16 MiB array per step (at 128K) is left for a timed step's GC.
    */
   into?: Float32Array;
