@@ -183,6 +183,41 @@ describe('determinism contract', () => {
   });
 });
 
+describe('scattered rows copied before the kernels, the next block requested during the arithmetic', () => {
+  it('many heads per work item, blocks of unequal heads: bit-identical to the same rows walked in place', () => {
+    // 8 kv heads on 1 or 2 threads: work items of 4 or 2 heads, so the copy runs from one head's
+    // last block into the next head's first; heads select 0, a few, or ~600 scattered single tokens
+    // (blocks of 256 rows at dim 128 f16, the last one partial). The oracle: the same rows in a
+    // compact head-major arena, one span per head, walked in place.
+    const kvHeads = 8, qHeads = 32, dim = 128, tokens = 3000, sinkEnd = 4, tailStart = tokens - 20;
+    const k = randomKv(tokens, kvHeads, dim, 'f16', 301, 1.5);
+    const v = randomKv(tokens, kvHeads, dim, 'f16', 302);
+    const q = randn(qHeads * dim, 303);
+    const counts = [600, 3, 0, 517, 256, 600, 1, 257];
+    const perHead = counts.map((n, h) => range(n).map((i) => sinkEnd + ((i * 4 + h) % (tailStart - sinkEnd))).sort((a, b) => a - b));
+    const sel = selectionOf(perHead.map((ids) => [...new Set(ids)]), tokens, 1, sinkEnd, tailStart);
+    const lists = range(kvHeads).map((h) => selectedTokens(sel, h));
+    const slots = Math.max(...lists.map((l) => l.length));
+    const gather = (src: Uint16Array): Uint16Array => {
+      const out = new Uint16Array(kvHeads * slots * dim);
+      for (let h = 0; h < kvHeads; h++)
+        lists[h]!.forEach((t, slot) => out.set(src.subarray((t * kvHeads + h) * dim, (t * kvHeads + h + 1) * dim), (h * slots + slot) * dim));
+      return out;
+    };
+    const arena = (data: Uint16Array) => ({ data, dtype: 'f16' as const, tokens: slots, heads: kvHeads, dim, layout: 'htd' as const });
+    // Every head's rows as one chunk of `slots` tokens (heads with fewer rows: their count, via
+    // per-head chunks of size 1 over a prefix).
+    const arenaSel = selectionOf(lists.map((l) => range(l.length)), slots, 1, 0, slots);
+    arenaSel.tailStart = slots;
+    for (const threads of [1, 2]) {
+      const direct = attendSparse({ q, qHeads, k: k.tensor, v: v.tensor, selection: sel, threads });
+      const inPlace = attendSparse({ q, qHeads, k: arena(gather(k.tensor.data as Uint16Array)), v: arena(gather(v.tensor.data as Uint16Array)), selection: arenaSel, threads });
+      expect(Array.from(direct.out), `threads ${threads}`).toEqual(Array.from(inPlace.out));
+      expect(Array.from(direct.lse), `threads ${threads}`).toEqual(Array.from(inPlace.lse));
+    }
+  });
+});
+
 describe('scattered rows copied before the kernels', () => {
   // Single-token spans (a token-granular selection) are copied a block at a time into a scratch
   // buffer and attended there; one long span (dense) is walked in place. Every token selected, the

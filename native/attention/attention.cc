@@ -205,6 +205,10 @@ constexpr size_t kGatherAhead = 16;
 
 // Calls kernel(head, tile, rows, n, nullptr, 0, L1) like ForEachTile, head after head, over copies of
 // the rows (keys or values) made a block at a time into `buf` (grown as needed, kept by the caller).
+// While a block's tiles are computed, the next block's rows are requested into L2, spread over the
+// tiles: the kernels' arithmetic then overlaps the next block's misses, and that block's copy finds
+// its rows near. (Without it, copy and arithmetic took turns: attention over a token-granular
+// selection cost the gather of its rows plus the arithmetic, bench/RESULTS.md.)
 template <typename Kernel>
 void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* totals, const bool* active, bool values,
                          size_t esz, size_t rowBytes, LineVector<uint8_t>& buf, Kernel&& kernel) {
@@ -213,31 +217,66 @@ void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* to
   uint8_t* const base = buf.data();
   const void* copies[kGatherRows];
   for (size_t i = 0; i < block; ++i) copies[i] = base + i * rowBytes;
-  const void* src[kGatherRows];
-  auto request = [&](const void* row) {
-    for (size_t off = 0; off < rowBytes; off += 64) __builtin_prefetch(static_cast<const uint8_t*>(row) + off, 0, 3);
+  auto request = [&](const void* row, int locality) {
+    for (size_t off = 0; off < rowBytes; off += 64)
+      locality == 3 ? __builtin_prefetch(static_cast<const uint8_t*>(row) + off, 0, 3)
+                    : __builtin_prefetch(static_cast<const uint8_t*>(row) + off, 0, 2);
   };
-  for (size_t h = 0; h < nHeads; ++h) {
-    if (!active[h]) continue;
-    RowCursor cursor(heads[h].spans, heads[h].nSpans, values, esz);
-    for (int64_t pos = 0; pos < totals[h]; pos += int64_t(block)) {
-      const size_t n = cursor.Fill(src, block);
-      for (size_t i = 0; i < std::min(n, kGatherAhead); ++i) request(src[i]);
-      for (size_t i = 0; i < n; ++i) {
-        if (i + kGatherAhead < n) request(src[i + kGatherAhead]);
-        uint8_t* to = base + i * rowBytes;
-        const uint8_t* from = static_cast<const uint8_t*>(src[i]);
-        // Whole 64-byte lines inline (rows of dim 128 are 256 / 512 B); any other size by memcpy.
-        if (rowBytes % 64 == 0) {
-          for (size_t off = 0; off < rowBytes; off += 64) std::memcpy(to + off, from + off, 64);
-        } else {
-          std::memcpy(to, from, rowBytes);
-        }
-      }
-      for (size_t t = 0; t < n; t += kTileRows)
-        kernel(h, size_t(pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0),
-               PrefetchTo::L1);
+  // Blocks in order: every active head's positions, a block at a time.
+  struct Block {
+    size_t head = 0;
+    int64_t pos = 0;
+    size_t n = 0;
+    const void* src[kGatherRows];
+  };
+  std::vector<RowCursor> cursors;
+  cursors.reserve(nHeads);
+  for (size_t h = 0; h < nHeads; ++h) cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, values, esz);
+  size_t head = 0;
+  int64_t pos = 0;
+  auto next = [&](Block& b) {
+    while (head < nHeads && (!active[head] || pos >= totals[head])) {
+      ++head;
+      pos = 0;
     }
+    if (head >= nHeads) return false;
+    b.head = head;
+    b.pos = pos;
+    b.n = cursors[head].Fill(b.src, block);
+    pos += int64_t(block);
+    return true;
+  };
+  std::unique_ptr<Block[]> pair(new Block[2]);
+  Block* cur = &pair[0];
+  Block* ahead = &pair[1];
+  bool have = next(*cur);
+  if (have)
+    for (size_t i = 0; i < std::min(cur->n, kGatherAhead); ++i) request(cur->src[i], 3);
+  while (have) {
+    const size_t n = cur->n;
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kGatherAhead < n) request(cur->src[i + kGatherAhead], 3);
+      uint8_t* to = base + i * rowBytes;
+      const uint8_t* from = static_cast<const uint8_t*>(cur->src[i]);
+      // Whole 64-byte lines inline (rows of dim 128 are 256 / 512 B); any other size by memcpy.
+      if (rowBytes % 64 == 0) {
+        for (size_t off = 0; off < rowBytes; off += 64) std::memcpy(to + off, from + off, 64);
+      } else {
+        std::memcpy(to, from, rowBytes);
+      }
+    }
+    const bool haveAhead = next(*ahead);
+    const size_t tiles = (n + kTileRows - 1) / kTileRows;
+    const size_t perTile = haveAhead ? (ahead->n + tiles - 1) / tiles : 0;
+    size_t requested = 0;
+    for (size_t t = 0, k = 0; t < n; t += kTileRows, ++k) {
+      for (const size_t upto = std::min(ahead->n * haveAhead, (k + 1) * perTile); requested < upto; ++requested)
+        request(ahead->src[requested], 2);
+      kernel(cur->head, size_t(cur->pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0),
+             PrefetchTo::L1);
+    }
+    std::swap(cur, ahead);
+    have = haveAhead;
   }
 }
 
