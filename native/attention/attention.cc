@@ -246,7 +246,7 @@ void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* to
     pos += int64_t(block);
     return true;
   };
-  std::unique_ptr<Block[]> pair(new Block[2]);
+  Block pair[2];  // the block being copied and computed, and the one after it (~4 KiB of row pointers)
   Block* cur = &pair[0];
   Block* ahead = &pair[1];
   bool have = next(*cur);
@@ -266,11 +266,13 @@ void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* to
       }
     }
     const bool haveAhead = next(*ahead);
+    // The next block's rows, requested a tile's share before each tile call (all of them by the last).
+    const size_t aheadN = haveAhead ? ahead->n : 0;
     const size_t tiles = (n + kTileRows - 1) / kTileRows;
-    const size_t perTile = haveAhead ? (ahead->n + tiles - 1) / tiles : 0;
+    const size_t perTile = tiles ? (aheadN + tiles - 1) / tiles : 0;
     size_t requested = 0;
     for (size_t t = 0, k = 0; t < n; t += kTileRows, ++k) {
-      for (const size_t upto = std::min(ahead->n * haveAhead, (k + 1) * perTile); requested < upto; ++requested)
+      for (const size_t upto = std::min(aheadN, (k + 1) * perTile); requested < upto; ++requested)
         request(ahead->src[requested], 2);
       kernel(cur->head, size_t(cur->pos) / kTileRows + t / kTileRows, copies + t, std::min(kTileRows, n - t), nullptr, size_t(0),
              PrefetchTo::L1);
