@@ -30,9 +30,10 @@ describe('demo runtime rows', () => {
     });
     try {
       const ev = await evaluateTrace(trace, { policies: ['quest'], budget: 64, denseThreads: 2, attended: rows.map(spy) });
-      // Rows [quest, sequential, pipelined] take turns going first: step s starts at row s mod 3,
-      // so pipelined runs before sequential at step 2.
-      const stepOrder = (l: number, s: number) => (s % 3 === 2 ? [`pipelined step ${l}.${s}`, `sequential step ${l}.${s}`] : [`sequential step ${l}.${s}`, `pipelined step ${l}.${s}`]);
+      // Rows [sequential, quest, pipelined] (sources and policies alternate, so the two runtime
+      // rows never run back to back) take turns going first: step s starts at row s mod 3, so
+      // pipelined runs before sequential at steps 1 and 2.
+      const stepOrder = (l: number, s: number) => (s % 3 === 0 ? [`sequential step ${l}.${s}`, `pipelined step ${l}.${s}`] : [`pipelined step ${l}.${s}`, `sequential step ${l}.${s}`]);
       expect(calls).toEqual(
         [0, 1].flatMap((l) => [`sequential prepare ${l} (${3 * l} steps decoded)`, `pipelined prepare ${l} (${3 * l} steps decoded)`, ...[0, 1, 2].flatMap((s) => stepOrder(l, s))]),
       );

@@ -133,7 +133,7 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
             `One sequence is one micro-batch, so pipelined has nothing to overlap and runs it as sequential does; \`--batch N\` shows the overlap across sequences. ` +
             `Each runtime first decodes a throwaway sequence (${warmUpShape(m).tokens} random tokens, ${warmUpShape(m).steps} steps, not timed), so V8 has compiled the step's JS before the timed steps; ` +
             `each policy object (quest, shadowkv) first indexes, selects and attends over one of the same shape, so every row times steady steps. ` +
-            `Each step runs after that step's dense pass (caches cold, as between the layers of a real decode), the rows taking turns going first.`,
+            `Each step runs after that step's dense pass (caches cold, as between the layers of a real decode), the rows taking turns going first, the two runtime rows never back to back.`,
         ]
       : []),
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens (the runtime's own);`,
