@@ -227,15 +227,9 @@ export async function replayLayer(
       const a = await src.step(layer.layer, s);
       ran.push({ result: attendedRuns[i]!, selection: a.selection, out: a.out, bytesScored: a.bytesScored, selectMs: a.selectMs, attendMs: a.attendMs });
     });
-    // Attended sources and policies alternate (source 0, policy 0, source 1, ...): two sources
-    // running the same code back to back (the demo's two runtime modes) made the second one find
-    // that code's caches and predictors warm, and it measured ~0.5-1 ms faster per layer-step
-    // whatever its mode (bench/RESULTS.md).
-    const rows: (() => Promise<void>)[] = [];
-    for (let i = 0; i < Math.max(attendedRows.length, policyRows.length); i++) {
-      if (i < attendedRows.length) rows.push(attendedRows[i]!);
-      if (i < policyRows.length) rows.push(policyRows[i]!);
-    }
+    // Attended sources and policies alternate: two sources running the same code back to back (the
+    // demo's two runtime modes) made the second find that code warm (see alternate).
+    const rows = alternate(attendedRows, policyRows);
     // The rows take turns going first (step s starts at row s mod n): the first after the dense
     // pass finds the caches and cores as that left them (in the demo it measured ~1 ms slower in
     // its fetch stage), and no row should always be it. Each row still sees its own steps in order.
@@ -247,6 +241,22 @@ export async function replayLayer(
     opts.onStep?.(layer.layer, s);
   }
   return { dense, byPolicy: new Map(runs.map((r) => [r.name, r.result])), attended: attendedRuns };
+}
+
+/**
+ * a[0], b[0], a[1], b[1], ... then the rest of the longer list: the order timed rows run in when
+ * a's rows share code with each other (kvdrive's runtime modes, or its keyed and keyless selects).
+ * Run back to back, the second of two such rows found the code's caches and branch predictors warm
+ * and measured 0.5-1 ms per layer-step faster than the first, whichever it was (bench/RESULTS.md,
+ * "The demo's pipelined row was timed warm").
+ */
+export function alternate<T>(a: readonly T[], b: readonly T[]): T[] {
+  const out: T[] = [];
+  for (let i = 0; i < Math.max(a.length, b.length); i++) {
+    if (i < a.length) out.push(a[i]!);
+    if (i < b.length) out.push(b[i]!);
+  }
+  return out;
 }
 
 /** Aggregates over layers and steps (means per step). */
