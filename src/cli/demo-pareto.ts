@@ -12,7 +12,7 @@
  */
 import { generateSyntheticTrace } from '../trace/synthetic.js';
 import { layerKvWithNew } from '../trace/trace.js';
-import { alternate, prefixView, traceNeedles } from '../eval/replay.js';
+import { alternate, prefixView, traceNeedles, turnOrder } from '../eval/replay.js';
 import { attendedMask, massRecall, MetricsScratch, StepOracle } from '../eval/metrics.js';
 import { attendDense, attendSparse, attentionWeights, memoryRead } from '../attention/kernels.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
@@ -157,10 +157,10 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
       const weights = attentionWeights({ q, qHeads: QHEADS, k: kv, into: weightsBuf.subarray(0, QHEADS * tokens) });
       // The oracle's recall per budget (the same for every policy): once per step.
       const oracle = new StepOracle(weights, QHEADS, KVHEADS, tokens, scratch);
-      // The policies take turns going first (step s starts at policy s mod n), as the demo's rows do;
+      // The policies take turns going first (turnOrder), as the demo's rows do;
       // before each select 64 MiB are read (FLUSH_BYTES), so every select finds its data cold.
-      for (let r = 0; r < policies.length; r++) {
-        const { label, keyed, policy } = policies[(s + r) % policies.length]!;
+      for (const r of turnOrder(policies.length, s)) {
+        const { label, keyed, policy } = policies[r]!;
         const ce = process.cpuUsage();
         const te = performance.now();
         policy.extend(kv, tokens);

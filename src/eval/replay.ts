@@ -230,10 +230,10 @@ export async function replayLayer(
     // Attended sources and policies alternate: two sources running the same code back to back (the
     // demo's two runtime modes) made the second find that code warm (see alternate).
     const rows = alternate(attendedRows, policyRows);
-    // The rows take turns going first (step s starts at row s mod n): the first after the dense
-    // pass finds the caches and cores as that left them (in the demo it measured ~1 ms slower in
-    // its fetch stage), and no row should always be it. Each row still sees its own steps in order.
-    for (let r = 0; r < rows.length; r++) await rows[(s + r) % rows.length]!();
+    // The rows take turns going first (turnOrder): the first after the dense pass finds the caches
+    // and cores as that left them (in the demo it measured ~1 ms slower in its fetch stage), and no
+    // row should always be it. Each row still sees its own steps in order.
+    for (const r of turnOrder(rows.length, s)) await rows[r]!();
 
     const weights = attentionWeights({ q, qHeads, k: kView, into: weightsBuf.subarray(0, qHeads * tokens) });
     const oracle = new StepOracle(weights, qHeads, kvHeads, tokens, scratch);
@@ -257,6 +257,18 @@ export function alternate<T>(a: readonly T[], b: readonly T[]): T[] {
     if (i < b.length) out.push(b[i]!);
   }
   return out;
+}
+
+/**
+ * The order n timed rows run in at step s: rotated to start at row s mod n, and reversed in every
+ * other round of n steps. Rotation alone gives each row the same predecessor three steps in four
+ * (its left neighbour); reversing alternate rounds gives it its right neighbour as often, so two rows
+ * with the same neighbours (alternate's a-rows between the same b-rows) run after the same rows
+ * equally often.
+ */
+export function turnOrder(n: number, s: number): number[] {
+  const order = Array.from({ length: n }, (_, r) => (s + r) % n);
+  return Math.floor(s / n) % 2 === 1 ? order.reverse() : order;
 }
 
 /** Aggregates over layers and steps (means per step). */
