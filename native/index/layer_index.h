@@ -73,7 +73,7 @@ struct IndexConfig {
   // 1: proportional to K. Below 1 a large budget's extra tokens are the low-mass tail, which fewer
   // candidates per selected token still find, and a small budget, where each missed token weighs
   // more, gets more candidates per token.
-  double candidateExponent = 0.5;  // src/index/options.ts default (tuned there)
+  double candidateExponent = 0.35;  // src/index/options.ts default (tuned there)
   static constexpr double kFactorShare = 1.0 / 64;
   // A factor as it applies at budget K over a context of T tokens (see candidateExponent). For e in
   // [0, 1] (checked at construction), FactorAt(f, K, T) x K <= f x max(K, T / 64): the token counts

@@ -54,7 +54,7 @@ export interface PolicyOptions {
    */
   reuseCandidateFactor?: number;
   /**
-   * kvdrive only: how the candidates grow with the budget (a number in [0, 1]; default 0.5).
+   * kvdrive only: how the candidates grow with the budget (a number in [0, 1]; default 0.35).
    * candidateFactor, reuseCandidateFactor and rerankFactor hold where the budget is 1/64 of the
    * context (2048 of 128K, where they were tuned); at budget K over T tokens each is multiplied by
    * (64 K / T)^(candidateExponent - 1), so the candidate tokens grow as K^candidateExponent: 1 =
@@ -64,7 +64,11 @@ export interface PolicyOptions {
    * seeds 1 and 11 never looked at), recall / oracle at 1 -> 0.5: budget 512 0.9755 / 0.9724 /
    * 0.9588 -> 0.9856 / 0.9854 / 0.9769 (+12% bytes scored), 1024 0.9791 / 0.9781 / 0.9671 -> 0.9852
    * / 0.9840 / 0.9746 (+9%), 4096 0.9896 / 0.9864 / 0.9851 -> 0.9838 / 0.9808 / 0.9760 (-14%);
-   * 2048 as before. Figures: bench/pareto.md.
+   * 2048 as before. Figures: bench/pareto.md. 0.5 -> 0.35 (2026-11-29, same seeds and bench, the
+   * 4-bit keyless select), recall / oracle and select CPU: 512 0.9857 / 0.9850 / 0.9769 -> 0.9880 /
+   * 0.9878 / 0.9793 at 0.98-1.03x; 1024 0.9850 / 0.9840 / 0.9745 -> 0.9864 / 0.9851 / 0.9769 at
+   * 0.95-1.07x; 4096 0.9837 / 0.9807 / 0.9758 -> 0.9812 / 0.9786 / 0.9729 at 0.87-0.99x (the
+   * budget where the select was slower than quest's); 2048 unchanged (the factors hold there).
    */
   candidateExponent?: number;
   /**
@@ -317,7 +321,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     seed: o.seed ?? 0,
     candidateFactor: o.candidateFactor ?? 8,
     reuseCandidateFactor: o.reuseCandidateFactor ?? (policy === 'kvdrive' ? 5 : 0),
-    candidateExponent: o.candidateExponent ?? 0.5,
+    candidateExponent: o.candidateExponent ?? 0.35,
     varianceWeight: o.varianceWeight ?? 3,
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
