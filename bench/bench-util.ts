@@ -103,6 +103,12 @@ export function xorshift(seed: number): () => number {
   };
 }
 
+/** The value after `--name` on the command line, or `dflt` when the flag or its value is missing. */
+export function arg(name: string, dflt: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && process.argv[i + 1] ? process.argv[i + 1]! : dflt;
+}
+
 /** The median of `a` (the upper one of an even count); `a` is not reordered. */
 export function median(a: readonly number[]): number {
   return [...a].sort((x, y) => x - y)[a.length >> 1]!;

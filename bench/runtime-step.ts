@@ -33,16 +33,12 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { arg, median } from './bench-util.js';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] ? process.argv[i + 1]! : dflt;
-}
 const context = Number(arg('context', '32768'));
 const budget = Number(arg('budget', '512'));
 const steps = Number(arg('steps', '16'));
 const cold = process.argv.includes('--cold');
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 interface Row {
   row: string;

@@ -19,18 +19,14 @@ import { attendDenseAsync, attentionWeights } from '../src/attention/kernels.js'
 import { openRuntime } from '../src/runtime/runtime.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { toF32 } from '../src/util/f16.js';
+import { arg, median } from './bench-util.js';
 
 const CONDITIONS = ['none', 'fresh', 'reused'] as const;
 type Condition = (typeof CONDITIONS)[number];
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] ? process.argv[i + 1]! : dflt;
-}
 const context = Number(arg('context', '131072'));
 const steps = Number(arg('steps', '24'));
 const rounds = Number(arg('rounds', '2'));
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** One condition's run: the median attend() wall and stage times per step (steps after the first two). */
 async function child(condition: Condition): Promise<{ wall: number; select: number; fetch: number; compute: number }> {

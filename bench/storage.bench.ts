@@ -27,11 +27,7 @@ import { DramStore } from '../src/storage/dram-store.js';
 import { IoEngine, ioUringAvailable, type IoEngineKind } from '../src/storage/io-engine.js';
 import { SsdStore, type ClusterLayout, type StoreShape } from '../src/storage/ssd-store.js';
 import { TieredKv, type FetchRequest } from '../src/storage/tiered-kv.js';
-
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] ? process.argv[i + 1]! : dflt;
-}
+import { arg } from './bench-util.js';
 
 const gib = Number(arg('gib', '1'));
 const baseDir = arg('dir', tmpdir());
