@@ -55,17 +55,10 @@ function reference(
 }
 
 /** scoreCentroids over `tiles` equals the integer reference at every SIMD level; the level is restored to best after (checked). */
-function expectReferenceAtEveryLevel(
-  q: Float32Array,
-  g: number,
-  tiles: Int8Array,
-  scales: Float32Array,
-  n: number,
-  dim: number,
-  spread?: { var: Float32Array; coef: Float32Array },
-): void {
+function expectReferenceAtEveryLevel(...args: Parameters<typeof reference>): void {
+  const [q, g, tiles, scales, n, dim, spread] = args;
   const best = indexKernelLevel('best');
-  const want = reference(q, g, tiles, scales, n, dim, spread);
+  const want = reference(...args);
   for (const level of LEVELS) {
     indexKernelLevel(level);
     expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles8', spread)).toEqual(want);
