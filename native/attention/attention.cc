@@ -229,20 +229,20 @@ void ForEachGatheredTile(const HeadAttn* heads, size_t nHeads, const int64_t* to
     size_t n = 0;
     const void* src[kGatherRows];
   };
-  std::vector<RowCursor> cursors;
-  cursors.reserve(nHeads);
-  for (size_t h = 0; h < nHeads; ++h) cursors.emplace_back(heads[h].spans, active[h] ? heads[h].nSpans : 0, values, esz);
+  // One cursor, made afresh as the walk reaches each head (no allocation per call).
   size_t head = 0;
   int64_t pos = 0;
+  RowCursor cursor(nHeads ? heads[0].spans : nullptr, nHeads ? heads[0].nSpans : 0, values, esz);
   auto next = [&](Block& b) {
     while (head < nHeads && (!active[head] || pos >= totals[head])) {
       ++head;
       pos = 0;
+      if (head < nHeads) cursor = RowCursor(heads[head].spans, heads[head].nSpans, values, esz);
     }
     if (head >= nHeads) return false;
     b.head = head;
     b.pos = pos;
-    b.n = cursors[head].Fill(b.src, block);
+    b.n = cursor.Fill(b.src, block);
     pos += int64_t(block);
     return true;
   };
