@@ -395,6 +395,68 @@ describe('attendFetched', () => {
     }
   });
 
+  it('dramTier: pages looked up in a DRAM tier\'s slot maps (two segments, two arena blocks) equal the page-list path and attendSparse bit for bit, with the traffic per source; bad chains and slots are typed errors', async () => {
+    const cs = 4;
+    const { k, v, sinkEnd, tailBase, sel, sink, tail, q, ids, pageHead, buf, pb, pageOffsets } = twoHeadCase(41);
+    const want = attendSparse({ q, qHeads, k, v, selection: sel });
+    // The chain: segments of 48 and 64 chunks (tailBase 448 = 112 chunks sealed); slot maps of one
+    // layer; slots handed out in a scrambled order over two arena blocks of 100 slots.
+    const segChunks = [48, 64];
+    const segStart = Int32Array.of(0, 48, 112);
+    const chunkSeg = new Int32Array(112);
+    chunkSeg.fill(1, 48);
+    const maps = segChunks.map((n) => new Int32Array(kvHeads * n).fill(-1));
+    const perBlock = 100;
+    const arenas = [new Uint8Array(perBlock * pb), new Uint8Array(perBlock * pb)];
+    ids.forEach((c, i) => {
+      const h = pageHead[i]!;
+      const s = chunkSeg[c]!;
+      const slot = (37 * i + 11) % 200;
+      maps[s]![h * segChunks[s]! + c - segStart[s]!] = slot;
+      arenas[Math.floor(slot / perBlock)]!.set(buf.subarray(i * pb, (i + 1) * pb), (slot % perBlock) * pb);
+    });
+    const dramTier = { chunkSeg, segStart, maps, layer: 0, arenas, slotsPerBlock: perBlock };
+    const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs };
+    const lists = attendFetched({ ...o, fetched: buf, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids) });
+    // Distinct pages per head: sealed ones from the tier, the rest (from 448 on) in the tail.
+    const tailPages = [0, 1].reduce((n, h) => n + new Set(Array.from(sel.chunkIds.subarray(sel.offsets[h]!, sel.offsets[h + 1]!)).filter((t) => t >= tailBase).map((t) => Math.floor(t / cs))).size, 0);
+    for (const threads of [1, 2]) {
+      for (const got of [attendFetched({ ...o, dramTier, threads }), await attendFetchedAsync({ ...o, dramTier, threads })]) {
+        expect(bits(got.out)).toBe(bits(want.out));
+        expect(bits(got.lse)).toBe(bits(want.lse));
+        expect(bits(got.chunkMass)).toBe(bits(lists.chunkMass));
+        expect(Array.from(got.pageCounts!)).toEqual([ids.length, tailPages, 0]);
+      }
+    }
+    // A kv-head mask counts and writes only the heads attended.
+    const only1 = attendFetched({ ...o, dramTier, heads: Uint8Array.of(0, 1) });
+    expect(only1.pageCounts![0]).toBe(pageOffsets[2]! - pageOffsets[1]!);
+    expect(bits(only1.out.subarray((qHeads / kvHeads) * D))).toBe(bits(want.out.subarray((qHeads / kvHeads) * D)));
+
+    const err = (x: object) => code(() => attendFetched({ ...o, dramTier, ...x }));
+    const c0 = ids[0]!; // head 0's first page (segment 0)
+    expect(err({ fetched: buf })).toMatch(/^E_CONFIG: .*fetched: expected no page lists/);
+    expect(err({ dramTier: 1 })).toMatch(/^E_TYPE: .*dramTier: expected/);
+    expect(err({ dramTier: { ...dramTier, arenas: [] } })).toMatch(/^E_SHAPE: .*arenas/);
+    expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(0, 48, 111) } })).toMatch(/^E_SHAPE: .*chunkSeg/);
+    expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(1, 48, 112) } })).toMatch(/^E_RANGE: .*segStart/);
+    expect(err({ dramTier: { ...dramTier, maps: [maps[0]!] } })).toMatch(/^E_SHAPE: .*maps/);
+    expect(err({ dramTier: { ...dramTier, maps: [maps[0]!.subarray(0, 10), maps[1]!] } })).toMatch(/^E_RANGE: .*slot map holding layer 0, kv head 0, chunk/);
+    expect(err({ dramTier: { ...dramTier, layer: 1 } })).toMatch(/^E_RANGE: .*slot map holding layer 1/);
+    expect(err({ dramTier: { ...dramTier, chunkSeg: chunkSeg.map(() => 5) } })).toMatch(/^E_RANGE: .*chunkSeg\[\d+\]: expected a segment in \[0, 2\)/);
+    // The chain shorter than the sealed tokens: a selected page past it.
+    const short = { chunkSeg: chunkSeg.subarray(0, 48), segStart: Int32Array.of(0, 48), maps: [maps[0]!], layer: 0, arenas, slotsPerBlock: perBlock };
+    expect(err({ dramTier: short })).toMatch(/^E_RANGE: .*lies past the DRAM tier's chain \(48 chunks\)/);
+    const edited = (slot: number) => {
+      const m = maps.map((x) => x.slice());
+      m[0]![c0 - 0] = slot;
+      return { dramTier: { ...dramTier, maps: m } };
+    };
+    expect(err(edited(-1))).toMatch(new RegExp(`^E_RANGE: .*chunk ${c0} of kv head 0 is selected but not resident in the DRAM tier`));
+    expect(err(edited(200))).toMatch(/^E_RANGE: .*slot 200 of chunk \d+ lies outside the arenas/);
+    await expect(attendFetchedAsync({ ...o, dramTier, ...edited(-1) })).rejects.toMatchObject({ code: 'E_RANGE' });
+  });
+
   it('rejects a staged buffer or selection that does not match the tensors', () => {
     const k: KvTensor = { data: randn(T * kvHeads * D, 1), dtype: 'f32', tokens: T, heads: kvHeads, dim: D };
     const v: KvTensor = { ...k, data: randn(T * kvHeads * D, 2) };

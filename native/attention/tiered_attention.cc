@@ -28,6 +28,7 @@
 #include "attention/query_args.h"
 #include "attention/span_lists.h"
 #include "common/errors.h"
+#include "cache/dram_chain.h"
 #include "cache/hot_tier.h"
 #include "common/thread_pool.h"
 #include "storage/page_spans.h"
@@ -66,6 +67,22 @@ struct FetchedJob {
   const int32_t* fetchedOffsets = nullptr;
   const int32_t* fetchedIds = nullptr;
   PagePtrs pagePtrs;
+  // Optional (dramTier, instead of the page lists): the sealed pages read straight from a DRAM tier
+  // that holds every one of them (the memory model without an SSD), page c of kv head h at the slot
+  // the tier's slot maps give (cache/dram_chain.h). No per-step placement exists then: the lookup is
+  // made here, as each unit's span is listed, prefetched a few units ahead.
+  struct DramPages {
+    dram::Chain chain;
+    int64_t layer = 0;
+    std::vector<const uint8_t*> arenas;
+    std::vector<size_t> arenaBytes;
+    uint32_t perBlock = 1;
+    size_t pageBytes = 0;
+  };
+  std::unique_ptr<DramPages> dram;
+  // With dramTier: distinct pages the attended heads read from the DRAM tier, the tail and the hot
+  // tier ([dram, tail, hot], the result's pageCounts): the step's traffic without a fetch stage.
+  int32_t* pageCounts = nullptr;
   // Optional hot tier (pageChunk-token chunks): a page resident there is read from its slot.
   std::shared_ptr<hot::Tier> tier;
   int hotSeq = 0, hotLayer = 0;
@@ -117,7 +134,7 @@ class ReadGate : public HeadGate {
 };
 
 // Where a span's rows live, for error messages.
-enum SpanKind : uint8_t { kSink, kFetched, kTail, kHot };
+enum SpanKind : uint8_t { kSink, kFetched, kTail, kHot, kDram };
 
 // The page (of pageChunk tokens) holding token t >= 0. Pages are a power of two in the runtime (its
 // chunk size): a shift then, rather than a 64-bit division per selected unit.
@@ -130,6 +147,32 @@ class PageOf {
   int64_t pc_;
   int shift_;
 };
+
+// Units ahead whose DRAM-tier slot-map entry the span listing requests (dramTier): each is a miss
+// at random in maps of ~1 MiB per 128K tokens, and the listing itself runs on one thread.
+constexpr int32_t kDramLookAhead = 16;
+
+// The page of chunk c of kv head h in job.dram's arena; every index checked (E_RANGE names what).
+const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c) {
+  const FetchedJob::DramPages& d = *job.dram;
+  if (c < 0 || size_t(c) >= d.chain.chunks())
+    Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
+                         " is selected before tailBase but lies past the DRAM tier's chain (" + std::to_string(d.chain.chunks()) +
+                         " chunks)");
+  const dram::Chain::At m = d.chain.Locate(d.layer, job.kvHeads, c, h);
+  if (!m.inside) Throw("E_RANGE", dram::ChainMiss(d.chain, m, d.layer, h, c, job.what + ".dramTier"));
+  const int32_t slot = d.chain.maps[size_t(m.seg)].data[m.key];
+  if (slot < 0)
+    Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
+                         " is selected but not resident in the DRAM tier (dramTier: a tier that holds every sealed chunk)");
+  const uint32_t b = uint32_t(slot) / d.perBlock;
+  const size_t off = size_t(uint32_t(slot) - b * d.perBlock) * d.pageBytes;
+  if (b >= d.arenas.size() || off > d.arenaBytes[b] || d.pageBytes > d.arenaBytes[b] - off)
+    Throw("E_RANGE", job.what + ".dramTier.maps[" + std::to_string(m.seg) + "]: slot " + std::to_string(slot) + " of chunk " + std::to_string(c) +
+                         " lies outside the arenas (" + std::to_string(d.arenas.size()) + " blocks of " + std::to_string(d.perBlock) +
+                         " slots)");
+  return d.arenas[b] + off;
+}
 
 void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
@@ -153,18 +196,38 @@ void Run(const FetchedJob& job) {
     ++n;
   };
   const size_t headOut = size_t(job.group) * size_t(job.dim);
+  int32_t pageCount[3] = {0, 0, 0};  // dramTier: distinct pages per source, over the heads attended
   for (int h = 0; h < job.kvHeads; ++h) {
     rs.start[size_t(h)] = n;
     if (!job.Active(h)) continue;
     // Units ascend, so the pages holding them do too: one cursor over this head's ascending page
     // ids finds each unit's page (hot-tier residents are simply not among them).
-    const int32_t* pageAt = job.fetchedIds + job.fetchedOffsets[h];
-    const int32_t* const pageEnd = job.fetchedIds + job.fetchedOffsets[h + 1];
+    const int32_t* pageAt = job.dram ? nullptr : job.fetchedIds + job.fetchedOffsets[h];
+    const int32_t* const pageEnd = job.dram ? nullptr : job.fetchedIds + job.fetchedOffsets[h + 1];
     if (job.sinkEnd > 0)
       add(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride}, kSink, 0);
     hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
     if (pair && pair->resident > 0) pair->Touch(size_t(job.offsets[h + 1] - job.offsets[h]), hot::PairState::kRowsField);
+    // dramTier: the last page looked up (consecutive units often share one) and, per source, the
+    // last page counted.
+    int32_t lastDram = -1;
+    const uint8_t* lastDramPage = nullptr;
+    int32_t counted[3] = {-1, -1, -1};
+    auto count = [&](int k, int32_t c) {
+      if (job.pageCounts && counted[k] != c) {
+        counted[k] = c;
+        ++pageCount[k];
+      }
+    };
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
+      if (job.dram && i + kDramLookAhead < job.offsets[h + 1]) {
+        const int64_t t = std::max(int64_t(job.chunkIds[i + kDramLookAhead]) * sc, job.sinkEnd);
+        const int64_t c = t < job.tailBase ? pageOf(t) : -1;
+        if (c >= 0 && size_t(c) < job.dram->chain.chunks()) {
+          const dram::Chain::At m = job.dram->chain.Locate(job.dram->layer, job.kvHeads, int32_t(c), h);
+          if (m.inside) __builtin_prefetch(job.dram->chain.maps[size_t(m.seg)].data + m.key);
+        }
+      }
       const int64_t u = job.chunkIds[i];
       const int64_t a = std::max(u * sc, job.sinkEnd);
       const int64_t b = std::min((u + 1) * sc, job.tailStart);
@@ -173,6 +236,7 @@ void Run(const FetchedJob& job) {
         continue;
       }
       if (a >= job.tailBase) {  // still in the open tail: read in place
+        count(1, int32_t(pageOf(a)));
         add(Span{job.tailK.Row(a - job.tailBase, h), job.tailV.Row(a - job.tailBase, h), b - a, job.tailK.tokenStride,
                  job.tailV.tokenStride},
             kTail, a);
@@ -188,9 +252,19 @@ void Run(const FetchedJob& job) {
         const int32_t slot = pair->Find(c);
         if (slot >= 0 && pair->slotRows[size_t(slot)] >= skip + (b - a)) {
           const size_t off = (size_t(slot) * job.tier->chunkElems() + size_t(skip) * size_t(job.dim)) * es;
+          count(2, c);
           add(Span{pair->k + off, pair->v + off, b - a, job.dim, job.dim}, kHot, a);
           continue;
         }
+      }
+      if (job.dram) {
+        if (c != lastDram) {
+          lastDramPage = DramPage(job, h, c);
+          lastDram = c;
+        }
+        count(0, c);
+        add(Span{lastDramPage + size_t(skip) * rowBytes, lastDramPage + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim}, kDram, a);
+        continue;
       }
       while (pageAt != pageEnd && *pageAt < c) ++pageAt;
       const uint8_t* page = pageAt != pageEnd && *pageAt == c ? job.pagePtrs[size_t(pageAt - job.fetchedIds)] : nullptr;
@@ -208,6 +282,7 @@ void Run(const FetchedJob& job) {
     }
   }
   rs.start[kvHeads] = n;
+  if (job.pageCounts) std::copy(pageCount, pageCount + 3, job.pageCounts);
   // The heads attended, packed (headOf: packed index -> kv head).
   std::vector<size_t> headOf;
   headOf.reserve(kvHeads);
@@ -237,7 +312,7 @@ void Run(const FetchedJob& job) {
     const size_t at = rs.start[e.head] + e.span;
     if (at >= rs.start[e.head + 1])  // no row to name: every value finite, the weighted sum overflowed f32
       Throw("E_NONFINITE", job.what + ": v: kv head " + std::to_string(e.head) + ": " + e.what());
-    static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot"};
+    static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot", "DRAM-tier slot"};
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(e.head) + ", token " +
                              std::to_string(firstToken[at] + e.row) + " (" + from[kind[at]] + "): NaN/Inf in the " +
                              (e.inValue ? "value" : "key") + " row");
@@ -350,6 +425,35 @@ void GetHot(const Napi::Object& o, const std::string& what, int kvHeads, int dim
   layer = int(GetInt(h, "layer", what + ".hot", 0, c.layers - 1));
 }
 
+// o.dramTier = { chunkSeg, segStart, maps, layer, arenas, slotsPerBlock }: a DRAM tier's chain and
+// arena blocks (src/storage/tiered-kv.ts residentPages), pages of `pageBytes`. The arrays are kept
+// alive for an asynchronous call; each slot is checked against the arenas when it is looked up.
+std::unique_ptr<FetchedJob::DramPages> GetDramPages(const Napi::Value& v, size_t pageBytes, const std::string& what,
+                                                    std::vector<Napi::Object>& keep) {
+  if (!v.IsObject()) Throw("E_TYPE", what + ": expected { chunkSeg, segStart, maps, layer, arenas, slotsPerBlock }");
+  const Napi::Object o = v.As<Napi::Object>();
+  auto d = std::make_unique<FetchedJob::DramPages>();
+  d->chain = dram::GetChain(o, true, what);
+  keep.push_back(d->chain.chunkSeg.object);
+  keep.push_back(d->chain.segStart.object);
+  for (const auto& m : d->chain.maps) keep.push_back(m.object);
+  d->layer = GetInt(o, "layer", what, 0, 65535);  // keeps (layer * kvHeads + h) * chunks in 63 bits
+  d->perBlock = uint32_t(GetInt(o, "slotsPerBlock", what, 1, INT32_MAX));
+  d->pageBytes = pageBytes;
+  const Napi::Value av = o.Get("arenas");
+  if (!av.IsArray()) Throw("E_TYPE", what + ".arenas: expected an Array of the tier's arena blocks (Uint8Arrays)");
+  const Napi::Array arr = av.As<Napi::Array>();
+  if (arr.Length() < 1 || arr.Length() > kMaxPageBuffers)
+    Throw("E_SHAPE", what + ".arenas: expected 1 to " + std::to_string(kMaxPageBuffers) + " arena blocks, got " + std::to_string(arr.Length()));
+  for (uint32_t j = 0; j < arr.Length(); ++j) {
+    auto a = GetArray<uint8_t>(arr.Get(j), napi_uint8_array, what + ".arenas[" + std::to_string(j) + "]");
+    keep.push_back(a.object);
+    d->arenas.push_back(a.data);
+    d->arenaBytes.push_back(a.length);
+  }
+  return d;
+}
+
 // The optional kv-head mask o.heads: a Uint8Array of one 0 (skip) / 1 (process) per kv head,
 // copied (an asynchronous call must not see later writes); empty when absent (every head).
 std::vector<uint8_t> GetHeadMask(const Napi::Object& o, const std::string& what, int kvHeads) {
@@ -417,9 +521,19 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
     Throw("E_CONFIG", what + ".pageChunkSize: expected a multiple of selection.chunkSize " + std::to_string(job.chunkSize) +
                           ", got " + std::to_string(job.pageChunk));
 
+  const size_t pageBytes = PageFirstChunkBytes(int(job.pageChunk), job.dim, job.dtype);
+  const bool direct = !o.Get("dramTier").IsUndefined();
+  if (direct) {
+    for (const char* key : {"fetched", "fetchedOffsets", "fetchedIds", "fetchedAt", "fetchedIn", "fetchedMass", "landing", "landingTimeoutMs"})
+      if (!o.Get(key).IsUndefined())
+        Throw("E_CONFIG", what + "." + key + ": expected no page lists or reads with dramTier (its pages are read from the tier's arena), got both");
+    job.dram = GetDramPages(o.Get("dramTier"), pageBytes, what + ".dramTier", keep);
+  }
   ArrayArg<int32_t> fOff, fIds;
   size_t nPages = job.nChunks;
-  if (!o.Get("fetchedOffsets").IsUndefined()) {
+  if (direct) {
+    nPages = 0;
+  } else if (!o.Get("fetchedOffsets").IsUndefined()) {
     GetChunkLists(o, "fetchedOffsets", "fetchedIds", job.kvHeads, INT32_MAX, what, "", fOff, fIds);
     job.fetchedOffsets = fOff.data;
     job.fetchedIds = fIds.data;
@@ -433,8 +547,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
     Throw("E_CONFIG", what + ".fetchedOffsets: expected the page lists (fetchedOffsets, fetchedIds) when pageChunkSize " +
                           std::to_string(job.pageChunk) + " differs from selection.chunkSize " + std::to_string(job.chunkSize));
   }
-  job.pagePtrs = GetPagePointers(o, "fetched", "fetchedAt", "fetchedIn", nPages,
-                                 PageFirstChunkBytes(int(job.pageChunk), job.dim, job.dtype), what, keep);
+  if (!direct) job.pagePtrs = GetPagePointers(o, "fetched", "fetchedAt", "fetchedIn", nPages, pageBytes, what, keep);
   GetHot(o, what, job.kvHeads, job.dim, job.dtype, job.pageChunk, job.tier, job.hotSeq, job.hotLayer);
 
   job.heads = GetHeadMask(o, what, job.kvHeads);
@@ -482,6 +595,11 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   }
 
   result = Napi::Object::New(env);
+  if (direct) {
+    Napi::Int32Array counts = Napi::Int32Array::New(env, 3);
+    job.pageCounts = counts.Data();
+    result.Set("pageCounts", counts);
+  }
   if (landing) {
     Napi::Uint8Array attended = Napi::Uint8Array::New(env, size_t(job.kvHeads));
     job.attended = attended.Data();

@@ -24,6 +24,7 @@
 #include "common/errors.h"
 #include "common/registry.h"
 #include "common/thread_pool.h"
+#include "cache/dram_chain.h"
 
 namespace kvd {
 namespace dram {
@@ -117,35 +118,15 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
     Napi::Object o = GetOptionsArg(info, 0, what);
     const int kvHeads = int(GetInt(o, "kvHeads", what, 1, kMaxKvHeads));
     const int64_t layer = GetInt(o, "layer", what, 0, 65535);  // keeps (layer * kvHeads + h) * chunks in 63 bits
-    auto chunkSeg = GetI32(o.Get("chunkSeg"), what + ".chunkSeg");
-    auto segStart = GetI32(o.Get("segStart"), what + ".segStart");
+    // Without `maps` there is no DRAM tier: every entry not skipped is a miss.
+    const bool hasTier = !o.Get("maps").IsUndefined();
+    const Chain chain = GetChain(o, hasTier, what);
     // A fetch request's lists: any order within a kv head (TieredKv accepts unsorted requests).
     auto off = GetI32(o.Get("offsets"), what + ".offsets");
     auto ids = GetI32(o.Get("chunkIds"), what + ".chunkIds");
     CheckOffsets(off, size_t(kvHeads), ids.length, what + ".offsets", "kvHeads", "chunkIds");
-    CheckIds(off.data, size_t(kvHeads), ids, int64_t(chunkSeg.length), false, what + ".chunkIds", "kv head", " (chunks of the segment chain)");
+    CheckIds(off.data, size_t(kvHeads), ids, int64_t(chain.chunks()), false, what + ".chunkIds", "kv head", " (chunks of the segment chain)");
     const size_t n = ids.length;
-    const size_t nSeg = segStart.length > 0 ? segStart.length - 1 : 0;
-    if (segStart.length == 0 || segStart.data[0] != 0)
-      Throw("E_RANGE", what + ".segStart: expected segments + 1 entries starting at 0, got " +
-                           (segStart.length ? "first entry " + std::to_string(segStart.data[0]) : std::string("an empty array")));
-    for (size_t s = 0; s < nSeg; ++s)
-      if (segStart.data[s + 1] < segStart.data[s])
-        Throw("E_RANGE", what + ".segStart: expected non-decreasing, got " + std::to_string(segStart.data[s + 1]) + " after " +
-                             std::to_string(segStart.data[s]));
-    if (size_t(segStart.data[nSeg]) != chunkSeg.length)
-      Throw("E_SHAPE", what + ".chunkSeg: expected segStart's last entry " + std::to_string(segStart.data[nSeg]) +
-                           " elements, got " + std::to_string(chunkSeg.length));
-    // Without `maps` there is no DRAM tier: every entry not skipped is a miss.
-    const bool hasTier = !o.Get("maps").IsUndefined();
-    Napi::Array mapsArr;
-    if (hasTier) {
-      if (!o.Get("maps").IsArray()) Throw("E_TYPE", what + ".maps: expected an Array of Int32Array slot maps, one per segment");
-      mapsArr = o.Get("maps").As<Napi::Array>();
-      ExpectLength(mapsArr.Length(), nSeg, what + ".maps (one per segment)");
-    }
-    std::vector<ArrayArg<int32_t>> maps(hasTier ? nSeg : 0);
-    for (size_t s = 0; s < maps.size(); ++s) maps[s] = GetI32(mapsArr.Get(uint32_t(s)), what + ".maps[" + std::to_string(s) + "]");
     ArrayArg<uint8_t> skip;
     const bool hasSkip = !o.Get("skip").IsUndefined();
     if (hasSkip) {
@@ -178,20 +159,6 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
 
     const size_t cap = st.capacity();
     size_t hits = 0, misses = 0, inDest = 0;
-    // Where the slot maps hold (global chunk g, kv head h): g's segment, the entry's index in that
-    // segment's map, and whether every index on the way lies inside the chain (the loop below names
-    // the first that does not; the prefetch ahead just skips such an entry).
-    struct MapAt {
-      int32_t seg;
-      int64_t key;
-      bool inside;
-    };
-    auto mapAt = [&](int32_t g, int h) -> MapAt {
-      const int32_t s = chunkSeg.data[g];
-      if (s < 0 || size_t(s) >= nSeg) return {s, -1, false};
-      const int64_t key = (layer * kvHeads + h) * (int64_t(segStart.data[s + 1]) - segStart.data[s]) + (g - segStart.data[s]);
-      return {s, key, g >= segStart.data[s] && g < segStart.data[s + 1] && key >= 0 && size_t(key) < maps[size_t(s)].length};
-    };
     // Pass 1, the kv heads in parallel on the addon's pool: each entry's slot (kSkipped, kMissing
     // or the resident slot), checked. The slot-map reads are the call's cost (one cache miss per
     // chunk, prefetched kPrefetchAhead entries ahead within the head); the heads' lists are
@@ -206,8 +173,8 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
         if (hasTier && i + int32_t(kPrefetchAhead) < end) {
           const int32_t j = i + int32_t(kPrefetchAhead);
           if (!hasSkip || !skip.data[j]) {
-            const MapAt m = mapAt(ids.data[j], h);
-            if (m.inside) __builtin_prefetch(maps[size_t(m.seg)].data + m.key);
+            const Chain::At m = chain.Locate(layer, kvHeads, ids.data[j], h);
+            if (m.inside) __builtin_prefetch(chain.maps[size_t(m.seg)].data + m.key);
           }
         }
         if (hasSkip && skip.data[i]) {
@@ -217,15 +184,10 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
         int32_t slot = kMissing;
         if (hasTier) {
           const int32_t g = ids.data[i];
-          const MapAt m = mapAt(g, h);
+          const Chain::At m = chain.Locate(layer, kvHeads, g, h);
           const int32_t s = m.seg;
-          if (s < 0 || size_t(s) >= nSeg)
-            Throw("E_RANGE", what + ".chunkSeg[" + std::to_string(g) + "]: expected a segment in [0, " + std::to_string(nSeg) + "), got " + std::to_string(s));
-          if (!m.inside)
-            Throw("E_RANGE", what + ".maps[" + std::to_string(s) + "]: expected a slot map holding layer " + std::to_string(layer) +
-                                 ", kv head " + std::to_string(h) + ", chunk " + std::to_string(g) + " (entry " + std::to_string(m.key) +
-                                 "), got " + std::to_string(maps[size_t(s)].length) + " entries");
-          slot = maps[size_t(s)].data[m.key];
+          if (!m.inside) Throw("E_RANGE", ChainMiss(chain, m, layer, h, g, what));
+          slot = chain.maps[size_t(s)].data[m.key];
           // Bounds only: owner[slot] would be one more cache miss per chunk, and a map naming a slot
           // in range reads tier memory either way (never outside it).
           if (slot >= 0 && size_t(slot) >= cap)

@@ -34,7 +34,14 @@ export interface AttendFetchedOptions {
    * Page-first pages of pageChunkSize tokens: one buffer (entry i at i x page bytes, unless
    * fetchedAt) or up to 256 buffers (with fetchedAt / fetchedIn; the DRAM tier passes its arena blocks).
    */
-  fetched: Uint8Array | Uint8Array[];
+  fetched?: Uint8Array | Uint8Array[];
+  /**
+   * Instead of the page lists (fetched*, fetchedMass, landing: E_CONFIG with them): the sealed
+   * pages read straight from a DRAM tier that holds every one ({@link TieredKv.residentPages}),
+   * each selected unit's page looked up in the tier's slot maps (E_RANGE for a page the tier does
+   * not hold). The result then carries `pageCounts`.
+   */
+  dramTier?: DramTierPages;
   /**
    * kvHeads + 1 offsets and ascending page ids per kv head of the pages (default: the selection's,
    * when pageChunkSize equals its chunkSize). Every selected unit before tailBase not resident in
@@ -96,6 +103,21 @@ export interface AttendFetchedOptions {
   landingTimeoutMs?: number;
 }
 
+/**
+ * A DRAM tier's pages as attendFetched reads them in place (native/cache/dram_chain.h): global
+ * chunk g of the chain lies in segment chunkSeg[g]; that segment's slot map `maps[s]` holds the slot
+ * of (layer, kv head h, g - segStart[s]) at (layer x kvHeads + h) x chunks(s) + g - segStart[s];
+ * slot n lies in arenas[floor(n / slotsPerBlock)] at byte (n % slotsPerBlock) x page bytes.
+ */
+export interface DramTierPages {
+  chunkSeg: Int32Array;
+  segStart: Int32Array;
+  maps: Int32Array[];
+  layer: number;
+  arenas: readonly Uint8Array[];
+  slotsPerBlock: number;
+}
+
 /** The landing flags of one SSD read in flight (see TieredKv.fetchInPlace). */
 export interface ReadLanding {
   /** Element 0: 0 while the read runs, 1 once it ended with every item landed, else it failed; element 1 + i: 1 once item i landed. */
@@ -111,6 +133,11 @@ export interface FetchedAttentionResult {
   chunkMass: Float32Array;
   /** With `landing`: 1 per kv head attended by the call, 0 per head left out (masked, or its read failed). */
   attended?: Uint8Array;
+  /**
+   * With `dramTier`: the distinct pages the attended kv heads read, [from the DRAM tier, from the
+   * tail, from the hot tier] (a page counted once per kv head): the step's traffic per source.
+   */
+  pageCounts?: Int32Array;
 }
 
 /**
