@@ -15,6 +15,11 @@
  *   SSD-read chunks by the attention mass their tokens received ─▶ (once every entry of the step
  *   succeeded) commit: token count + 1, and the seal this made due starts.
  *
+ * Without an SSD and without a hot tier the DRAM tier holds every sealed chunk for good (the
+ * memory model without an SSD), so the step has no fetch to make: attendResident passes the tier's
+ * slot maps and arenas to attendFetched (`dramTier`), which looks each selected page up as it lists
+ * the spans. The spans, hence the outputs, are those of the fetch path.
+ *
  * The token count advances only after attention succeeded, so a failed step retried with the same
  * input gives the output of a clean run. The stages are separate functions: appendEntry (main
  * thread: it mutates tail and index), selectEntry (select-stage.ts: inline in sequential mode, on a
@@ -28,7 +33,7 @@ import { KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
-import { attendFetched, attendFetchedAsync, type FetchedAttentionResult, type ReadLanding } from '../storage/fetched-attention.js';
+import { attendFetched, attendFetchedAsync, type DramTierPages, type FetchedAttentionResult, type ReadLanding } from '../storage/fetched-attention.js';
 import type { FetchPlacement, FetchStats } from '../storage/tiered-kv.js';
 import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
 import type { KvTensor } from '../types.js';
@@ -453,6 +458,69 @@ interface EntryAttention {
 }
 
 /**
+ * What commits an entry's step once every entry of the step succeeded: the token count advances,
+ * the next step's select starts from this one's selection (PolicyOptions.reuseCandidateFactor; set
+ * only here, so a failed step leaves the prior, and a retry selects, as before it) and the seal this
+ * step made due starts.
+ */
+function commitStep(mem: KvMemory, seq: number, layer: number, lk: LayerKv, T: number, tokSel: Selection): () => void {
+  return () => {
+    lk.tokens = T;
+    lk.policy?.setPrior(tokSel);
+    mem.startSeal(seq, layer, lk);
+  };
+}
+
+/**
+ * Select and compute stages of entry (seq, layer) when its DRAM tier holds every sealed chunk
+ * (`pages`, TieredKv.residentPages) and no hot tier sits in front: one select over every kv head
+ * (or `s`, a stage worker's), then attention reading each selected page from the tier's arena,
+ * looked up by attendFetched itself. Nothing to fetch, pin or admit; the traffic per source comes
+ * back from the attention (pageCounts). Same spans as the fetch path, so the same bits.
+ */
+async function attendResident(entry: EntryStep, offThread: boolean, pages: DramTierPages): Promise<EntryResult> {
+  const { mem, seq, layer, a, q, s } = entry;
+  const { lk, T, tailK, tailV } = a;
+  const { shape, policyOptions: p, budget } = mem.config;
+  const gs = s ?? selectEntry(a.handle, q, budget);
+  const tokSel = gs.selection;
+  const n = tokSel.chunkIds.length;
+  const sc = scratchFor(lk, shape.kvHeads, 0);
+  if (sc.unitMass.length < n) sc.unitMass = new Float32Array(n);
+  const into = { out: new Float32Array(shape.qHeads * shape.headDim), lse: new Float32Array(shape.qHeads), chunkMass: sc.unitMass.subarray(0, n) };
+  const args = {
+    q,
+    qHeads: shape.qHeads,
+    sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
+    tail: { k: tailK, v: tailV },
+    tailBase: lk.sealed,
+    selection: tokSel,
+    pageChunkSize: p.chunkSize,
+    dramTier: pages,
+    threads: ATTEND_THREADS,
+    into,
+  };
+  const t = performance.now();
+  const r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+  const computeMs = performance.now() - t;
+  const [dram, tail, hot] = r.pageCounts!;
+  const stats: EntryStepStats = {
+    chunks: dram! + tail! + hot!,
+    hotChunks: hot!,
+    dramChunks: dram!,
+    ssdChunks: 0,
+    tailChunks: tail!,
+    ssdReadBytes: 0,
+    hotAdmitted: 0,
+    dramAdmitted: 0,
+    selectMs: a.extendMs + gs.ms,
+    fetchMs: 0,
+    computeMs,
+  };
+  return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: gs.bytesScored, stats, commit: commitStep(mem, seq, layer, lk, T, tokSel) };
+}
+
+/**
  * Fetch and compute stages of entry (seq, layer) once appended (`a`). `s`: its selection when a
  * stage worker made it (pipelined mode), fetched as one group; omitted, the selection is made
  * here head group by head group (selectAndFetch: with an SSD, groups of config.streamHeads kv
@@ -479,6 +547,9 @@ export async function fetchAttendEntry(
   offThread: boolean,
 ): Promise<EntryResult> {
   const { lk, T, tailK, tailV } = a;
+  // A DRAM tier holding every sealed chunk, no hot tier in front: nothing to fetch.
+  const resident = hot ? undefined : lk.tiers?.residentPages(0);
+  if (resident) return attendResident({ mem, hot, seq, layer, a, q, s }, offThread, resident);
   const { shape, policyOptions: p } = mem.config;
   const { kvHeads: H, qHeads } = shape;
   const cs = p.chunkSize;
@@ -664,15 +735,8 @@ export async function fetchAttendEntry(
     // Fetch: the wall of select + fetch + attention not spent selecting or attending (the reads
     // neither hid, hot-tier admission).
     stats.fetchMs = t3 - t1 - f.selectMs - e.computeMs;
-    const commit = () => {
-      lk.tokens = T;
-      // The next step's select starts from this one's (PolicyOptions.reuseCandidateFactor); set only
-      // here, so a failed step leaves the prior, and a retry selects, as before it.
-      lk.policy?.setPrior(tokSel);
-      mem.startSeal(seq, layer, lk);
-    };
     // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit };
+    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit: commitStep(mem, seq, layer, lk, T, tokSel) };
   } finally {
     // Hot-tier copies still waiting for reads that failed: those slots are freed (they would
     // otherwise stay resident with no rows); before the pages' buffers are released.

@@ -121,7 +121,10 @@ export interface StepBreakdown {
   wallMs: number;
   /** Index extend + select, summed over entries. */
   selectionMs: number;
-  /** Hot-tier lookup, DRAM tier / SSD / tail staging and hot-tier admission, summed over entries. */
+  /**
+   * Hot-tier lookup, DRAM tier / SSD / tail staging and hot-tier admission, summed over entries; 0
+   * without an SSD and a hot tier (the DRAM tier holds every chunk: attention reads them in place).
+   */
   fetchMs: number;
   /** Attention, summed over entries. */
   computeMs: number;
@@ -172,7 +175,7 @@ export interface RuntimeStats {
   selectionMs: number;
   /** Attention, summed over entries. */
   computeMs: number;
-  /** Fetch (hot tier, DRAM tier, SSD reads incl. I/O wait, tail staging), summed over entries. */
+  /** Fetch (hot tier, DRAM tier, SSD reads incl. I/O wait, tail staging), summed over entries; 0 without an SSD and a hot tier. */
   fetchMs: number;
   /** Selected chunks served from SSD, their payload bytes, and the bytes the device transferred (those chunks, page-aligned). */
   ssdChunks: number;

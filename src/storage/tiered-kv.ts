@@ -20,7 +20,7 @@ import { DramStore, type DramChain } from './dram-store.js';
 import { parseOptions } from './io-engine.js';
 import { chunkBytesOf, storeShapeSchema, type SsdStore, type StoreShape } from './ssd-store.js';
 import { expectArray, expectInt, expectObject } from '../util/check.js';
-import type { ReadLanding } from './fetched-attention.js';
+import type { DramTierPages, ReadLanding } from './fetched-attention.js';
 
 /** Options of a {@link TieredKv}. */
 export interface TieredKvOptions {
@@ -257,6 +257,21 @@ export class TieredKv {
     this.chunkSeg = seg;
     this.totalChunks += chunks;
     this.chain = { chunkSeg: seg, segStart: Int32Array.from(this.segStart), maps: this.dramMaps.map((m) => m.slots) };
+  }
+
+  /**
+   * Where a reader finds every sealed chunk of `layer` when the DRAM tier holds all of them for
+   * good: no SSD store, and nothing evicts or moves them (`pinInPlace: false`, the memory model
+   * without an SSD). attendFetched's `dramTier` then looks each selected page up itself, and the
+   * step has no fetch to make (no split, no lookups, no placement). Undefined otherwise. Valid
+   * until the next {@link appendSegment} (the chain grows then: ask again).
+   */
+  residentPages(layer: number): DramTierPages | undefined {
+    this.check();
+    if (this.ssd || !this.dram || this.pinInPlace) return undefined;
+    if (!Number.isInteger(layer) || layer < 0 || layer >= this.shape.layers) fail('E_RANGE', 'TieredKv.residentPages layer', `an integer in [0, ${this.shape.layers})`, layer);
+    const { chunkSeg, segStart, maps } = this.chain;
+    return { chunkSeg, segStart, maps, layer, arenas: this.dram.arenas, slotsPerBlock: this.dram.slotsPerBlock };
   }
 
   private static zeroStats(): FetchStats {
