@@ -15,6 +15,7 @@
 #include <napi.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -188,18 +189,27 @@ void Run(const FetchedJob& job) {
   Span* const spans = rs.spans.data();
   uint8_t* const kind = rs.source.data();
   int64_t* const firstToken = rs.first.data();
-  size_t n = 0;
-  auto add = [&](const Span& sp, SpanKind k, int64_t first) {
-    spans[n] = sp;
-    kind[n] = k;
-    firstToken[n] = first;
-    ++n;
-  };
   const size_t headOut = size_t(job.group) * size_t(job.dim);
-  int32_t pageCount[3] = {0, 0, 0};  // dramTier: distinct pages per source, over the heads attended
-  for (int h = 0; h < job.kvHeads; ++h) {
-    rs.start[size_t(h)] = n;
-    if (!job.Active(h)) continue;
+  // Every head lists one span per selected unit (an empty one for a unit clipped away), plus its
+  // sinks and its tail: where each head's spans start is known before any is listed, so the heads
+  // are listed in parallel (the listing looks up each unit's page: in the hot tier's map, the page
+  // lists or the DRAM tier's slot maps, misses at random), into the same places, in the same order.
+  const size_t fixedSpans = (job.sinkEnd > 0 ? 1 : 0) + (job.tokens > job.tailStart ? 1 : 0);
+  rs.start[0] = 0;
+  for (size_t h = 0; h < kvHeads; ++h)
+    rs.start[h + 1] = rs.start[h] + (job.Active(int(h)) ? fixedSpans + size_t(job.offsets[h + 1] - job.offsets[h]) : 0);
+  // dramTier: distinct pages per source and head, summed over the heads attended below.
+  std::vector<std::array<int32_t, 3>> pageCount(job.pageCounts ? kvHeads : 0, {0, 0, 0});
+  auto listHead = [&](size_t head) {
+    const int h = int(head);
+    if (!job.Active(h)) return;
+    size_t n = rs.start[head];
+    auto add = [&](const Span& sp, SpanKind k, int64_t first) {
+      spans[n] = sp;
+      kind[n] = k;
+      firstToken[n] = first;
+      ++n;
+    };
     // Units ascend, so the pages holding them do too: one cursor over this head's ascending page
     // ids finds each unit's page (hot-tier residents are simply not among them).
     const int32_t* pageAt = job.dram ? nullptr : job.fetchedIds + job.fetchedOffsets[h];
@@ -216,7 +226,7 @@ void Run(const FetchedJob& job) {
     auto count = [&](int k, int32_t c) {
       if (job.pageCounts && counted[k] != c) {
         counted[k] = c;
-        ++pageCount[k];
+        ++pageCount[head][size_t(k)];
       }
     };
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
@@ -280,9 +290,16 @@ void Run(const FetchedJob& job) {
                job.tailV.tokenStride},
           kTail, job.tailStart);
     }
+    if (n != rs.start[head + 1])
+      Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " listed " + std::to_string(n - rs.start[head]) + " spans, expected " +
+                              std::to_string(rs.start[head + 1] - rs.start[head]));
+  };
+  ThreadPool::Global().ParallelFor(kvHeads, listHead, job.threads);
+  if (job.pageCounts) {
+    std::fill(job.pageCounts, job.pageCounts + 3, 0);
+    for (const auto& c : pageCount)
+      for (size_t k = 0; k < 3; ++k) job.pageCounts[k] += c[k];
   }
-  rs.start[kvHeads] = n;
-  if (job.pageCounts) std::copy(pageCount, pageCount + 3, job.pageCounts);
   // The heads attended, packed (headOf: packed index -> kv head).
   std::vector<size_t> headOf;
   headOf.reserve(kvHeads);
