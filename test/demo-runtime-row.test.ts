@@ -21,7 +21,7 @@ describe('demo runtime rows', () => {
       prepare: async (layer: ReplayLayer) => {
         await r.prepare(layer);
         // Nothing of the layer is decoded yet: its steps are decoded when asked for, one by one.
-        calls.push(`${r.mode} prepare ${layer.layer} (${r.time.layerSteps} steps decoded)`);
+        calls.push(`${r.mode} prepare ${layer.layer} (${r.time.layerSteps + r.time.firstSteps} steps decoded)`);
       },
       step: async (l: number, s: number): Promise<AttendedStep> => {
         calls.push(`${r.mode} step ${l}.${s}`);
@@ -42,7 +42,14 @@ describe('demo runtime rows', () => {
         expect(a.recall).toBeGreaterThan(0);
         expect(a.recall).toBeLessThanOrEqual(a.oracleRecall + 1e-6);
       }
-      expect((await rows[0]!.summary()).wallMs).toBeGreaterThan(0);
+      // Time columns: the steps after each layer's first (2 of 3 per layer); the first ones apart.
+      for (const r of rows) {
+        expect(r.time.layerSteps).toBe(4);
+        expect(r.time.firstSteps).toBe(2);
+        const sum = await r.summary();
+        expect(sum.wallMs).toBeGreaterThan(0);
+        expect(sum.firstStepMs).toBeGreaterThan(0);
+      }
     } finally {
       for (const r of rows) await r.close();
     }

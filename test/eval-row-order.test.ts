@@ -2,7 +2,7 @@
 // same code never back to back, and rows with the same neighbours running after the same rows
 // equally often, so that no row is timed with its code or data left warm more than another.
 import { describe, expect, it } from 'vitest';
-import { alternate, turnOrder } from '../src/eval/replay.js';
+import { alternate, isTimedStep, summarize, turnOrder, type LayerResult } from '../src/eval/replay.js';
 
 describe('timed row order', () => {
   it('alternate interleaves two lists and keeps the longer one\'s rest', () => {
@@ -38,5 +38,19 @@ describe('timed row order', () => {
     // both (rotation alone: row 0 always after row 3, row 2 always after row 1).
     expect(after(0)).toEqual({ dense: 2, 'row 1': 3, 'row 3': 3 });
     expect(after(2)).toEqual(after(0));
+  });
+
+  it('time means count the steps after each layer\'s first (one-step layers: that step); recall counts every step', () => {
+    expect([0, 1, 2].map((s) => isTimedStep(s, 3))).toEqual([false, true, true]);
+    expect(isTimedStep(0, 1)).toBe(true);
+    const step = (ms: number, recall: number) => ({ recall, oracleRecall: 1, relError: 0, sparseBytes: 0, selectMs: ms, attendMs: ms / 2 });
+    const layer = (l: number, steps: ReturnType<typeof step>[]): LayerResult => ({ layer: l, steps, buildMs: 0, indexBytes: 0, needlesFound: 0, needlesTotal: 0 });
+    // Each layer's first step is slow (100 ms); the others take 2 and 4 ms.
+    const r = summarize('kvdrive', 8, [layer(0, [step(100, 0.5), step(2, 1), step(4, 1)]), layer(1, [step(100, 0.5), step(2, 1), step(4, 1)])]);
+    expect(r.selectMs).toBe(3);
+    expect(r.attendMs).toBe(1.5);
+    expect(r.layers.map((l) => l.selectMs)).toEqual([3, 3]);
+    expect(r.recall).toBeCloseTo(5 / 6, 12);
+    expect(summarize('quest', 8, [layer(0, [step(7, 1)])]).selectMs).toBe(7);
   });
 });

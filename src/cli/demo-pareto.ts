@@ -12,7 +12,7 @@
  */
 import { generateSyntheticTrace } from '../trace/synthetic.js';
 import { layerKvWithNew } from '../trace/trace.js';
-import { alternate, prefixView, traceNeedles, turnOrder } from '../eval/replay.js';
+import { alternate, isTimedStep, prefixView, traceNeedles, turnOrder } from '../eval/replay.js';
 import { attendedMask, massRecall, MetricsScratch, StepOracle } from '../eval/metrics.js';
 import { attendDense, attendSparse, attentionWeights, memoryRead } from '../attention/kernels.js';
 import { createPolicy, type SelectionPolicy } from '../index/policy.js';
@@ -187,10 +187,8 @@ export async function runPareto(o: ParetoOptions): Promise<ParetoResult> {
           const recall = massRecall(weights, mask, QHEADS, KVHEADS, tokens);
           const best = oracle.recall(budget, sel.sinkEnd, sel.tailStart);
           const a = acc.get(key(label, budget))!;
-          // Time: the steps after each layer's first (with one step, that one), for every policy
-          // alike: the first pays each (policy, budget)'s one-off costs (scratch growth at this
-          // context, first calls), which a long decode does not repeat. Recall: every step.
-          if (s > 0 || o.steps === 1) {
+          // Time: the steps after each layer's first (isTimedStep), for every policy alike. Recall: every step.
+          if (isTimedStep(s, o.steps)) {
             a.select += selectMs;
             a.cpu += cpuMs;
             a.attend += attendMs;

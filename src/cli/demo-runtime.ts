@@ -24,7 +24,7 @@ import { KvdriveError } from '../errors.js';
 import { createPolicy } from '../index/policy.js';
 import type { PolicyName } from '../index/selection.js';
 import { attendSparse } from '../attention/kernels.js';
-import { prefixView, type AttendedSource, type AttendedStep, type ReplayLayer } from '../eval/replay.js';
+import { isTimedStep, prefixView, type AttendedSource, type AttendedStep, type ReplayLayer } from '../eval/replay.js';
 
 export interface RuntimeDemoOptions {
   dir: string;
@@ -343,8 +343,11 @@ export class RuntimeRow implements AttendedSource {
   readonly name: string;
   /** steps[layer][step]: the selection attention ran over, its output and per-stage times. */
   readonly steps: AttendedStep[][] = [];
-  /** Sums over layer-steps, ms: attend() wall, selection, fetch, compute; prefill of every layer. */
-  readonly time = { wallMs: 0, selectMs: 0, fetchMs: 0, computeMs: 0, prefillMs: 0, layerSteps: 0 };
+  /**
+   * Sums over the timed layer-steps (isTimedStep: those after each layer's first), ms: attend()
+   * wall, selection, fetch, compute; the first steps' wall apart; prefill of every layer.
+   */
+  readonly time = { wallMs: 0, selectMs: 0, fetchMs: 0, computeMs: 0, prefillMs: 0, layerSteps: 0, firstWallMs: 0, firstSteps: 0 };
   /** The sequence decoding the current layer. */
   private seq: number | undefined;
   /** The layer being decoded (set by `prepare`); its steps are decoded one `step` call at a time. */
@@ -400,11 +403,17 @@ export class RuntimeRow implements AttendedSource {
     const st = (await this.rt.stats()).recentSteps.at(-1)!;
     const out: AttendedStep = { selection: r!.selection, out: r!.out, bytesScored: r!.bytesScored, selectMs: st.selectionMs, attendMs: st.computeMs };
     steps.push(out);
-    this.time.wallMs += st.wallMs;
-    this.time.selectMs += st.selectionMs;
-    this.time.fetchMs += st.fetchMs;
-    this.time.computeMs += st.computeMs;
-    this.time.layerSteps++;
+    const t = this.time;
+    if (isTimedStep(step, layer.decodeSteps)) {
+      t.wallMs += st.wallMs;
+      t.selectMs += st.selectionMs;
+      t.fetchMs += st.fetchMs;
+      t.computeMs += st.computeMs;
+      t.layerSteps++;
+    } else {
+      t.firstWallMs += st.wallMs;
+      t.firstSteps++;
+    }
     this.onStep?.(`${this.mode} runtime: layer ${layer.layer} step ${step}`);
     return out;
   }
@@ -417,11 +426,12 @@ export class RuntimeRow implements AttendedSource {
   }
 
   /** Means per layer-step (ms) and the runtime's memory figures. */
-  async summary(): Promise<{ mode: string; wallMs: number; selectMs: number; fetchMs: number; computeMs: number; prefillMs: number; dramBudgetBytes: number; indexBytes: number }> {
+  async summary(): Promise<{ mode: string; wallMs: number; selectMs: number; fetchMs: number; computeMs: number; firstStepMs: number; prefillMs: number; dramBudgetBytes: number; indexBytes: number }> {
     const n = Math.max(1, this.time.layerSteps);
     const m = (await this.rt.stats()).memory;
     const t = this.time;
-    return { mode: this.mode, wallMs: t.wallMs / n, selectMs: t.selectMs / n, fetchMs: t.fetchMs / n, computeMs: t.computeMs / n, prefillMs: t.prefillMs, dramBudgetBytes: m.plan.dramBudgetBytes, indexBytes: m.indexBytes };
+    const firstStepMs = t.firstWallMs / Math.max(1, t.firstSteps);
+    return { mode: this.mode, wallMs: t.wallMs / n, selectMs: t.selectMs / n, fetchMs: t.fetchMs / n, computeMs: t.computeMs / n, firstStepMs, prefillMs: t.prefillMs, dramBudgetBytes: m.plan.dramBudgetBytes, indexBytes: m.indexBytes };
   }
 
   /** E_INTERNAL unless every output equals `other`'s bit for bit (the modes must agree). */

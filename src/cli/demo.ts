@@ -126,6 +126,7 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
   }
   const notes = [
     `dense: exact attention over the whole context; policies: selection + exact attention over the selected tokens; ${o.threads} thread(s) for both.`,
+    `time: mean per layer-step over ${o.steps > 1 ? "the steps after each layer's first (every row alike; recall and error count every step)" : 'the one step'}.`,
     ...(runtimeRows.length
       ? [
           `kvdrive (runtime, mode): openRuntime as a host embeds it (memory model, DRAM only: ${bytes(runtimeRows[0]!.dramBudgetBytes)} default budget, ${ev.dtype} KV); time = whole attend() ` +
@@ -133,7 +134,10 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
             `One sequence is one micro-batch, so pipelined has nothing to overlap and runs it as sequential does; \`--batch N\` shows the overlap across sequences. ` +
             `Each runtime first decodes a throwaway sequence (${warmUpShape(m).tokens} random tokens, ${warmUpShape(m).steps} steps, not timed), so V8 has compiled the step's JS before the timed steps; ` +
             `each policy object (quest, shadowkv) first indexes, selects and attends over one of the same shape, so every row times steady steps. ` +
-            `Each step runs after that step's dense pass (caches cold, as between the layers of a real decode), the rows taking turns going first, the two runtime rows never back to back.`,
+            `Each step runs after that step's dense pass (caches cold, as between the layers of a real decode), the rows taking turns going first, the two runtime rows never back to back.` +
+            (o.steps > 1
+              ? ` Each layer's first step (not in the time columns: no previous selection to start from, the garbage of the layer's prefill) took ${runtimeRows.map((r) => `${ms(r.firstStepMs)} ${r.mode}`).join(', ')}.`
+              : ''),
         ]
       : []),
     `bytes: K/V rows read by attention plus index vectors scored by selection. recall: share of dense attention mass on the attended tokens (the runtime's own);`,

@@ -58,6 +58,7 @@ function report(ev: TraceEvaluation): string {
     ]);
     lines.push(table(rows));
   }
+  lines.push('', `select: mean wall time per step over ${m.decodeSteps > 1 ? "the steps after each layer's first (that one pays one-off costs)" : 'the one step'}; recall, error and needles over every step.`);
   return lines.join('\n');
 }
 
