@@ -136,7 +136,7 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
             `each policy object (quest, shadowkv) first indexes, selects and attends over one of the same shape, so every row times steady steps. ` +
             `Each step runs after that step's dense pass (caches cold, as between the layers of a real decode), the rows taking turns going first, the two runtime rows never back to back.` +
             (o.steps > 1
-              ? ` Each layer's first step (not in the time columns: no previous selection to start from, the garbage of the layer's prefill) took ${runtimeRows.map((r) => `${ms(r.firstStepMs)} ${r.mode}`).join(', ')}.`
+              ? ` Each layer's first step (not in the time columns: no previous selection to start from; the garbage of generating and prefilling the layer is collected there) took ${runtimeRows.map((r) => `${ms(r.firstStepMs)} ${r.mode}`).join(', ')}.`
               : ''),
         ]
       : []),

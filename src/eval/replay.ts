@@ -275,8 +275,9 @@ export function turnOrder(n: number, s: number): number[] {
  * Whether decode step `s` of a layer of `steps` steps counts in a time mean: every step after the
  * layer's first (with one step, that one). The first pays one-off costs a long decode does not
  * repeat, and pays them unevenly between rows: a runtime's first select has no previous selection
- * to start from (PolicyOptions.reuseCandidateFactor) and meets the garbage of the layer's prefill,
- * every policy's scratch grows to the context there. Recall, error and needles count every step.
+ * to start from (PolicyOptions.reuseCandidateFactor), the row that runs first after the layer's
+ * generation and prefill meets their garbage (collected there), and every policy's scratch grows to
+ * the context there. Recall, error and needles count every step.
  * The demo's table, its Pareto sweep and `kvdrive eval` all time by this rule.
  */
 export function isTimedStep(s: number, steps: number): boolean {
