@@ -253,6 +253,25 @@ function kernelCall(g: Gen): Call {
   (o.sink as Obj).v = { ...((o.sink as Obj).k as Obj) };
   (o.tail as Obj).v = { ...((o.tail as Obj).k as Obj) };
   if (g.bool(0.3)) {
+    // Instead of page lists, a DRAM tier read in place (dramTier): a chain of one or two segments
+    // that may not cover the selection, slot maps of any length holding any slots (free, past the
+    // arenas), arena blocks of any size; now and then the page lists too (E_CONFIG).
+    const pb = 2 * cs * s.dim * es;
+    const nChain = g.int(0, maxChunks + 2);
+    const cut = g.int(0, nChain);
+    const two = g.bool(0.5);
+    const segStart = two ? Int32Array.of(0, cut, nChain) : Int32Array.of(0, nChain);
+    const chunkSeg = new Int32Array(nChain).fill(two ? 1 : 0, two ? cut : 0);
+    if (two) chunkSeg.fill(0, 0, cut);
+    const perBlock = g.int(1, 8);
+    const blocks = g.int(0, 3);
+    const maps = Array.from({ length: segStart.length - 1 }, (_, seg) =>
+      Int32Array.from({ length: g.int(0, s.kvHeads * (segStart[seg + 1]! - segStart[seg]!) + 1) }, () => g.int(-2, perBlock * Math.max(1, blocks) + 1)),
+    );
+    const arenas = Array.from({ length: blocks }, () => new Uint8Array(g.int(0, perBlock) * pb + g.int(0, 1)));
+    o.dramTier = { chunkSeg, segStart, maps, layer: g.int(0, 1), arenas, slotsPerBlock: perBlock };
+    if (!g.bool(0.1)) delete o.fetched;
+  } else if (g.bool(0.3)) {
     // Reads "in flight": flags landed, failed or never set (a short timeout then leaves those heads out).
     const items = g.int(0, 4);
     o.landing = [{ done: Int32Array.from({ length: 1 + items }, () => g.pick([0, 1, 1, 2])), itemHead: Int32Array.from({ length: items }, () => g.int(0, s.kvHeads - 1)) }];
