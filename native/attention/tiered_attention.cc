@@ -154,13 +154,14 @@ class PageOf {
 constexpr int32_t kDramLookAhead = 16;
 
 // The page of chunk c of kv head h in job.dram's arena; every index checked (E_RANGE names what).
-const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c) {
+// `seg`: the segment cursor of the head's walk (dram::Chain::LocateAscending).
+const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c, size_t& seg) {
   const FetchedJob::DramPages& d = *job.dram;
   if (c < 0 || size_t(c) >= d.chain.chunks())
     Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
                          " is selected before tailBase but lies past the DRAM tier's chain (" + std::to_string(d.chain.chunks()) +
                          " chunks)");
-  const dram::Chain::At m = d.chain.Locate(d.layer, job.kvHeads, c, h);
+  const dram::Chain::At m = d.chain.LocateAscending(d.layer, job.kvHeads, c, h, seg);
   if (!m.inside) Throw("E_RANGE", dram::ChainMiss(d.chain, m, d.layer, h, c, job.what + ".dramTier"));
   const int32_t slot = d.chain.maps[size_t(m.seg)].data[m.key];
   if (slot < 0)
@@ -222,11 +223,15 @@ void Run(const FetchedJob& job) {
     // last page counted.
     int32_t lastDram = -1;
     const uint8_t* lastDramPage = nullptr;
+    size_t segAt = 0, segAhead = 0;  // segment cursors of the lookups and of the prefetches ahead
+    // Counted here and stored once below: the heads' counters share a cache line, which the
+    // workers would otherwise write back and forth per unit.
     int32_t counted[3] = {-1, -1, -1};
+    int32_t counts[3] = {0, 0, 0};
     auto count = [&](int k, int32_t c) {
       if (job.pageCounts && counted[k] != c) {
         counted[k] = c;
-        ++pageCount[head][size_t(k)];
+        ++counts[k];
       }
     };
     for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
@@ -234,7 +239,7 @@ void Run(const FetchedJob& job) {
         const int64_t t = std::max(int64_t(job.chunkIds[i + kDramLookAhead]) * sc, job.sinkEnd);
         const int64_t c = t < job.tailBase ? pageOf(t) : -1;
         if (c >= 0 && size_t(c) < job.dram->chain.chunks()) {
-          const dram::Chain::At m = job.dram->chain.Locate(job.dram->layer, job.kvHeads, int32_t(c), h);
+          const dram::Chain::At m = job.dram->chain.LocateAscending(job.dram->layer, job.kvHeads, int32_t(c), h, segAhead);
           if (m.inside) __builtin_prefetch(job.dram->chain.maps[size_t(m.seg)].data + m.key);
         }
       }
@@ -269,7 +274,7 @@ void Run(const FetchedJob& job) {
       }
       if (job.dram) {
         if (c != lastDram) {
-          lastDramPage = DramPage(job, h, c);
+          lastDramPage = DramPage(job, h, c, segAt);
           lastDram = c;
         }
         count(0, c);
@@ -290,6 +295,7 @@ void Run(const FetchedJob& job) {
                job.tailV.tokenStride},
           kTail, job.tailStart);
     }
+    if (job.pageCounts) std::copy(counts, counts + 3, pageCount[head].begin());
     if (n != rs.start[head + 1])
       Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " listed " + std::to_string(n - rs.start[head]) + " spans, expected " +
                               std::to_string(rs.start[head + 1] - rs.start[head]));

@@ -43,6 +43,22 @@ struct Chain {
     const bool mapped = !maps.empty() && key >= 0 && size_t(key) < maps[size_t(s)].length;
     return {s, key, g >= segStart.data[s] && g < segStart.data[s + 1] && mapped};
   }
+
+  // As Locate, with g's segment found from segStart alone, never reading chunkSeg (a read at random
+  // per chunk, which a caller walking ascending chunks, as attention does, need not make): `cursor`
+  // holds the segment of the caller's previous chunk; ascending chunks move it forwards, a smaller
+  // one restarts it. g must be in [0, chunks()). TieredKv builds chunkSeg from segStart, so the two
+  // agree; this one cannot be led outside the maps by an inconsistent chunkSeg.
+  At LocateAscending(int64_t layer, int kvHeads, int32_t g, int h, size_t& cursor) const {
+    const size_t nSeg = segments();
+    if (cursor >= nSeg || g < segStart.data[cursor]) cursor = 0;
+    while (cursor + 1 < nSeg && g >= segStart.data[cursor + 1]) ++cursor;
+    const int32_t s = int32_t(cursor);
+    const int64_t n = int64_t(segStart.data[s + 1]) - segStart.data[s];
+    const int64_t key = (layer * kvHeads + h) * n + (g - segStart.data[s]);
+    const bool mapped = !maps.empty() && key >= 0 && size_t(key) < maps[size_t(s)].length;
+    return {s, key, g >= segStart.data[s] && g < segStart.data[s + 1] && mapped};
+  }
 };
 
 // o.chunkSeg and o.segStart (Int32Arrays), checked against each other; with `withMaps` also o.maps,

@@ -108,6 +108,8 @@ export interface AttendFetchedOptions {
  * chunk g of the chain lies in segment chunkSeg[g]; that segment's slot map `maps[s]` holds the slot
  * of (layer, kv head h, g - segStart[s]) at (layer x kvHeads + h) x chunks(s) + g - segStart[s];
  * slot n lies in arenas[floor(n / slotsPerBlock)] at byte (n % slotsPerBlock) x page bytes.
+ * Attention finds a chunk's segment from segStart alone (its chunks ascend per kv head), never
+ * reading chunkSeg; TieredKv builds the two to agree.
  */
 export interface DramTierPages {
   chunkSeg: Int32Array;
