@@ -168,13 +168,17 @@ describe('DRAM tier lookups and pins (dram_tier.cc)', () => {
   it('dramLocate rejects a slot map that does not cover the chain and pins nothing', async () => {
     const dram = fullStore();
     const kv = new TieredKv({ dram, segments: ['s'], promote: false });
-    const chain = { chunkSeg: new Int32Array(16), segStart: Int32Array.of(0, 16), maps: [dram.slotMap('s').slots.subarray(0, 20)] };
+    const chain = { segStart: Int32Array.of(0, 16), maps: [dram.slotMap('s').slots.subarray(0, 20)] };
     const n = 4;
     const out = { slots: new Int32Array(n), entries: new Int32Array(n), misses: new Int32Array(n) };
     const req = { layer: 0, offsets: Int32Array.of(0, 2, 4), chunkIds: Int32Array.of(1, 2, 3, 9) };
     // Head 1's chunks lie past the truncated map: E_RANGE, and head 0's hits are not left pinned.
     await expectKvdError(() => DramStore.locate(dram, req, chain, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_RANGE', /slot map holding/);
-    await expectKvdError(() => DramStore.locate(dram, req, { ...chain, segStart: Int32Array.of(0, 15) }, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_SHAPE');
+    // A chain of 4 chunks: chunk 9 lies past it; segStart not starting at 0 or decreasing; a map per segment.
+    await expectKvdError(() => DramStore.locate(dram, req, { ...chain, segStart: Int32Array.of(0, 4) }, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_RANGE', /chunk/);
+    await expectKvdError(() => DramStore.locate(dram, req, { ...chain, segStart: Int32Array.of(1, 16) }, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_RANGE', /starting at 0/);
+    await expectKvdError(() => DramStore.locate(dram, req, { ...chain, segStart: Int32Array.of(0, 16, 8) }, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_RANGE', /non-decreasing/);
+    await expectKvdError(() => DramStore.locate(dram, req, { ...chain, segStart: Int32Array.of(0, 8, 16) }, out, { kvHeads: H, chunkBytes: kv.chunkBytes, pin: true }), 'E_SHAPE', /one per segment/);
     for (let h = 0; h < H; h++) for (let c = 0; c < 16; c++) expect(dram.evict('s', 0, h, c)).toBe(true);
   });
 });

@@ -403,19 +403,18 @@ describe('attendFetched', () => {
     // layer; slots handed out in a scrambled order over two arena blocks of 100 slots.
     const segChunks = [48, 64];
     const segStart = Int32Array.of(0, 48, 112);
-    const chunkSeg = new Int32Array(112);
-    chunkSeg.fill(1, 48);
+    const segOf = (c: number) => (c < 48 ? 0 : 1);
     const maps = segChunks.map((n) => new Int32Array(kvHeads * n).fill(-1));
     const perBlock = 100;
     const arenas = [new Uint8Array(perBlock * pb), new Uint8Array(perBlock * pb)];
     ids.forEach((c, i) => {
       const h = pageHead[i]!;
-      const s = chunkSeg[c]!;
+      const s = segOf(c);
       const slot = (37 * i + 11) % 200;
       maps[s]![h * segChunks[s]! + c - segStart[s]!] = slot;
       arenas[Math.floor(slot / perBlock)]!.set(buf.subarray(i * pb, (i + 1) * pb), (slot % perBlock) * pb);
     });
-    const dramTier = { chunkSeg, segStart, maps, layer: 0, arenas, slotsPerBlock: perBlock };
+    const dramTier = { segStart, maps, layer: 0, arenas, slotsPerBlock: perBlock };
     const o = { q, qHeads, sink, tail, tailBase, selection: sel, pageChunkSize: cs };
     const lists = attendFetched({ ...o, fetched: buf, fetchedOffsets: pageOffsets, fetchedIds: Int32Array.from(ids) });
     // Distinct pages per head: sealed ones from the tier, the rest (from 448 on) in the tail.
@@ -438,16 +437,20 @@ describe('attendFetched', () => {
     expect(err({ fetched: buf })).toMatch(/^E_CONFIG: .*fetched: expected no page lists/);
     expect(err({ dramTier: 1 })).toMatch(/^E_TYPE: .*dramTier: expected/);
     expect(err({ dramTier: { ...dramTier, arenas: [] } })).toMatch(/^E_SHAPE: .*arenas/);
-    expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(0, 48, 111) } })).toMatch(/^E_SHAPE: .*chunkSeg/);
+    // A chain that ends before tailBase: the selected pages past its end are named.
+    expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(0, 48, 100) } })).toMatch(/^E_RANGE: .*lies past the DRAM tier's chain \(100 chunks\)/);
     expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(1, 48, 112) } })).toMatch(/^E_RANGE: .*segStart/);
     expect(err({ dramTier: { ...dramTier, maps: [maps[0]!] } })).toMatch(/^E_SHAPE: .*maps/);
     expect(err({ dramTier: { ...dramTier, maps: [maps[0]!.subarray(0, 10), maps[1]!] } })).toMatch(/^E_RANGE: .*slot map holding layer 0, kv head 0, chunk/);
     expect(err({ dramTier: { ...dramTier, layer: 1 } })).toMatch(/^E_RANGE: .*slot map holding layer 1/);
-    // Attention finds each chunk's segment from segStart alone (ascending chunks, a cursor): a
-    // chunkSeg that disagrees with it changes nothing (dramLocate, which reads it, rejects it).
-    expect(bits(attendFetched({ ...o, dramTier: { ...dramTier, chunkSeg: chunkSeg.map(() => 5) } }).out)).toBe(bits(want.out));
+    // The same chain cut into three segments where the maps say so (segment 1 split at chunk 80):
+    // each chunk is found in its own segment's map, bit for bit the same output.
+    const split = [maps[0]!, new Int32Array(kvHeads * 32), new Int32Array(kvHeads * 32)];
+    for (let h = 0; h < kvHeads; h++)
+      for (let c = 48; c < 112; c++) split[c < 80 ? 1 : 2]![h * 32 + (c < 80 ? c - 48 : c - 80)] = maps[1]![h * 64 + c - 48]!;
+    expect(bits(attendFetched({ ...o, dramTier: { ...dramTier, segStart: Int32Array.of(0, 48, 80, 112), maps: split } }).out)).toBe(bits(want.out));
     // The chain shorter than the sealed tokens: a selected page past it.
-    const short = { chunkSeg: chunkSeg.subarray(0, 48), segStart: Int32Array.of(0, 48), maps: [maps[0]!], layer: 0, arenas, slotsPerBlock: perBlock };
+    const short = { segStart: Int32Array.of(0, 48), maps: [maps[0]!], layer: 0, arenas, slotsPerBlock: perBlock };
     expect(err({ dramTier: short })).toMatch(/^E_RANGE: .*lies past the DRAM tier's chain \(48 chunks\)/);
     const edited = (slot: number) => {
       const m = maps.map((x) => x.slice());

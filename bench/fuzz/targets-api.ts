@@ -261,15 +261,13 @@ function kernelCall(g: Gen): Call {
     const cut = g.int(0, nChain);
     const two = g.bool(0.5);
     const segStart = two ? Int32Array.of(0, cut, nChain) : Int32Array.of(0, nChain);
-    const chunkSeg = new Int32Array(nChain).fill(two ? 1 : 0, two ? cut : 0);
-    if (two) chunkSeg.fill(0, 0, cut);
     const perBlock = g.int(1, 8);
     const blocks = g.int(0, 3);
     const maps = Array.from({ length: segStart.length - 1 }, (_, seg) =>
       Int32Array.from({ length: g.int(0, s.kvHeads * (segStart[seg + 1]! - segStart[seg]!) + 1) }, () => g.int(-2, perBlock * Math.max(1, blocks) + 1)),
     );
     const arenas = Array.from({ length: blocks }, () => new Uint8Array(g.int(0, perBlock) * pb + g.int(0, 1)));
-    o.dramTier = { chunkSeg, segStart, maps, layer: g.int(0, 1), arenas, slotsPerBlock: perBlock };
+    o.dramTier = { segStart, maps, layer: g.int(0, 1), arenas, slotsPerBlock: perBlock };
     if (!g.bool(0.1)) delete o.fetched;
   } else if (g.bool(0.3)) {
     // Reads "in flight": flags landed, failed or never set (a short timeout then leaves those heads out).
@@ -492,7 +490,7 @@ export const dramTierTarget = defineTarget<DramInput>({
     for (let h = 0; h < 2; h++)
       for (let c = 0; c < x.chunks; c++) if (x.resident[h * x.chunks + c]) dram.put('s', 0, h, [c], [1], new Uint8Array(cb), [0]);
     const priv = dram as unknown as { slotOwner: Int32Array; pins: Uint16Array; slotsPerBlock: number };
-    const chain = { chunkSeg: new Int32Array(x.chunks), segStart: Int32Array.of(0, x.chunks), maps: [dram.slotMap('s').slots] };
+    const chain = { segStart: Int32Array.of(0, x.chunks), maps: [dram.slotMap('s').slots] };
     for (const o of x.ops) {
       const a = o.args;
       if (o.op === 'locate') {

@@ -154,14 +154,14 @@ class PageOf {
 constexpr int32_t kDramLookAhead = 16;
 
 // The page of chunk c of kv head h in job.dram's arena; every index checked (E_RANGE names what).
-// `seg`: the segment cursor of the head's walk (dram::Chain::LocateAscending).
+// `seg`: the segment cursor of the head's walk (dram::Chain::Locate).
 const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c, size_t& seg) {
   const FetchedJob::DramPages& d = *job.dram;
-  if (c < 0 || size_t(c) >= d.chain.chunks())
+  if (c < 0 || int64_t(c) >= d.chain.chunks())
     Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
                          " is selected before tailBase but lies past the DRAM tier's chain (" + std::to_string(d.chain.chunks()) +
                          " chunks)");
-  const dram::Chain::At m = d.chain.LocateAscending(d.layer, job.kvHeads, c, h, seg);
+  const dram::Chain::At m = d.chain.Locate(d.layer, job.kvHeads, c, h, seg);
   if (!m.inside) Throw("E_RANGE", dram::ChainMiss(d.chain, m, d.layer, h, c, job.what + ".dramTier"));
   const int32_t slot = d.chain.maps[size_t(m.seg)].data[m.key];
   if (slot < 0)
@@ -238,8 +238,8 @@ void Run(const FetchedJob& job) {
       if (job.dram && i + kDramLookAhead < job.offsets[h + 1]) {
         const int64_t t = std::max(int64_t(job.chunkIds[i + kDramLookAhead]) * sc, job.sinkEnd);
         const int64_t c = t < job.tailBase ? pageOf(t) : -1;
-        if (c >= 0 && size_t(c) < job.dram->chain.chunks()) {
-          const dram::Chain::At m = job.dram->chain.LocateAscending(job.dram->layer, job.kvHeads, int32_t(c), h, segAhead);
+        if (c >= 0 && c < job.dram->chain.chunks()) {
+          const dram::Chain::At m = job.dram->chain.Locate(job.dram->layer, job.kvHeads, int32_t(c), h, segAhead);
           if (m.inside) __builtin_prefetch(job.dram->chain.maps[size_t(m.seg)].data + m.key);
         }
       }
@@ -448,16 +448,15 @@ void GetHot(const Napi::Object& o, const std::string& what, int kvHeads, int dim
   layer = int(GetInt(h, "layer", what + ".hot", 0, c.layers - 1));
 }
 
-// o.dramTier = { chunkSeg, segStart, maps, layer, arenas, slotsPerBlock }: a DRAM tier's chain and
+// o.dramTier = { segStart, maps, layer, arenas, slotsPerBlock }: a DRAM tier's chain and
 // arena blocks (src/storage/tiered-kv.ts residentPages), pages of `pageBytes`. The arrays are kept
 // alive for an asynchronous call; each slot is checked against the arenas when it is looked up.
 std::unique_ptr<FetchedJob::DramPages> GetDramPages(const Napi::Value& v, size_t pageBytes, const std::string& what,
                                                     std::vector<Napi::Object>& keep) {
-  if (!v.IsObject()) Throw("E_TYPE", what + ": expected { chunkSeg, segStart, maps, layer, arenas, slotsPerBlock }");
+  if (!v.IsObject()) Throw("E_TYPE", what + ": expected { segStart, maps, layer, arenas, slotsPerBlock }");
   const Napi::Object o = v.As<Napi::Object>();
   auto d = std::make_unique<FetchedJob::DramPages>();
   d->chain = dram::GetChain(o, true, what);
-  keep.push_back(d->chain.chunkSeg.object);
   keep.push_back(d->chain.segStart.object);
   for (const auto& m : d->chain.maps) keep.push_back(m.object);
   d->layer = GetInt(o, "layer", what, 0, 65535);  // keeps (layer * kvHeads + h) * chunks in 63 bits

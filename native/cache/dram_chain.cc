@@ -8,7 +8,6 @@ namespace dram {
 
 Chain GetChain(const Napi::Object& o, bool withMaps, const std::string& what) {
   Chain c;
-  c.chunkSeg = GetI32(o.Get("chunkSeg"), what + ".chunkSeg");
   c.segStart = GetI32(o.Get("segStart"), what + ".segStart");
   if (c.segStart.length == 0 || c.segStart.data[0] != 0)
     Throw("E_RANGE", what + ".segStart: expected segments + 1 entries starting at 0, got " +
@@ -18,9 +17,6 @@ Chain GetChain(const Napi::Object& o, bool withMaps, const std::string& what) {
     if (c.segStart.data[s + 1] < c.segStart.data[s])
       Throw("E_RANGE", what + ".segStart: expected non-decreasing, got " + std::to_string(c.segStart.data[s + 1]) + " after " +
                            std::to_string(c.segStart.data[s]));
-  if (size_t(c.segStart.data[nSeg]) != c.chunkSeg.length)
-    Throw("E_SHAPE", what + ".chunkSeg: expected segStart's last entry " + std::to_string(c.segStart.data[nSeg]) + " elements, got " +
-                         std::to_string(c.chunkSeg.length));
   if (withMaps) {
     if (!o.Get("maps").IsArray()) Throw("E_TYPE", what + ".maps: expected an Array of Int32Array slot maps, one per segment");
     const Napi::Array arr = o.Get("maps").As<Napi::Array>();
@@ -32,9 +28,6 @@ Chain GetChain(const Napi::Object& o, bool withMaps, const std::string& what) {
 }
 
 std::string ChainMiss(const Chain& c, const Chain::At& at, int64_t layer, int h, int32_t g, const std::string& what) {
-  if (at.seg < 0 || size_t(at.seg) >= c.segments())
-    return what + ".chunkSeg[" + std::to_string(g) + "]: expected a segment in [0, " + std::to_string(c.segments()) + "), got " +
-           std::to_string(at.seg);
   return what + ".maps[" + std::to_string(at.seg) + "]: expected a slot map holding layer " + std::to_string(layer) + ", kv head " +
          std::to_string(h) + ", chunk " + std::to_string(g) + " (entry " + std::to_string(at.key) + "), got " +
          std::to_string(c.maps.empty() ? 0 : c.maps[size_t(at.seg)].length) + " entries";

@@ -5,9 +5,10 @@
 //
 // State layout (DramStore): slot s is resident when owner[s] != -1; its bytes lie in arena block
 // s / slotsPerBlock at byte (s % slotsPerBlock) * chunkBytes; pins[s] counts readers attending it in
-// place (a pinned slot is never evicted). A TieredKv's chain of segments maps global chunk g to
-// segment chunkSeg[g] and local chunk g - segStart[chunkSeg[g]]; that segment's slot map holds the
-// slot of (layer, kv head, local chunk) at (layer * kvHeads + head) * chunks + local, or -1.
+// place (a pinned slot is never evicted). A TieredKv's chain of segments maps global chunk g to the
+// segment s with segStart[s] <= g < segStart[s + 1] and local chunk g - segStart[s]; that segment's
+// slot map holds the slot of (layer, kv head, local chunk) at (layer * kvHeads + head) * chunks +
+// local, or -1 (cache/dram_chain.h).
 //
 // Nothing here trusts its arguments: every index is checked against the array it reads, and a slot
 // map naming a slot that is not resident is E_INTERNAL (the JS state is corrupt), never a read out
@@ -102,7 +103,7 @@ Napi::Value DramPins(const Napi::CallbackInfo& info) {
   });
 }
 
-// dramLocate({ offsets, chunkIds, kvHeads, layer, chunkSeg, segStart, chunkBytes, skip?,
+// dramLocate({ offsets, chunkIds, kvHeads, layer, segStart, chunkBytes, skip?,
 //              maps?, owner?, slotsPerBlock?, pins?, out: { slots, entries, misses, source?, at? } })
 //   -> { hits, misses, inDest }
 // For every entry i of the per-kv-head chunk lists (global chunk ids) not marked in skip: its slot
@@ -169,11 +170,12 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
     auto lookUpHead = [&](size_t head) {
       const int h = int(head);
       const int32_t end = off.data[h + 1];
+      size_t segAt = 0, segAhead = 0;  // segment cursors of the lookups and of the prefetches ahead
       for (int32_t i = off.data[h]; i < end; ++i) {
         if (hasTier && i + int32_t(kPrefetchAhead) < end) {
           const int32_t j = i + int32_t(kPrefetchAhead);
           if (!hasSkip || !skip.data[j]) {
-            const Chain::At m = chain.Locate(layer, kvHeads, ids.data[j], h);
+            const Chain::At m = chain.Locate(layer, kvHeads, ids.data[j], h, segAhead);
             if (m.inside) __builtin_prefetch(chain.maps[size_t(m.seg)].data + m.key);
           }
         }
@@ -184,7 +186,7 @@ Napi::Value DramLocate(const Napi::CallbackInfo& info) {
         int32_t slot = kMissing;
         if (hasTier) {
           const int32_t g = ids.data[i];
-          const Chain::At m = chain.Locate(layer, kvHeads, g, h);
+          const Chain::At m = chain.Locate(layer, kvHeads, g, h, segAt);
           const int32_t s = m.seg;
           if (!m.inside) Throw("E_RANGE", ChainMiss(chain, m, layer, h, g, what));
           slot = chain.maps[size_t(s)].data[m.key];

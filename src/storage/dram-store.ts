@@ -89,12 +89,11 @@ export interface DramStats {
 }
 
 /**
- * A chain of segments as {@link DramStore.locate} reads it: global chunk g is chunk
- * g - segStart[chunkSeg[g]] of segment chunkSeg[g], whose slot map (from {@link DramStore.slotMap})
- * is maps[chunkSeg[g]]; segStart has one entry per segment plus the total.
+ * A chain of segments as {@link DramStore.locate} reads it: global chunk g is chunk g - segStart[s]
+ * of the segment s with segStart[s] <= g < segStart[s + 1], whose slot map (from
+ * {@link DramStore.slotMap}) is maps[s]; segStart has one entry per segment plus the total.
  */
 export interface DramChain {
-  chunkSeg: Int32Array;
   segStart: Int32Array;
   maps: Int32Array[];
 }
@@ -394,7 +393,6 @@ export class DramStore {
       chunkIds: req.chunkIds,
       kvHeads: opts.kvHeads,
       layer: req.layer,
-      chunkSeg: chain.chunkSeg,
       segStart: chain.segStart,
       chunkBytes: opts.chunkBytes,
       ...(opts.skip ? { skip: opts.skip } : {}),

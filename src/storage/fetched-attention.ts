@@ -105,14 +105,12 @@ export interface AttendFetchedOptions {
 
 /**
  * A DRAM tier's pages as attendFetched reads them in place (native/cache/dram_chain.h): global
- * chunk g of the chain lies in segment chunkSeg[g]; that segment's slot map `maps[s]` holds the slot
- * of (layer, kv head h, g - segStart[s]) at (layer x kvHeads + h) x chunks(s) + g - segStart[s];
- * slot n lies in arenas[floor(n / slotsPerBlock)] at byte (n % slotsPerBlock) x page bytes.
- * Attention finds a chunk's segment from segStart alone (its chunks ascend per kv head), never
- * reading chunkSeg; TieredKv builds the two to agree.
+ * chunk g of the chain lies in the segment s with segStart[s] <= g < segStart[s + 1]; that segment's
+ * slot map `maps[s]` holds the slot of (layer, kv head h, g - segStart[s]) at (layer x kvHeads + h)
+ * x chunks(s) + g - segStart[s]; slot n lies in arenas[floor(n / slotsPerBlock)] at byte
+ * (n % slotsPerBlock) x page bytes.
  */
 export interface DramTierPages {
-  chunkSeg: Int32Array;
   segStart: Int32Array;
   maps: Int32Array[];
   layer: number;

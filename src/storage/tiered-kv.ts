@@ -198,7 +198,7 @@ export class TieredKv {
   private chunkSeg: Int32Array; // global chunk -> segment index
   private readonly dramMaps: Array<{ slots: Int32Array; chunks: number }> = [];
   /** The chain as the native DRAM lookup reads it (DramStore.locate); rebuilt by appendSegment. */
-  private chain: DramChain = { chunkSeg: new Int32Array(0), segStart: new Int32Array(1), maps: [] };
+  private chain: DramChain = { segStart: new Int32Array(1), maps: [] };
   /** Fetch scratch not in use: a fetch takes one (or a new one) and gives it back when it ends / its placement is released. */
   private readonly scratchFree: FetchScratch[] = [];
   private readonly promote: boolean;
@@ -256,7 +256,7 @@ export class TieredKv {
     seg.fill(s, this.totalChunks);
     this.chunkSeg = seg;
     this.totalChunks += chunks;
-    this.chain = { chunkSeg: seg, segStart: Int32Array.from(this.segStart), maps: this.dramMaps.map((m) => m.slots) };
+    this.chain = { segStart: Int32Array.from(this.segStart), maps: this.dramMaps.map((m) => m.slots) };
   }
 
   /**
@@ -270,8 +270,8 @@ export class TieredKv {
     this.check();
     if (this.ssd || !this.dram || this.pinInPlace) return undefined;
     if (!Number.isInteger(layer) || layer < 0 || layer >= this.shape.layers) fail('E_RANGE', 'TieredKv.residentPages layer', `an integer in [0, ${this.shape.layers})`, layer);
-    const { chunkSeg, segStart, maps } = this.chain;
-    return { chunkSeg, segStart, maps, layer, arenas: this.dram.arenas, slotsPerBlock: this.dram.slotsPerBlock };
+    const { segStart, maps } = this.chain;
+    return { segStart, maps, layer, arenas: this.dram.arenas, slotsPerBlock: this.dram.slotsPerBlock };
   }
 
   private static zeroStats(): FetchStats {
