@@ -1,13 +1,34 @@
 /**
  * The memory model's fetch buffers (KvMemory.acquireFetchBuffer): the `concurrency` buffers the
- * plan counts are reused across steps, so a decode step allocates no buffer for its SSD reads.
+ * plan counts are reused across steps, so a decode step allocates no buffer for its SSD reads;
+ * without an SSD nothing is ever read into one, and the plan counts none.
  */
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 import { KvMemory } from '../src/runtime/kv-memory.js';
 import { resolvePolicyOptions } from '../src/index/options.js';
+import { SsdStore } from '../src/storage/ssd-store.js';
 import { expectKvdError } from './helpers.js';
 
-function memory(concurrency: number): KvMemory {
+const dirs: string[] = [];
+const stores: SsdStore[] = [];
+afterAll(async () => {
+  for (const s of stores) await s.close();
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+/** A memory model of the test's shape with an SSD store (its fetch buffers are planned). */
+async function withSsd(concurrency: number): Promise<KvMemory> {
+  const dir = mkdtempSync(join(tmpdir(), 'kvd-fetchbuf-'));
+  dirs.push(dir);
+  const ssd = await SsdStore.open({ dir, shape: { layers: 1, kvHeads: 2, headDim: 16, dtype: 'f16', chunkSize: resolvePolicyOptions('kvdrive', { qHeads: 4, kvHeads: 2, headDim: 16 }).chunkSize } });
+  stores.push(ssd);
+  return memory(concurrency, ssd);
+}
+
+function memory(concurrency: number, ssd?: SsdStore): KvMemory {
   const shape = { layers: 1, qHeads: 4, kvHeads: 2, headDim: 16 };
   const policyInput = { qHeads: 4, kvHeads: 2, headDim: 16 };
   return KvMemory.open({
@@ -24,12 +45,13 @@ function memory(concurrency: number): KvMemory {
     concurrency,
     selectArenaBytes: 0,
     maxChunksPerHead: 16,
+    ...(ssd ? { ssd, dramBudget: 256 << 20 } : {}),
   });
 }
 
 describe('KvMemory fetch buffers', () => {
-  it('hands out the planned buffers, reuses them after release, and never pools a transient one', () => {
-    const mem = memory(2);
+  it('hands out the planned buffers, reuses them after release, and never pools a transient one', async () => {
+    const mem = await withSsd(2);
     const cap = mem.plan.fetchBytes / 2;
     expect(cap).toBe(2 * 16 * mem.chunkBytes);
     const a = mem.acquireFetchBuffer(3 * mem.chunkBytes);
@@ -48,10 +70,17 @@ describe('KvMemory fetch buffers', () => {
     expect(new Set(again)).toEqual(new Set([a, b]));
   });
 
-  it('a request beyond the planned size is E_INTERNAL', () => {
-    const mem = memory(1);
+  it('a request beyond the planned size is E_INTERNAL', async () => {
+    const mem = await withSsd(1);
     expectKvdError(() => mem.acquireFetchBuffer(mem.plan.fetchBytes + 1), 'E_INTERNAL');
     expectKvdError(() => mem.acquireFetchBuffer(-1), 'E_INTERNAL');
+  });
+
+  it('without an SSD the plan counts no fetch buffer, and a read into one is E_INTERNAL', () => {
+    const mem = memory(2);
+    expect(mem.plan.fetchBytes).toBe(0);
+    expect(mem.acquireFetchBuffer(0).length).toBe(0);
+    expectKvdError(() => mem.acquireFetchBuffer(mem.chunkBytes), 'E_INTERNAL');
   });
 });
 

@@ -52,14 +52,18 @@ async function decode(rt: Runtime, seqs: number, seed: number): Promise<Float32A
 
 /**
  * A DRAM budget for `opts` whose DRAM tier is `fraction` of what holds everything: the fixed parts
- * (tails, index reserve, hot tier, fetch buffers) read from a DRAM-only runtime of the same options,
- * plus what the SSD store's I/O engine reserves (`io`: the store's I/O options).
+ * (tails, index reserve, hot tier, fetch buffers, the SSD store's I/O engine buffers for `io`) read
+ * from an SSD-backed runtime's own plan, plus that fraction of a DRAM-only runtime's tier.
  */
 async function tierBudget(opts: RuntimeOptions, fraction: number, io: IoEngineOptions = {}): Promise<number> {
   const rt = await openRuntime(opts);
   const p = (await rt.stats()).memory.plan;
   await rt.close();
-  return p.dramBudgetBytes - p.dramTierBytes + ioBufferBytes(io, opts.mode) + Math.floor(fraction * p.dramTierBytes);
+  // Fetch and I/O engine buffers exist only with an SSD: probe that runtime's plan with room to spare.
+  const probe = await openRuntime({ ...opts, dramBudget: p.dramBudgetBytes + ioBufferBytes(io, opts.mode) + (64 << 20), ssd: { dir: tmp(), io } });
+  const q = (await probe.stats()).memory.plan;
+  await probe.close();
+  return q.dramBudgetBytes - q.dramTierBytes + Math.floor(fraction * p.dramTierBytes);
 }
 
 describe('SSD-backed runtime', () => {

@@ -85,7 +85,7 @@ export interface MemoryPlan {
   indexFixedBytes: number;
   /** The hot tier's bytes (what it allocated for its windows, at most its maxBytes cap). */
   hotTierBytes: number;
-  /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks. */
+  /** Fetch buffers (SSD reads; DRAM-tier chunks are attended in place): concurrency x kvHeads x maxChunksPerHead chunks with an SSD, 0 without. */
   fetchBytes: number;
   /** The pipelined select stage's shared arena (SharedArrayBuffer slots: queries, selections); 0 sequentially. */
   selectArenaBytes: number;
@@ -421,7 +421,9 @@ export function planMemory(c: KvMemoryConfig): MemoryPlan {
   const { perToken, fixed: indexFixed } = indexCost(c);
   const indexBytes = (indexFixed + perToken * c.maxTokens) * slotsPerLayer;
   const chunkBytes = 2 * cs * headDim * es;
-  const fetchBytes = c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes;
+  // Only SSD reads land in a fetch buffer (DRAM-tier and hot-tier pages are read where they lie):
+  // without an SSD there is none to count.
+  const fetchBytes = c.ssd ? c.concurrency * kvHeads * c.maxChunksPerHead * chunkBytes : 0;
   const ioBufferBytes = c.ssd?.engineInfo.bufferBytes ?? 0;
   const fixed = residentBytes + indexBytes + c.hotTierBytes + fetchBytes + c.selectArenaBytes + ioBufferBytes;
   const perChunk = chunkBytes + DramStore.metadataBytesPerSlot;
