@@ -150,7 +150,7 @@ class PageOf {
 };
 
 // Units ahead whose DRAM-tier slot-map entry the span listing requests (dramTier): each is a miss
-// at random in maps of ~1 MiB per 128K tokens, and the listing itself runs on one thread.
+// at random in maps of ~1 MiB per 128K tokens, and each head's listing runs on one thread.
 constexpr int32_t kDramLookAhead = 16;
 
 // The page of chunk c of kv head h in job.dram's arena; every index checked (E_RANGE names what).
