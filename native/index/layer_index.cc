@@ -943,9 +943,20 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   // tokens and from each other.
   if (prior) {
     // SlotOf for ascending chunks: the segment is found by walking forwards (no divisions per
-    // token: ~16K prior tokens a layer-step).
+    // token: ~16K prior tokens a layer-step). Each prior token's chunk -> slot entry lies at random
+    // in the segments' maps (cold after level 1): the entry kPriorAhead tokens on is requested
+    // before this one is read (a second cursor walks forwards for it).
     ForwardSegments chunkSegs{H.segments};
-    for (int32_t t : *prior) {
+    ForwardSegments aheadSegs{H.segments};
+    constexpr size_t kPriorAhead = 16;
+    const std::vector<int32_t>& pr = *prior;
+    for (size_t i = 0; i < pr.size(); ++i) {
+      if (i + kPriorAhead < pr.size()) {
+        const int64_t ja = pr[i + kPriorAhead] / chunk;
+        if (ja >= firstChunk() && ja < endChunk_)
+          if (const Segment* sa = aheadSegs.Ordered(ja)) __builtin_prefetch(sa->chunkSlots.data() + (ja - sa->c0));
+      }
+      const int32_t t = pr[i];
       const int64_t j = t / chunk;
       if (j < firstChunk() || j >= endChunk_ || t < cfg_.sinks) continue;
       const Segment* seg = chunkSegs.Ordered(j);
