@@ -174,6 +174,35 @@ function commitStep(mem: KvMemory, seq: number, layer: number, lk: LayerKv, T: n
 }
 
 /**
+ * What every attention call of an entry's step is given beside its pages and selection: the query,
+ * the sinks and the open tail in place, the tiers' page size and the addon's workers.
+ */
+function attentionInputs(mem: KvMemory, a: AppendedEntry, q: Float32Array) {
+  const { lk, T, tailK, tailV } = a;
+  const { shape, policyOptions: p } = mem.config;
+  return {
+    q,
+    qHeads: shape.qHeads,
+    sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
+    tail: { k: tailK, v: tailV },
+    tailBase: lk.sealed,
+    pageChunkSize: p.chunkSize,
+    threads: ATTEND_THREADS,
+  };
+}
+
+/**
+ * An entry's attention result arrays for a selection of `units` units: out and lse fresh (the
+ * caller keeps them), the mass per unit in the pair's scratch (grown as needed; every entry is
+ * written by the attention calls before anything reads it, and nothing keeps it past the step).
+ */
+function resultArrays(mem: KvMemory, sc: StepScratch, units: number): FetchedAttentionResult {
+  const { qHeads, headDim } = mem.config.shape;
+  if (sc.unitMass.length < units) sc.unitMass = new Float32Array(units);
+  return { out: new Float32Array(qHeads * headDim), lse: new Float32Array(qHeads), chunkMass: sc.unitMass.subarray(0, units) };
+}
+
+/**
  * Select and compute stages of entry (seq, layer) when its DRAM tier holds every sealed chunk
  * (`pages`, TieredKv.residentPages) and no hot tier sits in front: one select over every kv head
  * (or `s`, a stage worker's), then attention reading each selected page from the tier's arena,
@@ -182,26 +211,11 @@ function commitStep(mem: KvMemory, seq: number, layer: number, lk: LayerKv, T: n
  */
 async function attendResident(entry: EntryStep, offThread: boolean, pages: DramTierPages): Promise<EntryResult> {
   const { mem, seq, layer, a, q, s } = entry;
-  const { lk, T, tailK, tailV } = a;
-  const { shape, policyOptions: p, budget } = mem.config;
-  const gs = s ?? selectEntry(a.handle, q, budget);
+  const { lk, T } = a;
+  const gs = s ?? selectEntry(a.handle, q, mem.config.budget);
   const tokSel = gs.selection;
-  const n = tokSel.chunkIds.length;
-  const sc = scratchFor(lk, shape.kvHeads, 0);
-  if (sc.unitMass.length < n) sc.unitMass = new Float32Array(n);
-  const into = { out: new Float32Array(shape.qHeads * shape.headDim), lse: new Float32Array(shape.qHeads), chunkMass: sc.unitMass.subarray(0, n) };
-  const args = {
-    q,
-    qHeads: shape.qHeads,
-    sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
-    tail: { k: tailK, v: tailV },
-    tailBase: lk.sealed,
-    selection: tokSel,
-    pageChunkSize: p.chunkSize,
-    dramTier: pages,
-    threads: ATTEND_THREADS,
-    into,
-  };
+  const into = resultArrays(mem, scratchFor(lk, mem.config.shape.kvHeads, 0), tokSel.chunkIds.length);
+  const args = { ...attentionInputs(mem, a, q), selection: tokSel, dramTier: pages, into };
   const t = performance.now();
   const r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
   const computeMs = performance.now() - t;
@@ -252,9 +266,8 @@ export async function fetchAttendEntry(
   // A DRAM tier holding every sealed chunk, no hot tier in front: nothing to fetch.
   const resident = hot ? undefined : lk.tiers?.residentPages(0);
   if (resident) return attendResident({ mem, hot, seq, layer, a, q, s }, offThread, resident);
-  const { shape, policyOptions: p } = mem.config;
-  const { kvHeads: H, qHeads } = shape;
-  const cs = p.chunkSize;
+  const H = mem.config.shape.kvHeads;
+  const cs = mem.config.policyOptions.chunkSize;
   const groups: HeadGroup[] = [];
   // DRAM-tier chunks stay in the arena, pinned until released below; SSD reads land in `reads`.
   const reads = new EntryReads(mem);
@@ -277,8 +290,7 @@ export async function fetchAttendEntry(
     // The masses live in the entry's scratch (reused across steps): every entry of them is written
     // by the attention calls (each head's by the call attending it) before anything reads it.
     // (The scratch is sized by chunks written; units can be more, with several head groups.)
-    if (sc.unitMass.length < tokSel.chunkIds.length) sc.unitMass = new Float32Array(tokSel.chunkIds.length);
-    const r = { out: new Float32Array(qHeads * shape.headDim), lse: new Float32Array(qHeads), chunkMass: sc.unitMass.subarray(0, tokSel.chunkIds.length) };
+    const r = resultArrays(mem, sc, tokSel.chunkIds.length);
     const pages = mergeGroupPages(groups, sc, H, reads.buf);
     return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? sc.pageMass.subarray(0, pages.ids.length) : undefined, computeMs: 0 });
   };
@@ -336,20 +348,14 @@ export async function fetchAttendEntry(
     if (!admitted) admitHot(e, heads, false);
     const t = performance.now();
     const args = {
-      q,
-      qHeads,
-      sink: { k: mem.tensor(lk.sinkK, Math.min(p.sinks, T)), v: mem.tensor(lk.sinkV, Math.min(p.sinks, T)) },
-      tail,
-      tailBase: lk.sealed,
+      ...attentionInputs(mem, a, q),
       selection: e.tokSel,
-      pageChunkSize: cs,
       fetched: pages.buffers,
       fetchedOffsets: pages.offsets,
       fetchedIds: pages.ids,
       fetchedAt: pages.at,
       fetchedIn: pages.source,
       ...hotArg,
-      threads: ATTEND_THREADS,
       into: e.r,
       ...(e.pageMass ? { fetchedMass: e.pageMass } : {}),
       ...mask,
