@@ -165,6 +165,22 @@ describe('DRAM tier lookups and pins (dram_tier.cc)', () => {
     for (let h = 0; h < H; h++) for (let c = 0; c < 16; c++) expect(dram.evict('s', 0, h, c)).toBe(true);
   });
 
+  it('residentPages: the chain and arenas of a DRAM tier that holds everything and never moves it; none where pages may move; a bad layer or a closed tier is a typed error', async () => {
+    const dram = fullStore();
+    const resident = new TieredKv({ dram, segments: ['s'], promote: false, pinInPlace: false });
+    const pages = resident.residentPages(0)!;
+    expect(Array.from(pages.segStart)).toEqual([0, 16]);
+    expect(pages.maps[0]).toBe(dram.slotMap('s').slots);
+    expect(pages.arenas).toBe(dram.arenas);
+    expect(pages.slotsPerBlock).toBe(dram.slotsPerBlock);
+    // Pinned in place (an SSD-backed tier's default): its pages may be evicted between steps.
+    expect(new TieredKv({ dram, segments: ['s'], promote: false }).residentPages(0)).toBeUndefined();
+    await expectKvdError(() => resident.residentPages(1), 'E_RANGE', /layer/);
+    await expectKvdError(() => resident.residentPages(-1), 'E_RANGE', /layer/);
+    await resident.close();
+    await expectKvdError(() => resident.residentPages(0), 'E_CLOSED');
+  });
+
   it('dramLocate rejects a slot map that does not cover the chain and pins nothing', async () => {
     const dram = fullStore();
     const kv = new TieredKv({ dram, segments: ['s'], promote: false });

@@ -437,6 +437,11 @@ describe('attendFetched', () => {
     expect(err({ fetched: buf })).toMatch(/^E_CONFIG: .*fetched: expected no page lists/);
     expect(err({ dramTier: 1 })).toMatch(/^E_TYPE: .*dramTier: expected/);
     expect(err({ dramTier: { ...dramTier, arenas: [] } })).toMatch(/^E_SHAPE: .*arenas/);
+    expect(err({ dramTier: { ...dramTier, arenas: [new Float32Array(4)] } })).toMatch(/^E_DTYPE: .*arenas\[0\]/);
+    expect(err({ dramTier: { ...dramTier, slotsPerBlock: 0 } })).toMatch(/^E_RANGE: .*slotsPerBlock/);
+    expect(err({ dramTier: { ...dramTier, layer: -1 } })).toMatch(/^E_RANGE: .*layer/);
+    expect(err({ dramTier: { ...dramTier, maps: [maps[0]!, Array.from(maps[1]!)] } })).toMatch(/^E_TYPE: .*maps\[1\]/);
+    expect(err({ dramTier: { ...dramTier, segStart: undefined } })).toMatch(/^E_TYPE: .*segStart/);
     // A chain that ends before tailBase: the selected pages past its end are named.
     expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(0, 48, 100) } })).toMatch(/^E_RANGE: .*lies past the DRAM tier's chain \(100 chunks\)/);
     expect(err({ dramTier: { ...dramTier, segStart: Int32Array.of(1, 48, 112) } })).toMatch(/^E_RANGE: .*segStart/);
