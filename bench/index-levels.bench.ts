@@ -3,8 +3,8 @@
  * the best level beside the same row at the scalar level (the portable bodies every vector level
  * must equal bit for bit), so a level whose bodies compile poorly shows up as a small ratio. Rows,
  * on one layer of the `kvdrive demo` workload (synthetic, 32 query / 8 kv heads, dim 128, f16):
- *   - centroids: int8 centroid scoring, 8192 centroids x 4 query heads with the spread term (what
- *     kvdrive's level 1 scores per kv head);
+ *   - centroids: centroid scoring, 8192 centroids x 4 query heads with the spread term, in the
+ *     tiles kvdrive's level 1 scores per kv head (4-bit; int8 in a build from before them);
  *   - kmeans: one segment's k-means, 1024 chunk means -> 256 clusters (what prefill runs per
  *     segment and kv head);
  *   - sketch rows: the 4-bit key sketch's scores of 16384 tokens of one kv head for its 4 query
@@ -75,7 +75,15 @@ const BUILD_TOKENS = 16384;
 /** One build's rows: its policies built over the shared layer, each row a closure over them. */
 async function rowsOf(m: typeof here): Promise<Record<string, () => unknown>> {
   const { createPolicy, offloadedPolicyOptions, centroidTiles, scoreCentroids, kmeans } = m;
-  const tiles = centroidTiles(centroidRows, nCentroids, DIM, 'i8');
+  // The build's own level-1 tiles: 4-bit, or int8 where it has none (E_DTYPE from before them).
+  let centroids: () => unknown;
+  try {
+    const t4 = centroidTiles(centroidRows, nCentroids, DIM, 'u4');
+    centroids = () => scoreCentroids(q.subarray(0, G * DIM), G, t4, nCentroids, DIM, 'tiles4', spread);
+  } catch {
+    const t8 = centroidTiles(centroidRows, nCentroids, DIM, 'i8');
+    centroids = () => scoreCentroids(q.subarray(0, G * DIM), G, t8, nCentroids, DIM, 'tiles8', spread);
+  }
   const offloaded = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
   const rebuilt = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { threads: 2 }));
   const quest = createPolicy('quest', { threads: 2 });
@@ -83,7 +91,7 @@ async function rowsOf(m: typeof here): Promise<Record<string, () => unknown>> {
   for (const p of [offloaded, quest, shadowkv]) await p.build(k, CONTEXT);
   offloaded.setPrior(offloaded.select(q, BUDGET));
   return {
-    centroids: () => scoreCentroids(q.subarray(0, G * DIM), G, tiles, nCentroids, DIM, 'tiles8', spread),
+    centroids,
     kmeans: () => kmeans(points, DIM, { k: 256, iters: 8, seed: 1, trials: 2 }),
     'sketch rows': () => offloaded.sketchScores(q.subarray(0, G * DIM), 0, sketchTokens),
     'build 16K': () => rebuilt.buildSync(k, BUILD_TOKENS),

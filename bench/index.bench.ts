@@ -29,10 +29,12 @@ const best = indexKernelLevel('best');
   const c = uniform(n * DIM, 2);
   const tiles = centroidTiles(c, n, DIM);
   const tiles8 = centroidTiles(c, n, DIM, 'i8');
+  const tiles4 = centroidTiles(c, n, DIM, 'u4');
   const run = () => scoreCentroids(q, g, tiles, n, DIM, 'tiles');
   const run8 = () => scoreCentroids(q, g, tiles8, n, DIM, 'tiles8');
+  const run4 = () => scoreCentroids(q, g, tiles4, n, DIM, 'tiles4');
   const runRows = () => scoreCentroids(q, g, c, n, DIM);
-  const tb = await meanMs({ best: run, i8: run8, rows: runRows });
+  const tb = await meanMs({ best: run, i8: run8, u4: run4, rows: runRows });
   indexKernelLevel('scalar');
   const tScalar = (await meanMs({ scalar: run })).scalar!;
   indexKernelLevel('best');
@@ -40,8 +42,9 @@ const best = indexKernelLevel('best');
   const gf = (ms: number) => (flop / ms / 1e6).toFixed(2);
   console.log(`scoreCentroids ${n} centroids x group ${g} x dim ${DIM} (tiled, as the index): ${best} ${gf(tb.best!)} GFLOP/s ` +
     `(${tb.best!.toFixed(3)} ms), scalar build ${gf(tScalar)} GFLOP/s; ratio ${(tScalar / tb.best!).toFixed(2)}x; ` +
-    `row-major input incl. transpose ${gf(tb.rows!)} GFLOP/s; int8 tiles (what the index scores, a quarter of the bytes, ` +
-    `query quantized per call) ${gf(tb.i8!)} GFLOP/s, ratio vs f32 tiles ${(tb.best! / tb.i8!).toFixed(2)}x`);
+    `row-major input incl. transpose ${gf(tb.rows!)} GFLOP/s; int8 tiles (a quarter of the bytes, query quantized per call) ` +
+    `${gf(tb.i8!)} GFLOP/s, ratio vs f32 tiles ${(tb.best! / tb.i8!).toFixed(2)}x; 4-bit tiles (what the index scores, an eighth ` +
+    `of the bytes) ${gf(tb.u4!)} GFLOP/s, ratio vs f32 tiles ${(tb.best! / tb.u4!).toFixed(2)}x`);
 }
 
 // 2. one segment's k-means

@@ -337,44 +337,47 @@ async function main(): Promise<void> {
     }
   }
 
-  // Centroid scoring as kvdrive's select runs it: int8 tiles (the layout the index keeps), one
-  // distinct 1 MiB tile array per kv head (8 MiB per layer-step at 128K, ~16 tokens per cluster), one
-  // call per kv head scoring its GQA group in one pass over each tile, on one thread. The baseline
-  // reads the same 8 arrays (one thread). Two pairs: "hot", the same 8 MiB every iteration (they
-  // stay in this machine's 32 MiB L3), and "cold", COLD_SETS copies of them taken in turn (~67 MB:
-  // each set has left the L3 by its next turn), as a decode step finds them after the previous
-  // layer's select and attention have streamed through the caches.
+  // Centroid scoring as kvdrive's select runs it: 4-bit tiles (the layout the index keeps since
+  // 2026-11-29; before, int8 tiles of twice the bytes: both are timed), one distinct tile array per
+  // kv head (512 KiB / 1 MiB at 128K, ~16 tokens per cluster), one call per kv head scoring its GQA
+  // group in one pass over each tile, on one thread. Each baseline reads the same 8 arrays (one
+  // thread). Two pairs per format: "hot", the same arrays every iteration (they stay in this
+  // machine's 32 MiB L3), and "cold", COLD_SETS copies of them taken in turn (>= 64 MiB: each set has
+  // left the L3 by its next turn), as a decode step finds them after the previous layer's select
+  // and attention have streamed through the caches.
   if (typeof native.scoreCentroids === 'function' && typeof native.centroidTiles === 'function') {
     const n = MAX_TOKENS / 16;
     const group = Q_HEADS / KV_HEADS;
-    const tiles: { tiles: Int8Array; scales: Float32Array }[] = [];
-    for (let h = 0; h < KV_HEADS; h++) {
-      const centroids = new Float32Array(n * DIM);
-      const nc = xorshift(5 + h);
-      for (let i = 0; i < centroids.length; i++) centroids[i] = ((nc() % 2000) - 1000) / 1000;
-      tiles.push(native.centroidTiles(centroids, n, DIM, 'i8') as { tiles: Int8Array; scales: Float32Array });
-    }
-    const cBytes = tiles.reduce((a, t) => a + t.tiles.byteLength + t.scales.byteLength, 0);
-    type TileSet = typeof tiles;
-    const readTiles = (set: TileSet): number => {
-      let s = 0;
-      for (const t of set) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
-      return s;
-    };
-    const scoreTiles = (set: TileSet): void => {
-      for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, set[h]!, n, DIM, 'tiles8');
-    };
-    const COLD_SETS = 8;
-    const coldTiles: TileSet[] = Array.from({ length: COLD_SETS }, () => tiles.map((t) => ({ tiles: t.tiles.slice(), scales: t.scales.slice() })));
-    let coldRead = 0;
-    let coldScore = 0;
-    for (const [what, read, score] of [
-      ['', () => readTiles(tiles), () => scoreTiles(tiles)],
-      [', cold', () => readTiles(coldTiles[coldRead++ % COLD_SETS]!), () => scoreTiles(coldTiles[coldScore++ % COLD_SETS]!)],
-    ] as const) {
-      const base = `memoryRead centroid int8 tiles${what} (1T)`;
-      add({ name: base, bytes: cBytes, flops: 0 }, read);
-      add({ name: `scoreCentroids int8 tiles ${n}/head x ${KV_HEADS} heads${what} (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: base }, score);
+    type TileSet = { tiles: Uint8Array | Int8Array; scales: Float32Array }[];
+    for (const [fmt, layout, label] of [['u4', 'tiles4', '4-bit'], ['i8', 'tiles8', 'int8']] as const) {
+      const tiles: TileSet = [];
+      for (let h = 0; h < KV_HEADS; h++) {
+        const centroids = new Float32Array(n * DIM);
+        const nc = xorshift(5 + h);
+        for (let i = 0; i < centroids.length; i++) centroids[i] = ((nc() % 2000) - 1000) / 1000;
+        tiles.push(native.centroidTiles(centroids, n, DIM, fmt) as TileSet[number]);
+      }
+      const cBytes = tiles.reduce((a, t) => a + t.tiles.byteLength + t.scales.byteLength, 0);
+      const readTiles = (set: TileSet): number => {
+        let s = 0;
+        for (const t of set) s += memoryRead(new Uint8Array(t.tiles.buffer, t.tiles.byteOffset, t.tiles.byteLength)) + memoryRead(t.scales);
+        return s;
+      };
+      const scoreTiles = (set: TileSet): void => {
+        for (let h = 0; h < KV_HEADS; h++) native.scoreCentroids(q.subarray(h * group * DIM, (h + 1) * group * DIM), group, set[h]!, n, DIM, layout);
+      };
+      const COLD_SETS = Math.ceil((64 << 20) / cBytes);
+      const coldTiles: TileSet[] = Array.from({ length: COLD_SETS }, () => tiles.map((t) => ({ tiles: t.tiles.slice(), scales: t.scales.slice() })));
+      let coldRead = 0;
+      let coldScore = 0;
+      for (const [what, read, score] of [
+        ['', () => readTiles(tiles), () => scoreTiles(tiles)],
+        [', cold', () => readTiles(coldTiles[coldRead++ % COLD_SETS]!), () => scoreTiles(coldTiles[coldScore++ % COLD_SETS]!)],
+      ] as const) {
+        const base = `memoryRead centroid ${label} tiles${what} (1T)`;
+        add({ name: base, bytes: cBytes, flops: 0 }, read);
+        add({ name: `scoreCentroids ${label} tiles ${n}/head x ${KV_HEADS} heads${what} (1T)`, bytes: cBytes, flops: 2 * Q_HEADS * n * DIM, baseline: base }, score);
+      }
     }
   } else {
     console.log('note: native.scoreCentroids / centroidTiles not in this build: centroid scoring skipped');

@@ -187,13 +187,13 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
   it('typed errors', () => {
     const q = randn(32, 1);
     const t = centroidTiles(randn(48, 2), 3, 16, 'i8');
-    expectKvdError(() => centroidTiles(randn(48, 2), 3, 16, 'f16' as never), 'E_DTYPE', /centroidTiles dtype: expected 'f32' or 'i8', got 'f16'/);
+    expectKvdError(() => centroidTiles(randn(48, 2), 3, 16, 'f16' as never), 'E_DTYPE', /centroidTiles dtype: expected 'f32', 'i8' or 'u4', got 'f16'/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: new Int8Array(48), scales: t.scales }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.tiles \(ceil\(n\/16\)\*16\*ceil4\(dim\)\): expected 256 elements, got 48/);
     expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: new Float32Array(3) }, 3, 16, 'tiles8'), 'E_SHAPE', /centroids.scales \(ceil\(n\/16\)\*16\): expected 16 elements, got 3/);
     const spread = { var: new Float32Array(3), coef: new Float32Array(2) };
     expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, var: new Float32Array(2) }), 'E_SHAPE', /spread.var \(n\): expected 3 elements, got 2/);
     expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles8', { ...spread, coef: new Float32Array([1, NaN]) }), 'E_NONFINITE', /spread.coef/);
-    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'rows', spread), 'E_CONFIG', /spread: expected it only with layout 'tiles8'/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'rows', spread), 'E_CONFIG', /spread: expected it only with layout 'tiles8' or 'tiles4'/);
     // A huge n with small arrays is a shape error, before any output of n floats is allocated
     // (found by the kernels fuzz target: the allocation came first and aborted the process).
     expectKvdError(() => scoreCentroids(q, 2, t, 2 ** 40, 16, 'tiles8'), 'E_SHAPE', /centroids.tiles/);
@@ -209,5 +209,107 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
     const bad = randn(48, 3);
     bad[5] = NaN;
     expectKvdError(() => centroidTiles(bad, 3, 16, 'i8'), 'E_NONFINITE', /centroidTiles centroids: expected finite values, got NaN at element 5/);
+  });
+});
+
+/** Byte of centroid i, dim d in the 4-bit tile layout, and whether d sits in its high nibble. */
+const tileBlocks4 = (dim: number) => Math.ceil(dim4(dim) / 8);
+const tileByte4 = (i: number, d: number, dim: number) => Math.floor(i / 16) * tileBlocks4(dim) * 64 + Math.floor(d / 8) * 64 + (i % 16) * 4 + (d % 4);
+const high4 = (d: number) => Math.floor(d / 4) % 2 === 1;
+/** The codes of 4-bit tiles as int8 tiles (same centroids, same dims): what the reference scores. */
+function unpack4(tiles: Uint8Array, n: number, dim: number): Int8Array {
+  const out = new Int8Array(Math.ceil(n / 16) * 16 * dim4(dim));
+  for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
+    for (let d = 0; d < dim4(dim); d++) {
+      const b = tiles[tileByte4(i, d, dim)]!;
+      out[tileByte(i, d, dim)] = (high4(d) ? b >> 4 : b & 15) - 8;
+    }
+  return out;
+}
+
+describe('4-bit centroid tiles (what the index stores and level 1 scores)', () => {
+  it('quantizes each centroid with its own scale into codes in [-7, 7], two 4-dim groups per 64-byte block, padding code 0', () => {
+    for (const [dim, n] of [[128, 40], [37, 29], [36, 17], [5, 1]] as const) {
+      const c = randn(n * dim, 13 + dim);
+      const t = centroidTiles(c, n, dim, 'u4');
+      expect(t.tiles).toBeInstanceOf(Uint8Array);
+      expect(t.tiles.length).toBe(Math.ceil(n / 16) * tileBlocks4(dim) * 64);
+      expect(t.scales.length).toBe(Math.ceil(n / 16) * 16);
+      const codes8 = unpack4(t.tiles, n, dim);
+      for (let i = 0; i < n; i++) {
+        const { codes, scale } = quantize(c.subarray(i * dim, (i + 1) * dim), 7);
+        expect(t.scales[i]).toBe(scale);
+        for (let d = 0; d < dim; d++) {
+          expect(codes8[tileByte(i, d, dim)]).toBe(codes[d]);
+          expect(Math.abs(codes[d]! * scale - c[i * dim + d]!)).toBeLessThanOrEqual(scale * 0.5001);
+        }
+      }
+      // Padding (dims past dim, lanes past n, a missing last odd group of 4 dims) is code 0.
+      let nonzero = 0;
+      for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
+        for (let d = 0; d < tileBlocks4(dim) * 8; d++) {
+          if (i < n && d < dim) continue;
+          const b = t.tiles[tileByte4(i, d, dim)]!;
+          if ((high4(d) ? b >> 4 : b & 15) !== 8) nonzero++;
+        }
+      expect(nonzero).toBe(0);
+      for (let i = n; i < t.scales.length; i++) expect(t.scales[i]).toBe(0);
+    }
+  });
+
+  it('tiles4 scores equal the exact integer reference and the int8 kernel over the same codes, bit-identically at every SIMD level, spread term too', () => {
+    const best = indexKernelLevel('best');
+    // As for tiles8: groups 1-8 (AVX2 and VNNI blocks of query heads), dims with a partial group of
+    // 4 (37, 5) and an odd number of groups (36, 20: the last block's high nibbles unused).
+    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17], [6, 64, 18], [7, 37, 23]] as const) {
+      const q = randn(g * dim, 31 + g);
+      if (g > 1) q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
+      const t = centroidTiles(randn(n * dim, 17 + dim), n, dim, 'u4');
+      const codes8 = unpack4(t.tiles, n, dim);
+      const r = rng(g * n + dim);
+      const spread = { var: Float32Array.from({ length: n }, () => r() * 3), coef: Float32Array.from({ length: g }, () => r() * 0.7) };
+      for (const sp of [undefined, spread]) {
+        const want = reference(q, g, codes8, t.scales, n, dim, sp);
+        for (const level of LEVELS) {
+          indexKernelLevel(level);
+          expect(scoreCentroids(q, g, t, n, dim, 'tiles4', sp)).toEqual(want);
+          expect(scoreCentroids(q, g, { tiles: codes8, scales: t.scales }, n, dim, 'tiles8', sp)).toEqual(want);
+        }
+        indexKernelLevel('best');
+      }
+    }
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('any nibble (the extremes 0 and 15 too) scores exactly at every level', () => {
+    const [g, dim, n] = [4, 128, 32];
+    const r = rng(8);
+    const tiles = new Uint8Array(Math.ceil(n / 16) * tileBlocks4(dim) * 64);
+    for (let i = 0; i < tiles.length; i++) tiles[i] = Math.floor(r() * 256);
+    tiles.fill(0xff, 0, 64);
+    tiles.fill(0x00, 64, 128);
+    const scales = new Float32Array(n).map((_, i) => 0.01 * (i + 1));
+    const q = randn(g * dim, 19);
+    const want = reference(q, g, unpack4(tiles, n, dim), scales, n, dim);
+    const best = indexKernelLevel('best');
+    for (const level of LEVELS) {
+      indexKernelLevel(level);
+      expect(scoreCentroids(q, g, { tiles, scales }, n, dim, 'tiles4')).toEqual(want);
+    }
+    indexKernelLevel('best');
+    expect(indexKernelLevel()).toBe(best);
+  });
+
+  it('typed errors', () => {
+    const q = randn(32, 1);
+    const t = centroidTiles(randn(48, 2), 3, 16, 'u4');
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: new Uint8Array(48), scales: t.scales }, 3, 16, 'tiles4'), 'E_SHAPE', /centroids.tiles \(ceil\(n\/16\)\*ceil\(ceil\(dim\/4\)\/2\)\*64\): expected 128 elements, got 48/);
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: new Int8Array(128) as never, scales: t.scales }, 3, 16, 'tiles4'), 'E_DTYPE', /expected a Uint8Array, got an Int8Array/);
+    expectKvdError(() => scoreCentroids(q, 2, t, 2 ** 40, 16, 'tiles4'), 'E_SHAPE', /centroids.tiles/);
+    expectKvdError(() => scoreCentroids(q, 2, new Float32Array(128), 3, 16, 'tiles4'), 'E_TYPE', /centroids \(tiles4\): expected an options object \{ tiles: Uint8Array, scales: Float32Array \}, got a typed array/);
+    const nanScales = t.scales.slice();
+    nanScales[2] = Infinity;
+    expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: nanScales }, 3, 16, 'tiles4'), 'E_NONFINITE', /centroids.scales: expected finite values, got Inf at element 2/);
+    expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles4', { var: new Float32Array(2), coef: new Float32Array(2) }), 'E_SHAPE', /spread.var \(n\): expected 3 elements, got 2/);
   });
 });

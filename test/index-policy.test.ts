@@ -105,13 +105,13 @@ describe('selection policies', () => {
     expect(p.indexBytes()).toBeGreaterThan(0);
     const st = p.lastSelectStats();
     expect(st.vectorsScored).toBeGreaterThan(0);
-    // Index vectors are f32 (4 bytes per element) except kvdrive's centroids, scored as int8 tiles:
-    // dim (a multiple of 4 here) codes plus a 4-byte scale each.
+    // Index vectors are f32 (4 bytes per element) except kvdrive's centroids, scored as 4-bit tiles:
+    // dim / 2 bytes of codes (dim a multiple of 8 here) plus a 4-byte scale each.
     let centroids = 0;
     if (p instanceof NativeSelectionPolicy)
       for (let h = 0; h < 2; h++) for (const seg of p.clusters(h)) centroids += seg.k;
     if (name === 'kvdrive') expect(centroids).toBeGreaterThan(0);
-    expect(st.bytesScored).toBe((st.vectorsScored - centroids) * 16 * 4 + centroids * (16 + 4));
+    expect(st.bytesScored).toBe((st.vectorsScored - centroids) * 16 * 4 + centroids * (16 / 2 + 4));
   });
 
   it.each(POLICIES)('%s: lookahead pool ranks best first and contains the selection', async (name) => {
@@ -332,7 +332,7 @@ describe('selection policies reject bad input with typed errors', () => {
     await expectKvdError(() => scoreCentroids(inf, 2, new Float32Array(48), 3, 16), 'E_NONFINITE', /scoreCentroids q: expected finite values, got Inf at element 3/);
     await expectKvdError(() => scoreCentroids(q, 2, new Uint16Array(48) as never, 3, 16), 'E_DTYPE', /Float32Array, got a Uint16Array/);
     await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'tiles'), 'E_SHAPE', /tiles: ceil\(n\/16\)\*16\*dim\): expected 256 elements, got 48/);
-    await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'cols' as never), 'E_CONFIG', /expected 'rows', 'tiles' or 'tiles8', got 'cols'/);
+    await expectKvdError(() => scoreCentroids(q, 2, new Float32Array(48), 3, 16, 'cols' as never), 'E_CONFIG', /expected 'rows', 'tiles', 'tiles8' or 'tiles4', got 'cols'/);
     await expectKvdError(() => chunkMeans(kv(), { chunkSize: 0 }), 'E_RANGE', /chunkSize: expected an integer in \[1, 1048576\], got 0/);
     await expectKvdError(() => chunkMeans(kv(), { start: 0, end: 10, chunkSize: 4 }), 'E_SHAPE', /multiple of chunkSize 4, got 10/);
     await expectKvdError(() => chunkMeans(kv(), { head: 2 }), 'E_RANGE', /head: expected an integer in \[0, 1\], got 2/);

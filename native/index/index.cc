@@ -129,8 +129,9 @@ Napi::Value KMeansJs(const Napi::CallbackInfo& info) {
 // scoreCentroids(q, groupSize, centroids, n, dim, layout = 'rows') -> Float32Array(n): max over the
 // group of q·c. layout 'rows': n x dim row-major f32 (transposed into tiles first, inside the call);
 // 'tiles': f32 tiles (centroidTiles()), so the call is the kernel alone; 'tiles8': int8 tiles
-// ({ tiles: Int8Array, scales: Float32Array } from centroidTiles(.., 'i8')), the layout the index
-// scores, with q quantized inside the call; then an optional 7th argument { var, coef } adds the
+// ({ tiles: Int8Array, scales: Float32Array } from centroidTiles(.., 'i8')); 'tiles4': 4-bit tiles
+// ({ tiles: Uint8Array, scales } from centroidTiles(.., 'u4')), the layout the index scores; for
+// both, q is quantized inside the call, and an optional 7th argument { var, coef } adds the
 // select's spread term, coef[j] * var[i], to each head's score before the max.
 Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
@@ -141,18 +142,28 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
     std::string layout = "rows";
     if (info.Length() > 5 && !info[5].IsUndefined()) {
       layout = info[5].IsString() ? std::string(info[5].As<Napi::String>()) : "";
-      if (layout != "rows" && layout != "tiles" && layout != "tiles8")
-        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles' or 'tiles8', got " + (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
+      if (layout != "rows" && layout != "tiles" && layout != "tiles8" && layout != "tiles4")
+        Throw("E_CONFIG", "scoreCentroids layout: expected 'rows', 'tiles', 'tiles8' or 'tiles4', got " +
+                              (layout.empty() ? std::string("a non-string") : "'" + layout + "'"));
     }
     ExpectLength(q.length, size_t(g) * dim, "scoreCentroids q (groupSize*dim)");
     CheckFinite(q.data, q.length, "scoreCentroids q");
     // The output is allocated only once the centroids are checked to hold n (a huge n given with
     // small arrays is E_SHAPE, not an allocation that aborts the process).
-    if (layout == "tiles8") {
-      Napi::Object o = GetOptionsArg(info, 2, "scoreCentroids centroids (tiles8)", "{ tiles: Int8Array, scales: Float32Array }");
-      auto t = GetArray<int8_t>(o.Get("tiles"), napi_int8_array, "scoreCentroids centroids.tiles (int8 tiles)");
+    if (layout == "tiles8" || layout == "tiles4") {
+      const bool four = layout == "tiles4";
+      Napi::Object o = GetOptionsArg(info, 2, "scoreCentroids centroids (" + layout + ")",
+                                     four ? "{ tiles: Uint8Array, scales: Float32Array }" : "{ tiles: Int8Array, scales: Float32Array }");
+      ArrayArg<int8_t> t8;
+      ArrayArg<uint8_t> t4;
+      if (four) {
+        t4 = GetArray<uint8_t>(o.Get("tiles"), napi_uint8_array, "scoreCentroids centroids.tiles (4-bit tiles)");
+        ExpectLength(t4.length, TileBytes4(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*ceil(ceil(dim/4)/2)*64)");
+      } else {
+        t8 = GetArray<int8_t>(o.Get("tiles"), napi_int8_array, "scoreCentroids centroids.tiles (int8 tiles)");
+        ExpectLength(t8.length, TileBytesI8(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*16*ceil4(dim))");
+      }
       auto sc = GetF32(o.Get("scales"), "scoreCentroids centroids.scales");
-      ExpectLength(t.length, TileBytesI8(size_t(n), dim), "scoreCentroids centroids.tiles (ceil(n/16)*16*ceil4(dim))");
       ExpectLength(sc.length, TileScalesI8(size_t(n)), "scoreCentroids centroids.scales (ceil(n/16)*16)");
       CheckFinite(sc.data, sc.length, "scoreCentroids centroids.scales");
       // Optional spread term, as the select's level 1 adds it: + coef[j] * var[i] inside the max.
@@ -176,11 +187,12 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       // faster AVX2 kernel, which checks them as it reads them; any others by the general one: the
       // same scores either way. (A scan before the call cost a pass over the tiles: ~0.3 ms on a
       // cold 8-head 128K set, a third of the kernel.)
-      ScoreTilesMaxI8(qq, t.data, sc.data, size_t(n), out.Data(), var, coef, TileCodes::kCheck);
+      if (four) ScoreTilesMax4(qq, t4.data, sc.data, size_t(n), out.Data(), var, coef);
+      else ScoreTilesMaxI8(qq, t8.data, sc.data, size_t(n), out.Data(), var, coef, TileCodes::kCheck);
       return out;
     }
     if (info.Length() > 6 && !info[6].IsUndefined())
-      Throw("E_CONFIG", "scoreCentroids spread: expected it only with layout 'tiles8', got it with '" + layout + "'");
+      Throw("E_CONFIG", "scoreCentroids spread: expected it only with layout 'tiles8' or 'tiles4', got it with '" + layout + "'");
     auto c = GetF32(info[2], "scoreCentroids centroids");
     if (layout == "tiles") {
       ExpectLength(c.length, TileFloats(size_t(n), dim), "scoreCentroids centroids (tiles: ceil(n/16)*16*dim)");
@@ -199,9 +211,10 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
 }
 
 // centroidTiles(centroids, n, dim, dtype = 'f32') -> Float32Array of f32 tiles, or for dtype 'i8'
-// { tiles: Int8Array, scales: Float32Array } (the index's int8 tiles, index.h, with its 7-bit codes:
-// kCentroidLevels): n x dim row-major centroids in the tile layout. The 'i8' tiles are what the index
-// stores, so scoreCentroids(.., 'tiles8') over them times the kernel a select's level 1 runs.
+// { tiles: Int8Array, scales: Float32Array } (int8 tiles, index.h, with 7-bit codes: kCentroidLevels),
+// or for 'u4' { tiles: Uint8Array, scales } (4-bit tiles, TileBytes4): n x dim row-major centroids in
+// the tile layout. The 'u4' tiles are what the index stores, so scoreCentroids(.., 'tiles4') over
+// them times the kernel a select's level 1 runs.
 Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     auto c = GetF32(info[0], "centroidTiles centroids");
@@ -210,11 +223,21 @@ Napi::Value CentroidTilesJs(const Napi::CallbackInfo& info) {
     std::string dt = "f32";
     if (info.Length() > 3 && !info[3].IsUndefined()) {
       dt = info[3].IsString() ? std::string(info[3].As<Napi::String>()) : "";
-      if (dt != "f32" && dt != "i8")
-        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32' or 'i8', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
+      if (dt != "f32" && dt != "i8" && dt != "u4")
+        Throw("E_DTYPE", "centroidTiles dtype: expected 'f32', 'i8' or 'u4', got " + (dt.empty() ? std::string("a non-string") : "'" + dt + "'"));
     }
     ExpectLength(c.length, size_t(n) * dim, "centroidTiles centroids (n*dim)");
     CheckFinite(c.data, c.length, "centroidTiles centroids");
+    if (dt == "u4") {
+      const size_t bytes = TileBytes4(size_t(n), dim);
+      auto tiles = Napi::Uint8Array::New(info.Env(), bytes);
+      auto scales = Napi::Float32Array::New(info.Env(), TileScalesI8(size_t(n)));
+      QuantizeTiles4(c.data, size_t(n), dim, tiles.Data(), scales.Data());
+      Napi::Object o = Napi::Object::New(info.Env());
+      o.Set("tiles", tiles);
+      o.Set("scales", scales);
+      return o;
+    }
     if (dt == "i8") {
       const size_t bytes = TileBytesI8(size_t(n), dim);
       auto buf = Napi::ArrayBuffer::New(info.Env(), bytes);

@@ -71,6 +71,24 @@ constexpr float kCentroidLevels = 63.f;
 // The dequantized centroids (byte x scale), k x dim row-major.
 void DequantizeTilesI8(const int8_t* ct, const float* scales, size_t k, int dim, float* c);
 
+// 4-bit centroid tiles: what the index stores and level 1 scores every decode step (half the bytes
+// of the int8 tiles, which that level streams from memory: ~12 GB/s per thread there). Codes
+// round(c_i / s_i) in [-7, 7] with s_i = max_d |c_i[d]| / 7, stored as u = code + 8 in [1, 15].
+// Layout: ceil(k/16) tiles of 16 centroids; a tile is TileBlocks4(dim) blocks of 64 bytes, block b
+// holding quads 2b and 2b + 1 of the int8 layout in the low and the high nibbles of the same bytes
+// (byte 4l + i: lane l's dim 8b + i low, dim 8b + 4 + i high). A missing last odd quad, dims past
+// dim and lanes past k hold u = 8 (code 0). Scales: TileScalesI8(k) floats, zero past k. Against
+// 7-bit codes, recall / oracle on the demo workload moved by ~0.001 (bench/RESULTS.md).
+inline size_t TileBlocks4(int dim) { return (size_t(Dim4(dim)) / 4 + 1) / 2; }
+inline size_t TileBytes4(size_t k, int dim) { return (k + 15) / 16 * TileBlocks4(dim) * 64; }
+constexpr float kCentroidLevels4 = 7.f;
+// ct and scales sized as above; every byte and scale is written.
+void QuantizeTiles4(const float* c, size_t k, int dim, uint8_t* ct, float* scales);
+// Writes centroid j into its lanes and scale of tiles that already hold >= j + 1 centroids.
+void SetTile4(const float* centroid, size_t j, int dim, uint8_t* ct, float* scales);
+// The dequantized centroids (code x scale), k x dim row-major.
+void DequantizeTiles4(const uint8_t* ct, const float* scales, size_t k, int dim, float* c);
+
 // A query group quantized like a centroid (per query head: scale max_d |q_j[d]| / 127, codes in
 // [-127, 127]), in the forms the kernels broadcast. Built once per group, scored against any
 // number of tile sets.
@@ -98,6 +116,12 @@ void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out);
 enum class TileCodes { kAny, kSevenBit, kCheck };
 void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, size_t k, float* out,
                      const float* var = nullptr, const float* coef = nullptr, TileCodes codes = TileCodes::kAny);
+
+// ScoreTilesMaxI8 over 4-bit tiles (TileBytes4): the same exact integer dots of the int8 query with
+// the centroid codes, the same float epilogue, so the scores are bit-identical at every SIMD level
+// (scalar, AVX2, AVX-512 with VNNI) and equal to ScoreTilesMaxI8's over the same codes as int8 tiles.
+void ScoreTilesMax4(const QueryI8& q, const uint8_t* ct, const float* scales, size_t k, float* out,
+                    const float* var = nullptr, const float* coef = nullptr);
 
 // Level 3 of kvdrive select. out[j * ld + i] = q_j · (key row of token tokens[i], kv head h) for
 // j < group, i < n. Each row is read once for the whole GQA group and widened exactly (f16 /

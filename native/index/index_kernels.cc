@@ -257,35 +257,39 @@ KVD_INLINE void ScoreTilesMaxBody(const float* q, int group, const float* ct, si
 // ---- int8 centroid tiles (see ScoreTilesMaxI8 in index.h) ----
 //
 // Every level computes the same exact int32 dot products of the int8 query with each int8
-// centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesI8Vnni and the AVX2 kernel in
+// centroid, then the same float epilogue (ScoreTilesI8; ScoreTilesVnni and the AVX2 kernels in
 // index_kernels_avx2.cc run the same operations on registers), so the scores are bit-identical at
 // every level. Tile layout: per tile of 16 centroids, Dim4(dim) / 4 quads of 64 bytes; quad p holds
 // lane l's dims 4p..4p+3 at bytes 4l..4l+3 (one 32-bit group per centroid, what VPDPBUSD eats).
 
 // dots[j * 16 + l] = q8_j · c8_l (exact int32) for every query head j and lane l of one tile
-// (`quads` 64-byte quads): plain int32 multiply-adds.
-void TileDotsScalar(const QueryI8& qq, const int8_t* c, size_t quads, int32_t* dots) {
+// (`quads` groups of 4 dims), code(p, l, b) giving lane l's code of dim 4p + b: plain int32
+// multiply-adds.
+template <class Code>
+void TileDotsScalar(const QueryI8& qq, size_t quads, int32_t* dots, Code&& code) {
   for (int j = 0; j < qq.group; ++j) {
     const int8_t* qj = qq.q.data() + size_t(j) * qq.dim4;
     int32_t* d = dots + size_t(j) * 16;
     for (int l = 0; l < 16; ++l) d[l] = 0;
     for (size_t p = 0; p < quads; ++p)
       for (int l = 0; l < 16; ++l)
-        for (int b = 0; b < 4; ++b) d[l] += int32_t(qj[p * 4 + b]) * int32_t(c[p * 64 + l * 4 + b]);
+        for (int b = 0; b < 4; ++b) d[l] += int32_t(qj[p * 4 + b]) * code(p, l, b);
   }
 }
 
-// out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h).
-// The portable level; the vector kernels run this f32 code's operations in the same order
-// (|dot| < 2^31, converted to f32 the same way everywhere), so the scores are bit-identical.
-void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
-                  const float* var, const float* coef) {
-  const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+// out[i] = max_j (float(dot_ji) * sq_j * s_i + coef[j] * var[i]) (see ScoreTilesMaxI8 in index.h),
+// the dots of tile t by dotsOf(t, dots). The portable level; the vector kernels run this f32 code's
+// operations in the same order (|dot| < 2^31, converted to f32 the same way everywhere), so the
+// scores are bit-identical.
+template <class TileDots>
+void ScoreTilesWith(const QueryI8& qq, TileDots dotsOf, const float* scales, size_t k, float* out, const float* var,
+                    const float* coef) {
+  const size_t tiles = (k + 15) / 16;
   int32_t stackDots[64 * 16];
   std::vector<int32_t> heapDots(qq.group > 64 ? size_t(qq.group) * 16 : 0);
   int32_t* dots = qq.group > 64 ? heapDots.data() : stackDots;
   for (size_t t = 0; t < tiles; ++t) {
-    TileDotsScalar(qq, ct + t * quads * 64, quads, dots);
+    dotsOf(t, dots);
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
     const v16 cs = Load16(scales + t * 16);  // scales hold whole tiles, padding lanes 0
     v16 vv = v16{};
@@ -304,6 +308,32 @@ void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size
   }
 }
 
+// Int8 tiles: quad p of a tile is 64 bytes, lane l's codes at 4l..4l+3.
+void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                  const float* coef) {
+  const size_t quads = size_t(qq.dim4) / 4;
+  auto dotsOf = [&](size_t t, int32_t* dots) {
+    const int8_t* c = ct + t * quads * 64;
+    TileDotsScalar(qq, quads, dots, [c](size_t p, int l, int b) { return int32_t(c[p * 64 + size_t(l) * 4 + size_t(b)]); });
+  };
+  ScoreTilesWith(qq, dotsOf, scales, k, out, var, coef);
+}
+
+// 4-bit tiles (index.h, TileBytes4): quad p is the low (p even) or high (p odd) nibbles of block
+// p / 2, each nibble code + 8.
+void ScoreTiles4(const QueryI8& qq, const uint8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                 const float* coef) {
+  const size_t quads = size_t(qq.dim4) / 4;
+  auto dotsOf = [&](size_t t, int32_t* dots) {
+    const uint8_t* c = ct + t * ((quads + 1) / 2) * 64;
+    TileDotsScalar(qq, quads, dots, [c](size_t p, int l, int b) {
+      const uint8_t byte = c[(p / 2) * 64 + size_t(l) * 4 + size_t(b)];
+      return int32_t(p % 2 ? byte >> 4 : byte & 15) - 8;
+    });
+  };
+  ScoreTilesWith(qq, dotsOf, scales, k, out, var, coef);
+}
+
 // AVX-512 VNNI, fused: the dots of a tile stay in registers and the f32 epilogue of ScoreTilesI8
 // runs on them in place, with the same operations in the same order (one rounding each: the
 // empty asm statements keep the compiler from contracting a multiply and the add after it into
@@ -316,13 +346,20 @@ void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float* scales, size
 // acc += dpbusd(w, the 4 bytes at ptr in every lane): the broadcast as vpdpbusd's own memory operand
 // ({1to16}), which GCC does not fold from _mm512_set1_epi32 (it issued a vpbroadcastd per product).
 #define DPBUSD_BCST(acc, w, ptr) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(ptr)))
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(const QueryI8& qq, const int8_t* ct,
-                                                                                const float* scales, size_t k, float* out,
-                                                                                const float* var, const float* coef) {
+// Codes: int8 tiles (bytes biased by x ^ 0x80 = x + 128, one 64-byte quad per load) or 4-bit tiles
+// (index.h, TileBytes4: one 64-byte block holds two quads, its nibbles masked out are u = code + 8),
+// the bias (128 or 8) x sum(q_j) subtracted at the end. Same integer dots, same epilogue.
+template <bool kFour>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesVnni(const QueryI8& qq, const uint8_t* ct,
+                                                                           const float* scales, size_t k, float* out,
+                                                                           const float* var, const float* coef) {
   const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
+  const size_t tileBytes = kFour ? (quads + 1) / 2 * 64 : quads * 64;
   const __m512i bias = _mm512_set1_epi8(char(0x80));
+  const __m512i low = _mm512_set1_epi8(15);
+  const int32_t codeBias = kFour ? 8 : 128;
   for (size_t t = 0; t < tiles; ++t) {
-    const int8_t* c = ct + t * quads * 64;
+    const uint8_t* c = ct + t * tileBytes;
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
     const __mmask16 lanes = __mmask16((1u << jn) - 1);
     const __m512 cs = _mm512_loadu_ps(scales + t * 16);  // scales hold whole tiles, padding lanes 0
@@ -341,8 +378,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(con
       __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
       size_t p = 0;
       for (; p + 2 <= quads; p += 2) {
-        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
-        const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(c + (p + 1) * 64), bias);
+        __m512i w, x;
+        if (kFour) {
+          const __m512i v = _mm512_loadu_si512(c + p * 32);
+          w = _mm512_and_si512(v, low);
+          x = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        } else {
+          w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+          x = _mm512_xor_si512(_mm512_loadu_si512(c + (p + 1) * 64), bias);
+        }
         DPBUSD_BCST(a0, w, q0 + p);
         DPBUSD_BCST(a1, w, q1 + p);
         DPBUSD_BCST(a2, w, q2 + p);
@@ -353,7 +397,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(con
         DPBUSD_BCST(b3, x, q3 + p + 1);
       }
       if (p < quads) {
-        const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
+        const __m512i w = kFour ? _mm512_and_si512(_mm512_loadu_si512(c + p * 32), low)
+                                : _mm512_xor_si512(_mm512_loadu_si512(c + p * 64), bias);
         DPBUSD_BCST(a0, w, q0 + p);
         DPBUSD_BCST(a1, w, q1 + p);
         DPBUSD_BCST(a2, w, q2 + p);
@@ -362,7 +407,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void ScoreTilesI8Vnni(con
       const __m512i a[4] = {_mm512_add_epi32(a0, b0), _mm512_add_epi32(a1, b1), _mm512_add_epi32(a2, b2), _mm512_add_epi32(a3, b3)};
       for (int r = 0; r < nj; ++r) {
         const int j = j0 + r;
-        const __m512i d = _mm512_sub_epi32(a[r], _mm512_set1_epi32(128 * qq.sum[j]));
+        const __m512i d = _mm512_sub_epi32(a[r], _mm512_set1_epi32(codeBias * qq.sum[j]));
         __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(qq.scale[j]));
         s = _mm512_mul_ps(s, cs);
         __asm__("" : "+v"(s));
@@ -831,13 +876,24 @@ void ScoreTilesMaxI8(const QueryI8& q, const int8_t* ct, const float* scales, si
   switch (IndexKernelLevel()) {
     case SimdLevel::Avx512:
       // AVX-512F without VNNI: the AVX2 kernels.
-      if (CpuHasVnni512()) return ScoreTilesI8Vnni(q, ct, scales, k, out, var, coef);
+      if (CpuHasVnni512()) return ScoreTilesVnni<false>(q, reinterpret_cast<const uint8_t*>(ct), scales, k, out, var, coef);
       [[fallthrough]];
     case SimdLevel::Avx2:
       if (codes == TileCodes::kSevenBit) return avx2::ScoreTilesI8Codes7(q, ct, scales, k, out, var, coef);
       if (codes == TileCodes::kCheck && avx2::ScoreTilesI8Codes7Checked(q, ct, scales, k, out, var, coef)) return;
       return avx2::ScoreTilesI8(q, ct, scales, k, out, var, coef);
     default: return ScoreTilesI8(q, ct, scales, k, out, var, coef);
+  }
+}
+
+void ScoreTilesMax4(const QueryI8& q, const uint8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                    const float* coef) {
+  switch (IndexKernelLevel()) {
+    case SimdLevel::Avx512:
+      if (CpuHasVnni512()) return ScoreTilesVnni<true>(q, ct, scales, k, out, var, coef);
+      [[fallthrough]];  // AVX-512F without VNNI: the AVX2 kernel
+    case SimdLevel::Avx2: return avx2::ScoreTiles4(q, ct, scales, k, out, var, coef);
+    default: return ScoreTiles4(q, ct, scales, k, out, var, coef);
   }
 }
 
@@ -866,6 +922,41 @@ void DequantizeTilesI8(const int8_t* ct, const float* scales, size_t k, int dim,
   for (size_t j = 0; j < k; ++j) {
     const int8_t* tile = ct + (j / 16) * 16 * size_t(Dim4(dim));
     for (int d = 0; d < dim; ++d) c[j * size_t(dim) + d] = float(tile[TileByteI8(j % 16, d)]) * scales[j];
+  }
+}
+
+namespace {
+// Byte of lane l, dim d inside a 4-bit tile, and whether d is in its high nibble (see TileBytes4).
+inline size_t TileByte4(size_t l, int d) { return size_t(d / 8) * 64 + l * 4 + size_t(d % 4); }
+inline bool HighNibble4(int d) { return (d / 4) % 2 == 1; }
+}  // namespace
+
+void QuantizeTiles4(const float* c, size_t k, int dim, uint8_t* ct, float* scales) {
+  std::fill(ct, ct + TileBytes4(k, dim), uint8_t(0x88));  // code 0 in both nibbles
+  std::fill(scales, scales + TileScalesI8(k), 0.f);
+  for (size_t j = 0; j < k; ++j) SetTile4(c + j * size_t(dim), j, dim, ct, scales);
+}
+
+void SetTile4(const float* centroid, size_t j, int dim, uint8_t* ct, float* scales) {
+  uint8_t* tile = ct + (j / 16) * TileBlocks4(dim) * 64;
+  int8_t codes[4096];
+  std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
+  int8_t* row = dim > 4096 ? big.data() : codes;
+  QuantizeCodes(centroid, nullptr, dim, kCentroidLevels4, row, &scales[j]);
+  for (int d = 0; d < dim; ++d) {
+    uint8_t& b = tile[TileByte4(j % 16, d)];
+    const uint8_t u = uint8_t(row[d] + 8);
+    b = HighNibble4(d) ? uint8_t((b & 0x0f) | (u << 4)) : uint8_t((b & 0xf0) | u);
+  }
+}
+
+void DequantizeTiles4(const uint8_t* ct, const float* scales, size_t k, int dim, float* c) {
+  for (size_t j = 0; j < k; ++j) {
+    const uint8_t* tile = ct + (j / 16) * TileBlocks4(dim) * 64;
+    for (int d = 0; d < dim; ++d) {
+      const uint8_t b = tile[TileByte4(j % 16, d)];
+      c[j * size_t(dim) + d] = float(int(HighNibble4(d) ? b >> 4 : b & 15) - 8) * scales[j];
+    }
   }
 }
 

@@ -547,26 +547,20 @@ KVD_AVX2_IDX void ScoreTilesI8(const QueryI8& qq, const int8_t* ct, const float*
   }
 }
 
-// Tiles of 7-bit codes (every byte in [-63, 63]: ScoreTilesMaxI8's TileCodes, the index's centroids).
-// A 32-byte half of quad p is 8 centroids x dims 4p..4p+3; offset by 64 its bytes are unsigned, so
-// vpmaddubsw multiplies them by a query head's 4 codes (pat8, broadcast) and adds adjacent pairs
-// into int16 (at most 2 x 127 x 127 = 32258: no saturation), and vpmaddwd by ones sums each
-// centroid's two pairs into its int32 lane, in centroid order: no sign extension, no lane
-// shuffles. The offset's share, 64 x the sum of the head's codes (QueryI8::sum), is subtracted at
-// the end, so the dots are the exact integers of every other level and the f32 epilogue (the same
-// operations as ScoreTilesI8's) gives the same scores.
-// kCheck: also tests every byte as it is loaded (uint8(b + 63) <= 126 iff b in [-63, 63]) and
-// returns false if one was outside (the scores are then wrong: the caller scores again with the
-// general kernel). Two more instructions per 32 loaded bytes, no second pass over the tiles.
-template <bool kCheck>
-KVD_AVX2_IDX bool ScoreTilesI8Codes7Impl(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
-                                         const float* var, const float* coef) {
+// Tiles whose codes are unsigned bytes once loaded: quad p of a tile as two 32-byte halves (centroids
+// 0-7 and 8-15, dims 4p..4p+3) from a loader (below: 7-bit int8 codes offset by 64; 4-bit codes
+// masked out of their nibble). vpmaddubsw multiplies them by a query head's 4 codes (pat8, broadcast)
+// and adds adjacent pairs into int16 (at most 2 x 127 x 127 = 32258: no saturation), and vpmaddwd by
+// ones sums each centroid's two pairs into its int32 lane, in centroid order: no sign extension, no
+// lane shuffles. The loader's offset, offset x the sum of the head's codes (QueryI8::sum), is
+// subtracted at the end, so the dots are the exact integers of every other level and the f32
+// epilogue (the same operations as ScoreTilesI8's) gives the same scores.
+template <class LoadQuad>
+KVD_AVX2_IDX void ScoreUnsignedTiles(const QueryI8& qq, size_t tileBytes, int32_t offset, const float* scales, size_t k, float* out,
+                                     const float* var, const float* coef, LoadQuad&& load) {
   const size_t tiles = (k + 15) / 16, quads = size_t(qq.dim4) / 4;
-  const __m256i offset = _mm256_set1_epi8(64), ones = _mm256_set1_epi16(1);
-  const __m256i shift63 = _mm256_set1_epi8(63);
-  __m256i spread = _mm256_setzero_si256();  // kCheck: max over the bytes of uint8(b + 63)
+  const __m256i ones = _mm256_set1_epi16(1);
   for (size_t t = 0; t < tiles; ++t) {
-    const int8_t* c = ct + t * quads * 64;
     const size_t jn = k - t * 16 < 16 ? k - t * 16 : 16;
     TileEpilogue epi(qq, scales, var, coef, t, jn);
     for (int j0 = 0; j0 < qq.group; j0 += 4) {
@@ -574,12 +568,8 @@ KVD_AVX2_IDX bool ScoreTilesI8Codes7Impl(const QueryI8& qq, const int8_t* ct, co
       __m256i lo[4], hi[4];
       for (int u = 0; u < 4; ++u) lo[u] = hi[u] = _mm256_setzero_si256();
       for (size_t p = 0; p < quads; ++p) {
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + p * 64));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + p * 64 + 32));
-        if (kCheck && j0 == 0)
-          spread = _mm256_max_epu8(spread, _mm256_max_epu8(_mm256_add_epi8(b0, shift63), _mm256_add_epi8(b1, shift63)));
-        const __m256i a0 = _mm256_add_epi8(b0, offset);
-        const __m256i a1 = _mm256_add_epi8(b1, offset);
+        __m256i a0, a1;
+        load(t * tileBytes, p, j0 == 0, a0, a1);
         for (int u = 0; u < nj; ++u) {
           const __m256i qv = _mm256_set1_epi32(qq.pat8[size_t(j0 + u) * quads + p]);
           lo[u] = _mm256_add_epi32(lo[u], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, qv), ones));
@@ -587,12 +577,34 @@ KVD_AVX2_IDX bool ScoreTilesI8Codes7Impl(const QueryI8& qq, const int8_t* ct, co
         }
       }
       for (int u = 0; u < nj; ++u) {
-        const __m256i bias = _mm256_set1_epi32(64 * qq.sum[size_t(j0 + u)]);
+        const __m256i bias = _mm256_set1_epi32(offset * qq.sum[size_t(j0 + u)]);
         epi.Add(_mm256_sub_epi32(lo[u], bias), _mm256_sub_epi32(hi[u], bias), j0 + u);
       }
     }
     epi.Store(out, t, jn);
   }
+}
+
+// Tiles of 7-bit codes (every byte in [-63, 63]: ScoreTilesMaxI8's TileCodes::kSevenBit): a quad's
+// bytes offset by 64 are unsigned.
+// kCheck: also tests every byte as it is loaded (uint8(b + 63) <= 126 iff b in [-63, 63]) and
+// returns false if one was outside (the scores are then wrong: the caller scores again with the
+// general kernel). Two more instructions per 32 loaded bytes, no second pass over the tiles.
+template <bool kCheck>
+KVD_AVX2_IDX bool ScoreTilesI8Codes7Impl(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
+                                         const float* var, const float* coef) {
+  const __m256i offset = _mm256_set1_epi8(64), shift63 = _mm256_set1_epi8(63);
+  __m256i spread = _mm256_setzero_si256();  // kCheck: max over the bytes of uint8(b + 63)
+  ScoreUnsignedTiles(qq, size_t(qq.dim4) * 16, 64, scales, k, out, var, coef,
+                     [&](size_t tile, size_t p, bool first, __m256i& a0, __m256i& a1) KVD_AVX2_IDX {
+                       const int8_t* c = ct + tile + p * 64;
+                       const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+                       const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+                       if (kCheck && first)
+                         spread = _mm256_max_epu8(spread, _mm256_max_epu8(_mm256_add_epi8(b0, shift63), _mm256_add_epi8(b1, shift63)));
+                       a0 = _mm256_add_epi8(b0, offset);
+                       a1 = _mm256_add_epi8(b1, offset);
+                     });
   if (!kCheck) return true;
   // Every byte of `spread` <= 126: their max, folded over the register.
   const __m256i over = _mm256_cmpeq_epi8(_mm256_max_epu8(spread, _mm256_set1_epi8(126)), _mm256_set1_epi8(126));
@@ -607,6 +619,26 @@ KVD_AVX2_IDX void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const 
 KVD_AVX2_IDX bool ScoreTilesI8Codes7Checked(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
                                             const float* var, const float* coef) {
   return ScoreTilesI8Codes7Impl<true>(qq, ct, scales, k, out, var, coef);
+}
+
+// 4-bit centroid tiles (index.h, TileBytes4): quad p is the low (p even) or high (p odd) nibbles
+// of block p / 2, i.e. u = code + 8 in [0, 15] once masked out (offset 8).
+KVD_AVX2_IDX void ScoreTiles4(const QueryI8& qq, const uint8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                              const float* coef) {
+  const __m256i low = _mm256_set1_epi8(15);
+  const size_t quads = size_t(qq.dim4) / 4;
+  ScoreUnsignedTiles(qq, (quads + 1) / 2 * 64, 8, scales, k, out, var, coef,
+                     [&](size_t tile, size_t p, bool, __m256i& a0, __m256i& a1) KVD_AVX2_IDX {
+                       const uint8_t* c = ct + tile + (p / 2) * 64;
+                       __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
+                       __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 32));
+                       if (p % 2) {
+                         b0 = _mm256_srli_epi16(b0, 4);
+                         b1 = _mm256_srli_epi16(b1, 4);
+                       }
+                       a0 = _mm256_and_si256(b0, low);
+                       a1 = _mm256_and_si256(b1, low);
+                     });
 }
 
 }  // namespace avx2

@@ -44,5 +44,8 @@ void ScoreTilesI8Codes7(const QueryI8& qq, const int8_t* ct, const float* scales
 bool ScoreTilesI8Codes7Checked(const QueryI8& qq, const int8_t* ct, const float* scales, size_t k, float* out,
                                const float* var, const float* coef);
 
+// ScoreTilesMax4 over 4-bit tiles (index.h, TileBytes4).
+void ScoreTiles4(const QueryI8& qq, const uint8_t* ct, const float* scales, size_t k, float* out, const float* var,
+                 const float* coef);
 }  // namespace avx2
 }  // namespace kvd

@@ -400,9 +400,9 @@ void LayerIndex::ClusterSegment(const SegmentRows& rows, int h, Segment& seg) co
   }
   PickOutliers(rows, seg);
   seg.clusteredFull = seg.c1 == seg.cEnd;
-  seg.tiles.resize(TileBytesI8(seg.k, dim_));
+  seg.tiles.resize(TileBytes4(seg.k, dim_));
   seg.tileScales.resize(TileScalesI8(seg.k));
-  QuantizeTilesI8(seg.centroids.data(), seg.k, dim_, seg.tiles.data(), seg.tileScales.data(), kCentroidLevels);
+  QuantizeTiles4(seg.centroids.data(), seg.k, dim_, seg.tiles.data(), seg.tileScales.data());
   if (seg.clusteredFull) {
     // A full segment never grows again: the running sums (k x dim doubles) and the row-major
     // centroids are no longer needed (select reads the tiles).
@@ -430,7 +430,7 @@ void LayerIndex::ReserveOpen(Segment& seg) const {
   seg.var.reserve(kMax);
   seg.radius.reserve(kMax);
   seg.assign.reserve(size_t(seg.cEnd - seg.c0));
-  seg.tiles.reserve(TileBytesI8(kMax, dim_));
+  seg.tiles.reserve(TileBytes4(kMax, dim_));
   seg.tileScales.reserve(TileScalesI8(kMax));
 }
 
@@ -555,9 +555,9 @@ bool LayerIndex::AddChunkOnline(int h, Segment& seg, int64_t j, bool defer) cons
   }
   // Only centroid c moved (or was added): rewrite its lanes. A new tile is appended zeroed (tile t
   // sits at t*dim*16 whatever k is, and padding lanes are zero).
-  seg.tiles.resize(TileBytesI8(seg.k, dim_), 0);
+  seg.tiles.resize(TileBytes4(seg.k, dim_), uint8_t(0x88));  // code 0 in every nibble
   seg.tileScales.resize(TileScalesI8(seg.k), 0.f);
-  SetTileI8(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data(), kCentroidLevels);
+  SetTile4(seg.centroids.data() + size_t(c) * dim_, size_t(c), dim_, seg.tiles.data(), seg.tileScales.data());
   RebuildCsr(seg);
   if (filled) {
     // Full, its k-means deferred: nothing joins it online any more, so the running sums and the
@@ -1055,12 +1055,12 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   // the thread count.
   struct HeadOut {
     SelectResult r;
-    int64_t i8Vectors = 0;  // centroids (int8 tiles + scale); every other index vector is f32
+    int64_t tileVectors = 0;  // centroids (4-bit tiles + scale); every other index vector is f32
   };
   std::vector<HeadOut> parts{size_t(headEnd - headBegin)};
   auto selectHead = [&](int h) {
     SelectResult& out = parts[size_t(h - headBegin)].r;
-    int64_t& i8Vectors = parts[size_t(h - headBegin)].i8Vectors;
+    int64_t& tileVectors = parts[size_t(h - headBegin)].tileVectors;
     out.chunk = cfg_.chunk;
     SelectScratch& sc = Scratch();
     std::vector<Ranked>& ranked = sc.ranked;
@@ -1114,14 +1114,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
           } else {
             for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
           }
-          ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
-                          ones.data(), TileCodes::kSevenBit);
+          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
+                         ones.data());
         } else {
-          ScoreTilesMaxI8(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
-                          useVar ? seg.var.data() : nullptr, coef.data(), TileCodes::kSevenBit);
+          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
+                         useVar ? seg.var.data() : nullptr, coef.data());
         }
         out.vectorsScored += seg.k;
-        i8Vectors += seg.k;
+        tileVectors += seg.k;
         for (int c = 0; c < seg.k; ++c) {
           ctoks[size_t(base + c)] = seg.counts[c] * cfg_.chunk;
           clusters[nc] = {scores[c], base + c};
@@ -1304,7 +1304,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
   out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
-  int64_t i8Vectors = 0;
+  int64_t tileVectors = 0;
   for (HeadOut& p : parts) {
     const SelectResult& r = p.r;
     if (r.chunk == 1) out.chunk = 1;
@@ -1318,11 +1318,11 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
     out.vectorsScored += r.vectorsScored;
     out.keysScored += r.keysScored;
     out.bytesScored += r.bytesScored;
-    i8Vectors += p.i8Vectors;
+    tileVectors += p.tileVectors;
   }
   const int64_t vecBytes = int64_t(dim_) * 4;
-  // Index vectors (int8 centroids with a f32 scale, f32 chunk representatives); key rows were added as read.
-  out.bytesScored += (out.vectorsScored - i8Vectors) * vecBytes + i8Vectors * (int64_t(Dim4(dim_)) + 4);
+  // Index vectors (4-bit centroids with a f32 scale, f32 chunk representatives); key rows were added as read.
+  out.bytesScored += (out.vectorsScored - tileVectors) * vecBytes + tileVectors * (int64_t(TileBlocks4(dim_)) * 4 + 4);
   out.vectorsScored += out.keysScored;
   return out;
 }
@@ -1369,7 +1369,7 @@ void LayerIndex::RewritePrior(const int32_t* offsets, const int32_t* ids, int64_
 std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
   std::vector<float> c(size_t(seg.k) * dim_);
-  DequantizeTilesI8(seg.tiles.data(), seg.tileScales.data(), seg.k, dim_, c.data());
+  DequantizeTiles4(seg.tiles.data(), seg.tileScales.data(), seg.k, dim_, c.data());
   return c;
 }
 
@@ -1410,7 +1410,7 @@ int64_t LayerIndex::ReclusterResultBytes(int dim) const {
   const int64_t outliers = std::min(n, int64_t(std::ceil(cfg_.outlierFraction * double(n))));
   // A full segment's clusters as SegmentBytes counts them after ClusterSegment: tiles and scales,
   // var, radius, outliers; counts, assign, offsets, members.
-  return int64_t(sizeof(Segment)) + int64_t(TileBytesI8(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 +
+  return int64_t(sizeof(Segment)) + int64_t(TileBytes4(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 +
          (k + k + outliers) * 4 + (k + n + (k + 1) + n) * 4;
 }
 

@@ -135,9 +135,9 @@ struct Segment {
   bool clusteredFull = false;  // k-means ran over the whole, full segment
   int k = 0;
   std::vector<float> centroids;   // k x dim row-major while the segment can grow; released once full
-  LineVector<int8_t> tiles;       // the centroids as int8 tiles (TileBytesI8(k, dim) bytes, index.h),
-                                  // what level 1 scores: dim4 + 4 bytes per centroid with its scale;
-                                  // line-aligned, so each 64-byte quad is one cache line
+  LineVector<uint8_t> tiles;      // the centroids as 4-bit tiles (TileBytes4(k, dim) bytes, index.h),
+                                  // what level 1 scores: dim4 / 2 + 4 bytes per centroid with its
+                                  // scale; line-aligned, so each 64-byte block is one cache line
   std::vector<float> tileScales;  // TileScalesI8(k): per-centroid scale of the tiles
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
@@ -246,7 +246,7 @@ class LayerIndex {
   // Row of token t (< tokens()) in head h's key sketch (slot order inside full segments).
   int64_t SketchRow(int h, int64_t t) const;
   const HeadIndex& head(int h) const { return heads_data_[h]; }
-  // Row-major k x dim centroids of a segment (dequantized from the int8 tiles once the row-major
+  // Row-major k x dim centroids of a segment (dequantized from the 4-bit tiles once the row-major
   // copy is released).
   std::vector<float> SegmentCentroids(const Segment& seg) const;
   // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch,
