@@ -189,12 +189,16 @@ function kernelCall(g: Gen): Call {
     return { fn, args: [m.outA, m.lseA, m.outB, m.lseB, m.heads, m.dim] };
   }
   if (fn === 'scoreCentroids') {
-    // The select's level 1: int8 tiles of n centroids, the GQA group's queries, maybe the spread
-    // term ({ var: n, coef: group }), every argument possibly mutated.
-    const n = g.int(0, 40), dim = g.pick([1, 5, 16, 37, 128]), group = g.int(1, 9);
-    const tiles = centroidTiles(g.f32(n * dim), n, dim, 'i8');
+    // The select's level 1: 4-bit (the index's) or int8 tiles of n centroids, the GQA group's
+    // queries, maybe the spread term ({ var: n, coef: group }), every argument possibly mutated
+    // (a tile set given under the other layout too).
+    const n = g.int(0, 40), dim = g.pick([1, 5, 16, 20, 37, 128]), group = g.int(1, 9);
+    const four = g.bool(0.5);
+    const tiles = four ? centroidTiles(g.f32(n * dim), n, dim, 'u4') : centroidTiles(g.f32(n * dim), n, dim, 'i8');
     const spread = g.bool(0.5) ? { var: g.f32(n, g.bool(0.05)), coef: g.f32(group, g.bool(0.05)) } : undefined;
-    const m = mutate(g, { q: g.f32(group * dim, g.bool(0.03)), group, tiles, n, dim, layout: g.bool(0.9) ? 'tiles8' : g.pick(['rows', 'tiles', 'x']), spread });
+    const own = four ? 'tiles4' : 'tiles8';
+    const layout = g.bool(0.85) ? own : g.pick(['rows', 'tiles', 'x', four ? 'tiles8' : 'tiles4']);
+    const m = mutate(g, { q: g.f32(group * dim, g.bool(0.03)), group, tiles, n, dim, layout, spread });
     return { fn, args: [m.q, m.group, m.tiles, m.n, m.dim, m.layout, m.spread] };
   }
   if (g.bool(0.04)) {
