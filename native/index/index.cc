@@ -183,7 +183,7 @@ Napi::Value ScoreCentroidsJs(const Napi::CallbackInfo& info) {
       QueryI8 qq;
       QuantizeQueryI8(q.data, g, dim, qq);
       auto out = Napi::Float32Array::New(info.Env(), size_t(n));
-      // Tiles whose bytes all lie in [-63, 63] (the index's 7-bit centroid codes) are scored by the
+      // Tiles whose bytes all lie in [-63, 63] (7-bit centroid codes, centroidTiles(.., 'i8')) are scored by the
       // faster AVX2 kernel, which checks them as it reads them; any others by the general one: the
       // same scores either way. (A scan before the call cost a pass over the tiles: ~0.3 ms on a
       // cold 8-head 128K set, a third of the kernel.)

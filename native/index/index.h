@@ -47,7 +47,8 @@ void UntransposeTiles(const float* ct, size_t k, int dim, float* c);
 void ScoreTilesMax(const float* q, int group, const float* ct, size_t k, int dim, float* out,
                    const float* var = nullptr, const float* coef = nullptr);
 
-// Int8 centroid tiles, what the index stores and scores (a quarter of f32's bytes, half of f16's).
+// Int8 centroid tiles (a quarter of f32's bytes, half of f16's): what the index stored and scored
+// until the 4-bit tiles below; the scoreCentroids binding still takes them.
 // Each centroid c_i is stored as round(c_i / s_i) in [-127, 127] with its own scale
 // s_i = max_d |c_i[d]| / 127 (per centroid, not per dimension: the scale then factors out of the
 // dot product, and an online add that moves one centroid rewrites only that centroid's bytes).
@@ -58,12 +59,12 @@ inline int Dim4(int dim) { return (dim + 3) & ~3; }
 inline size_t TileBytesI8(size_t k, int dim) { return (k + 15) / 16 * 16 * size_t(Dim4(dim)); }
 inline size_t TileScalesI8(size_t k) { return (k + 15) / 16 * 16; }
 // ct and scales sized as above; every byte and scale is written. `levels`: the largest code, 127
-// (the default) or less: the index stores its centroids with kCentroidLevels, 7-bit codes, which
-// ScoreTilesMaxI8 scores faster on AVX2 (TileCodes::kSevenBit).
+// (the default) or less: the centroidTiles binding quantizes with kCentroidLevels, 7-bit codes,
+// which ScoreTilesMaxI8 scores faster on AVX2 (TileCodes::kSevenBit).
 void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scales, float levels = 127.f);
 // Writes centroid j (dim values) into its lanes and scale of tiles that already hold >= j + 1 centroids.
 void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales, float levels = 127.f);
-// The index's centroid codes lie in [-63, 63]: the AVX2 kernel then multiplies them, offset by 64
+// 7-bit centroid codes lie in [-63, 63]: the AVX2 kernel then multiplies them, offset by 64
 // into [1, 127], as unsigned bytes by the int8 query (vpmaddubsw: a pair of products is at most
 // 2 x 127 x 127 = 32258 and never saturates), about half the instructions of widening them to
 // int16 first; the scores stay the exact integer dots of every other level.
@@ -108,8 +109,8 @@ void QuantizeQueryI8(const float* q, int group, int dim, QueryI8& out);
 // for dim <= 65536.
 // `codes` says what the caller knows of the tile bytes; every choice gives the same scores:
 //   kAny       any byte: the general kernel;
-//   kSevenBit  every byte in [-63, 63] (tiles quantized with levels <= 63, the index's own; the
-//              caller vouches, nothing checks): the AVX2 level's faster 7-bit kernel;
+//   kSevenBit  every byte in [-63, 63] (tiles quantized with levels <= 63; the caller vouches,
+//              nothing checks): the AVX2 level's faster 7-bit kernel;
 //   kCheck     the 7-bit kernel, which checks the bytes as it reads them, and the general kernel
 //              again only if one lay outside [-63, 63] (tiles nobody vouches for, the
 //              scoreCentroids binding: no separate pass over the tiles).
