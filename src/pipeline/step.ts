@@ -262,27 +262,148 @@ export async function fetchAttendEntry(
   s: EntrySelection | undefined,
   offThread: boolean,
 ): Promise<EntryResult> {
-  const { lk, T, tailK, tailV } = a;
   // A DRAM tier holding every sealed chunk, no hot tier in front: nothing to fetch.
-  const resident = hot ? undefined : lk.tiers?.residentPages(0);
+  const resident = hot ? undefined : a.lk.tiers?.residentPages(0);
   if (resident) return attendResident({ mem, hot, seq, layer, a, q, s }, offThread, resident);
-  const H = mem.config.shape.kvHeads;
-  const cs = mem.config.policyOptions.chunkSize;
-  const groups: HeadGroup[] = [];
-  // DRAM-tier chunks stay in the arena, pinned until released below; SSD reads land in `reads`.
-  const reads = new EntryReads(mem);
-  const t1 = performance.now();
-  const tail = { k: tailK, v: tailV };
-  const hotArg = hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {};
-  let att: EntryAttention | undefined;
-  let hotAdmitted = 0;
+  return new TierStep({ mem, hot, seq, layer, a, q, s }, offThread).run();
+}
+
+/**
+ * One entry's step through the tiers (fetchAttendEntry's path when pages must be fetched): the
+ * state that select, fetch, the hot-tier admission, attention and the DRAM admission share, each
+ * stage a method. Made and run once per entry and step.
+ */
+class TierStep {
+  private readonly H: number;
+  private readonly cs: number;
+  /** The entry's head groups, each pushed as soon as it exists, so its pins are released whatever happens. */
+  private readonly groups: HeadGroup[] = [];
+  /** DRAM-tier chunks stay in the arena, pinned until the end of the step; SSD reads land here. */
+  private readonly reads: EntryReads;
+  private readonly tail: { k: KvTensor; v: KvTensor };
+  private readonly hotArg: { hot?: { handle: number; sequence: number; layer: number } };
+  /** What attention runs over, once every group's reads are issued (attention()). */
+  private att: EntryAttention | undefined;
+  private hotAdmitted = 0;
+  /**
+   * The hot tier's admission copies left for the SSD-read pages (hotTierAdmitPages with
+   * pageLanding, run while the reads were in flight): made once the reads landed (landHotTier), or
+   * undone if they failed (run()'s cleanup).
+   */
+  private hotLanding: Int32Array | undefined;
+  /** Chunks the DRAM admission took, once it ran (at most once per step). */
+  private dramAdmitted: number | undefined;
+  /** The kv heads left for after the reads' promises settle (undefined: every head). */
+  private rest: Uint8Array | undefined;
+  /** Whether every head's hot-tier admission ran while the reads were in flight. */
+  private hotAdmittedEarly = false;
+  /** Whether every head was attended before the reads' promises settled (they had landed). */
+  private attendedAll = false;
+
+  constructor(
+    private readonly entry: EntryStep,
+    private readonly offThread: boolean,
+  ) {
+    const { mem, hot, seq, layer, a } = entry;
+    this.H = mem.config.shape.kvHeads;
+    this.cs = mem.config.policyOptions.chunkSize;
+    this.reads = new EntryReads(mem);
+    this.tail = { k: a.tailK, v: a.tailV };
+    this.hotArg = hot ? { hot: { handle: hot.handle, sequence: seq, layer } } : {};
+  }
+
+  async run(): Promise<EntryResult> {
+    const { mem, seq, layer, a, s } = this.entry;
+    const t1 = performance.now();
+    try {
+      const f = await selectAndFetch(this.entry, this.groups, this.reads, (sc, nChunks) => this.whileReading(sc, nChunks));
+      const { sc, nChunks } = f;
+      const e = this.attention(sc, nChunks);
+      this.landHotTier(e, false);
+      if (!this.attendedAll) await this.attendHeads(e, this.rest, this.hotAdmittedEarly);
+      const t3 = performance.now();
+      const { tokSel, r } = e;
+      const stats: EntryStepStats = {
+        chunks: nChunks,
+        hotChunks: 0,
+        dramChunks: 0,
+        ssdChunks: 0,
+        tailChunks: 0,
+        ssdReadBytes: 0,
+        hotAdmitted: this.hotAdmitted,
+        dramAdmitted: 0,
+        selectMs: a.extendMs + (s ? s.ms : f.selectMs),
+        fetchMs: 0,
+        computeMs: e.computeMs,
+      };
+      addGroupStats(this.groups, stats);
+      // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
+      // beats the least important resident (resident ones get their score refreshed), unless the
+      // callback admitted them already.
+      this.admitDram(e);
+      stats.dramAdmitted = this.dramAdmitted ?? 0;
+      // Fetch: the wall of select + fetch + attention not spent selecting or attending (the reads
+      // neither hid, hot-tier admission).
+      stats.fetchMs = t3 - t1 - f.selectMs - e.computeMs;
+      // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
+      return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit: commitStep(mem, seq, layer, a.lk, a.T, tokSel) };
+    } finally {
+      // Hot-tier copies still waiting for reads that failed: those slots are freed (they would
+      // otherwise stay resident with no rows); before the pages' buffers are released.
+      if (this.hotLanding && this.att) {
+        try {
+          this.landHotTier(this.att, true);
+        } catch {
+          // The step's own error is the one to report; the tier check (hotTier.check) would show this.
+        }
+      }
+      for (const g of this.groups) g.placement?.release();
+      this.reads.release();
+    }
+  }
+
+  /**
+   * While the SSD reads are in flight (selectAndFetch's callback): hot-tier admission of every kv
+   * head, then one attention call over the heads whose pages can land before the promises settle,
+   * which attends each as soon as its reads have landed (attendFetched's `landing`: the reads' own
+   * thread flags each item, the pool's workers take whichever head is ready). The heads it leaves
+   * (entries staged by a prefetch, a failed read) are attended after the promises. A group whose
+   * fetch failed before placing its pages leaves everything to the error path.
+   */
+  private async whileReading(sc: StepScratch, nChunks: number): Promise<void> {
+    if (this.groups.some((g) => g.tier > 0 && !g.pending)) return;
+    // Every head's hot-tier admission now, the copies from pages still being read left for after
+    // them: the reads' wait is the step's only idle time on a CPU-bound host.
+    const e = this.attention(sc, nChunks);
+    this.admitHot(e, undefined, true);
+    this.hotAdmittedEarly = true;
+    // Every head but those with prefetch-staged entries (copied only after the promises): the call
+    // itself waits on the reads' flags, and leaves out a head whose read failed.
+    const now = new Uint8Array(this.H).fill(1);
+    for (const g of this.groups) g.staged?.forEach((x, h) => x && (now[h] = 0));
+    const landing = this.groups.flatMap((g) => (g.reads ? [g.reads] : []));
+    const attended = await this.attendHeads(e, now.includes(0) ? now : undefined, true, landing);
+    if (!attended.includes(0)) {
+      this.attendedAll = true;
+      // Every read has landed (each head's flag says so); the JS thread hears of it only on a later
+      // event-loop turn: the hot-tier copies from the read pages and the DRAM admission run now
+      // instead of after that (~1% of the held-out SSD step, bench/runtime-memory.md).
+      this.landHotTier(e, false);
+      this.admitDram(e);
+      return;
+    }
+    this.rest = attended.map((x) => 1 - x);
+  }
+
   /** What attention runs over, once every group's reads are issued (pages placed, maybe not landed). */
-  const attention = (sc: StepScratch, nChunks: number): EntryAttention => {
-    if (att) return att;
+  private attention(sc: StepScratch, nChunks: number): EntryAttention {
+    if (this.att) return this.att;
+    const { mem } = this.entry;
     const tokSel = concatSelections(
-      groups.map((g) => g.tokSel),
-      H,
+      this.groups.map((g) => g.tokSel),
+      this.H,
     );
+    const cs = this.cs;
     const sel: Selection =
       tokSel.chunkSize === cs
         ? tokSel
@@ -291,61 +412,61 @@ export async function fetchAttendEntry(
     // by the attention calls (each head's by the call attending it) before anything reads it.
     // (The scratch is sized by chunks written; units can be more, with several head groups.)
     const r = resultArrays(mem, sc, tokSel.chunkIds.length);
-    const pages = mergeGroupPages(groups, sc, H, reads.buf);
-    return (att = { tokSel, sel, pages, r, pageMass: mem.ssd ? sc.pageMass.subarray(0, pages.ids.length) : undefined, computeMs: 0 });
-  };
+    const pages = mergeGroupPages(this.groups, sc, this.H, this.reads.buf);
+    return (this.att = { tokSel, sel, pages, r, pageMass: mem.ssd ? sc.pageMass.subarray(0, pages.ids.length) : undefined, computeMs: 0 });
+  }
+
   /** Where the tier pages lie, as the hot-tier admission reads them. */
-  const pageArgs = (pages: StepPages) => ({
-    pages: pages.buffers,
-    pageOffsets: pages.offsets,
-    pageIds: pages.ids,
-    pageAt: pages.at,
-    pageIn: pages.source,
-    tail,
-    tailBase: lk.sealed,
-  });
-  /**
-   * The hot tier's admission copies left for the SSD-read pages (hotTierAdmitPages with
-   * pageLanding, run while the reads were in flight): made once the reads landed (landHotTier), or
-   * undone if they failed (error path below).
-   */
-  let hotLanding: Int32Array | undefined;
+  private pageArgs(pages: StepPages) {
+    return {
+      pages: pages.buffers,
+      pageOffsets: pages.offsets,
+      pageIds: pages.ids,
+      pageAt: pages.at,
+      pageIn: pages.source,
+      tail: this.tail,
+      tailBase: this.entry.a.lk.sealed,
+    };
+  }
+
   /**
    * Hot-tier admission of the kv heads in `heads` (every head when undefined). With `landing`
    * (while the SSD reads are in flight): residency is decided for every page now and copied from
    * every page already there; the copies from the pages still being read (those in the fetch
    * buffer) wait in hotLanding. The tier ends exactly as with one admission after the reads.
    */
-  const admitHot = (e: EntryAttention, heads: Uint8Array | undefined, landing: boolean): void => {
-    if (!hot) return;
+  private admitHot(e: EntryAttention, heads: Uint8Array | undefined, landing: boolean): void {
+    if (!this.entry.hot) return;
     const { pages } = e;
     const r = native.hotTierAdmitPages({
-      ...hotArg,
+      ...this.hotArg,
       selection: e.sel,
-      tokens: T,
-      ...pageArgs(pages),
+      tokens: this.entry.a.T,
+      ...this.pageArgs(pages),
       ...(landing ? { pageLanding: pages.source.map((b) => (b === 0 ? 1 : 0)) } : {}),
       ...(heads ? { heads } : {}),
     }) as { admitted: number; landing?: Int32Array };
-    hotAdmitted += r.admitted;
-    if (r.landing?.length) hotLanding = r.landing;
-  };
+    this.hotAdmitted += r.admitted;
+    if (r.landing?.length) this.hotLanding = r.landing;
+  }
+
   /** Makes the hot tier's copies from the SSD-read pages (now landed), or frees those slots (`drop`). */
-  const landHotTier = (e: EntryAttention, drop: boolean): void => {
-    const landing = hotLanding;
-    if (!hot || !landing) return;
-    hotLanding = undefined;
-    native.hotTierLandPages({ ...hotArg, tokens: T, ...pageArgs(e.pages), landing, ...(drop ? { drop: true } : {}) });
-  };
+  private landHotTier(e: EntryAttention, drop: boolean): void {
+    const landing = this.hotLanding;
+    if (!this.entry.hot || !landing) return;
+    this.hotLanding = undefined;
+    native.hotTierLandPages({ ...this.hotArg, tokens: this.entry.a.T, ...this.pageArgs(e.pages), landing, ...(drop ? { drop: true } : {}) });
+  }
+
   /**
    * Attention of the kv heads in `heads` (every head when undefined) into the entry's result, after
    * their hot-tier admission (unless `admitted`). Each kv head has its own hot-tier residents and
    * attention output, so the heads done in two passes end exactly as in one.
    */
-  const attendHeads = async (e: EntryAttention, heads: Uint8Array | undefined, admitted: boolean, landing?: ReadLanding[]): Promise<Uint8Array> => {
+  private async attendHeads(e: EntryAttention, heads: Uint8Array | undefined, admitted: boolean, landing?: ReadLanding[]): Promise<Uint8Array> {
     const { pages } = e;
-    const mask = heads ? { heads } : {};
-    if (!admitted) admitHot(e, heads, false);
+    const { mem, a, q } = this.entry;
+    if (!admitted) this.admitHot(e, heads, false);
     const t = performance.now();
     const args = {
       ...attentionInputs(mem, a, q),
@@ -355,107 +476,27 @@ export async function fetchAttendEntry(
       fetchedIds: pages.ids,
       fetchedAt: pages.at,
       fetchedIn: pages.source,
-      ...hotArg,
+      ...this.hotArg,
       into: e.r,
       ...(e.pageMass ? { fetchedMass: e.pageMass } : {}),
-      ...mask,
+      ...(heads ? { heads } : {}),
       ...(landing?.length ? { landing } : {}),
     };
-    const r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+    const r = this.offThread ? await attendFetchedAsync(args) : attendFetched(args);
     e.computeMs += performance.now() - t;
     // The heads attended: with landing, as the call says; else those of the mask.
-    return r.attended ?? (heads ? heads.slice() : new Uint8Array(H).fill(1));
-  };
+    return r.attended ?? (heads ? heads.slice() : new Uint8Array(this.H).fill(1));
+  }
+
   /**
    * DRAM-tier admission of the chunks attention just weighed (the SSD-read pages offered, the
    * resident ones re-scored), once per step: in the callback when every head was attended there
    * (the reads have landed, and the JS thread hears of it only a turn later: the admission fills
    * that gap), else after the reads' promises.
    */
-  let dramAdmitted: number | undefined;
-  const admitDram = (e: EntryAttention): void => {
+  private admitDram(e: EntryAttention): void {
     const { pages } = e;
-    if (dramAdmitted !== undefined || !pages.placement || !e.pageMass) return;
-    dramAdmitted = lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: cs, scores: e.pageMass }, reads.buf, pages.placement);
-  };
-  // The kv heads left for after the reads' promises settle (undefined: every head).
-  let rest: Uint8Array | undefined;
-  // Whether every head's hot-tier admission ran while the reads were in flight.
-  let hotAdmittedEarly = false;
-  // Whether every head was attended before the reads' promises settled (they had landed).
-  let attendedAll = false;
-  try {
-    const f = await selectAndFetch({ mem, hot, seq, layer, a, q, s }, groups, reads, async (sc, nChunks) => {
-      // While the SSD reads are in flight: hot-tier admission of every kv head, then one attention
-      // call over the heads whose pages can land before the promises settle, which attends each as
-      // soon as its reads have landed (attendFetched's `landing`: the reads' own thread flags each
-      // item, the pool's workers take whichever head is ready). The heads it leaves (entries staged
-      // by a prefetch, a failed read) are attended after the promises. A group whose fetch failed
-      // before placing its pages leaves everything to the error path.
-      if (groups.some((g) => g.tier > 0 && !g.pending)) return;
-      // Every head's hot-tier admission now, the copies from pages still being read left for
-      // after them: the reads' wait is the step's only idle time on a CPU-bound host.
-      const e = attention(sc, nChunks);
-      admitHot(e, undefined, true);
-      hotAdmittedEarly = true;
-      // Every head but those with prefetch-staged entries (copied only after the promises): the
-      // call itself waits on the reads' flags, and leaves out a head whose read failed.
-      const now = new Uint8Array(H).fill(1);
-      for (const g of groups) g.staged?.forEach((x, h) => x && (now[h] = 0));
-      const landing = groups.flatMap((g) => (g.reads ? [g.reads] : []));
-      const attended = await attendHeads(e, now.includes(0) ? now : undefined, true, landing);
-      if (!attended.includes(0)) {
-        attendedAll = true;
-        // Every read has landed (each head's flag says so); the JS thread hears of it only on a
-        // later event-loop turn: the hot-tier copies from the read pages and the DRAM admission
-        // run now instead of after that (~1% of the held-out SSD step, bench/runtime-memory.md).
-        landHotTier(e, false);
-        admitDram(e);
-        return;
-      }
-      rest = attended.map((x) => 1 - x);
-    });
-    const { sc, nChunks } = f;
-    const e = attention(sc, nChunks);
-    landHotTier(e, false);
-    if (!attendedAll) await attendHeads(e, rest, hotAdmittedEarly);
-    const t3 = performance.now();
-    const { tokSel, pages, r } = e;
-    const stats: EntryStepStats = {
-      chunks: nChunks,
-      hotChunks: 0,
-      dramChunks: 0,
-      ssdChunks: 0,
-      tailChunks: 0,
-      ssdReadBytes: 0,
-      hotAdmitted,
-      dramAdmitted: 0,
-      selectMs: a.extendMs + (s ? s.ms : f.selectMs),
-      fetchMs: 0,
-      computeMs: e.computeMs,
-    };
-    addGroupStats(groups, stats);
-    // Chunks read from SSD join the DRAM tier if the attention mass their tokens just received
-    // beats the least important resident (resident ones get their score refreshed), unless the
-    // callback admitted them already.
-    admitDram(e);
-    stats.dramAdmitted = dramAdmitted ?? 0;
-    // Fetch: the wall of select + fetch + attention not spent selecting or attending (the reads
-    // neither hid, hot-tier admission).
-    stats.fetchMs = t3 - t1 - f.selectMs - e.computeMs;
-    // selection: what attention ran over beside sinks and tail (the runtime's attended tokens).
-    return { out: r.out, lse: r.lse, selection: tokSel, bytesScored: f.bytesScored, stats, commit: commitStep(mem, seq, layer, lk, T, tokSel) };
-  } finally {
-    // Hot-tier copies still waiting for reads that failed: those slots are freed (they would
-    // otherwise stay resident with no rows); before the pages' buffers are released.
-    if (hotLanding && att) {
-      try {
-        landHotTier(att, true);
-      } catch {
-        // The step's own error is the one to report; the tier check (hotTier.check) would show this.
-      }
-    }
-    for (const g of groups) g.placement?.release();
-    reads.release();
+    if (this.dramAdmitted !== undefined || !pages.placement || !e.pageMass) return;
+    this.dramAdmitted = this.entry.a.lk.tiers!.admit({ layer: 0, offsets: pages.offsets, chunkIds: pages.ids, chunkSize: this.cs, scores: e.pageMass }, this.reads.buf, pages.placement);
   }
 }
