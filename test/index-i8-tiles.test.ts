@@ -311,5 +311,9 @@ describe('4-bit centroid tiles (what the index stores and level 1 scores)', () =
     nanScales[2] = Infinity;
     expectKvdError(() => scoreCentroids(q, 2, { tiles: t.tiles, scales: nanScales }, 3, 16, 'tiles4'), 'E_NONFINITE', /centroids.scales: expected finite values, got Inf at element 2/);
     expectKvdError(() => scoreCentroids(q, 2, t, 3, 16, 'tiles4', { var: new Float32Array(2), coef: new Float32Array(2) }), 'E_SHAPE', /spread.var \(n\): expected 3 elements, got 2/);
+    const bad = randn(48, 4);
+    bad[7] = NaN;
+    expectKvdError(() => centroidTiles(bad, 3, 16, 'u4'), 'E_NONFINITE', /centroidTiles centroids: expected finite values, got NaN at element 7/);
+    expectKvdError(() => centroidTiles(randn(40, 4), 3, 16, 'u4'), 'E_SHAPE', /centroidTiles centroids \(n\*dim\): expected 48 elements, got 40/);
   });
 });
