@@ -180,7 +180,6 @@ void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
   const PageOf pageOf(pc);
   const size_t es = DtypeSize(job.dtype);
-  const size_t rowBytes = size_t(job.dim) * es;
   std::unique_ptr<hot::Tier::LayerLock> lock;
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
   SpanLists& rs = ThreadSpanLists();
@@ -278,7 +277,7 @@ void Run(const FetchedJob& job) {
           lastDram = c;
         }
         count(0, c);
-        add(Span{lastDramPage + size_t(skip) * rowBytes, lastDramPage + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim}, kDram, a);
+        add(PageFirstRowsSpan(lastDramPage, skip, b - a, pc, job.dim, job.dtype), kDram, a);
         continue;
       }
       while (pageAt != pageEnd && *pageAt < c) ++pageAt;
@@ -287,7 +286,7 @@ void Run(const FetchedJob& job) {
         Throw("E_RANGE", job.what + ": chunk " + std::to_string(c) + " of kv head " + std::to_string(h) +
                              " is selected but neither fetched nor resident in the hot tier (chunks of " + std::to_string(pc) +
                              " tokens)");
-      add(Span{page + size_t(skip) * rowBytes, page + size_t(pc + skip) * rowBytes, b - a, job.dim, job.dim}, kFetched, a);
+      add(PageFirstRowsSpan(page, skip, b - a, pc, job.dim, job.dtype), kFetched, a);
     }
     if (job.tokens > job.tailStart) {
       const int64_t at = job.tailStart - job.tailBase;

@@ -16,10 +16,16 @@ namespace kvd {
 // Bytes of one page-first chunk.
 inline size_t PageFirstChunkBytes(int chunkSize, int dim, Dtype dt) { return 2 * size_t(chunkSize) * dim * DtypeSize(dt); }
 
+// The span of `len` tokens of the page of `chunkSize` tokens at `page`, from its token `skip`.
+inline Span PageFirstRowsSpan(const void* page, int64_t skip, int64_t len, int64_t chunkSize, int dim, Dtype dt) {
+  const size_t rowBytes = size_t(dim) * DtypeSize(dt);
+  const uint8_t* k = static_cast<const uint8_t*>(page) + size_t(skip) * rowBytes;
+  return Span{k, k + size_t(chunkSize) * rowBytes, len, dim, dim};
+}
+
 // The span of the chunk starting at `chunk` (its first K row).
 inline Span PageFirstChunkSpan(const void* chunk, int chunkSize, int dim, Dtype dt) {
-  const uint8_t* p = static_cast<const uint8_t*>(chunk);
-  return Span{p, p + size_t(chunkSize) * dim * DtypeSize(dt), chunkSize, dim, dim};
+  return PageFirstRowsSpan(chunk, 0, chunkSize, chunkSize, dim, dt);
 }
 
 // Appends spans of entries [first, first + n) of a fetch buffer (entry i at i * chunkBytes), in
