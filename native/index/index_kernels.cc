@@ -898,6 +898,24 @@ void ScoreTilesMax4(const QueryI8& q, const uint8_t* ct, const float* scales, si
 }
 
 namespace {
+// One centroid's codes (QuantizeCodes with `levels`, its scale written to *scale), in a scratch row
+// on the stack up to 4096 dims, on the heap beyond: what the tile writers lay out lane by lane.
+class CentroidCodes {
+ public:
+  CentroidCodes(const float* centroid, int dim, float levels, float* scale) : big_(dim > 4096 ? size_t(dim) : 0) {
+    row_ = dim > 4096 ? big_.data() : small_;
+    QuantizeCodes(centroid, nullptr, dim, levels, row_, scale);
+  }
+  CentroidCodes(const CentroidCodes&) = delete;
+  CentroidCodes& operator=(const CentroidCodes&) = delete;
+  int8_t operator[](int d) const { return row_[d]; }
+
+ private:
+  int8_t small_[4096];
+  std::vector<int8_t> big_;
+  int8_t* row_;
+};
+
 // Byte of lane l, dim d inside a tile (see TileBytesI8).
 inline size_t TileByteI8(size_t l, int d) { return size_t(d / 4) * 64 + l * 4 + size_t(d % 4); }
 }  // namespace
@@ -911,10 +929,7 @@ void QuantizeTilesI8(const float* c, size_t k, int dim, int8_t* ct, float* scale
 void SetTileI8(const float* centroid, size_t j, int dim, int8_t* ct, float* scales, float levels) {
   int8_t* tile = ct + (j / 16) * 16 * size_t(Dim4(dim));
   // Dims of one lane are contiguous in groups of 4: write them through a scratch row.
-  int8_t codes[4096];
-  std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
-  int8_t* row = dim > 4096 ? big.data() : codes;
-  QuantizeCodes(centroid, nullptr, dim, levels, row, &scales[j]);
+  const CentroidCodes row(centroid, dim, levels, &scales[j]);
   for (int d = 0; d < dim; ++d) tile[TileByteI8(j % 16, d)] = row[d];
 }
 
@@ -939,10 +954,7 @@ void QuantizeTiles4(const float* c, size_t k, int dim, uint8_t* ct, float* scale
 
 void SetTile4(const float* centroid, size_t j, int dim, uint8_t* ct, float* scales) {
   uint8_t* tile = ct + (j / 16) * TileBlocks4(dim) * 64;
-  int8_t codes[4096];
-  std::vector<int8_t> big(dim > 4096 ? size_t(dim) : 0);
-  int8_t* row = dim > 4096 ? big.data() : codes;
-  QuantizeCodes(centroid, nullptr, dim, kCentroidLevels4, row, &scales[j]);
+  const CentroidCodes row(centroid, dim, kCentroidLevels4, &scales[j]);
   for (int d = 0; d < dim; ++d) {
     uint8_t& b = tile[TileByte4(j % 16, d)];
     const uint8_t u = uint8_t(row[d] + 8);
