@@ -217,9 +217,9 @@ void SetBits(std::vector<uint64_t>& bits, int64_t a, int64_t b) {
 // every cluster above the bin where the running sum reaches the target is taken unsorted (their
 // tokens sum below the target, so the walk takes them all first), and only that bin's clusters are
 // sorted and walked.
-void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& ctoks, double target,
+void TakeClusters(std::vector<Ranked>& clusters, const int32_t* ctoks, size_t ids, double target,
                   std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
-  chosen.assign((ctoks.size() + 63) / 64, 0);
+  chosen.assign((ids + 63) / 64, 0);
   if (clusters.empty() || !(target > 0)) return;
   float mn = clusters[0].score, mx = mn;
   for (const Ranked& r : clusters) mn = std::min(mn, r.score), mx = std::max(mx, r.score);
@@ -238,7 +238,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   for (size_t i = 0; i < nc; ++i) {
     const uint32_t bi = uint32_t(bin(clusters[i].score));
     binOf[i] = bi;
-    hist[bi] += uint32_t(ctoks[size_t(clusters[i].id)]);
+    hist[bi] += uint32_t(ctoks[clusters[i].id]);
   }
   double above = 0;
   int b = kBins - 1;
@@ -258,7 +258,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
   std::sort(clusters.begin(), clusters.begin() + std::ptrdiff_t(nb), ByRank());
   for (size_t i = 0; i < nb && taken < target; ++i) {
     chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
-    taken += ctoks[size_t(clusters[i].id)];
+    taken += ctoks[clusters[i].id];
   }
 }
 
@@ -269,7 +269,7 @@ void TakeClusters(std::vector<Ranked>& clusters, const std::vector<int32_t>& cto
 // carry over: every use clears or overwrites first.
 struct SelectScratch {
   std::vector<Ranked> ranked, clusters, tok, ties;
-  std::vector<int32_t> ids, rows, ctoks;
+  std::vector<int32_t> ids, rows;
   std::vector<uint64_t> chosen;
   std::vector<float> scores, coef, extra, ones, logits, share;
   std::vector<uint64_t> bits;
@@ -633,6 +633,7 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
       H.segments.push_back(std::move(seg));
     }
+    RefreshClusters(H, 0);
   };
   ForEachHead(buildHead);
   endChunk_ = c1;
@@ -694,6 +695,8 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
       std::vector<size_t> filledAt(static_cast<size_t>(heads_), 0);
       auto extendHead = [&](int h) {
         HeadIndex& H = heads_data_[h];
+        // The segments that change: the open one (if any) and those opened below.
+        const size_t changed = !H.segments.empty() && H.segments.back().cEnd > c0 ? H.segments.size() - 1 : H.segments.size();
         // The sketch first: a segment that fills below orders its rows, so they must be there.
         if (cfg_.keySketch) UpdateSketch(kv, h, tokens, first);
         for (int64_t j = c0; j < c1; ++j) {
@@ -709,6 +712,7 @@ void LayerIndex::Extend(const KvView& kv, int64_t tokens, int64_t first) {
           if (cfg_.keySketch && seg.clusteredFull && !seg.slotOrder) OrderSketchRows(H, seg);
           if (cfg_.releaseChunkMeans && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
         }
+        RefreshClusters(H, changed);
       };
       if (fills > 0 && !defer) ForEachHead(extendHead);
       else
@@ -758,6 +762,7 @@ void LayerIndex::InstallRecluster() {
     seg = std::move(p->result[size_t(h)]);
     if (cfg_.keySketch) OrderSketchRows(H, seg);
     if (cfg_.releaseChunkMeans) ReleaseChunkMeans(H, seg.cEnd);
+    RefreshClusters(H, p->segAt[size_t(h)]);
   }
 }
 
@@ -849,6 +854,28 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
     std::memcpy(sk.codes.data() + (r0 + to) * rb, codes.data() + from * rb, size_t(chunk) * rb);
     std::memcpy(sk.rowScale.data() + r0 + to, scales.data() + from, size_t(chunk) * 4);
   }
+}
+
+void LayerIndex::RefreshClusters(HeadIndex& H, size_t from) const {
+  ClusterTable& t = H.clusters;
+  from = std::min({from, t.base.size() - 1, H.segments.size()});
+  t.base.resize(from + 1);
+  const size_t n0 = size_t(t.base[from]);
+  t.var.resize(n0), t.radius.resize(n0), t.tokens.resize(n0), t.runBegin.resize(n0), t.runEnd.resize(n0);
+  for (size_t s = from; s < H.segments.size(); ++s) {
+    const Segment& seg = H.segments[s];
+    for (int c = 0; c < seg.k; ++c) {
+      t.var.push_back(seg.var[size_t(c)]);
+      t.radius.push_back(size_t(c) < seg.radius.size() ? seg.radius[size_t(c)] : 0.f);
+      t.tokens.push_back(seg.counts[size_t(c)] * cfg_.chunk);
+      t.runBegin.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[size_t(c)]) : 0);
+      t.runEnd.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[size_t(c) + 1]) : 0);
+    }
+    t.base.push_back(t.base.back() + seg.k);
+  }
+  // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
+  if (from == 0 && !H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
+    t.tokens[size_t(H.segments[0].assign[0])] -= int32_t(cfg_.chunk - ChunkTokens(firstChunk()));
 }
 
 namespace {
@@ -1090,48 +1117,49 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
       // over the head's segments (segment base + cluster): unique, so ties break deterministically.
       QuantizeQueryI8(qh, g, dim_, sc.queryI8);
-      std::vector<Ranked>& clusters = sc.clusters;
-      std::vector<int32_t>& ctoks = sc.ctoks;  // tokens per cluster id (0: empty)
-      size_t totalK = 0;
-      for (const Segment& seg : H.segments) totalK += size_t(seg.k);
-      // Written by index (no push_back per cluster); empty clusters are dropped branch-free.
-      clusters.resize(totalK);
-      ctoks.resize(totalK);
-      size_t nc = 0;
-      for (size_t s = 0, at = 0; s < H.segments.size(); at += size_t(H.segments[s].k), ++s) {
-        const Segment& seg = H.segments[s];
-        const int32_t base = int32_t(at);
-        scores.resize(seg.k);
-        if (useRadius) {
-          // One spread term per cluster with the group's largest |q| (the max over the group is
-          // then taken over q_j·c + that term).
-          extra.resize(seg.k);
-          float* e = extra.data();
-          const float* rad = seg.radius.data();
-          if (useVar) {
-            const float* var = seg.var.data();
-            for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * var[c] + radCoef * rad[c]);
-          } else {
-            for (int c = 0; c < seg.k; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
-          }
-          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(), extra.data(),
-                         ones.data());
+      const ClusterTable& ct = H.clusters;
+      if (ct.base.size() != H.segments.size() + 1)
+        Throw("E_INTERNAL", "select: expected the cluster table of kv head " + std::to_string(h) + " to cover its " +
+                                std::to_string(H.segments.size()) + " segments, got " + std::to_string(ct.base.size()) + " offsets");
+      const size_t totalK = size_t(ct.base.back());
+      // The spread terms of every cluster in one pass over the table: one per cluster with the
+      // group's largest |q| (the max over the group is then taken over q_j·c + that term).
+      if (useRadius) {
+        extra.resize(totalK);
+        float* e = extra.data();
+        const float* rad = ct.radius.data();
+        if (useVar) {
+          const float* var = ct.var.data();
+          for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * var[c] + radCoef * rad[c]);
         } else {
-          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data(),
-                         useVar ? seg.var.data() : nullptr, coef.data());
-        }
-        out.vectorsScored += seg.k;
-        tileVectors += seg.k;
-        for (int c = 0; c < seg.k; ++c) {
-          ctoks[size_t(base + c)] = seg.counts[c] * cfg_.chunk;
-          clusters[nc] = {scores[c], base + c};
-          nc += seg.counts[c] > 0;
+          for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
         }
       }
+      scores.resize(totalK);
+      for (size_t s = 0; s < H.segments.size(); ++s) {
+        const Segment& seg = H.segments[s];
+        const size_t base = size_t(ct.base[s]);
+        if (ct.base[s + 1] - ct.base[s] != seg.k)
+          Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(s) + "'s " + std::to_string(seg.k) +
+                                  " clusters, got " + std::to_string(ct.base[s + 1] - ct.base[s]));
+        if (useRadius)
+          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data() + base,
+                         extra.data() + base, ones.data());
+        else
+          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data() + base,
+                         useVar ? ct.var.data() + base : nullptr, coef.data());
+        out.vectorsScored += seg.k;
+        tileVectors += seg.k;
+      }
+      // Written by index (no push_back per cluster); empty clusters are dropped branch-free.
+      std::vector<Ranked>& clusters = sc.clusters;
+      clusters.resize(totalK);
+      size_t nc = 0;
+      for (size_t c = 0; c < totalK; ++c) {
+        clusters[nc] = {scores[c], int32_t(c)};
+        nc += ct.tokens[c] > 0;
+      }
       clusters.resize(nc);
-      // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
-      if (!H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
-        ctoks[size_t(H.segments[0].assign[0])] -= int32_t(cfg_.chunk - ChunkTokens(firstChunk()));
       // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
       // below, so the next level walks the cache forwards).
@@ -1140,7 +1168,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       const double factor = cfg_.FactorAt(prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor, budget, tokens_);
       const double target = std::max(factor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
-      TakeClusters(clusters, ctoks, target, sc.hist, chosen);
+      TakeClusters(clusters, ct.tokens.data(), totalK, target, sc.hist, chosen);
       // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(endChunk_ + 63) / 64, 0);
@@ -1156,8 +1184,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
             if ((w << 6) < base) word &= ~uint64_t(0) << (base & 63);
             if (((w + 1) << 6) > end) word &= ~uint64_t(0) >> (64 - (end & 63));
             for (; word; word &= word - 1) {
-              const size_t c = (w << 6) + size_t(__builtin_ctzll(word)) - base;
-              SetBits(bits, seg.c0 + seg.runs[c], seg.c0 + seg.runs[c + 1]);
+              const size_t c = (w << 6) + size_t(__builtin_ctzll(word));
+              SetBits(bits, ct.runBegin[c], ct.runEnd[c]);
             }
           }
           continue;
@@ -1390,7 +1418,7 @@ int64_t LayerIndex::Bytes() const {
   int64_t b = int64_t(sizeof(*this)) + int64_t(heads_data_.size() * sizeof(HeadIndex));
   for (const HeadIndex& H : heads_data_) {
     b += int64_t(H.reps.size() + H.var.size() + H.maxs.size() + H.minCos.size()) * 4 +
-         H.sketch.Bytes();
+         H.sketch.Bytes() + H.clusters.Bytes();
     for (const Segment& s : H.segments) b += SegmentBytes(s);
   }
   for (const std::vector<int32_t>& p : prior_) b += int64_t(sizeof(p) + p.size() * 4);

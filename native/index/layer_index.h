@@ -173,6 +173,22 @@ struct SegmentRows {
   const float* var = nullptr;    // (c1 - c0)
 };
 
+// kvdrive: the per-cluster fields every select reads, for all of a head's segments back to back
+// (cluster id = base[s] + c, the ids level 1 ranks by). Copies of the segments' own fields, made by
+// LayerIndex::RefreshClusters after every change to a segment, so that level 1 and the candidate
+// marking each stream one array instead of reading four small arrays per segment: a segment's
+// var / radius / counts / runs are separate heap blocks, cold after the previous layer's step, and
+// their misses were about half of the select's own bookkeeping time (perf, 128K: 32 segments).
+struct ClusterTable {
+  std::vector<int32_t> base{0};       // segments + 1: the first cluster id of each segment, then the total
+  std::vector<float> var, radius;     // Segment::var / Segment::radius
+  std::vector<int32_t> tokens;        // tokens of the cluster's chunks (the first indexed chunk's sinks
+                                      // left out); 0 for an empty cluster
+  std::vector<int32_t> runBegin, runEnd;  // slot-ordered segments: the cluster's slots other than
+                                          // outliers, [runBegin, runEnd) (absolute); else 0, 0
+  int64_t Bytes() const { return int64_t(base.size() + var.size() + radius.size() + tokens.size() + runBegin.size() + runEnd.size()) * 4; }
+};
+
 struct HeadIndex {
   // reps / var / maxs / minCos hold chunks [repsFirst, endChunk): repsFirst = firstChunk, except for
   // kvdrive with releaseChunkMeans, where it is the first chunk of the open segment.
@@ -183,6 +199,7 @@ struct HeadIndex {
   std::vector<float> minCos;  // shadowkv: per chunk, the lowest cosine similarity of a key to the chunk mean
   std::vector<Segment> segments;  // kvdrive only, ascending
   KeySketch sketch;               // kvdrive with keySketch: every token [0, tokens) of the head
+  ClusterTable clusters;          // kvdrive: segments' per-cluster fields, back to back (see above)
 };
 
 // One ranked chunk of a select: higher score first, then lower chunk id.
@@ -315,6 +332,9 @@ class LayerIndex {
   // Puts a full segment's sketch rows, now in token order, into slot order; the first time also
   // turns its outlier chunk ids into slots and sets slotOrder.
   void OrderSketchRows(HeadIndex& H, Segment& seg) const;
+  // Rewrites H.clusters from segment `from` on (the earlier segments' entries are kept): called
+  // wherever segments change (Build, Extend, InstallRecluster), for the first segment changed.
+  void RefreshClusters(HeadIndex& H, size_t from) const;
 
   IndexConfig cfg_;
   bool built_ = false;
