@@ -99,7 +99,7 @@ struct IndexConfig {
   double radiusWeight = 0.1;
   // kvdrive: share of each segment's chunks, those with the highest key variance, that join the
   // level-2 candidates whatever their cluster scores (0: none).
-  double outlierFraction = 0.03;
+  double outlierFraction = 0.015;  // src/index/options.ts default (tuned there)
   // With the re-rank: select single tokens (the selection's chunkSize is 1) rather than whole chunks,
   // the best tokens of the re-ranked chunks first.
   bool tokenGranular = true;

@@ -107,10 +107,15 @@ export interface PolicyOptions {
   radiusWeight?: number;
   /**
    * kvdrive only: share of each segment's chunks — those with the highest key variance — that are
-   * always level-2 candidates, whatever their cluster's score (default 0.03; in [0, 1]; 0.01 found
-   * every planted needle of the demo workload at 32K, 0.03 at 128K). A strong key
-   * among weak, opposed neighbours drags its cluster's centroid away from every query; its chunk's
-   * variance gives it away.
+   * always level-2 candidates, whatever their cluster's score (default 0.015; in [0, 1]). A strong
+   * key among weak, opposed neighbours drags its cluster's centroid away from every query; its
+   * chunk's variance gives it away. The outliers are candidates at every select, ~25% of the rows
+   * a 128K select re-ranked at 0.03. 0.03 -> 0.015 (2026-11-29; bench/select-step.ts, tuning seeds
+   * 3, 4 and 5, the offloaded select with its prior unless said): at 128K / budget 2048 every
+   * planted needle still found (4/4 each), recall / oracle 0.9844 / 0.9801 / 0.9741 -> 0.9838 /
+   * 0.9791 / 0.9729, select CPU 0.83-0.94x; budgets 512 and 4096 (seeds 4, 5) and 16K / 32K (seeds
+   * 3, 5, budget 512) every needle, recall within 0.0017; the keyed select (seeds 4, 5) every needle,
+   * -0.001. 0.01 lost needles (2 of 4 on seeds 4 and 5), so 0.015 is near the edge on this workload.
    */
   outlierFraction?: number;
   /**
@@ -325,7 +330,7 @@ export function resolvePolicyOptions(policy: PolicyName, options: unknown): Reso
     varianceWeight: o.varianceWeight ?? 3,
     rerankFactor,
     radiusWeight: o.radiusWeight ?? 0.1,
-    outlierFraction: o.outlierFraction ?? 0.03,
+    outlierFraction: o.outlierFraction ?? 0.015,
     tokenGranular: o.tokenGranular ?? true,
     keySketch,
     preferSketch: o.preferSketch ?? false,
