@@ -38,10 +38,11 @@ describe('kvdrive key sketch', () => {
     // Sketch rows are counted as read: dim + 4 bytes each, fewer than f16 key rows (2 * dim).
     expect(sketch.stats.bytesScored).toBeLessThan(keyed.stats.bytesScored);
     // dim + 4 bytes per token and kv head, plus the per-channel scales, plus the slot order of the
-    // full segment (chunks [1, 1024): 1023 chunks, 256 clusters) whose sketch rows it permutes:
-    // slot -> chunk and chunk -> slot (int32 per chunk), runs (k + 2 int32).
+    // full segment (chunks [1, 1024): 1023 chunks) whose sketch rows it permutes: slot -> chunk and
+    // chunk -> slot (int32 per chunk). Each cluster's slot run is in the cluster table, which both
+    // indexes hold.
     const tokens = T + STEPS;
-    const slotOrder = (2 * 1023 + 256 + 2) * 4;
+    const slotOrder = 2 * 1023 * 4;
     expect(sketch.bytes - none.bytes).toBe(shape.kvHeads * (tokens * (shape.headDim + 4) + shape.headDim * 4 + slotOrder));
   });
 

@@ -863,15 +863,28 @@ void LayerIndex::RefreshClusters(HeadIndex& H, size_t from) const {
   const size_t n0 = size_t(t.base[from]);
   t.var.resize(n0), t.radius.resize(n0), t.tokens.resize(n0), t.runBegin.resize(n0), t.runEnd.resize(n0);
   for (size_t s = from; s < H.segments.size(); ++s) {
-    const Segment& seg = H.segments[s];
-    for (int c = 0; c < seg.k; ++c) {
-      t.var.push_back(seg.var[size_t(c)]);
-      t.radius.push_back(size_t(c) < seg.radius.size() ? seg.radius[size_t(c)] : 0.f);
-      t.tokens.push_back(seg.counts[size_t(c)] * cfg_.chunk);
-      t.runBegin.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[size_t(c)]) : 0);
-      t.runEnd.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[size_t(c) + 1]) : 0);
+    Segment& seg = H.segments[s];
+    const size_t k = size_t(seg.k);
+    if (seg.var.size() != k || seg.counts.size() != k || seg.radius.size() > k || (seg.slotOrder && seg.runs.size() < k + 1))
+      Throw("E_INTERNAL", "index: expected segment " + std::to_string(s) + "'s per-cluster fields (" + std::to_string(k) +
+                              " clusters) to be held, got them released (a segment refreshed twice after it was full)");
+    for (size_t c = 0; c < k; ++c) {
+      t.var.push_back(seg.var[c]);
+      t.radius.push_back(c < seg.radius.size() ? seg.radius[c] : 0.f);
+      t.tokens.push_back(seg.counts[c] * cfg_.chunk);
+      t.runBegin.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[c]) : 0);
+      t.runEnd.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[c + 1]) : 0);
     }
     t.base.push_back(t.base.back() + seg.k);
+    // A full, clustered segment never changes again (a re-clustering replaces a segment that filled
+    // online; a keySketch index orders a full segment's rows before this): the table's copies are
+    // the only ones kept.
+    if (seg.clusteredFull) {
+      std::vector<float>().swap(seg.var);
+      std::vector<float>().swap(seg.radius);
+      std::vector<int32_t>().swap(seg.counts);
+      std::vector<int32_t>().swap(seg.runs);
+    }
   }
   // Only the first indexed chunk can hold sinks (ChunkTokens): its cluster holds fewer tokens.
   if (from == 0 && !H.segments.empty() && !H.segments[0].assign.empty() && H.segments[0].c0 == firstChunk())
@@ -1447,7 +1460,10 @@ int64_t LayerIndex::ReclusterReserveBytes(int heads, int dim) const {
   // With releaseChunkMeans the chunk means sealed while a re-clustering is pending are held beside
   // the full segment's (RowsRoom beyond one segment); without it every row is held anyway.
   const int64_t rows = cfg_.releaseChunkMeans ? (cfg_.reclusterDelay / cfg_.chunk + 1) * (int64_t(dim) * 4 + 4) : 0;
-  return int64_t(heads) * (ReclusterResultBytes(dim) + rows);
+  // The filled segment keeps its online clusters' var, radius and counts until the install (a
+  // clustered segment hands them to the cluster table: RefreshClusters).
+  const int64_t k = std::min(cfg_.segmentTokens / cfg_.chunk, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
+  return int64_t(heads) * (ReclusterResultBytes(dim) + rows + 3 * k * 4);
 }
 
 }  // namespace kvd

@@ -141,7 +141,8 @@ struct Segment {
   std::vector<float> tileScales;  // TileScalesI8(k): per-centroid scale of the tiles
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
-  std::vector<int32_t> counts;    // k
+  std::vector<int32_t> counts;    // k; var, radius, counts and runs are released once the segment is
+                                  // full and clustered (their copies: HeadIndex::clusters)
   std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
@@ -270,7 +271,8 @@ class LayerIndex {
   // a pending re-clustering's result and the containers themselves.
   int64_t Bytes() const;
   // The most a pending re-clustering (reclusterDelay) adds for `heads` kv heads of dimension `dim`:
-  // its result (one full segment's clusters) and the chunk-mean rows sealed while it is pending.
+  // its result (one full segment's clusters), the chunk-mean rows sealed while it is pending and
+  // the per-cluster fields the filled segment keeps until then.
   int64_t ReclusterReserveBytes(int heads, int dim) const;
   // One kv head's re-clustering result at its largest (a full segment's clusters).
   int64_t ReclusterResultBytes(int dim) const;
