@@ -621,7 +621,8 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       if (!index.built()) Throw("E_CONFIG", "clusters: expected build() to have completed first, got an index that was never built");
       const int h = int(ArgInt(info, 0, "clusters head", 0, index.heads() - 1));
       Napi::Env env = info.Env();
-      const auto& segs = index.head(h).segments;
+      const HeadIndex& H = index.head(h);
+      const auto& segs = H.segments;
       Napi::Array arr = Napi::Array::New(env, segs.size());
       for (size_t s = 0; s < segs.size(); ++s) {
         Napi::Object o = Napi::Object::New(env);
@@ -629,7 +630,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
         o.Set("endChunk", Napi::Number::New(env, double(segs[s].c1)));
         o.Set("full", segs[s].clusteredFull);
         o.Set("k", segs[s].k);
-        o.Set("centroids", ToJs(env, index.SegmentCentroids(segs[s])));
+        o.Set("centroids", ToJs(env, index.SegmentCentroids(H, s)));
         o.Set("offsets", ToJs(env, segs[s].offsets));
         o.Set("members", ToJs(env, segs[s].members));
         o.Set("inertia", Napi::Number::New(env, segs[s].inertia));

@@ -622,6 +622,9 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
     // local): no segment (a firstChunk > 0 would otherwise open an empty one and ask k-means for 0
     // clusters).
     if (c1 <= c0) return;
+    // The cluster table takes each segment's fields as it is built (a full segment's own blocks are
+    // freed there and reused by the next segment's), in room for the segments plus the next one.
+    ReserveClusters(H, size_t((c1 - 1) / segChunks - c0 / segChunks + 2));
     for (int64_t s = c0 / segChunks; s * segChunks < c1; ++s) {
       Segment seg;
       seg.c0 = std::max(c0, s * segChunks);
@@ -632,8 +635,8 @@ void LayerIndex::Build(const KvView& kv, int64_t tokens) {
       if (cfg_.keySketch && seg.clusteredFull) OrderSketchRows(H, seg);
       if (release && seg.clusteredFull) ReleaseChunkMeans(H, seg.cEnd);
       H.segments.push_back(std::move(seg));
+      RefreshClusters(H, H.segments.size() - 1);
     }
-    RefreshClusters(H, 0);
   };
   ForEachHead(buildHead);
   endChunk_ = c1;
@@ -856,16 +859,42 @@ void LayerIndex::OrderSketchRows(HeadIndex& H, Segment& seg) const {
   }
 }
 
+int64_t LayerIndex::ClustersPerSegment() const {
+  return std::min(cfg_.segmentTokens / cfg_.chunk, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
+}
+
+void LayerIndex::ReserveClusters(HeadIndex& H, size_t segments) const {
+  ClusterTable& t = H.clusters;
+  const size_t k = size_t(ClustersPerSegment()) * segments, tiles = (size_t(ClustersPerSegment()) + 15) / 16 * segments;
+  for (auto* v : {&t.var, &t.radius}) v->reserve(k);
+  for (auto* v : {&t.tokens, &t.runBegin, &t.runEnd}) v->reserve(k);
+  t.base.reserve(segments + 1);
+  t.tileAt.reserve(segments + 1);
+  t.tiles.reserve(tiles * TileBytes4(16, dim_));
+  t.tileScales.reserve(tiles * 16);
+}
+
 void LayerIndex::RefreshClusters(HeadIndex& H, size_t from) const {
   ClusterTable& t = H.clusters;
   from = std::min({from, t.base.size() - 1, H.segments.size()});
   t.base.resize(from + 1);
+  t.tileAt.resize(from + 1);
   const size_t n0 = size_t(t.base[from]);
   t.var.resize(n0), t.radius.resize(n0), t.tokens.resize(n0), t.runBegin.resize(n0), t.runEnd.resize(n0);
+  const size_t tileBytes = TileBytes4(16, dim_);
+  t.tiles.resize(size_t(t.tileAt[from]) * tileBytes);
+  t.tileScales.resize(size_t(t.tileAt[from]) * 16);
+  // Room for what is appended below: a build reserves for its segments plus one first
+  // (ReserveClusters), so the table grows in place segment by segment and an open segment cluster
+  // by cluster; past that, room for an eighth more segments (at least one). Not more: the small
+  // arrays come from the heap, where room reused from freed blocks is resident memory.
+  const size_t segs = H.segments.size();
+  if (t.var.capacity() < size_t(t.base[from]) + (segs - from) * size_t(ClustersPerSegment())) ReserveClusters(H, segs + std::max<size_t>(1, segs / 8));
   for (size_t s = from; s < H.segments.size(); ++s) {
     Segment& seg = H.segments[s];
     const size_t k = size_t(seg.k);
-    if (seg.var.size() != k || seg.counts.size() != k || seg.radius.size() > k || (seg.slotOrder && seg.runs.size() < k + 1))
+    if (seg.var.size() != k || seg.counts.size() != k || seg.radius.size() > k || (seg.slotOrder && seg.runs.size() < k + 1) ||
+        seg.tiles.size() != TileBytes4(k, dim_) || seg.tileScales.size() != TileScalesI8(k))
       Throw("E_INTERNAL", "index: expected segment " + std::to_string(s) + "'s per-cluster fields (" + std::to_string(k) +
                               " clusters) to be held, got them released (a segment refreshed twice after it was full)");
     for (size_t c = 0; c < k; ++c) {
@@ -876,10 +905,15 @@ void LayerIndex::RefreshClusters(HeadIndex& H, size_t from) const {
       t.runEnd.push_back(seg.slotOrder ? int32_t(seg.c0 + seg.runs[c + 1]) : 0);
     }
     t.base.push_back(t.base.back() + seg.k);
+    t.tiles.insert(t.tiles.end(), seg.tiles.begin(), seg.tiles.end());
+    t.tileScales.insert(t.tileScales.end(), seg.tileScales.begin(), seg.tileScales.end());
+    t.tileAt.push_back(t.tileAt.back() + int32_t((k + 15) / 16));
     // A full, clustered segment never changes again (a re-clustering replaces a segment that filled
     // online; a keySketch index orders a full segment's rows before this): the table's copies are
     // the only ones kept.
     if (seg.clusteredFull) {
+      LineVector<uint8_t>().swap(seg.tiles);
+      std::vector<float>().swap(seg.tileScales);
       std::vector<float>().swap(seg.var);
       std::vector<float>().swap(seg.radius);
       std::vector<int32_t>().swap(seg.counts);
@@ -1149,20 +1183,25 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
       }
       scores.resize(totalK);
-      for (size_t s = 0; s < H.segments.size(); ++s) {
-        const Segment& seg = H.segments[s];
-        const size_t base = size_t(ct.base[s]);
-        if (ct.base[s + 1] - ct.base[s] != seg.k)
-          Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(s) + "'s " + std::to_string(seg.k) +
-                                  " clusters, got " + std::to_string(ct.base[s + 1] - ct.base[s]));
+      const size_t tileBytes = TileBytes4(16, dim_);
+      for (size_t s = 0, e = 0; s < H.segments.size(); s = e) {
+        // Segments [s, e): all but the last of whole tiles, so their tiles, scales and cluster ids
+        // run on from one to the next: one call (every full segment at once).
+        for (e = s + 1; e < H.segments.size() && H.segments[e - 1].k % 16 == 0; ++e) {
+        }
+        for (size_t x = s; x < e; ++x)
+          if (ct.base[x + 1] - ct.base[x] != H.segments[x].k)
+            Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(x) + "'s " +
+                                    std::to_string(H.segments[x].k) + " clusters, got " + std::to_string(ct.base[x + 1] - ct.base[x]));
+        const size_t base = size_t(ct.base[s]), n = size_t(ct.base[e]) - base;
+        const uint8_t* tiles = ct.tiles.data() + size_t(ct.tileAt[s]) * tileBytes;
+        const float* tileScales = ct.tileScales.data() + size_t(ct.tileAt[s]) * 16;
         if (useRadius)
-          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data() + base,
-                         extra.data() + base, ones.data());
+          ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, extra.data() + base, ones.data());
         else
-          ScoreTilesMax4(sc.queryI8, seg.tiles.data(), seg.tileScales.data(), size_t(seg.k), scores.data() + base,
-                         useVar ? ct.var.data() + base : nullptr, coef.data());
-        out.vectorsScored += seg.k;
-        tileVectors += seg.k;
+          ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, useVar ? ct.var.data() + base : nullptr, coef.data());
+        out.vectorsScored += int64_t(n);
+        tileVectors += int64_t(n);
       }
       // Written by index (no push_back per cluster); empty clusters are dropped branch-free.
       std::vector<Ranked>& clusters = sc.clusters;
@@ -1407,10 +1446,15 @@ void LayerIndex::RewritePrior(const int32_t* offsets, const int32_t* ids, int64_
   }
 }
 
-std::vector<float> LayerIndex::SegmentCentroids(const Segment& seg) const {
+std::vector<float> LayerIndex::SegmentCentroids(const HeadIndex& H, size_t s) const {
+  const Segment& seg = H.segments[s];
   if (!seg.centroids.empty() || seg.k == 0) return seg.centroids;
+  // Full segments keep their tiles in the cluster table only.
+  const ClusterTable& t = H.clusters;
+  const bool own = !seg.tiles.empty();
   std::vector<float> c(size_t(seg.k) * dim_);
-  DequantizeTiles4(seg.tiles.data(), seg.tileScales.data(), seg.k, dim_, c.data());
+  DequantizeTiles4(own ? seg.tiles.data() : t.tiles.data() + size_t(t.tileAt[s]) * TileBytes4(16, dim_),
+                   own ? seg.tileScales.data() : t.tileScales.data() + size_t(t.tileAt[s]) * 16, seg.k, dim_, c.data());
   return c;
 }
 
@@ -1460,10 +1504,12 @@ int64_t LayerIndex::ReclusterReserveBytes(int heads, int dim) const {
   // With releaseChunkMeans the chunk means sealed while a re-clustering is pending are held beside
   // the full segment's (RowsRoom beyond one segment); without it every row is held anyway.
   const int64_t rows = cfg_.releaseChunkMeans ? (cfg_.reclusterDelay / cfg_.chunk + 1) * (int64_t(dim) * 4 + 4) : 0;
-  // The filled segment keeps its online clusters' var, radius and counts until the install (a
-  // clustered segment hands them to the cluster table: RefreshClusters).
-  const int64_t k = std::min(cfg_.segmentTokens / cfg_.chunk, (cfg_.segmentTokens + cfg_.tokensPerCluster - 1) / cfg_.tokensPerCluster);
-  return int64_t(heads) * (ReclusterResultBytes(dim) + rows + 3 * k * 4);
+  // The filled segment keeps its online clusters' tiles, scales, var, radius and counts until the
+  // install, beside their copies in the cluster table (a clustered segment hands them over:
+  // RefreshClusters).
+  const int64_t k = ClustersPerSegment();
+  const int64_t online = int64_t(TileBytes4(size_t(k), dim)) + int64_t(TileScalesI8(size_t(k))) * 4 + 3 * k * 4;
+  return int64_t(heads) * (ReclusterResultBytes(dim) + rows + online);
 }
 
 }  // namespace kvd

@@ -141,8 +141,8 @@ struct Segment {
   std::vector<float> tileScales;  // TileScalesI8(k): per-centroid scale of the tiles
   std::vector<double> sums;       // k x dim member sums (running means for chunks added online);
                                   // released once the segment is full
-  std::vector<int32_t> counts;    // k; var, radius, counts and runs are released once the segment is
-                                  // full and clustered (their copies: HeadIndex::clusters)
+  std::vector<int32_t> counts;    // k; tiles, tileScales, var, radius, counts and runs are released once
+                                  // the segment is full and clustered (HeadIndex::clusters holds them)
   std::vector<int32_t> assign;    // (c1 - c0): cluster of chunk c0 + i
   std::vector<int32_t> offsets;   // k + 1 CSR offsets
   std::vector<int32_t> members;   // (c1 - c0) chunk ids grouped by cluster, ascending inside one
@@ -175,11 +175,12 @@ struct SegmentRows {
 };
 
 // kvdrive: the per-cluster fields every select reads, for all of a head's segments back to back
-// (cluster id = base[s] + c, the ids level 1 ranks by). Copies of the segments' own fields, made by
-// LayerIndex::RefreshClusters after every change to a segment, so that level 1 and the candidate
-// marking each stream one array instead of reading four small arrays per segment: a segment's
-// var / radius / counts / runs are separate heap blocks, cold after the previous layer's step, and
-// their misses were about half of the select's own bookkeeping time (perf, 128K: 32 segments).
+// (cluster id = base[s] + c, the ids level 1 ranks by). Written by LayerIndex::RefreshClusters after
+// every change to a segment: copies of an open segment's fields, and a full, clustered segment's
+// own (it releases them), so that level 1 and the candidate marking each stream one array instead
+// of reading six small arrays per segment: a segment's tiles / var / radius / counts / runs are
+// separate heap blocks, cold after the previous layer's step, and their misses were about half of
+// the select's own bookkeeping time (perf, 128K: 32 segments).
 struct ClusterTable {
   std::vector<int32_t> base{0};       // segments + 1: the first cluster id of each segment, then the total
   std::vector<float> var, radius;     // Segment::var / Segment::radius
@@ -187,7 +188,16 @@ struct ClusterTable {
                                       // left out); 0 for an empty cluster
   std::vector<int32_t> runBegin, runEnd;  // slot-ordered segments: the cluster's slots other than
                                           // outliers, [runBegin, runEnd) (absolute); else 0, 0
-  int64_t Bytes() const { return int64_t(base.size() + var.size() + radius.size() + tokens.size() + runBegin.size() + runEnd.size()) * 4; }
+  // Segment::tiles / tileScales back to back: segment s's from tile tileAt[s] (16 clusters per
+  // tile, a segment's last tile padded), so consecutive segments of whole tiles are one tile array
+  // that level 1 scores in one call (the 128K demo's 32 full segments: one 557 KB stream per head).
+  std::vector<int32_t> tileAt{0};  // segments + 1
+  LineVector<uint8_t> tiles;
+  std::vector<float> tileScales;
+  int64_t Bytes() const {
+    return int64_t(base.size() + var.size() + radius.size() + tokens.size() + runBegin.size() + runEnd.size() + tileAt.size() +
+                   tileScales.size()) * 4 + int64_t(tiles.size());
+  }
 };
 
 struct HeadIndex {
@@ -266,7 +276,7 @@ class LayerIndex {
   const HeadIndex& head(int h) const { return heads_data_[h]; }
   // Row-major k x dim centroids of a segment (dequantized from the 4-bit tiles once the row-major
   // copy is released).
-  std::vector<float> SegmentCentroids(const Segment& seg) const;
+  std::vector<float> SegmentCentroids(const HeadIndex& H, size_t s) const;
   // Bytes held by the index: representatives, centroids, running sums, membership lists, sketch,
   // a pending re-clustering's result and the containers themselves.
   int64_t Bytes() const;
@@ -337,6 +347,9 @@ class LayerIndex {
   // Rewrites H.clusters from segment `from` on (the earlier segments' entries are kept): called
   // wherever segments change (Build, Extend, InstallRecluster), for the first segment changed.
   void RefreshClusters(HeadIndex& H, size_t from) const;
+  // Capacity in H.clusters for `segments` segments of ClustersPerSegment() clusters.
+  void ReserveClusters(HeadIndex& H, size_t segments) const;
+  int64_t ClustersPerSegment() const;  // clusters of a full segment
 
   IndexConfig cfg_;
   bool built_ = false;
