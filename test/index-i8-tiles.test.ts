@@ -3,6 +3,11 @@ import { centroidTiles, indexKernelLevel, scoreCentroids } from '../src/index/ke
 import { expectKvdError, randn, rng } from './helpers.js';
 
 const LEVELS = ['scalar', 'avx2', 'avx512'] as const;
+// (query heads, dim, centroids) every scoring kernel is checked on: groups 1-8 cover the kernels'
+// blocks of query heads (AVX2: fours while three or more are left, a three repeating its last head,
+// then a pair or a single; VNNI: fours); dims 37 and 5 a partial quad; dims 36 and 20 an odd number
+// of quads (the int8 VNNI loop takes quads in pairs; a 4-bit block's high nibbles unused).
+const KERNEL_SHAPES = [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17], [6, 64, 18], [7, 37, 23]] as const;
 const dim4 = (dim: number) => Math.ceil(dim / 4) * 4;
 
 /** Round half to even (the native side's nearbyint in the default rounding mode). */
@@ -94,10 +99,7 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
 
   it('tiles8 scores equal the exact integer reference, bit-identically at every SIMD level', () => {
     const best = indexKernelLevel('best');
-    // Groups 1-8 cover the kernels' blocks of query heads (AVX2: fours while three or more are left,
-    // a three repeating its last head, then a pair or a single; VNNI: fours); dims 37 and 5 a
-    // partial quad; dims 36 and 20 an odd number of quads (the VNNI loop takes quads in pairs).
-    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17], [6, 64, 18], [7, 37, 23]] as const) {
+    for (const [g, dim, n] of KERNEL_SHAPES) {
       const q = randn(g * dim, 11 + g);
       const c = randn(n * dim, 7 + dim);
       const t = centroidTiles(c, n, dim, 'i8');
@@ -259,9 +261,7 @@ describe('4-bit centroid tiles (what the index stores and level 1 scores)', () =
 
   it('tiles4 scores equal the exact integer reference and the int8 kernel over the same codes, bit-identically at every SIMD level, spread term too', () => {
     const best = indexKernelLevel('best');
-    // As for tiles8: groups 1-8 (AVX2 and VNNI blocks of query heads), dims with a partial group of
-    // 4 (37, 5) and an odd number of groups (36, 20: the last block's high nibbles unused).
-    for (const [g, dim, n] of [[4, 128, 40], [3, 37, 29], [5, 64, 16], [8, 128, 33], [1, 5, 1], [4, 36, 21], [2, 20, 17], [6, 64, 18], [7, 37, 23]] as const) {
+    for (const [g, dim, n] of KERNEL_SHAPES) {
       const q = randn(g * dim, 31 + g);
       if (g > 1) q.fill(0, 0, dim); // an all-zero query head: scale 0, every dot 0
       const t = centroidTiles(randn(n * dim, 17 + dim), n, dim, 'u4');
