@@ -1183,7 +1183,6 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         }
       }
       scores.resize(totalK);
-      const size_t tileBytes = TileBytes4(16, dim_);
       for (size_t s = 0, e = 0; s < H.segments.size(); s = e) {
         // Segments [s, e): all but the last of whole tiles, so their tiles, scales and cluster ids
         // run on from one to the next: one call (every full segment at once).
@@ -1194,8 +1193,8 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
             Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(x) + "'s " +
                                     std::to_string(H.segments[x].k) + " clusters, got " + std::to_string(ct.base[x + 1] - ct.base[x]));
         const size_t base = size_t(ct.base[s]), n = size_t(ct.base[e]) - base;
-        const uint8_t* tiles = ct.tiles.data() + size_t(ct.tileAt[s]) * tileBytes;
-        const float* tileScales = ct.tileScales.data() + size_t(ct.tileAt[s]) * 16;
+        const uint8_t* tiles = ct.TilesOf(s, dim_);
+        const float* tileScales = ct.ScalesOf(s);
         if (useRadius)
           ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, extra.data() + base, ones.data());
         else
@@ -1453,8 +1452,7 @@ std::vector<float> LayerIndex::SegmentCentroids(const HeadIndex& H, size_t s) co
   const ClusterTable& t = H.clusters;
   const bool own = !seg.tiles.empty();
   std::vector<float> c(size_t(seg.k) * dim_);
-  DequantizeTiles4(own ? seg.tiles.data() : t.tiles.data() + size_t(t.tileAt[s]) * TileBytes4(16, dim_),
-                   own ? seg.tileScales.data() : t.tileScales.data() + size_t(t.tileAt[s]) * 16, seg.k, dim_, c.data());
+  DequantizeTiles4(own ? seg.tiles.data() : t.TilesOf(s, dim_), own ? seg.tileScales.data() : t.ScalesOf(s), seg.k, dim_, c.data());
   return c;
 }
 

@@ -194,6 +194,10 @@ struct ClusterTable {
   std::vector<int32_t> tileAt{0};  // segments + 1
   LineVector<uint8_t> tiles;
   std::vector<float> tileScales;
+  // Segment s's tiles (head dimension `dim`) and their scales; consecutive segments of whole tiles
+  // run on from there.
+  const uint8_t* TilesOf(size_t s, int dim) const { return tiles.data() + size_t(tileAt[s]) * TileBytes4(16, dim); }
+  const float* ScalesOf(size_t s) const { return tileScales.data() + size_t(tileAt[s]) * 16; }
   int64_t Bytes() const {
     return int64_t(base.size() + var.size() + radius.size() + tokens.size() + runBegin.size() + runEnd.size() + tileAt.size() +
                    tileScales.size()) * 4 + int64_t(tiles.size());
