@@ -21,9 +21,10 @@
  * the spans. The spans, hence the outputs, are those of the fetch path.
  *
  * The token count advances only after attention succeeded, so a failed step retried with the same
- * input gives the output of a clean run. The stages are separate functions: appendEntry (main
- * thread: it mutates tail and index), selectEntry (select-stage.ts: inline in sequential mode, on a
- * piscina stage worker in pipelined mode) and fetchAttendEntry. Both runtime modes run the same
+ * input gives the output of a clean run. The stages are separate functions: appendEntry
+ * (append-stage.ts, on the main thread: it mutates tail and index), selectEntry (select-stage.ts:
+ * inline in sequential mode, on a piscina stage worker in pipelined mode) and fetchAttendEntry
+ * (here, the fetch through the tiers in tier-fetch.ts). Both runtime modes run the same
  * three, so their outputs are bit-identical. In sequential mode with an SSD and ssd.streamHeads
  * below kvHeads, select and fetch interleave: the kv heads are selected group by group inside fetchAttendEntry, each group's SSD reads in flight while
  * the next group is selected (kv heads select independently: the same selection as one select).
@@ -31,33 +32,15 @@
  * this file runs the stages, the attention and the admissions, and commits.
  */
 import { availableParallelism } from 'node:os';
-import { KvdriveError } from '../errors.js';
 import { native } from '../native.js';
 import type { Selection } from '../index/selection.js';
 import type { HotTier } from '../cache/hot-tier.js';
 import { attendFetched, attendFetchedAsync, type DramTierPages, type FetchedAttentionResult, type ReadLanding } from '../storage/fetched-attention.js';
 import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
 import type { KvTensor } from '../types.js';
+import { appendEntry, type AppendedEntry, type EntryStepStats } from './append-stage.js';
 import { selectEntry, type EntrySelection } from './select-stage.js';
 import { addGroupStats, concatSelections, EntryReads, mergeGroupPages, scratchFor, selectAndFetch, type EntryStep, type HeadGroup, type StepPages, type StepScratch } from './tier-fetch.js';
-
-/** Traffic and time of one step of one entry. */
-export interface EntryStepStats {
-  /** Selected chunks (all kv heads) and where they came from. */
-  chunks: number;
-  hotChunks: number;
-  dramChunks: number;
-  ssdChunks: number;
-  tailChunks: number;
-  /** Bytes the device transferred for the SSD reads (the chunks read, page-aligned). */
-  ssdReadBytes: number;
-  /** Chunks admitted into the hot tier / DRAM tier. */
-  hotAdmitted: number;
-  dramAdmitted: number;
-  selectMs: number;
-  fetchMs: number;
-  computeMs: number;
-}
 
 /**
  * Workers of the addon's pool one entry's attention may use: every core this process may run on
@@ -66,54 +49,6 @@ export interface EntryStepStats {
  */
 const ATTEND_THREADS = Math.min(8, availableParallelism());
 
-
-/** An entry after its append stage: the new token is in the open tail and the index extended. */
-export interface AppendedEntry {
-  lk: LayerKv;
-  /** Context length with the new token. */
-  T: number;
-  tailK: KvTensor;
-  tailV: KvTensor;
-  /** The layer index's handle: what the select stage selects on (any thread). */
-  handle: number;
-  /** Wall time of the index extend, milliseconds. */
-  extendMs: number;
-}
-
-/**
- * Append stage of entry (seq, layer), on the thread owning the memory (it mutates the tail and the
- * index): waits for a pending seal, appends the new token's kRow / vRow (host dtype, kvHeads x
- * headDim) to the open tail, sinks too while the context is short, and extends the index. Nothing
- * is committed (the token count stays): a failed step retried rewrites the same rows.
- */
-export async function appendEntry(
-  mem: KvMemory,
-  seq: number,
-  layer: number,
-  kRow: Float32Array | Uint16Array,
-  vRow: Float32Array | Uint16Array,
-): Promise<AppendedEntry> {
-  const lk = mem.layer(seq, layer);
-  const { shape, policyOptions: p, maxTokens } = mem.config;
-  const row = shape.kvHeads * shape.headDim;
-  await mem.settleSeal(seq, layer, lk);
-  const at = lk.tokens;
-  const T = at + 1;
-  if (T > maxTokens) throw new KvdriveError('E_BUDGET', `attend seq ${seq} layer ${layer} context: expected at most maxTokens = ${maxTokens} tokens, got ${T}`);
-  const slot = at - lk.sealed;
-  if (slot >= mem.tailCapacity) throw new KvdriveError('E_INTERNAL', `step: expected the tail to hold token ${at} (capacity ${mem.tailCapacity} from ${lk.sealed}), got it full`);
-  lk.tailK.set(kRow, slot * row);
-  lk.tailV.set(vRow, slot * row);
-  if (at < p.sinks) {
-    lk.sinkK.set(kRow, at * row);
-    lk.sinkV.set(vRow, at * row);
-  }
-  const t0 = performance.now();
-  const tailK = mem.tensor(lk.tailK, T - lk.sealed);
-  const tailV = mem.tensor(lk.tailV, T - lk.sealed);
-  lk.policy!.extend(tailK, T, lk.sealed);
-  return { lk, T, tailK, tailV, handle: lk.policy!.handle(), extendMs: performance.now() - t0 };
-}
 
 /** Result of one entry's step; `commit()` once every entry of the step succeeded. */
 export interface EntryResult {

@@ -13,7 +13,7 @@ import type { ReadLanding } from '../storage/fetched-attention.js';
 import type { FetchPlacement, FetchStats } from '../storage/tiered-kv.js';
 import type { KvMemory, LayerKv } from '../runtime/kv-memory.js';
 import { selectEntry, type EntrySelection } from './select-stage.js';
-import type { AppendedEntry, EntryStepStats } from './step.js';
+import type { AppendedEntry, EntryStepStats } from './append-stage.js';
 
 /**
  * Arrays one (sequence, layer)'s steps reuse (at most one step of a pair runs at a time, and
