@@ -210,55 +210,56 @@ void SetBits(std::vector<uint64_t>& bits, int64_t a, int64_t b) {
   for (; a < b; ++a) bits[size_t(a) >> 6] |= uint64_t(1) << (a & 63);
 }
 
-// Marks in `chosen` (a bit set over cluster ids) the clusters that a walk over `clusters` in ByRank
-// order takes while the tokens taken so far (ctoks[id] each) are below `target`: the same set as
-// sorting every cluster and walking, without the sort. One pass bins the scores linearly between
-// their min and max (a monotonic map: a higher bin means a higher score) and sums each bin's tokens;
-// every cluster above the bin where the running sum reaches the target is taken unsorted (their
-// tokens sum below the target, so the walk takes them all first), and only that bin's clusters are
-// sorted and walked.
-void TakeClusters(std::vector<Ranked>& clusters, const int32_t* ctoks, size_t ids, double target,
-                  std::vector<uint32_t>& hist, std::vector<uint64_t>& chosen) {
-  chosen.assign((ids + 63) / 64, 0);
-  if (clusters.empty() || !(target > 0)) return;
-  float mn = clusters[0].score, mx = mn;
-  for (const Ranked& r : clusters) mn = std::min(mn, r.score), mx = std::max(mx, r.score);
+// Marks in `chosen` (a bit set over cluster ids [0, n)) the clusters that a walk over every cluster
+// c in ByRank order of (scores[c], c) takes while the tokens taken so far (ctoks[c] each) are below
+// `target`: the same set as sorting them all and walking, without the sort. One pass bins the
+// scores linearly between their min and max (any monotonic map gives the same set: a higher bin
+// means a no lower score) and sums each bin's tokens; every cluster above the bin where the running
+// sum reaches the target is taken unsorted (their tokens sum below the target, so the walk takes
+// them all first), and only that bin's clusters (`bin`, scratch) are sorted and walked. Empty
+// clusters (ctoks 0) change no sum: whether one is marked changes no chunk its callers mark.
+void TakeClusters(const float* scores, const int32_t* ctoks, size_t n, double target, std::vector<uint32_t>& hist,
+                  std::vector<Ranked>& bin, std::vector<uint64_t>& chosen) {
+  chosen.assign((n + 63) / 64, 0);
+  if (n == 0 || !(target > 0)) return;
+  float mn = scores[0], mx = mn;
+  for (size_t c = 0; c < n; ++c) mn = std::min(mn, scores[c]), mx = std::max(mx, scores[c]);
   constexpr int kBins = 4096;
-  const double inv = mx > mn ? kBins / (double(mx) - double(mn)) : 0.0;
   // Scores may be +-inf (keys near the f32 range): then inv is 0 or t is NaN, and everything falls
   // into bin 0 (sorted and walked in full), never an out-of-range bin (int(NaN) is undefined).
-  auto bin = [&](float s) {
-    const double t = (double(s) - double(mn)) * inv;
-    return t >= double(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0);
-  };
-  // Each cluster's bin is kept (after the histogram's kBins words) for the second pass.
-  const size_t nc = clusters.size();
-  hist.assign(kBins + nc, 0);
-  uint32_t* binOf = hist.data() + kBins;
-  for (size_t i = 0; i < nc; ++i) {
-    const uint32_t bi = uint32_t(bin(clusters[i].score));
-    binOf[i] = bi;
-    hist[bi] += uint32_t(ctoks[clusters[i].id]);
+  const float inv = mx > mn ? float(kBins / (double(mx) - double(mn))) : 0.f;
+  // Each cluster's bin, kept after two histograms of kBins words: clusters alternate between them,
+  // so that neighbours in one bin (common: scores cluster) do not wait on each other's increment.
+  hist.assign(2 * kBins + n, 0);
+  uint32_t* const h0 = hist.data();
+  uint32_t* const h1 = h0 + kBins;
+  uint32_t* const binOf = h1 + kBins;
+  for (size_t c = 0; c < n; ++c) {
+    const float t = (scores[c] - mn) * inv;
+    binOf[c] = uint32_t(t >= float(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0));
   }
+  size_t c = 0;
+  for (; c + 2 <= n; c += 2) {
+    h0[binOf[c]] += uint32_t(ctoks[c]);
+    h1[binOf[c + 1]] += uint32_t(ctoks[c + 1]);
+  }
+  if (c < n) h0[binOf[c]] += uint32_t(ctoks[c]);
   double above = 0;
   int b = kBins - 1;
-  for (; b > 0 && above + hist[size_t(b)] < target; --b) above += hist[size_t(b)];
-  // Clusters above bin b are all taken (their tokens sum to `above` < target); bin b's go to the
-  // front, best first, and are walked from there.
-  double taken = above;
-  size_t nb = 0;
-  for (size_t i = 0; i < nc; ++i) {
+  for (; b > 0 && above + h0[b] + h1[b] < target; --b) above += h0[b] + h1[b];
+  // Clusters above bin b are all taken (their tokens sum to `above` < target); bin b's are sorted,
+  // best first, and walked from there.
+  bin.clear();
+  for (size_t i = 0; i < n; ++i) {
     const int bi = int(binOf[i]);
-    if (bi > b) {
-      chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
-    } else if (bi == b) {
-      std::swap(clusters[nb++], clusters[i]);
-    }
+    if (bi > b) chosen[i >> 6] |= uint64_t(1) << (i & 63);
+    else if (bi == b) bin.push_back({scores[i], int32_t(i)});
   }
-  std::sort(clusters.begin(), clusters.begin() + std::ptrdiff_t(nb), ByRank());
-  for (size_t i = 0; i < nb && taken < target; ++i) {
-    chosen[size_t(clusters[i].id) >> 6] |= uint64_t(1) << (clusters[i].id & 63);
-    taken += ctoks[clusters[i].id];
+  std::sort(bin.begin(), bin.end(), ByRank());
+  double taken = above;
+  for (size_t i = 0; i < bin.size() && taken < target; ++i) {
+    chosen[size_t(bin[i].id) >> 6] |= uint64_t(1) << (bin[i].id & 63);
+    taken += ctoks[bin[i].id];
   }
 }
 
@@ -1202,15 +1203,6 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         out.vectorsScored += int64_t(n);
         tileVectors += int64_t(n);
       }
-      // Written by index (no push_back per cluster); empty clusters are dropped branch-free.
-      std::vector<Ranked>& clusters = sc.clusters;
-      clusters.resize(totalK);
-      size_t nc = 0;
-      for (size_t c = 0; c < totalK; ++c) {
-        clusters[nc] = {scores[c], int32_t(c)};
-        nc += ct.tokens[c] > 0;
-      }
-      clusters.resize(nc);
       // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
       // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
       // below, so the next level walks the cache forwards).
@@ -1219,7 +1211,7 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       const double factor = cfg_.FactorAt(prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor, budget, tokens_);
       const double target = std::max(factor * double(budget), double(want));
       std::vector<uint64_t>& chosen = sc.chosen;
-      TakeClusters(clusters, ct.tokens.data(), totalK, target, sc.hist, chosen);
+      TakeClusters(scores.data(), ct.tokens.data(), totalK, target, sc.hist, sc.clusters, chosen);
       // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
       std::vector<uint64_t>& bits = sc.bits;
       bits.assign(size_t(endChunk_ + 63) / 64, 0);
