@@ -4,6 +4,8 @@
 #include "common/background.h"
 #include "common/thread_pool.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -50,6 +52,81 @@ inline uint32_t ScoreKey(float s) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The entries of key[0, n) whose digit key >> shift equals `digit`, compacted into out (room for
+// n + 16): returns how many. Branch-free: the entries a radix pass keeps lie at random, so a branch
+// per entry mispredicts at about the rate it is taken. AVX-512 compares 16 keys at once and
+// compresses the matching lanes in a register (a compress straight to memory is microcoded and slow
+// on AMD Zen 4), then stores all 16; the scalar loop writes every entry and advances over the kept.
+__attribute__((target("avx512f"))) size_t KeysWithDigitAvx512(const uint32_t* key, size_t n, int shift, uint32_t digit,
+                                                             uint32_t* out) {
+  const __m512i d = _mm512_set1_epi32(int(digit));
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  size_t m = 0, i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i k = _mm512_loadu_si512(key + i);
+    const __mmask16 eq = _mm512_cmpeq_epi32_mask(_mm512_srl_epi32(k, sh), d);
+    _mm512_storeu_si512(out + m, _mm512_maskz_compress_epi32(eq, k));
+    m += size_t(__builtin_popcount(eq));
+  }
+  for (; i < n; ++i) {
+    out[m] = key[i];
+    m += (key[i] >> shift) == digit;
+  }
+  return m;
+}
+size_t KeysWithDigit(const uint32_t* key, size_t n, int shift, uint32_t digit, uint32_t* out) {
+  if (IndexKernelLevel() == SimdLevel::Avx512) return KeysWithDigitAvx512(key, n, shift, digit, out);
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out[m] = key[i];
+    m += (key[i] >> shift) == digit;
+  }
+  return m;
+}
+
+// Splits entries [0, n) by their digit key >> shift against `prefix`: the ids (id[i]) of those
+// above it into `above`, the positions i of those equal to it into `equal` (each with room for
+// n + 16), both in ascending i; sets na / ne to their counts. Branch-free, as KeysWithDigit.
+__attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix,
+                                                        int32_t* above, size_t& na, int32_t* equal, size_t& ne) {
+  const __m512i p = _mm512_set1_epi32(int(prefix));
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  __m512i pos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  size_t a = 0, e = 0, i = 0;
+  for (; i + 16 <= n; i += 16, pos = _mm512_add_epi32(pos, sixteen)) {
+    const __m512i d = _mm512_srl_epi32(_mm512_loadu_si512(key + i), sh);
+    const __mmask16 gt = _mm512_cmpgt_epu32_mask(d, p), eq = _mm512_cmpeq_epi32_mask(d, p);
+    _mm512_storeu_si512(above + a, _mm512_maskz_compress_epi32(gt, _mm512_loadu_si512(id + i)));
+    a += size_t(__builtin_popcount(gt));
+    _mm512_storeu_si512(equal + e, _mm512_maskz_compress_epi32(eq, pos));
+    e += size_t(__builtin_popcount(eq));
+  }
+  for (; i < n; ++i) {
+    const uint32_t d = key[i] >> shift;
+    above[a] = id[i];
+    a += d > prefix;
+    equal[e] = int32_t(i);
+    e += d == prefix;
+  }
+  na = a;
+  ne = e;
+}
+void SplitAtCut(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix, int32_t* above, size_t& na,
+                int32_t* equal, size_t& ne) {
+  if (IndexKernelLevel() == SimdLevel::Avx512) return SplitAtCutAvx512(key, id, n, shift, prefix, above, na, equal, ne);
+  size_t a = 0, e = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t d = key[i] >> shift;
+    above[a] = id[i];
+    a += d > prefix;
+    equal[e] = int32_t(i);
+    e += d == prefix;
+  }
+  na = a;
+  ne = e;
+}
+
 // The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
 // is computed once (kept in `scratch` after the histogram words, at kCutKeys), a histogram of its top 11
 // bits and, unless that digit's group is taken whole, one of the next 11 bits over that group only.
@@ -66,7 +143,7 @@ struct RadixCut {
 };
 template <class ScoreAt>
 RadixCut CutBestBy(size_t n, size_t k, ScoreAt scoreAt, std::vector<uint32_t>& scratch) {
-  scratch.resize(kCutKeys + n);
+  scratch.resize(kCutKeys + 2 * n + 16);  // keys, then the second pass's keys of the cut's digit
   uint32_t* hist = scratch.data();
   uint32_t* hist1 = hist + kCutBins;
   uint32_t* key = scratch.data() + kCutKeys;
@@ -101,11 +178,13 @@ RadixCut CutBestBy(size_t n, size_t k, ScoreAt scoreAt, std::vector<uint32_t>& s
   const uint32_t b1 = cut(need);
   if (need < hist[b1]) {
     std::fill(hist, hist + 2 * kCutBins, 0u);
-    for (i = 0; i + 2 <= n; i += 2) {
-      if ((key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
-      if ((key[i + 1] >> 21) == b1) ++hist1[(key[i + 1] >> 10) & (kCutBins - 1)];
+    uint32_t* group = key + n;
+    const size_t m = KeysWithDigit(key, n, 21, b1, group);
+    for (i = 0; i + 2 <= m; i += 2) {
+      ++hist[(group[i] >> 10) & (kCutBins - 1)];
+      ++hist1[(group[i + 1] >> 10) & (kCutBins - 1)];
     }
-    if (i < n && (key[i] >> 21) == b1) ++hist[(key[i] >> 10) & (kCutBins - 1)];
+    if (i < m) ++hist[(group[i] >> 10) & (kCutBins - 1)];
     merge();
     const uint32_t b2 = cut(need);
     return {(b1 << 11) | b2, 10, need};
@@ -179,6 +258,43 @@ void MarkBestBy(size_t n, ScoreAt scoreAt, IdAt idAt, size_t k, std::vector<uint
     }
   }
   if (run) bp[word] |= run;
+  if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
+  for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
+}
+// MarkBestBy over two arrays (entry i: score[i], id[i]): the same set, the entries above the cut
+// and those at it split out by SplitAtCut (no branch per entry) before the marking.
+void MarkBestArrays(const float* score, const int32_t* id, size_t n, size_t k, std::vector<uint32_t>& scratch,
+                    std::vector<Ranked>& ties, std::vector<uint64_t>& bits) {
+  uint64_t* bp = bits.data();
+  auto mark = [bp](int32_t t) { bp[size_t(t) >> 6] |= uint64_t(1) << (t & 63); };
+  if (k == 0) return;
+  if (k >= n) {
+    for (size_t i = 0; i < n; ++i) mark(id[i]);
+    return;
+  }
+  const RadixCut c = CutBestBy(n, k, [score](size_t i) { return score[i]; }, scratch);
+  scratch.resize(kCutKeys + n + 2 * (n + 16));  // after the keys: the ids above the cut, the positions at it
+  const uint32_t* key = scratch.data() + kCutKeys;
+  int32_t* above = reinterpret_cast<int32_t*>(scratch.data() + kCutKeys + n);
+  int32_t* equal = above + n + 16;
+  size_t na = 0, ne = 0;
+  SplitAtCut(key, id, n, c.shift, c.prefix, above, na, equal, ne);
+  // Neighbouring ids often fall in one word (a chunk's tokens): a word's bits are gathered in a
+  // register and stored once per run.
+  size_t word = 0;
+  uint64_t run = 0;
+  for (size_t i = 0; i < na; ++i) {
+    const int32_t t = above[i];
+    if (size_t(t) >> 6 != word) {
+      if (run) bp[word] |= run;
+      word = size_t(t) >> 6;
+      run = 0;
+    }
+    run |= uint64_t(1) << (t & 63);
+  }
+  if (run) bp[word] |= run;
+  ties.clear();
+  for (size_t i = 0; i < ne; ++i) ties.push_back({score[equal[i]], id[equal[i]]});
   if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
   for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
 }
@@ -1087,8 +1203,7 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     bits.assign(size_t(tokens_ + 63) / 64, 0);
     const float* sp = share.data();
     const int32_t* tp = toksAt.data();
-    MarkBestBy(nRe, [sp](size_t i) { return sp[i]; }, [tp](size_t i) { return tp[i]; },
-               std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
+    MarkBestArrays(sp, tp, nRe, std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
     ranked.clear();
     marked = true;
   } else if (cfg_.tokenGranular) {
