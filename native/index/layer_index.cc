@@ -1123,6 +1123,15 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
       const int64_t slot = int64_t(w * 64) + __builtin_ctzll(b);
       const int64_t j = chunkOf(slot);
       ranked[at++].id = int32_t(j);  // ranked[0, n) now chunk ids in slot order (scores rewritten below)
+      if (chunk == 4 && !useKeys && j * chunk >= cfg_.sinks) {
+        // The common case (the runtime's chunks of 4, keyless, past the sinks): a chunk's tokens and
+        // its sketch rows are 4 consecutive ids each, one 16-byte store per array.
+        const __m128i r = _mm_setr_epi32(0, 1, 2, 3);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(toksAt.data() + m), _mm_add_epi32(_mm_set1_epi32(int32_t(j * 4)), r));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(rowsAt.data() + m), _mm_add_epi32(_mm_set1_epi32(int32_t(slot * 4)), r));
+        m += 4;
+        continue;
+      }
       for (int64_t t = std::max<int64_t>(j * chunk, cfg_.sinks); t < (j + 1) * chunk; ++t, ++m) {
         toksAt[m] = int32_t(t);
         if (!useKeys) rowsAt[m] = int32_t(slot * chunk + (t - j * chunk));
