@@ -1460,8 +1460,14 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
         bits.assign(size_t(tokens_ + 63) / 64, 0);
         MarkBest(ranked, std::min(ranked.size(), size_t(budget)), sc.hist, sc.ties, bits);
       }
+      // Counted first, then written by index: ids grown by push_back reallocated ~12 times a head.
+      size_t count = 0;
+      for (uint64_t w : bits) count += size_t(__builtin_popcountll(w));
+      const size_t at = out.ids.size();
+      out.ids.resize(at + count);
+      int32_t* o = out.ids.data() + at;
       for (size_t w = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) out.ids.push_back(int32_t(w * 64) + __builtin_ctzll(b));
+        for (uint64_t b = bits[w]; b; b &= b - 1) *o++ = int32_t(w * 64) + __builtin_ctzll(b);
       return;
     }
     // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
