@@ -9,6 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { type PolicyOptions } from '../src/index.js';
 import { createPolicy, NativeSelectionPolicy } from '../src/index/policy.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
+import { offloadedPolicyOptions } from '../src/index/options.js';
 import { prefixView } from '../src/eval/replay.js';
 import { expectKvdError } from './helpers.js';
 import { traceReplay } from './trace-replay.js';
@@ -269,6 +270,37 @@ describe('kvdrive compact index', () => {
     const none = createPolicy('kvdrive', { qHeads: 2, kvHeads: 1, headDim: 8 }) as NativeSelectionPolicy;
     none.buildSync(randomKeys(200, 1, 8, 1), 200);
     expectKvdError(() => none.sketchScores(new Float32Array(8), 0, Int32Array.of(0)), 'E_CONFIG', /without a sketch/);
+  });
+
+  it('the offloaded select marks the same best tokens at every SIMD level, ties at the cut included', () => {
+    // The runtime's select: every candidate re-ranked on the sketch, the best K tokens marked by a
+    // radix cut whose passes split the entries branch-free (AVX-512 compresses 16 at a time). Keys
+    // drawn from 6 rows only make whole groups of tokens share one score, so the cut falls inside a
+    // tie, which ByRank breaks by token id at every level.
+    const best = indexKernelLevel('best');
+    const shape = { qHeads: 8, kvHeads: 2, headDim: 128 };
+    const T = 3000;
+    const distinct = randomKeys(6, shape.kvHeads, shape.headDim, 5);
+    const row = shape.kvHeads * shape.headDim;
+    const tied = new Float32Array(T * row);
+    for (let t = 0; t < T; t++) tied.set(distinct.data.subarray(((t * 7) % 6) * row, (((t * 7) % 6) + 1) * row), t * row);
+    for (const [name, keys] of [['random keys', randomKeys(T, shape.kvHeads, shape.headDim, 9).data], ['tied keys', tied]] as const) {
+      const p = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { ...shape, segmentTokens: 512 })) as NativeSelectionPolicy;
+      p.buildSync({ data: keys, dtype: 'f32', tokens: T, heads: shape.kvHeads, dim: shape.headDim }, T);
+      const q = randomQuery(shape.qHeads * shape.headDim, 3);
+      for (const budget of [1, 37, 256, 700, T]) {
+        indexKernelLevel('scalar');
+        const want = p.select(q, budget);
+        for (const level of ['avx2', 'avx512'] as const) {
+          indexKernelLevel(level);
+          expect(p.select(q, budget), `${name}, budget ${budget}, ${level}`).toEqual(want);
+        }
+        indexKernelLevel('best');
+        // Token-granular: at most the budget per head (sinks and the local window beside them).
+        for (let h = 0; h < shape.kvHeads; h++) expect(want.offsets[h + 1]! - want.offsets[h]!).toBeLessThanOrEqual(budget);
+      }
+    }
+    expect(indexKernelLevel()).toBe(best);
   });
 
   it('4-bit keyless select keeps the int8 recall on a demo-like trace (seed 11)', async () => {
