@@ -84,8 +84,8 @@ size_t KeysWithDigit(const uint32_t* key, size_t n, int shift, uint32_t digit, u
   return m;
 }
 
-// Splits entries [0, n) by their digit key >> shift against `prefix`: the ids (id[i]) of those
-// above it into `above`, the positions i of those equal to it into `equal` (each with room for
+// Splits entries [0, n) by their digit key >> shift against `prefix`: the ids (id[i], or i itself
+// where id is null) of those above it into `above`, the positions i of those equal to it into `equal` (each with room for
 // n + 16), both in ascending i; sets na / ne to their counts. Branch-free, as KeysWithDigit.
 __attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix,
                                                         int32_t* above, size_t& na, int32_t* equal, size_t& ne) {
@@ -97,14 +97,14 @@ __attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, co
   for (; i + 16 <= n; i += 16, pos = _mm512_add_epi32(pos, sixteen)) {
     const __m512i d = _mm512_srl_epi32(_mm512_loadu_si512(key + i), sh);
     const __mmask16 gt = _mm512_cmpgt_epu32_mask(d, p), eq = _mm512_cmpeq_epi32_mask(d, p);
-    _mm512_storeu_si512(above + a, _mm512_maskz_compress_epi32(gt, _mm512_loadu_si512(id + i)));
+    _mm512_storeu_si512(above + a, _mm512_maskz_compress_epi32(gt, id ? _mm512_loadu_si512(id + i) : pos));
     a += size_t(__builtin_popcount(gt));
     _mm512_storeu_si512(equal + e, _mm512_maskz_compress_epi32(eq, pos));
     e += size_t(__builtin_popcount(eq));
   }
   for (; i < n; ++i) {
     const uint32_t d = key[i] >> shift;
-    above[a] = id[i];
+    above[a] = id ? id[i] : int32_t(i);
     a += d > prefix;
     equal[e] = int32_t(i);
     e += d == prefix;
@@ -118,7 +118,7 @@ void SplitAtCut(const uint32_t* key, const int32_t* id, size_t n, int shift, uin
   size_t a = 0, e = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t d = key[i] >> shift;
-    above[a] = id[i];
+    above[a] = id ? id[i] : int32_t(i);
     a += d > prefix;
     equal[e] = int32_t(i);
     e += d == prefix;
@@ -338,24 +338,31 @@ void TakeClusters(const float* scores, const int32_t* ctoks, size_t n, double ta
                   std::vector<Ranked>& bin, std::vector<uint64_t>& chosen) {
   chosen.assign((n + 63) / 64, 0);
   if (n == 0 || !(target > 0)) return;
-  float mn = scores[0], mx = mn;
-  for (size_t c = 0; c < n; ++c) mn = std::min(mn, scores[c]), mx = std::max(mx, scores[c]);
+  // Four running minima and maxima: one chain each waited on the previous compare.
+  float lo[4] = {scores[0], scores[0], scores[0], scores[0]}, hi[4] = {lo[0], lo[0], lo[0], lo[0]};
+  size_t c = 0;
+  for (; c + 4 <= n; c += 4)
+    for (int u = 0; u < 4; ++u) lo[u] = std::min(lo[u], scores[c + u]), hi[u] = std::max(hi[u], scores[c + u]);
+  for (; c < n; ++c) lo[0] = std::min(lo[0], scores[c]), hi[0] = std::max(hi[0], scores[c]);
+  const float mn = std::min(std::min(lo[0], lo[1]), std::min(lo[2], lo[3]));
+  const float mx = std::max(std::max(hi[0], hi[1]), std::max(hi[2], hi[3]));
   constexpr int kBins = 4096;
   // Scores may be +-inf (keys near the f32 range): then inv is 0 or t is NaN, and everything falls
   // into bin 0 (sorted and walked in full), never an out-of-range bin (int(NaN) is undefined).
   const float inv = mx > mn ? float(kBins / (double(mx) - double(mn))) : 0.f;
-  // Each cluster's bin, kept after two histograms of kBins words: clusters alternate between them,
-  // so that neighbours in one bin (common: scores cluster) do not wait on each other's increment.
-  hist.assign(2 * kBins + n, 0);
+  // Each cluster's bin, kept after two histograms of kBins words (clusters alternate between them,
+  // so that neighbours in one bin, common as scores cluster, do not wait on each other's
+  // increment); then room for SplitAtCut's two lists. Only the histograms need zeros.
+  hist.resize(2 * kBins + n + 2 * (n + 16));
   uint32_t* const h0 = hist.data();
   uint32_t* const h1 = h0 + kBins;
+  std::fill(h0, h1 + kBins, 0u);
   uint32_t* const binOf = h1 + kBins;
-  for (size_t c = 0; c < n; ++c) {
+  for (c = 0; c < n; ++c) {
     const float t = (scores[c] - mn) * inv;
     binOf[c] = uint32_t(t >= float(kBins - 1) ? kBins - 1 : (t > 0 ? int(t) : 0));
   }
-  size_t c = 0;
-  for (; c + 2 <= n; c += 2) {
+  for (c = 0; c + 2 <= n; c += 2) {
     h0[binOf[c]] += uint32_t(ctoks[c]);
     h1[binOf[c + 1]] += uint32_t(ctoks[c + 1]);
   }
@@ -364,13 +371,14 @@ void TakeClusters(const float* scores, const int32_t* ctoks, size_t n, double ta
   int b = kBins - 1;
   for (; b > 0 && above + h0[b] + h1[b] < target; --b) above += h0[b] + h1[b];
   // Clusters above bin b are all taken (their tokens sum to `above` < target); bin b's are sorted,
-  // best first, and walked from there.
+  // best first, and walked from there. SplitAtCut lists both without a branch per cluster.
+  int32_t* const over = reinterpret_cast<int32_t*>(binOf + n);
+  int32_t* const at = over + n + 16;
+  size_t nOver = 0, nAt = 0;
+  SplitAtCut(binOf, nullptr, n, 0, uint32_t(b), over, nOver, at, nAt);
+  for (size_t i = 0; i < nOver; ++i) chosen[size_t(over[i]) >> 6] |= uint64_t(1) << (over[i] & 63);
   bin.clear();
-  for (size_t i = 0; i < n; ++i) {
-    const int bi = int(binOf[i]);
-    if (bi > b) chosen[i >> 6] |= uint64_t(1) << (i & 63);
-    else if (bi == b) bin.push_back({scores[i], int32_t(i)});
-  }
+  for (size_t i = 0; i < nAt; ++i) bin.push_back({scores[at[i]], at[i]});
   std::sort(bin.begin(), bin.end(), ByRank());
   double taken = above;
   for (size_t i = 0; i < bin.size() && taken < target; ++i) {
