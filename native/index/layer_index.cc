@@ -1121,8 +1121,11 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     const Segment* seg = aheadSegs.Ordered(first);
     if (!seg) return;
     const int32_t* map = seg->slotChunks.data() - seg->c0;
-    __builtin_prefetch(map + first);
-    if (last < seg->c1) __builtin_prefetch(map + last);
+    // Every line the word's candidates span (up to 4: 64 entries of 4 bytes), not only the first
+    // and the last one's.
+    const int64_t end = std::min<int64_t>(last, seg->c1 - 1);
+    for (int64_t x = first; x <= end; x += 16) __builtin_prefetch(map + x);
+    __builtin_prefetch(map + end);
   };
   for (size_t w = 0; w < kMapAhead && w < bits.size(); ++w) prefetchMap(w);
   for (size_t w = 0; w < bits.size(); ++w) {
