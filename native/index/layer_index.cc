@@ -85,8 +85,20 @@ size_t KeysWithDigit(const uint32_t* key, size_t n, int shift, uint32_t digit, u
 }
 
 // Splits entries [0, n) by their digit key >> shift against `prefix`: the ids (id[i], or i itself
-// where id is null) of those above it into `above`, the positions i of those equal to it into `equal` (each with room for
-// n + 16), both in ascending i; sets na / ne to their counts. Branch-free, as KeysWithDigit.
+// where id is null) of those above it into `above`, the positions i of those equal to it into
+// `equal` (each with room for n + 16), both in ascending i; sets na / ne to their counts.
+// Branch-free, as KeysWithDigit. SplitAtCutFrom is the scalar body over entries [i, n), appending
+// after the a / e entries already listed.
+inline void SplitAtCutFrom(const uint32_t* key, const int32_t* id, size_t i, size_t n, int shift, uint32_t prefix,
+                           int32_t* above, size_t& a, int32_t* equal, size_t& e) {
+  for (; i < n; ++i) {
+    const uint32_t d = key[i] >> shift;
+    above[a] = id ? id[i] : int32_t(i);
+    a += d > prefix;
+    equal[e] = int32_t(i);
+    e += d == prefix;
+  }
+}
 __attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix,
                                                         int32_t* above, size_t& na, int32_t* equal, size_t& ne) {
   const __m512i p = _mm512_set1_epi32(int(prefix));
@@ -102,29 +114,15 @@ __attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, co
     _mm512_storeu_si512(equal + e, _mm512_maskz_compress_epi32(eq, pos));
     e += size_t(__builtin_popcount(eq));
   }
-  for (; i < n; ++i) {
-    const uint32_t d = key[i] >> shift;
-    above[a] = id ? id[i] : int32_t(i);
-    a += d > prefix;
-    equal[e] = int32_t(i);
-    e += d == prefix;
-  }
+  SplitAtCutFrom(key, id, i, n, shift, prefix, above, a, equal, e);
   na = a;
   ne = e;
 }
 void SplitAtCut(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix, int32_t* above, size_t& na,
                 int32_t* equal, size_t& ne) {
   if (IndexKernelLevel() == SimdLevel::Avx512) return SplitAtCutAvx512(key, id, n, shift, prefix, above, na, equal, ne);
-  size_t a = 0, e = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t d = key[i] >> shift;
-    above[a] = id ? id[i] : int32_t(i);
-    a += d > prefix;
-    equal[e] = int32_t(i);
-    e += d == prefix;
-  }
-  na = a;
-  ne = e;
+  na = ne = 0;
+  SplitAtCutFrom(key, id, 0, n, shift, prefix, above, na, equal, ne);
 }
 
 // The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
