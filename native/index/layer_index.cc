@@ -336,7 +336,7 @@ void TakeClusters(const float* scores, const int32_t* ctoks, size_t n, double ta
                   std::vector<Ranked>& bin, std::vector<uint64_t>& chosen) {
   chosen.assign((n + 63) / 64, 0);
   if (n == 0 || !(target > 0)) return;
-  // Four running minima and maxima: one chain each waited on the previous compare.
+  // Four running minima and maxima: with one of each, every compare waited on the previous one.
   float lo[4] = {scores[0], scores[0], scores[0], scores[0]}, hi[4] = {lo[0], lo[0], lo[0], lo[0]};
   size_t c = 0;
   for (; c + 4 <= n; c += 4)
