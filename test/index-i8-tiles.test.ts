@@ -36,6 +36,16 @@ const tileByte = (i: number, d: number, dim: number) => Math.floor(i / 16) * 16 
 /** Reference scores: exact integer dots of the query codes with the tile bytes, then the f32 epilogue. */
 // With `spread`, the select's level-1 term coef[j] * var[i] is added to each head's score (each
 // operation rounded to f32 once, in this order) before the max.
+// The padding of a tile layout: every code of a lane past the n centroids or of a dim past dim (up
+// to `dims`, the layout's padded dims) reads `zero`, and every scale past n is 0.
+function expectPadding(scales: Float32Array, n: number, dim: number, dims: number, codeAt: (i: number, d: number) => number, zero: number): void {
+  let nonzero = 0;
+  for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
+    for (let d = 0; d < dims; d++) if ((i >= n || d >= dim) && codeAt(i, d) !== zero) nonzero++;
+  expect(nonzero).toBe(0);
+  for (let i = n; i < scales.length; i++) expect(scales[i]).toBe(0);
+}
+
 function reference(
   q: Float32Array,
   g: number,
@@ -89,11 +99,7 @@ describe('int8 centroid tiles (what the index stores and scores)', () => {
         }
       }
       // Padding (dims past dim, lanes past n) is zero.
-      let nonzero = 0;
-      for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
-        for (let d = 0; d < dim4(dim); d++) if ((i >= n || d >= dim) && t.tiles[tileByte(i, d, dim)] !== 0) nonzero++;
-      expect(nonzero).toBe(0);
-      for (let i = n; i < t.scales.length; i++) expect(t.scales[i]).toBe(0);
+      expectPadding(t.scales, n, dim, dim4(dim), (i, d) => t.tiles[tileByte(i, d, dim)]!, 0);
     }
   });
 
@@ -246,16 +252,11 @@ describe('4-bit centroid tiles (what the index stores and level 1 scores)', () =
           expect(Math.abs(codes[d]! * scale - c[i * dim + d]!)).toBeLessThanOrEqual(scale * 0.5001);
         }
       }
-      // Padding (dims past dim, lanes past n, a missing last odd group of 4 dims) is code 0.
-      let nonzero = 0;
-      for (let i = 0; i < Math.ceil(n / 16) * 16; i++)
-        for (let d = 0; d < tileBlocks4(dim) * 8; d++) {
-          if (i < n && d < dim) continue;
-          const b = t.tiles[tileByte4(i, d, dim)]!;
-          if ((high4(d) ? b >> 4 : b & 15) !== 8) nonzero++;
-        }
-      expect(nonzero).toBe(0);
-      for (let i = n; i < t.scales.length; i++) expect(t.scales[i]).toBe(0);
+      // Padding (dims past dim, lanes past n, a missing last odd group of 4 dims) is code 0 (nibble 8).
+      expectPadding(t.scales, n, dim, tileBlocks4(dim) * 8, (i, d) => {
+        const b = t.tiles[tileByte4(i, d, dim)]!;
+        return high4(d) ? b >> 4 : b & 15;
+      }, 8);
     }
   });
 
