@@ -84,22 +84,21 @@ size_t KeysWithDigit(const uint32_t* key, size_t n, int shift, uint32_t digit, u
   return m;
 }
 
-// Splits entries [0, n) by their digit key >> shift against `prefix`: the ids (id[i], or i itself
-// where id is null) of those above it into `above`, the positions i of those equal to it into
-// `equal` (each with room for n + 16), both in ascending i; sets na / ne to their counts.
-// Branch-free, as KeysWithDigit. SplitAtCutFrom is the scalar body over entries [i, n), appending
-// after the a / e entries already listed.
-inline void SplitAtCutFrom(const uint32_t* key, const int32_t* id, size_t i, size_t n, int shift, uint32_t prefix,
+// Splits entries [0, n) by their digit key >> shift against `prefix`: the positions i of those
+// above it into `above`, of those equal to it into `equal` (each with room for n + 16), both
+// ascending; sets na / ne to their counts. Branch-free, as KeysWithDigit. SplitAtCutFrom is the
+// scalar body over entries [i, n), appending after the a / e entries already listed.
+inline void SplitAtCutFrom(const uint32_t* key, size_t i, size_t n, int shift, uint32_t prefix,
                            int32_t* above, size_t& a, int32_t* equal, size_t& e) {
   for (; i < n; ++i) {
     const uint32_t d = key[i] >> shift;
-    above[a] = id ? id[i] : int32_t(i);
+    above[a] = int32_t(i);
     a += d > prefix;
     equal[e] = int32_t(i);
     e += d == prefix;
   }
 }
-__attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix,
+__attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, size_t n, int shift, uint32_t prefix,
                                                         int32_t* above, size_t& na, int32_t* equal, size_t& ne) {
   const __m512i p = _mm512_set1_epi32(int(prefix));
   const __m128i sh = _mm_cvtsi32_si128(shift);
@@ -109,20 +108,20 @@ __attribute__((target("avx512f"))) void SplitAtCutAvx512(const uint32_t* key, co
   for (; i + 16 <= n; i += 16, pos = _mm512_add_epi32(pos, sixteen)) {
     const __m512i d = _mm512_srl_epi32(_mm512_loadu_si512(key + i), sh);
     const __mmask16 gt = _mm512_cmpgt_epu32_mask(d, p), eq = _mm512_cmpeq_epi32_mask(d, p);
-    _mm512_storeu_si512(above + a, _mm512_maskz_compress_epi32(gt, id ? _mm512_loadu_si512(id + i) : pos));
+    _mm512_storeu_si512(above + a, _mm512_maskz_compress_epi32(gt, pos));
     a += size_t(__builtin_popcount(gt));
     _mm512_storeu_si512(equal + e, _mm512_maskz_compress_epi32(eq, pos));
     e += size_t(__builtin_popcount(eq));
   }
-  SplitAtCutFrom(key, id, i, n, shift, prefix, above, a, equal, e);
+  SplitAtCutFrom(key, i, n, shift, prefix, above, a, equal, e);
   na = a;
   ne = e;
 }
-void SplitAtCut(const uint32_t* key, const int32_t* id, size_t n, int shift, uint32_t prefix, int32_t* above, size_t& na,
+void SplitAtCut(const uint32_t* key, size_t n, int shift, uint32_t prefix, int32_t* above, size_t& na,
                 int32_t* equal, size_t& ne) {
-  if (IndexKernelLevel() == SimdLevel::Avx512) return SplitAtCutAvx512(key, id, n, shift, prefix, above, na, equal, ne);
+  if (IndexKernelLevel() == SimdLevel::Avx512) return SplitAtCutAvx512(key, n, shift, prefix, above, na, equal, ne);
   na = ne = 0;
-  SplitAtCutFrom(key, id, 0, n, shift, prefix, above, na, equal, ne);
+  SplitAtCutFrom(key, 0, n, shift, prefix, above, na, equal, ne);
 }
 
 // The cut of a radix select for the best k of n entries (ByRank order; 0 < k < n): each entry's key
@@ -235,64 +234,30 @@ void MarkBestBy(size_t n, ScoreAt scoreAt, IdAt idAt, size_t k, std::vector<uint
     return;
   }
   const RadixCut c = CutBestBy(n, k, scoreAt, scratch);
-  const uint32_t* key = scratch.data() + kCutKeys;
-  ties.clear();
-  // Neighbouring entries often fall in one word (a chunk's tokens): its bits are gathered in a
-  // register and stored once per run, not read-modify-written per entry.
-  size_t word = 0;
-  uint64_t run = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t d = key[i] >> c.shift;
-    if (d > c.prefix) {
-      const int32_t id = idAt(i);
-      if (size_t(id) >> 6 != word) {
-        if (run) bp[word] |= run;
-        word = size_t(id) >> 6;
-        run = 0;
-      }
-      run |= uint64_t(1) << (id & 63);
-    } else if (d == c.prefix) {
-      ties.push_back({scoreAt(i), idAt(i)});
-    }
-  }
-  if (run) bp[word] |= run;
-  if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
-  for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
-}
-// MarkBestBy over two arrays (entry i: score[i], id[i]): the same set, the entries above the cut
-// and those at it split out by SplitAtCut (no branch per entry) before the marking.
-void MarkBestArrays(const float* score, const int32_t* id, size_t n, size_t k, std::vector<uint32_t>& scratch,
-                    std::vector<Ranked>& ties, std::vector<uint64_t>& bits) {
-  uint64_t* bp = bits.data();
-  auto mark = [bp](int32_t t) { bp[size_t(t) >> 6] |= uint64_t(1) << (t & 63); };
-  if (k == 0) return;
-  if (k >= n) {
-    for (size_t i = 0; i < n; ++i) mark(id[i]);
-    return;
-  }
-  const RadixCut c = CutBestBy(n, k, [score](size_t i) { return score[i]; }, scratch);
-  scratch.resize(kCutKeys + n + 2 * (n + 16));  // after the keys: the ids above the cut, the positions at it
+  // The entries above the cut and those at it, split out without a branch per entry (SplitAtCut),
+  // their positions after the keys.
+  scratch.resize(kCutKeys + n + 2 * (n + 16));
   const uint32_t* key = scratch.data() + kCutKeys;
   int32_t* above = reinterpret_cast<int32_t*>(scratch.data() + kCutKeys + n);
   int32_t* equal = above + n + 16;
   size_t na = 0, ne = 0;
-  SplitAtCut(key, id, n, c.shift, c.prefix, above, na, equal, ne);
-  // Neighbouring ids often fall in one word (a chunk's tokens): a word's bits are gathered in a
-  // register and stored once per run.
+  SplitAtCut(key, n, c.shift, c.prefix, above, na, equal, ne);
+  // Neighbouring entries often fall in one word (a chunk's tokens): its bits are gathered in a
+  // register and stored once per run, not read-modify-written per entry.
   size_t word = 0;
   uint64_t run = 0;
   for (size_t i = 0; i < na; ++i) {
-    const int32_t t = above[i];
-    if (size_t(t) >> 6 != word) {
+    const int32_t id = idAt(size_t(above[i]));
+    if (size_t(id) >> 6 != word) {
       if (run) bp[word] |= run;
-      word = size_t(t) >> 6;
+      word = size_t(id) >> 6;
       run = 0;
     }
-    run |= uint64_t(1) << (t & 63);
+    run |= uint64_t(1) << (id & 63);
   }
   if (run) bp[word] |= run;
   ties.clear();
-  for (size_t i = 0; i < ne; ++i) ties.push_back({score[equal[i]], id[equal[i]]});
+  for (size_t i = 0; i < ne; ++i) ties.push_back({scoreAt(size_t(equal[i])), idAt(size_t(equal[i]))});
   if (c.need < ties.size()) std::nth_element(ties.begin(), ties.begin() + std::ptrdiff_t(c.need - 1), ties.end(), ByRank());
   for (size_t i = 0; i < c.need; ++i) mark(ties[i].id);
 }
@@ -373,7 +338,7 @@ void TakeClusters(const float* scores, const int32_t* ctoks, size_t n, double ta
   int32_t* const over = reinterpret_cast<int32_t*>(binOf + n);
   int32_t* const at = over + n + 16;
   size_t nOver = 0, nAt = 0;
-  SplitAtCut(binOf, nullptr, n, 0, uint32_t(b), over, nOver, at, nAt);
+  SplitAtCut(binOf, n, 0, uint32_t(b), over, nOver, at, nAt);
   for (size_t i = 0; i < nOver; ++i) chosen[size_t(over[i]) >> 6] |= uint64_t(1) << (over[i] & 63);
   bin.clear();
   for (size_t i = 0; i < nAt; ++i) bin.push_back({scores[at[i]], at[i]});
@@ -1221,7 +1186,8 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
     bits.assign(size_t(tokens_ + 63) / 64, 0);
     const float* sp = share.data();
     const int32_t* tp = toksAt.data();
-    MarkBestArrays(sp, tp, nRe, std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
+    MarkBestBy(nRe, [sp](size_t i) { return sp[i]; }, [tp](size_t i) { return tp[i]; },
+               std::min(nRe, size_t(budget)), sc.hist, sc.ties, bits);
     ranked.clear();
     marked = true;
   } else if (cfg_.tokenGranular) {
