@@ -2,6 +2,7 @@
 // counter to its caller and to at most maxWorkers - 1 pool threads.
 #include "common/thread_pool.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -43,6 +44,8 @@ ThreadPool& ThreadPool::Global() {
 }
 
 ThreadPool::ThreadPool(int threads) {
+  CPU_ZERO(&cpus_);
+  if (sched_getaffinity(0, sizeof(cpus_), &cpus_) != 0) CPU_ZERO(&cpus_);
   threads_.reserve(size_t(std::max(0, threads)));
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { WorkerLoop(); });
 }
@@ -78,6 +81,8 @@ void ThreadPool::RunTasks(Job& job) {
 }
 
 void ThreadPool::WorkerLoop() {
+  // Named so that a profiler (or a test reading /proc/self/task/*/comm) can tell pool threads apart.
+  pthread_setname_np(pthread_self(), "kvd-pool");
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -91,6 +96,20 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
+// See thread_pool.h. Failures (a CPU set changed since the pool started) leave the affinity as it
+// was: placement is a matter of speed only.
+void ThreadPool::KeepOffCallerCpu() {
+  const int cpu = sched_getcpu();
+  if (cpu < 0 || cpu >= CPU_SETSIZE || cpu == offCpu_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cpu == offCpu_.load(std::memory_order_relaxed) || !CPU_ISSET(cpu, &cpus_)) return;
+  cpu_set_t set = cpus_;
+  CPU_CLR(cpu, &set);
+  if (CPU_COUNT(&set) == 0) return;
+  for (auto& t : threads_) pthread_setaffinity_np(t.native_handle(), sizeof(set), &set);
+  offCpu_.store(cpu, std::memory_order_relaxed);
+}
+
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, int maxWorkers) {
   if (n == 0) return;
   int workers = Size();
@@ -101,6 +120,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, in
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
+  KeepOffCallerCpu();
   auto job = std::make_shared<Job>();
   job->fn = &fn;
   job->n = n;

@@ -14,10 +14,18 @@
 //    results that must not depend on the thread count must not depend on that assignment.
 //  - If tasks throw, the exception of the LOWEST failing index is rethrown once all tasks are done
 //    (so the reported error does not depend on scheduling); the others are dropped.
+//  - Pool threads stay off the CPU of the thread that last called ParallelFor (their affinity is the
+//    process's CPUs minus that one, re-set only when a caller arrives from another CPU). Woken by
+//    the caller, a pool thread was otherwise queued on the caller's own CPU ~9 times in 10 on a
+//    2-vCPU VM (the scheduler's wake-affine choice), and started its first task ~260 us late,
+//    when it preempted the caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
 #pragma once
+#include <sched.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -49,6 +57,7 @@ class ThreadPool {
   explicit ThreadPool(int threads);
   struct Job;
   void WorkerLoop();
+  void KeepOffCallerCpu();
   static void RunTasks(Job& job);
 
   std::mutex mu_;
@@ -56,6 +65,8 @@ class ThreadPool {
   std::deque<std::shared_ptr<Job>> queue_;  // jobs that still have unclaimed tasks or helper slots
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  cpu_set_t cpus_;                 // the process's CPUs when the pool started
+  std::atomic<int> offCpu_{-1};    // the CPU the pool threads' affinity leaves out (-1: none yet)
 };
 
 // CPUs this process may run on (affinity mask), at least 1.
