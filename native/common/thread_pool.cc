@@ -83,31 +83,40 @@ void ThreadPool::RunTasks(Job& job) {
 void ThreadPool::WorkerLoop() {
   // Named so that a profiler (or a test reading /proc/self/task/*/comm) can tell pool threads apart.
   pthread_setname_np(pthread_self(), "kvd-pool");
+  uint64_t placed = 0;  // placements_ as this thread last saw it
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      ++sleeping_;
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      --sleeping_;
       if (stop_) return;
       job = queue_.front();
       if (--job->helpersLeft <= 0 || job->next.load(std::memory_order_relaxed) >= job->n) queue_.pop_front();
+    }
+    // Woken off the caller's CPU (WakeOffCallerCpu): every CPU again for the work and after.
+    const uint64_t p = placements_.load(std::memory_order_relaxed);
+    if (p != placed) {
+      placed = p;
+      pthread_setaffinity_np(pthread_self(), sizeof(cpus_), &cpus_);
     }
     RunTasks(*job);
   }
 }
 
-// See thread_pool.h. Failures (a CPU set changed since the pool started) leave the affinity as it
-// was: placement is a matter of speed only.
-void ThreadPool::KeepOffCallerCpu() {
+// See thread_pool.h. Only when some thread sleeps (an awake one takes the job where it runs); every
+// thread's mask is narrowed, and each widens its own when it next claims a job. A failure (the CPU
+// set changed since the pool started) leaves the affinity as it was: placement only affects speed.
+void ThreadPool::WakeOffCallerCpu() {
+  if (sleeping_ == 0) return;
   const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu >= CPU_SETSIZE || cpu == offCpu_.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cpu == offCpu_.load(std::memory_order_relaxed) || !CPU_ISSET(cpu, &cpus_)) return;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cpus_)) return;
   cpu_set_t set = cpus_;
   CPU_CLR(cpu, &set);
   if (CPU_COUNT(&set) == 0) return;
   for (auto& t : threads_) pthread_setaffinity_np(t.native_handle(), sizeof(set), &set);
-  offCpu_.store(cpu, std::memory_order_relaxed);
+  placements_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, int maxWorkers) {
@@ -120,13 +129,13 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, in
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  KeepOffCallerCpu();
   auto job = std::make_shared<Job>();
   job->fn = &fn;
   job->n = n;
   job->helpersLeft = workers - 1;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    WakeOffCallerCpu();
     queue_.push_back(job);
   }
   if (workers - 1 == 1) cv_.notify_one();

@@ -14,11 +14,13 @@
 //    results that must not depend on the thread count must not depend on that assignment.
 //  - If tasks throw, the exception of the LOWEST failing index is rethrown once all tasks are done
 //    (so the reported error does not depend on scheduling); the others are dropped.
-//  - Pool threads stay off the CPU of the thread that last called ParallelFor (their affinity is the
-//    process's CPUs minus that one, re-set only when a caller arrives from another CPU). Woken by
-//    the caller, a pool thread was otherwise queued on the caller's own CPU ~9 times in 10 on a
-//    2-vCPU VM (the scheduler's wake-affine choice), and started its first task ~260 us late,
-//    when it preempted the caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
+//  - A sleeping pool thread is woken off its caller's CPU: before the wake-up its affinity becomes
+//    the process's CPUs minus the caller's, and once it has claimed the job it takes all of them
+//    back (it never works pinned; one that found no task left sleeps narrowed until the next
+//    wake-up narrows it anew). Woken plainly, the pool's thread was queued
+//    on the caller's own CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice)
+//    and, in a decode step after a dense pass, started its first task ~260 us after the call, once
+//    it preempted the caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
@@ -27,6 +29,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -57,7 +60,7 @@ class ThreadPool {
   explicit ThreadPool(int threads);
   struct Job;
   void WorkerLoop();
-  void KeepOffCallerCpu();
+  void WakeOffCallerCpu();  // see the header comment; under mu_
   static void RunTasks(Job& job);
 
   std::mutex mu_;
@@ -65,8 +68,9 @@ class ThreadPool {
   std::deque<std::shared_ptr<Job>> queue_;  // jobs that still have unclaimed tasks or helper slots
   bool stop_ = false;
   std::vector<std::thread> threads_;
-  cpu_set_t cpus_;                 // the process's CPUs when the pool started
-  std::atomic<int> offCpu_{-1};    // the CPU the pool threads' affinity leaves out (-1: none yet)
+  cpu_set_t cpus_;                     // the process's CPUs when the pool started
+  int sleeping_ = 0;                   // threads inside their condition wait (guarded by mu_)
+  std::atomic<uint64_t> placements_{0};  // wake-ups that narrowed the sleeping threads' affinity
 };
 
 // CPUs this process may run on (affinity mask), at least 1.
