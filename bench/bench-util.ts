@@ -170,8 +170,9 @@ export interface DecodeRuntime {
  * attend() calls taking turns: the first runtime goes first on even steps, the last on odd ones,
  * so a machine that slows down mid-run slows all of them. `entry(s)` gives step s's inputs (every
  * runtime gets the same). Steps before `warm` are not timed (caches, V8); `onWarm` runs just before
- * step `warm` (e.g. to snapshot stats). Returns each runtime's ms per timed step and in how many
- * steps every runtime's output held the first one's bits.
+ * step `warm` (e.g. to snapshot stats); `before(i, s)`, if given, runs untimed just before runtime
+ * i's step s (e.g. the work a host does between two attention calls). Returns each runtime's ms per
+ * timed step and in how many steps every runtime's output held the first one's bits.
  */
 export async function alternateDecode(
   runs: readonly { rt: DecodeRuntime; seq: number }[],
@@ -179,6 +180,7 @@ export async function alternateDecode(
   steps: number,
   warm: number,
   onWarm?: () => Promise<void>,
+  before?: (i: number, s: number) => Promise<void>,
 ): Promise<{ times: number[][]; identical: number }> {
   const times = runs.map(() => [] as number[]);
   let identical = 0;
@@ -189,6 +191,7 @@ export async function alternateDecode(
     const order = runs.map((_, i) => i);
     if (s % 2) order.reverse();
     for (const i of order) {
+      await before?.(i, s);
       const t0 = performance.now();
       outs[i] = (await runs[i]!.rt.attend(0, [{ seq: runs[i]!.seq, ...e }]))[0]!;
       if (s >= warm) times[i]!.push(performance.now() - t0);

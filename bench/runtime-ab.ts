@@ -12,7 +12,11 @@
  * step: where a difference between the builds comes from).
  * (bench/select-ab.ts, attend-ab.ts and kernels-ab.ts do the same for single kernels.)
  *
- *   node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11]
+ *   node dist/bench/runtime-ab.js <a-dist> <b-dist> [context=131072] [steps=160] [seed=11] [between=none]
+ *
+ * `between`: `none` (steps back to back) or `dense` (untimed before each step, that build's dense
+ * attention over the layer on 2 threads, as `kvdrive demo` runs each step after its dense pass:
+ * caches cold and the addon's pool threads just gone to sleep, as between a real decode's layers).
  *
  * `<x-dist>`: a build's dist/ folder (e.g. another clone's, after its `npm install`).
  */
@@ -26,9 +30,11 @@ if (!A || !B) throw new Error('usage: node dist/bench/runtime-ab.js <a-dist> <b-
 const CONTEXT = Number(process.argv[4] ?? 131072);
 const STEPS = Number(process.argv[5] ?? 160);
 const SEED = Number(process.argv[6] ?? 11);
+const BETWEEN = process.argv[7] ?? 'none';
 if (!Number.isInteger(CONTEXT) || CONTEXT < 4096) throw new Error(`context: expected an integer >= 4096, got ${process.argv[4]}`);
 if (!Number.isInteger(STEPS) || STEPS < 3) throw new Error(`steps: expected an integer >= 3, got ${process.argv[5]}`);
 if (!Number.isInteger(SEED) || SEED < 0) throw new Error(`seed: expected an integer >= 0, got ${process.argv[6]}`);
+if (BETWEEN !== 'none' && BETWEEN !== 'dense') throw new Error(`between: expected none or dense, got ${process.argv[7]}`);
 
 const Q_HEADS = 32, KV_HEADS = 8, DIM = 128, BUDGET = 2048, WARM_STEPS = 2;
 type Runtime = DecodeRuntime & {
@@ -54,6 +60,8 @@ for (let k = 0; k < builds.length; k++) {
   }
 }
 const open = await Promise.all(builds.map((root) => importFromBuild<{ openRuntime(o: unknown): Promise<Runtime> }>('src/runtime/runtime.js', root)));
+type DenseArgs = { q: Float32Array; qHeads: number; k: unknown; v: unknown; threads: number };
+const dense = await Promise.all(builds.map((root) => importFromBuild<{ attendDenseAsync(a: DenseArgs): Promise<unknown> }>('src/attention/kernels.js', root)));
 
 const trace = generateSyntheticTrace({ layers: 1, promptTokens: CONTEXT, decodeSteps: STEPS, qHeads: Q_HEADS, kvHeads: KV_HEADS, headDim: DIM, dtype: 'f16', seed: SEED });
 const layer = trace.layerData(0);
@@ -85,9 +93,15 @@ try {
     }),
     STEPS,
     WARM_STEPS,
+    undefined,
+    BETWEEN === 'dense'
+      ? async (k, s) => {
+          await dense[k]!.attendDenseAsync({ q: q.subarray(s * Q_HEADS * DIM, (s + 1) * Q_HEADS * DIM), qHeads: Q_HEADS, k: tensor(layer.k), v: tensor(layer.v), threads: 2 });
+        }
+      : undefined,
   );
   const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
-  console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier`);
+  console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier; between steps: ${BETWEEN === 'dense' ? "that build's dense pass" : 'nothing'}`);
   for (let k = 0; k < 2; k++) console.log(`${builds[k]}: median ${median(ms[k]!).toFixed(2)} mean ${mean(ms[k]!).toFixed(2)} ms per layer-step`);
   console.log(`B / A: median ${(median(ms[1]!) / median(ms[0]!)).toFixed(3)}, mean ${(mean(ms[1]!) / mean(ms[0]!)).toFixed(3)}; bit-identical outputs in ${identical} of ${STEPS} steps`);
   const busiest = [...callMs[0]!.entries()].sort((x, y) => y[1] - x[1]).slice(0, 6).map(([name]) => name);
