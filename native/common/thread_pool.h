@@ -14,13 +14,13 @@
 //    results that must not depend on the thread count must not depend on that assignment.
 //  - If tasks throw, the exception of the LOWEST failing index is rethrown once all tasks are done
 //    (so the reported error does not depend on scheduling); the others are dropped.
-//  - A sleeping pool thread is woken off its caller's CPU: before the wake-up its affinity becomes
-//    the process's CPUs minus the caller's, and once it has claimed the job it takes all of them
-//    back (it never works pinned; one that found no task left sleeps narrowed until the next
-//    wake-up narrows it anew). Woken plainly, the pool's thread was queued
-//    on the caller's own CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice)
-//    and, in a decode step after a dense pass, started its first task ~260 us after the call, once
-//    it preempted the caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
+//  - A sleeping pool thread is woken off its caller's CPU: just before the wake-up its affinity
+//    becomes the process's CPUs minus the caller's, and once it has claimed the job it takes all
+//    of them back (it never works pinned; one that found no task left sleeps narrowed until the
+//    next wake-up narrows it anew). Woken plainly, the pool's thread was queued on the caller's own
+//    CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice) and, in a decode step
+//    after a dense pass, started its first task 100-270 us after the call, once it preempted the
+//    caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
