@@ -106,10 +106,12 @@ void ThreadPool::WorkerLoop() {
 }
 
 // See thread_pool.h. Only when some thread sleeps (an awake one takes the job where it runs); every
-// thread's mask is narrowed, and each widens its own when it next claims a job. A failure (the CPU
-// set changed since the pool started) leaves the affinity as it was: placement only affects speed.
+// thread's mask is narrowed, and each widens its own when it next claims a job. Not for pools of
+// more than kMaxPlacedThreads threads: that costs a system call per thread and wake-up, and there
+// the scheduler's wake-up finds an idle CPU among many. A failure (the CPU set changed since the
+// pool started) leaves the affinity as it was: placement only affects speed.
 void ThreadPool::WakeOffCallerCpu() {
-  if (sleeping_ == 0) return;
+  if (sleeping_ == 0 || threads_.size() > kMaxPlacedThreads) return;
   const int cpu = sched_getcpu();
   if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cpus_)) return;
   cpu_set_t set = cpus_;

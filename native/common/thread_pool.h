@@ -20,7 +20,8 @@
 //    next wake-up narrows it anew). Woken plainly, the pool's thread was queued on the caller's own
 //    CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice) and, in a decode step
 //    after a dense pass, started its first task 100-270 us after the call, once it preempted the
-//    caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU.
+//    caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU, and in pools of more
+//    than kMaxPlacedThreads threads (a system call per thread and wake-up; many idle CPUs there).
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
@@ -61,6 +62,7 @@ class ThreadPool {
   struct Job;
   void WorkerLoop();
   void WakeOffCallerCpu();  // see the header comment; under mu_
+  static constexpr size_t kMaxPlacedThreads = 4;
   static void RunTasks(Job& job);
 
   std::mutex mu_;
