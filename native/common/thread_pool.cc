@@ -44,8 +44,7 @@ ThreadPool& ThreadPool::Global() {
 }
 
 ThreadPool::ThreadPool(int threads) {
-  CPU_ZERO(&cpus_);
-  if (sched_getaffinity(0, sizeof(cpus_), &cpus_) != 0) CPU_ZERO(&cpus_);
+  CPU_ZERO(&wide_);
   threads_.reserve(size_t(std::max(0, threads)));
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { WorkerLoop(); });
 }
@@ -84,6 +83,8 @@ void ThreadPool::WorkerLoop() {
   // Named so that a profiler (or a test reading /proc/self/task/*/comm) can tell pool threads apart.
   pthread_setname_np(pthread_self(), "kvd-pool");
   uint64_t placed = 0;  // placements_ as this thread last saw it
+  cpu_set_t wide;
+  bool widen = false;
   for (;;) {
     std::shared_ptr<Job> job;
     {
@@ -94,12 +95,16 @@ void ThreadPool::WorkerLoop() {
       if (stop_) return;
       job = queue_.front();
       if (--job->helpersLeft <= 0 || job->next.load(std::memory_order_relaxed) >= job->n) queue_.pop_front();
+      // Woken off the caller's CPU (WakeOffCallerCpu): the caller's CPUs again for the work and after.
+      if (placements_ != placed) {
+        placed = placements_;
+        wide = wide_;
+        widen = true;
+      }
     }
-    // Woken off the caller's CPU (WakeOffCallerCpu): every CPU again for the work and after.
-    const uint64_t p = placements_.load(std::memory_order_relaxed);
-    if (p != placed) {
-      placed = p;
-      pthread_setaffinity_np(pthread_self(), sizeof(cpus_), &cpus_);
+    if (widen) {
+      widen = false;
+      pthread_setaffinity_np(pthread_self(), sizeof(wide), &wide);
     }
     RunTasks(*job);
   }
@@ -113,12 +118,14 @@ void ThreadPool::WorkerLoop() {
 void ThreadPool::WakeOffCallerCpu() {
   if (sleeping_ == 0 || threads_.size() > kMaxPlacedThreads) return;
   const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cpus_)) return;
-  cpu_set_t set = cpus_;
+  cpu_set_t mine;  // the caller's own CPUs: a host's later restriction is kept, not undone
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(mine), &mine) != 0 || !CPU_ISSET(cpu, &mine)) return;
+  cpu_set_t set = mine;
   CPU_CLR(cpu, &set);
   if (CPU_COUNT(&set) == 0) return;
   for (auto& t : threads_) pthread_setaffinity_np(t.native_handle(), sizeof(set), &set);
-  placements_.fetch_add(1, std::memory_order_relaxed);
+  wide_ = mine;
+  ++placements_;
 }
 
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, int maxWorkers) {

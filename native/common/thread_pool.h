@@ -15,20 +15,20 @@
 //  - If tasks throw, the exception of the LOWEST failing index is rethrown once all tasks are done
 //    (so the reported error does not depend on scheduling); the others are dropped.
 //  - A sleeping pool thread is woken off its caller's CPU: just before the wake-up its affinity
-//    becomes the process's CPUs minus the caller's, and once it has claimed the job it takes all
-//    of them back (it never works pinned; one that found no task left sleeps narrowed until the
-//    next wake-up narrows it anew). Woken plainly, the pool's thread was queued on the caller's own
-//    CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice) and, in a decode step
-//    after a dense pass, started its first task 100-270 us after the call, once it preempted the
-//    caller or was moved (bench/RESULTS.md). A no-op with one allowed CPU, and in pools of more
-//    than kMaxPlacedThreads threads (a system call per thread and wake-up; many idle CPUs there).
+//    becomes the caller's allowed CPUs minus the one it runs on, and once it has claimed the job
+//    it takes all of those back (it never works pinned; one that found no task left sleeps
+//    narrowed until the next wake-up narrows it anew). Woken plainly, the pool's thread was queued
+//    on the caller's own CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice)
+//    and, in a decode step after a dense pass, started its first task 100-270 us after the call,
+//    once it preempted the caller or was moved (bench/RESULTS.md). A no-op where the caller may run
+//    on one CPU only, and in pools of more than kMaxPlacedThreads threads (a system call per thread
+//    and wake-up; many idle CPUs there).
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
 #pragma once
 #include <sched.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstddef>
@@ -70,9 +70,11 @@ class ThreadPool {
   std::deque<std::shared_ptr<Job>> queue_;  // jobs that still have unclaimed tasks or helper slots
   bool stop_ = false;
   std::vector<std::thread> threads_;
-  cpu_set_t cpus_;                     // the process's CPUs when the pool started
-  int sleeping_ = 0;                   // threads inside their condition wait (guarded by mu_)
-  std::atomic<uint64_t> placements_{0};  // wake-ups that narrowed the sleeping threads' affinity
+  // Guarded by mu_: threads inside their condition wait; wake-ups that narrowed the threads'
+  // affinity, and the CPUs of the last such caller (what a woken thread widens to).
+  int sleeping_ = 0;
+  uint64_t placements_ = 0;
+  cpu_set_t wide_;
 };
 
 // CPUs this process may run on (affinity mask), at least 1.
