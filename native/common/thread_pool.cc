@@ -23,6 +23,10 @@ struct ThreadPool::Job {
   std::condition_variable finished;
   std::exception_ptr error;
   size_t errorAt = 0;
+  // The caller's allowed CPUs at the call (pools that place their wake-ups: WakeOffCallerCpu);
+  // what a thread narrowed for a wake-up widens to.
+  cpu_set_t callerCpus;
+  bool haveCallerCpus = false;
 };
 
 int AvailableCpus() {
@@ -44,7 +48,7 @@ ThreadPool& ThreadPool::Global() {
 }
 
 ThreadPool::ThreadPool(int threads) {
-  CPU_ZERO(&wide_);
+  CPU_ZERO(&narrow_);
   threads_.reserve(size_t(std::max(0, threads)));
   for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { WorkerLoop(); });
 }
@@ -58,35 +62,40 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
+// Runs task i of `job` (claimed by the caller), recording an exception and the job's completion.
+void ThreadPool::RunTask(Job& job, size_t i) {
+  try {
+    (*job.fn)(i);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    if (!job.error || i < job.errorAt) {
+      job.error = std::current_exception();
+      job.errorAt = i;
+    }
+  }
+  if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.n) {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.finished.notify_all();
+  }
+}
+
 // Claims and runs tasks of `job` until none is left.
 void ThreadPool::RunTasks(Job& job) {
   for (;;) {
     const size_t i = job.next.fetch_add(1, std::memory_order_relaxed);
     if (i >= job.n) return;
-    try {
-      (*job.fn)(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(job.mu);
-      if (!job.error || i < job.errorAt) {
-        job.error = std::current_exception();
-        job.errorAt = i;
-      }
-    }
-    if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.n) {
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.finished.notify_all();
-    }
+    RunTask(job, i);
   }
 }
 
 void ThreadPool::WorkerLoop() {
   // Named so that a profiler (or a test reading /proc/self/task/*/comm) can tell pool threads apart.
   pthread_setname_np(pthread_self(), "kvd-pool");
-  uint64_t placed = 0;  // placements_ as this thread last saw it
-  cpu_set_t wide;
-  bool widen = false;
+  uint64_t placed = 0;  // placements_ as this thread last widened after
   for (;;) {
     std::shared_ptr<Job> job;
+    uint64_t placement = 0;
+    cpu_set_t narrow;
     {
       std::unique_lock<std::mutex> lock(mu_);
       ++sleeping_;
@@ -95,36 +104,42 @@ void ThreadPool::WorkerLoop() {
       if (stop_) return;
       job = queue_.front();
       if (--job->helpersLeft <= 0 || job->next.load(std::memory_order_relaxed) >= job->n) queue_.pop_front();
-      // Woken off the caller's CPU (WakeOffCallerCpu): the caller's CPUs again for the work and after.
-      if (placements_ != placed) {
-        placed = placements_;
-        wide = wide_;
-        widen = true;
-      }
+      placement = placements_;
+      narrow = narrow_;
     }
-    if (widen) {
-      widen = false;
-      pthread_setaffinity_np(pthread_self(), sizeof(wide), &wide);
+    // A task first: the caller returns only once it is done, so the widening below can never land
+    // after the call, where a host may already have changed the affinity (nothing claimed: the
+    // thread stays as it is, and widens when it next works).
+    const size_t first = job->next.fetch_add(1, std::memory_order_relaxed);
+    if (first >= job->n) continue;
+    // Woken off the caller's CPU (WakeOffCallerCpu): this caller's CPUs now (a host's taskset since
+    // included) for the work and after, unless the mask is no longer the one this pool set.
+    if (placement != placed && job->haveCallerCpus) {
+      placed = placement;
+      cpu_set_t now;
+      if (pthread_getaffinity_np(pthread_self(), sizeof(now), &now) == 0 && CPU_EQUAL(&now, &narrow) &&
+          !CPU_EQUAL(&now, &job->callerCpus))
+        pthread_setaffinity_np(pthread_self(), sizeof(job->callerCpus), &job->callerCpus);
     }
+    RunTask(*job, first);
     RunTasks(*job);
   }
 }
 
 // See thread_pool.h. Only when some thread sleeps (an awake one takes the job where it runs); every
-// thread's mask is narrowed, and each widens its own when it next claims a job. Not for pools of
+// thread's mask is narrowed, and each widens its own when it next claims a task. Not for pools of
 // more than kMaxPlacedThreads threads: that costs a system call per thread and wake-up, and there
 // the scheduler's wake-up finds an idle CPU among many. A failure (the CPU set changed since the
 // pool started) leaves the affinity as it was: placement only affects speed.
-void ThreadPool::WakeOffCallerCpu() {
-  if (sleeping_ == 0 || threads_.size() > kMaxPlacedThreads) return;
+void ThreadPool::WakeOffCallerCpu(const Job& job) {
+  if (sleeping_ == 0 || !job.haveCallerCpus) return;
   const int cpu = sched_getcpu();
-  cpu_set_t mine;  // the caller's own CPUs: a host's later restriction is kept, not undone
-  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getaffinity(0, sizeof(mine), &mine) != 0 || !CPU_ISSET(cpu, &mine)) return;
-  cpu_set_t set = mine;
+  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &job.callerCpus)) return;
+  cpu_set_t set = job.callerCpus;  // the caller's own CPUs: a host's later restriction is kept
   CPU_CLR(cpu, &set);
   if (CPU_COUNT(&set) == 0) return;
   for (auto& t : threads_) pthread_setaffinity_np(t.native_handle(), sizeof(set), &set);
-  wide_ = mine;
+  narrow_ = set;
   ++placements_;
 }
 
@@ -142,9 +157,11 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, in
   job->fn = &fn;
   job->n = n;
   job->helpersLeft = workers - 1;
+  if (threads_.size() <= kMaxPlacedThreads)
+    job->haveCallerCpus = sched_getaffinity(0, sizeof(job->callerCpus), &job->callerCpus) == 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    WakeOffCallerCpu();
+    WakeOffCallerCpu(*job);
     queue_.push_back(job);
   }
   if (workers - 1 == 1) cv_.notify_one();

@@ -15,14 +15,14 @@
 //  - If tasks throw, the exception of the LOWEST failing index is rethrown once all tasks are done
 //    (so the reported error does not depend on scheduling); the others are dropped.
 //  - A sleeping pool thread is woken off its caller's CPU: just before the wake-up its affinity
-//    becomes the caller's allowed CPUs minus the one it runs on, and once it has claimed the job
-//    it takes all of those back (it never works pinned; one that found no task left sleeps
-//    narrowed until the next wake-up narrows it anew). Woken plainly, the pool's thread was queued
-//    on the caller's own CPU ~9 times in 10 on a 2-vCPU VM (the scheduler's wake-affine choice)
-//    and, in a decode step after a dense pass, started its first task 100-270 us after the call,
-//    once it preempted the caller or was moved (bench/RESULTS.md). A no-op where the caller may run
-//    on one CPU only, and in pools of more than kMaxPlacedThreads threads (a system call per thread
-//    and wake-up; many idle CPUs there).
+//    becomes the caller's allowed CPUs minus the one it runs on, and once it has claimed a task it
+//    takes the caller's CPUs back (it never works pinned; one that found no task left sleeps
+//    narrowed until it next works; a mask changed by someone else meanwhile is left alone).
+//    Woken plainly, the pool's thread was queued on the caller's own CPU ~9 times in 10 on a
+//    2-vCPU VM (the scheduler's wake-affine choice) and, in a decode step after a dense pass,
+//    started its first task 100-270 us after the call, once it preempted the caller or was moved
+//    (bench/RESULTS.md). A no-op where the caller may run on one CPU only, and in pools of more
+//    than kMaxPlacedThreads threads (a system call per thread and wake-up; many idle CPUs there).
 // Pool size: the CPUs this process may run on (sched_getaffinity), capped at kMaxThreads; the pool
 // holds size - 1 threads, the caller being the last worker. Threads start when the addon loads
 // (so they exist before any "no threads leaked" measurement) and live for the process.
@@ -61,8 +61,9 @@ class ThreadPool {
   explicit ThreadPool(int threads);
   struct Job;
   void WorkerLoop();
-  void WakeOffCallerCpu();  // see the header comment; under mu_
+  void WakeOffCallerCpu(const Job& job);  // see the header comment; under mu_
   static constexpr size_t kMaxPlacedThreads = 4;
+  static void RunTask(Job& job, size_t i);
   static void RunTasks(Job& job);
 
   std::mutex mu_;
@@ -71,10 +72,11 @@ class ThreadPool {
   bool stop_ = false;
   std::vector<std::thread> threads_;
   // Guarded by mu_: threads inside their condition wait; wake-ups that narrowed the threads'
-  // affinity, and the CPUs of the last such caller (what a woken thread widens to).
+  // affinity, and the mask the last one set (a woken thread whose mask is still that one widens
+  // it to its job's caller's CPUs).
   int sleeping_ = 0;
   uint64_t placements_ = 0;
-  cpu_set_t wide_;
+  cpu_set_t narrow_;
 };
 
 // CPUs this process may run on (affinity mask), at least 1.
