@@ -1,35 +1,17 @@
-import { readdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { attendDense } from '../src/attention/kernels.js';
 import { randn } from './helpers.js';
+import { allowedCpus, poolThreads } from './threads.js';
 
-/** CPUs of a Cpus_allowed_list such as "0-3,6". */
-function cpuList(s: string): number[] {
-  const out: number[] = [];
-  for (const part of s.trim().split(',')) {
-    const [a, b] = part.split('-').map(Number);
-    for (let c = a!; c <= (b ?? a)!; c++) out.push(c);
-  }
-  return out;
-}
-
-const allowed = (statusPath: string) => cpuList(/Cpus_allowed_list:\s*(\S+)/.exec(readFileSync(statusPath, 'utf8'))![1]!);
 /** The CPU a thread last ran on (field 39 of its stat). */
 function lastCpu(statPath: string): number {
   const s = readFileSync(statPath, 'utf8');
   return Number(s.slice(s.lastIndexOf(')') + 2).split(' ')[36]);
 }
-const poolThreads = () =>
-  readdirSync('/proc/self/task').filter((t) => {
-    try {
-      return readFileSync(`/proc/self/task/${t}/comm`, 'utf8').trim() === 'kvd-pool';
-    } catch {
-      return false;
-    }
-  });
 
 describe('the native thread pool wakes its threads off the caller\'s CPU', () => {
-  const cpus = allowed('/proc/self/status');
+  const cpus = allowedCpus();
   it('starts one named thread per allowed CPU but the caller\'s', () => {
     expect(poolThreads().length).toBe(Math.min(cpus.length, 64) - 1);
   });
@@ -52,7 +34,7 @@ describe('the native thread pool wakes its threads off the caller\'s CPU', () =>
       expect(Buffer.from(two.buffer).equals(Buffer.from(one.buffer))).toBe(true);
       if (before !== after) continue; // the JS thread moved: nothing to compare with
       // All CPUs once it claimed the job; still narrowed if the caller ran every task before it woke.
-      for (const p of pool) expect([cpus, cpus.filter((c) => c !== before)]).toContainEqual(allowed(`/proc/self/task/${p}/status`));
+      for (const p of pool) expect([cpus, cpus.filter((c) => c !== before)]).toContainEqual(allowedCpus(p));
       calls++;
       if (pool.some((p) => lastCpu(`/proc/self/task/${p}/stat`) === before)) together++;
     }
@@ -61,7 +43,7 @@ describe('the native thread pool wakes its threads off the caller\'s CPU', () =>
     const T = 65536, big = (seed: number) => ({ data: randn(T * kvHeads * dim, seed), dtype: 'f32' as const, tokens: T, heads: kvHeads, dim });
     await new Promise((r) => setTimeout(r, 3));
     attendDense({ q, qHeads, k: big(4), v: big(5), threads: 2 });
-    for (const p of pool) expect(allowed(`/proc/self/task/${p}/status`)).toEqual(cpus);
+    for (const p of pool) expect(allowedCpus(p)).toEqual(cpus);
     // Woken plainly, the thread was queued on the caller's CPU in ~9 calls of 10 on a 2-vCPU VM.
     expect(together).toBeLessThanOrEqual(Math.floor(calls / 5));
   });

@@ -1,20 +1,10 @@
 // In a file of its own: it restricts every thread of this test process to one CPU (vitest runs each
 // test file in a process of its own).
 import { spawnSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { attendDense } from '../src/attention/kernels.js';
 import { randn } from './helpers.js';
-
-const allowedList = (task: string) => /Cpus_allowed_list:\s*(\S+)/.exec(readFileSync(`/proc/self/task/${task}/status`, 'utf8'))![1]!;
-const poolThreads = () =>
-  readdirSync('/proc/self/task').filter((t) => {
-    try {
-      return readFileSync(`/proc/self/task/${t}/comm`, 'utf8').trim() === 'kvd-pool';
-    } catch {
-      return false;
-    }
-  });
+import { allowedCpus, poolThreads } from './threads.js';
 
 describe('the native thread pool keeps a host\'s later CPU restriction', () => {
   const pool = poolThreads();
@@ -31,9 +21,9 @@ describe('the native thread pool keeps a host\'s later CPU restriction', () => {
       expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer))).toBe(true);
     };
     for (let i = 0; i < 3; i++) await call(); // placements happen (narrowed, widened)
-    const one = allowedList(String(process.pid)).split(/[,-]/)[0]!;
-    expect(spawnSync('taskset', ['-a', '-p', '-c', one, String(process.pid)]).status).toBe(0);
+    const one = allowedCpus()[0]!;
+    expect(spawnSync('taskset', ['-a', '-p', '-c', String(one), String(process.pid)]).status).toBe(0);
     for (let i = 0; i < 5; i++) await call();
-    for (const p of pool) expect(allowedList(p)).toBe(one);
+    for (const p of pool) expect(allowedCpus(p)).toEqual([one]);
   });
 });
