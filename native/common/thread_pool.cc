@@ -129,8 +129,8 @@ void ThreadPool::WorkerLoop() {
 // See thread_pool.h. Only when some thread sleeps (an awake one takes the job where it runs); every
 // thread's mask is narrowed, and each widens its own when it next claims a task. Not for pools of
 // more than kMaxPlacedThreads threads: that costs a system call per thread and wake-up, and there
-// the scheduler's wake-up finds an idle CPU among many. A failure (the CPU set changed since the
-// pool started) leaves the affinity as it was: placement only affects speed.
+// the scheduler's wake-up finds an idle CPU among many. A call that fails (say, a CPU its cgroup no
+// longer allows) leaves that thread's affinity as it was: placement only affects speed.
 void ThreadPool::WakeOffCallerCpu(const Job& job) {
   if (sleeping_ == 0 || !job.haveCallerCpus) return;
   const int cpu = sched_getcpu();
