@@ -290,6 +290,19 @@ describe('attendFetched', () => {
     } finally {
       setSimdLevel('best');
     }
+    // One head past a part, one within it: the short head is listed by the worker attending it, the
+    // long one before the heads are cut (attention_split.h's HeadLister); the same bits either way.
+    const shortIds = [...ids.slice(0, offsets[1]!), ...ids.slice(offsets[1]!, offsets[1]! + 700)];
+    const mixed: Selection = { ...sel, offsets: Int32Array.of(0, offsets[1]!, offsets[1]! + 700), chunkIds: Int32Array.from(shortIds) };
+    const wantMixed = attendSparse({ q, qHeads, k, v, selection: mixed });
+    for (const threads of [1, 2, 3]) {
+      const got = attendFetched({ ...o, selection: mixed, threads });
+      expect(bits(got.out)).toBe(bits(wantMixed.out));
+      expect(bits(got.lse)).toBe(bits(wantMixed.lse));
+      expect(bits(got.chunkMass)).toBe(bits(wantMixed.chunkMass));
+    }
+    const gatedMixed = attendFetched({ ...o, selection: mixed, threads: 2, landing: [{ done: Int32Array.of(1, 1, 1), itemHead: Int32Array.of(0, 1) }] });
+    expect(bits(gatedMixed.out)).toBe(bits(wantMixed.out));
     expect(() => attendFetched({ ...o, threads: 9 })).toThrow(/threads: expected an integer in \[1, 8\]/);
     // A NaN key in a page of head 1, token 19000 (in its second part): named by kv head, token and tier.
     const bad = buf.slice();

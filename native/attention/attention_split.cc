@@ -92,14 +92,32 @@ constexpr auto kGateSleep = std::chrono::microseconds(20);
 
 // AttendSplit and AttendSplitGated (gate and attended null for the former).
 void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads, const HeadGate* gate,
-           uint8_t* attended) {
+           uint8_t* attended, const HeadLister* lister) {
   if (nHeads == 0) return;
   const size_t esz = DtypeSize(dt);
   const size_t headOut = size_t(group) * size_t(dim);
+  const int workers = std::max(1, std::min(threads, ThreadPool::Global().Size()));
+  // With a lister: heads listed by the worker attending them (deferred, one part each whatever
+  // they list), and the others listed now, since cutting a head needs its spans.
+  std::vector<uint8_t> deferred(nHeads, 0);
+  if (lister) {
+    std::vector<size_t> now;
+    for (size_t h = 0; h < nHeads; ++h) {
+      if (lister->MaxTokens(h) <= kSinglePartTokens) deferred[h] = 1;
+      else now.push_back(h);
+    }
+    if (!now.empty()) ThreadPool::Global().ParallelFor(now.size(), [&](size_t i) { lister->List(now[i]); }, workers);
+  }
   std::vector<std::vector<Part>> parts(nHeads);
   size_t maxParts = 1;
   for (size_t h = 0; h < nHeads; ++h) {
-    parts[h] = CutParts(heads[h], esz);
+    if (deferred[h]) {
+      parts[h].resize(1);
+      parts[h][0].whole = heads[h].spans;
+      parts[h][0].wholeN = heads[h].nSpans;
+    } else {
+      parts[h] = CutParts(heads[h], esz);
+    }
     maxParts = std::max(maxParts, parts[h].size());
   }
   std::vector<std::vector<PartOut>> res(nHeads);
@@ -121,7 +139,6 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
   // read a token-major cache as one stream; when there are fewer parts than ~2 items per worker,
   // heads are split into blocks so every worker gets some. Grouping never changes a head's bits.
   // Gated, every head is an item of its own: a worker then never waits on a block-mate still being read.
-  const int workers = std::max(1, std::min(threads, ThreadPool::Global().Size()));
   const size_t blocks =
       gate ? nHeads : std::min(nHeads, std::max<size_t>(1, (size_t(2 * workers) + maxParts - 1) / maxParts));
   struct Item {
@@ -170,6 +187,8 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
           if (skipped[i]) return;
         }
         const Item& it = items[i];
+        for (size_t h : it.heads)
+          if (deferred[h]) lister->List(h);  // a deferred head is one part: in exactly one item
         std::vector<HeadAttn> calls;
         calls.reserve(it.heads.size());
         for (size_t h : it.heads) {
@@ -252,13 +271,14 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
 
 }  // namespace
 
-void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads) {
-  Split(heads, nHeads, group, dim, dt, scale, threads, nullptr, nullptr);
+void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
+                 const HeadLister* lister) {
+  Split(heads, nHeads, group, dim, dt, scale, threads, nullptr, nullptr, lister);
 }
 
 void AttendSplitGated(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
-                      const HeadGate& gate, uint8_t* attended) {
-  Split(heads, nHeads, group, dim, dt, scale, threads, &gate, attended);
+                      const HeadGate& gate, uint8_t* attended, const HeadLister* lister) {
+  Split(heads, nHeads, group, dim, dt, scale, threads, &gate, attended, lister);
 }
 
 }  // namespace kvd

@@ -29,12 +29,31 @@ constexpr int64_t kSinglePartTokens = 8192;
 // bench/kernels-ab.ts, bench/RESULTS.md).
 constexpr int64_t kPartTokens = 2048;
 
+// A call whose span lists are built per call (attendFetched looks each selected unit's page up as it
+// lists it) can leave a head's listing to the worker that attends it: the listing then needs no
+// pass of its own on the pool (one wake-up of the pool's threads and one wait for the slower of
+// them fewer per call), and the worker reads the spans it has just written from its own cache.
+// heads[h].spans must point at room for heads[h].nSpans spans (the count is known before listing).
+class HeadLister {
+ public:
+  virtual ~HeadLister() = default;
+  // At least the tokens head h holds once listed (spans' lengths summed). A head whose bound is at
+  // most kSinglePartTokens is one part whatever its listing says, so it is listed inside its work
+  // item; the others are listed, on the pool, before any head is cut into parts.
+  virtual int64_t MaxTokens(size_t head) const = 0;
+  // Writes heads[h].spans[0, nSpans). Called once per head (a gated head left out: never), on a
+  // worker of the pool; an exception it throws is the call's (the lowest failing work item's).
+  virtual void List(size_t head) const = 0;
+};
+
 // Runs heads[0, nHeads) (fields as in AttendHeadsSpans; spanMass may be null per head; the
 // spanMassByQuery field is ignored) with at most `threads` workers of ThreadPool::Global().
 // Outputs are written once per head at the end (no cache line of out / lse / spanMass is written by
 // two threads). A NonFiniteRowError names the lowest failing head and, within it, the first failing
 // part, with span / row indices of the head's ORIGINAL span list.
-void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads);
+// With `lister`, the heads' spans are listed by it first (HeadLister), the result unchanged.
+void AttendSplit(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
+                 const HeadLister* lister = nullptr);
 
 // Which heads' rows are there yet, for a call made while some are still being read (the runtime's
 // SSD step: one call over every kv head while the reads land, instead of one call per batch of
@@ -56,6 +75,6 @@ class HeadGate {
 // out / lse / spanMass are not written). A head's bits are those of AttendSplit (same parts, same
 // merge order), whichever worker took it and when.
 void AttendSplitGated(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, float scale, int threads,
-                      const HeadGate& gate, uint8_t* attended);
+                      const HeadGate& gate, uint8_t* attended, const HeadLister* lister = nullptr);
 
 }  // namespace kvd

@@ -176,6 +176,21 @@ const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c, size_t& seg) {
   return d.arenas[b] + off;
 }
 
+// AttendSplit's HeadLister over the packed heads of a call (packed head i is kv head headOf[i]).
+template <typename ListFn>
+class PackedLister final : public HeadLister {
+ public:
+  PackedLister(const std::vector<size_t>& headOf, const std::vector<int64_t>& maxTokens, const ListFn& list)
+      : headOf_(headOf), maxTokens_(maxTokens), list_(list) {}
+  int64_t MaxTokens(size_t head) const override { return maxTokens_[head]; }
+  void List(size_t head) const override { list_(headOf_[head]); }
+
+ private:
+  const std::vector<size_t>& headOf_;
+  const std::vector<int64_t>& maxTokens_;
+  const ListFn& list_;
+};
+
 void Run(const FetchedJob& job) {
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
   const PageOf pageOf(pc);
@@ -192,8 +207,9 @@ void Run(const FetchedJob& job) {
   const size_t headOut = size_t(job.group) * size_t(job.dim);
   // Every head lists one span per selected unit (an empty one for a unit clipped away), plus its
   // sinks and its tail: where each head's spans start is known before any is listed, so the heads
-  // are listed in parallel (the listing looks up each unit's page: in the hot tier's map, the page
-  // lists or the DRAM tier's slot maps, misses at random), into the same places, in the same order.
+  // are listed in parallel, each by the worker that attends it (the listing looks up each unit's
+  // page: in the hot tier's map, the page lists or the DRAM tier's slot maps, misses at random),
+  // into the same places, in the same order.
   const size_t fixedSpans = (job.sinkEnd > 0 ? 1 : 0) + (job.tokens > job.tailStart ? 1 : 0);
   rs.start[0] = 0;
   for (size_t h = 0; h < kvHeads; ++h)
@@ -299,22 +315,22 @@ void Run(const FetchedJob& job) {
       Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " listed " + std::to_string(n - rs.start[head]) + " spans, expected " +
                               std::to_string(rs.start[head + 1] - rs.start[head]));
   };
-  ThreadPool::Global().ParallelFor(kvHeads, listHead, job.threads);
-  if (job.pageCounts) {
-    std::fill(job.pageCounts, job.pageCounts + 3, 0);
-    for (const auto& c : pageCount)
-      for (size_t k = 0; k < 3; ++k) job.pageCounts[k] += c[k];
-  }
-  // The heads attended, packed (headOf: packed index -> kv head).
+  // The heads attended, packed (headOf: packed index -> kv head), their spans still to be listed:
+  // by the worker that attends each (AttendSplit's HeadLister), so the listing needs no pass of its
+  // own on the pool.
   std::vector<size_t> headOf;
+  std::vector<int64_t> maxTokens;  // per packed head: every unit whole, sinks and tail
   headOf.reserve(kvHeads);
+  maxTokens.reserve(kvHeads);
   for (size_t h = 0; h < kvHeads; ++h) {
     if (!job.Active(int(h))) continue;
     const size_t s0 = rs.start[h], ns = rs.start[h + 1] - s0;
     rs.heads[headOf.size()] = HeadAttn{job.q + h * headOut, spans + s0, ns, job.out + h * headOut, job.lse + h * size_t(job.group),
                                        rs.mass.data() + s0};
     headOf.push_back(h);
+    maxTokens.push_back(job.sinkEnd + int64_t(job.offsets[h + 1] - job.offsets[h]) * sc + std::max<int64_t>(0, job.tokens - job.tailStart));
   }
+  const PackedLister<decltype(listHead)> lister(headOf, maxTokens, listHead);
   try {
     // Heads of at most kSinglePartTokens attended tokens are one part each: bit-identical to
     // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way). Which
@@ -323,11 +339,11 @@ void Run(const FetchedJob& job) {
       // Reads still landing: each head as soon as its pages are there, in this one call.
       std::vector<uint8_t> done(headOf.size(), 0);
       AttendSplitGated(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads,
-                       ReadGate(job, headOf), done.data());
+                       ReadGate(job, headOf), done.data(), &lister);
       std::fill(job.attended, job.attended + kvHeads, uint8_t(0));
       for (size_t i = 0; i < headOf.size(); ++i) job.attended[headOf[i]] = done[i];
     } else {
-      AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads);
+      AttendSplit(rs.heads.data(), headOf.size(), job.group, job.dim, job.dtype, job.scale, job.threads, &lister);
     }
   } catch (const NonFiniteRowError& ne) {
     const NonFiniteRowError e(headOf[ne.head], ne.span, ne.row, ne.inValue, ne.what());
@@ -338,6 +354,11 @@ void Run(const FetchedJob& job) {
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(e.head) + ", token " +
                              std::to_string(firstToken[at] + e.row) + " (" + from[kind[at]] + "): NaN/Inf in the " +
                              (e.inValue ? "value" : "key") + " row");
+  }
+  if (job.pageCounts) {
+    std::fill(job.pageCounts, job.pageCounts + 3, 0);
+    for (const auto& c : pageCount)
+      for (size_t k = 0; k < 3; ++k) job.pageCounts[k] += c[k];
   }
   std::vector<int32_t> pageIds;
   std::vector<float> pageMass;
