@@ -1216,25 +1216,13 @@ bool LayerIndex::RerankExact(const float* qh, int g, int h, const KvView* keys, 
   return marked;
 }
 
-SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int headBegin,
-                                int headEnd) const {
+void LayerIndex::SelectHead(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int h,
+                            HeadSelection& part) const {
   const int g = qHeads / heads_;
-  if (headEnd < 0) headEnd = heads_;
-  if (headBegin < 0 || headBegin >= headEnd || headEnd > heads_)
-    Throw("E_RANGE", "select heads: expected a kv head range within [0, " + std::to_string(heads_) + "), got [" + std::to_string(headBegin) +
-                         ", " + std::to_string(headEnd) + ")");
   const int64_t want = std::max(budget, pool);
-  // Kv heads are independent: each selects into its own result on the thread pool (per-thread
-  // scratch), and the results are concatenated in head order, so the selection does not depend on
-  // the thread count.
-  struct HeadOut {
-    SelectResult r;
-    int64_t tileVectors = 0;  // centroids (4-bit tiles + scale); every other index vector is f32
-  };
-  std::vector<HeadOut> parts{size_t(headEnd - headBegin)};
-  auto selectHead = [&](int h) {
-    SelectResult& out = parts[size_t(h - headBegin)].r;
-    int64_t& tileVectors = parts[size_t(h - headBegin)].tileVectors;
+  {
+    SelectResult& out = part.r;
+    int64_t& tileVectors = part.tileVectors;
     out.chunk = cfg_.chunk;
     SelectScratch& sc = Scratch();
     std::vector<Ranked>& ranked = sc.ranked;
@@ -1473,15 +1461,32 @@ SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int6
       }
     }
     std::sort(out.ids.begin() + selBegin, out.ids.end());
-  };
-  ThreadPool::Global().ParallelFor(size_t(headEnd - headBegin), [&](size_t i) { selectHead(headBegin + int(i)); }, std::max(1, cfg_.threads));
+  }
+}
 
+SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int headBegin,
+                                int headEnd) const {
+  if (headEnd < 0) headEnd = heads_;
+  if (headBegin < 0 || headBegin >= headEnd || headEnd > heads_)
+    Throw("E_RANGE", "select heads: expected a kv head range within [0, " + std::to_string(heads_) + "), got [" + std::to_string(headBegin) +
+                         ", " + std::to_string(headEnd) + ")");
+  // Kv heads are independent: each selects into its own result on the thread pool (per-thread
+  // scratch), and the results are concatenated in head order, so the selection does not depend on
+  // the thread count.
+  std::vector<HeadSelection> parts{size_t(headEnd - headBegin)};
+  ThreadPool::Global().ParallelFor(
+      size_t(headEnd - headBegin), [&](size_t i) { SelectHead(q, qHeads, budget, pool, keys, headBegin + int(i), parts[i]); },
+      std::max(1, cfg_.threads));
+  return JoinHeads(parts, pool);
+}
+
+SelectResult LayerIndex::JoinHeads(std::vector<HeadSelection>& parts, int64_t pool) const {
   SelectResult out;
   out.chunk = cfg_.chunk;
   out.offsets.push_back(0);
   if (pool > 0) out.poolOffsets.push_back(0);
   int64_t tileVectors = 0;
-  for (HeadOut& p : parts) {
+  for (HeadSelection& p : parts) {
     const SelectResult& r = p.r;
     if (r.chunk == 1) out.chunk = 1;
     out.ids.insert(out.ids.end(), r.ids.begin(), r.ids.end());

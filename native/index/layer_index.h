@@ -259,6 +259,17 @@ class LayerIndex {
   // concatenated equal one whole select (the caller streams a step head group by head group).
   SelectResult Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys = nullptr, int headBegin = 0,
                       int headEnd = -1) const;
+  // Select as its parts, for callers that schedule the kv heads themselves (attendFetched's
+  // `select`: a head's attention starts as soon as its own selection is made): SelectHead makes kv
+  // head h's selection (the arguments as Select's, q holding every head; distinct heads may run
+  // concurrently, each on its thread's scratch), JoinHeads concatenates heads' selections in order
+  // as Select returns them.
+  struct HeadSelection {
+    SelectResult r;
+    int64_t tileVectors = 0;  // centroids (4-bit tiles + scale); every other index vector is f32
+  };
+  void SelectHead(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int h, HeadSelection& part) const;
+  SelectResult JoinHeads(std::vector<HeadSelection>& parts, int64_t pool) const;
   // The prior selection later Selects add to their candidates (IndexConfig::reuseCandidateFactor):
   // per kv head h the ids offsets[h]..offsets[h + 1] of `ids` (heads_ + 1 offsets, ids ascending,
   // validated by the caller), each covering tokens [id x idTokens, (id + 1) x idTokens). Kept as
