@@ -11,6 +11,8 @@ import { attendFetched, attendFetchedAsync } from '../src/storage/fetched-attent
 import { attendSparse } from '../src/attention/kernels.js';
 import { cpuFeatures } from '../src/index.js';
 import type { KvTensor } from '../src/types.js';
+import { createPolicy } from '../src/index/policy.js';
+import { offloadedPolicyOptions } from '../src/index/options.js';
 import { randn } from './helpers.js';
 
 const T = 512;
@@ -512,5 +514,60 @@ describe('attendFetched', () => {
         native.hotTierAdmitPages({ hot: { handle: tier.handle, layer: 1 }, selection: both, tokens: T, pages: new Uint8Array(512), pageOffsets: Int32Array.of(0, 1, 1), pageIds: Int32Array.of(5) }),
       ).toThrow(/chunk 3 of kv head 0 must be admitted/);
     tier.destroy();
+  });
+  it('select: each kv head selected inside the call (the runtime\'s sequential step) equals selectIndex, then attendFetched with its selection, bit for bit, at any thread count and past one part; misuse is typed', async () => {
+    // A layer of TT tokens, its index built as the runtime builds one (offloaded: key sketch, token
+    // ids), a DRAM tier holding every sealed chunk (one segment, slot h x chunks + c).
+    const TT = 12000;
+    const cs = 4;
+    const k: KvTensor = { data: randn(TT * kvHeads * D, 31), dtype: 'f32', tokens: TT, heads: kvHeads, dim: D };
+    const v: KvTensor = { ...k, data: randn(TT * kvHeads * D, 32) };
+    const policy = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { qHeads, kvHeads, headDim: D, chunkSize: cs, segmentTokens: 1024, threads: 2 }));
+    await policy.build(k, TT);
+    const handle = policy.handle();
+    const q = randn(qHeads * D, 33);
+    const probe = native.selectIndex(handle, q, 64) as Selection;
+    const tailBase = probe.tailStart;
+    const chunks = tailBase / cs;
+    const pb = 2 * cs * D * 4;
+    const arena = new Uint8Array(kvHeads * chunks * pb);
+    const map = new Int32Array(kvHeads * chunks);
+    for (let h = 0; h < kvHeads; h++)
+      for (let c = 0; c < chunks; c++) {
+        map[h * chunks + c] = h * chunks + c;
+        arena.set(page(k, v, h, c, cs), (h * chunks + c) * pb);
+      }
+    const dramTier = { segStart: Int32Array.of(0, chunks), maps: [map], layer: 0, arenas: [arena], slotsPerBlock: kvHeads * chunks };
+    const sinkEnd = probe.sinkEnd;
+    const sink = { k: { ...k, tokens: sinkEnd, data: k.data.subarray(0, sinkEnd * kvHeads * D) }, v: { ...v, tokens: sinkEnd, data: v.data.subarray(0, sinkEnd * kvHeads * D) } };
+    const tail = { k: { ...k, tokens: TT - tailBase, data: k.data.subarray(tailBase * kvHeads * D) }, v: { ...v, tokens: TT - tailBase, data: v.data.subarray(tailBase * kvHeads * D) } };
+    const o = { q, qHeads, sink, tail, tailBase, pageChunkSize: cs, dramTier };
+    // 256: every head within one part (selected inside the call); 9000: past it (selected first).
+    for (const budget of [256, 9000]) {
+      const sel = native.selectIndex(handle, q, budget) as Selection;
+      const want = attendFetched({ ...o, selection: sel });
+      for (const threads of [1, 2, 3]) {
+        const got = attendFetched({ ...o, select: { handle, budget }, threads });
+        expect(got.selection!.chunkSize).toBe(sel.chunkSize);
+        expect(Array.from(got.selection!.offsets)).toEqual(Array.from(sel.offsets));
+        expect(Array.from(got.selection!.chunkIds)).toEqual(Array.from(sel.chunkIds));
+        expect([got.selection!.tokens, got.selection!.sinkEnd, got.selection!.tailStart]).toEqual([sel.tokens, sel.sinkEnd, sel.tailStart]);
+        expect(bits(got.out)).toBe(bits(want.out));
+        expect(bits(got.lse)).toBe(bits(want.lse));
+        expect(bits(got.chunkMass)).toBe(bits(want.chunkMass));
+        expect(Array.from(got.pageCounts!)).toEqual(Array.from(want.pageCounts!));
+        expect(got.bytesScored).toBeGreaterThan(0);
+        expect(got.selectMs).toBeGreaterThanOrEqual(0);
+      }
+    }
+    const err = (x: object) => code(() => attendFetched({ ...o, select: { handle, budget: 256 }, ...x }));
+    expect(err({ selection: probe })).toMatch(/^E_CONFIG: .*a selection or a select, got both/);
+    expect(err({ dramTier: undefined, fetched: arena })).toMatch(/^E_CONFIG: .*dramTier: expected it with select/);
+    expect(err({ heads: Uint8Array.of(1, 1) })).toMatch(/^E_CONFIG: .*heads: expected none with select/);
+    expect(err({ select: { handle: 999999, budget: 256 } })).toMatch(/^E_CLOSED: /);
+    expect(err({ select: { handle, budget: 0 } })).toMatch(/^E_RANGE: .*budget/);
+    expect(err({ select: 5 })).toMatch(/^E_TYPE: .*select: expected \{ handle, budget \}/);
+    expect(err({ tail: { k: { ...tail.k, tokens: 2, data: tail.k.data.subarray(0, 2 * kvHeads * D) }, v: { ...tail.v, tokens: 2, data: tail.v.data.subarray(0, 2 * kvHeads * D) } } })).toMatch(/^E_RANGE: .*the index's context/);
+    await expect(attendFetchedAsync({ ...o, select: { handle, budget: 256 } })).rejects.toMatchObject({ code: 'E_CONFIG' });
   });
 });

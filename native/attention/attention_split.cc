@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/errors.h"
 #include "common/thread_pool.h"
 
 namespace kvd {
@@ -81,6 +82,13 @@ struct PartOut {
   std::string msg;
 };
 
+// A spin-wait hint (x86 `pause`: the sibling hyperthread gets the core meanwhile).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 AttnScratch& ThreadScratch() {
   thread_local AttnScratch s;
   return s;
@@ -100,21 +108,24 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
   // With a lister: heads listed by the worker attending them (deferred, one part each whatever
   // they list), and the others listed now, since cutting a head needs its spans.
   std::vector<uint8_t> deferred(nHeads, 0);
+  const size_t producers = lister ? lister->Producers() : 0;
   if (lister) {
     std::vector<size_t> now;
     for (size_t h = 0; h < nHeads; ++h) {
       if (lister->MaxTokens(h) <= kSinglePartTokens) deferred[h] = 1;
       else now.push_back(h);
     }
+    if (producers > 0 && !now.empty())
+      Throw("E_INTERNAL", "attention: head " + std::to_string(now[0]) + " may hold " + std::to_string(lister->MaxTokens(now[0])) +
+                              " tokens, expected at most " + std::to_string(kSinglePartTokens) + " with producer tasks (its spans are listed in one part)");
     if (!now.empty()) ThreadPool::Global().ParallelFor(now.size(), [&](size_t i) { lister->List(now[i]); }, workers);
   }
   std::vector<std::vector<Part>> parts(nHeads);
   size_t maxParts = 1;
   for (size_t h = 0; h < nHeads; ++h) {
     if (deferred[h]) {
-      parts[h].resize(1);
+      parts[h].resize(1);  // its span count once listed (the item that lists it sets it)
       parts[h][0].whole = heads[h].spans;
-      parts[h][0].wholeN = heads[h].nSpans;
     } else {
       parts[h] = CutParts(heads[h], esz);
     }
@@ -128,7 +139,7 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
       PartOut& r = res[h][p];
       r.out.resize(headOut);
       r.lse.resize(size_t(group));
-      if (heads[h].spanMass) {
+      if (heads[h].spanMass && !deferred[h]) {
         if (multi) r.massByQuery.resize(size_t(group) * parts[h][p].size());
         else r.mass.resize(parts[h][p].size());
       }
@@ -162,33 +173,54 @@ void Split(const HeadAttn* heads, size_t nHeads, int group, int dim, Dtype dt, f
   // ParallelFor runs the body once per item, and each run claims exactly one item, so a run always
   // finds one unclaimed: it takes the first whose head is ready, or whose head never will be (to
   // skip it), else sleeps and looks again.
-  std::unique_ptr<std::atomic<uint8_t>[]> claimed(gate ? new std::atomic<uint8_t>[items.size()] : nullptr);
-  std::vector<uint8_t> skipped(gate ? items.size() : 0, 0);
-  for (size_t i = 0; gate && i < items.size(); ++i) claimed[i].store(0, std::memory_order_relaxed);
+  // With producers, items are claimed the same way, an item being ready once the lister says
+  // every head of it is; the wait is for a producer running on another worker, short, so spun.
+  const bool claiming = gate || producers > 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> claimed(claiming ? new std::atomic<uint8_t>[items.size()] : nullptr);
+  std::vector<uint8_t> skipped(claiming ? items.size() : 0, 0);
+  for (size_t i = 0; claiming && i < items.size(); ++i) claimed[i].store(0, std::memory_order_relaxed);
+  auto stateOf = [&](const Item& it) {
+    if (producers > 0)
+      for (size_t h : it.heads)
+        if (!lister->Ready(h)) return HeadGate::kPending;
+    return gate ? gate->Of(it.heads[0]) : HeadGate::kReady;
+  };
   auto claim = [&]() -> size_t {
-    for (;;) {
+    for (unsigned round = 0;; ++round) {
       for (size_t j = 0; j < items.size(); ++j) {
         if (claimed[j].load(std::memory_order_relaxed)) continue;
-        const HeadGate::State st = gate->Of(items[j].heads[0]);
+        const HeadGate::State st = stateOf(items[j]);
         if (st == HeadGate::kPending) continue;
         uint8_t free = 0;
         if (!claimed[j].compare_exchange_strong(free, 1, std::memory_order_acq_rel)) continue;
         if (st == HeadGate::kNever) skipped[j] = 1;
         return j;
       }
-      std::this_thread::sleep_for(kGateSleep);
+      if (gate) std::this_thread::sleep_for(kGateSleep);
+      else if (round % 64 == 63) std::this_thread::yield();
+      else CpuRelax();
     }
   };
   ThreadPool::Global().ParallelFor(
-      items.size(),
+      producers + items.size(),
       [&](size_t i) {
-        if (gate) {
+        if (i < producers) {
+          lister->Produce(i);
+          return;
+        }
+        i -= producers;
+        if (claiming) {
           i = claim();
           if (skipped[i]) return;
         }
         const Item& it = items[i];
-        for (size_t h : it.heads)
-          if (deferred[h]) lister->List(h);  // a deferred head is one part: in exactly one item
+        for (size_t h : it.heads) {
+          if (!deferred[h]) continue;
+          // A deferred head is one part, in exactly one item: listed here, then sized.
+          lister->List(h);
+          parts[h][0].wholeN = heads[h].nSpans;
+          if (heads[h].spanMass) res[h][0].mass.resize(heads[h].nSpans);
+        }
         std::vector<HeadAttn> calls;
         calls.reserve(it.heads.size());
         for (size_t h : it.heads) {

@@ -41,9 +41,20 @@ class HeadLister {
   // most kSinglePartTokens is one part whatever its listing says, so it is listed inside its work
   // item; the others are listed, on the pool, before any head is cut into parts.
   virtual int64_t MaxTokens(size_t head) const = 0;
-  // Writes heads[h].spans[0, nSpans). Called once per head (a gated head left out: never), on a
-  // worker of the pool; an exception it throws is the call's (the lowest failing work item's).
+  // Writes heads[h].spans[0, nSpans) (a head within one part may set its nSpans here, the room
+  // heads[h].spans points at permitting). Called once per head (a gated head left out: never), on
+  // a worker of the pool; an exception it throws is the call's (the lowest failing work item's).
   virtual void List(size_t head) const = 0;
+  // Producer tasks (default none), for callers whose spans depend on work done per head first
+  // (attendFetched's `select`: each kv head's selection). They run in the same pass over the pool
+  // as the work items, handed out before any item: a worker with no producer left takes an item
+  // whose heads are all Ready, so the last producers overlap the first heads' attention. Every head
+  // must then be within one part by MaxTokens (E_INTERNAL otherwise). Produce must not throw (a
+  // failure is List's to report, once the head is Ready), and every head must become Ready once
+  // the producers have run, whatever they met.
+  virtual size_t Producers() const { return 0; }
+  virtual void Produce(size_t task) const { (void)task; }
+  virtual bool Ready(size_t head) const { (void)head; return true; }
 };
 
 // Runs heads[0, nHeads) (fields as in AttendHeadsSpans; spanMass may be null per head; the

@@ -34,6 +34,7 @@
 #include "common/thread_pool.h"
 #include "storage/page_spans.h"
 #include "common/registry.h"
+#include "index/headwise_select.h"
 
 namespace kvd {
 namespace {
@@ -110,6 +111,15 @@ struct FetchedJob {
   // failed read, so flags that never come (a stuck read, a caller's mistake) cannot hang the call;
   // the caller attends the head once its read settles.
   std::chrono::milliseconds landingTimeout{30000};
+  // Optional (select, with dramTier): the selection is made by this call, kv head by kv head, in
+  // the same pass over the pool as the attention (each head's selection a producer task of
+  // AttendSplit, its attention taken up as soon as it is made). offsets / chunkIds / nChunks /
+  // chunkSize / chunkMass are set by Run from the heads' joined selection (`joined`, `mass`);
+  // selectMs: from Run's start until the last head's selection was made.
+  std::unique_ptr<HeadwiseSelect> select;
+  SelectResult joined;
+  std::vector<float> mass;
+  double selectMs = 0;
 };
 
 // The HeadGate of a call with reads landing (FetchedJob::landingOf), over the call's packed heads.
@@ -177,21 +187,79 @@ const uint8_t* DramPage(const FetchedJob& job, int h, int32_t c, size_t& seg) {
 }
 
 // AttendSplit's HeadLister over the packed heads of a call (packed head i is kv head headOf[i]).
+// With `select` (every head packed, in order), kv head t's selection is producer task t: made on
+// whichever worker takes it, a failure kept for the head's listing to throw.
 template <typename ListFn>
 class PackedLister final : public HeadLister {
  public:
-  PackedLister(const std::vector<size_t>& headOf, const std::vector<int64_t>& maxTokens, const ListFn& list)
-      : headOf_(headOf), maxTokens_(maxTokens), list_(list) {}
+  PackedLister(const std::vector<size_t>& headOf, const std::vector<int64_t>& maxTokens, const ListFn& list, HeadwiseSelect* select)
+      : headOf_(headOf), maxTokens_(maxTokens), list_(list), select_(select), selected_(select ? headOf.size() : 0),
+        failed_(select ? headOf.size() : 0) {
+    for (auto& s : selected_) s.store(0, std::memory_order_relaxed);
+  }
   int64_t MaxTokens(size_t head) const override { return maxTokens_[head]; }
-  void List(size_t head) const override { list_(headOf_[head]); }
+  void List(size_t head) const override {
+    if (select_ && failed_[head]) std::rethrow_exception(failed_[head]);
+    list_(headOf_[head]);
+  }
+  size_t Producers() const override { return selected_.size(); }
+  void Produce(size_t t) const override {
+    try {
+      select_->Run(int(t));
+    } catch (...) {
+      failed_[t] = std::current_exception();
+    }
+    const int64_t at = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    int64_t last = lastDone_.load(std::memory_order_relaxed);
+    while (at > last && !lastDone_.compare_exchange_weak(last, at, std::memory_order_relaxed)) {
+    }
+    selected_[t].store(1, std::memory_order_release);
+  }
+  bool Ready(size_t head) const override { return selected_.empty() || selected_[head].load(std::memory_order_acquire) != 0; }
+  // steady_clock nanoseconds when the last selection was made (with `select`).
+  int64_t LastSelected() const { return lastDone_.load(std::memory_order_relaxed); }
 
  private:
   const std::vector<size_t>& headOf_;
   const std::vector<int64_t>& maxTokens_;
   const ListFn& list_;
+  HeadwiseSelect* select_;
+  mutable std::vector<std::atomic<uint8_t>> selected_;
+  mutable std::vector<std::exception_ptr> failed_;
+  mutable std::atomic<int64_t> lastDone_{0};
 };
 
-void Run(const FetchedJob& job) {
+// Run with job.select but heads that could outgrow one part (a budget near kSinglePartTokens): the
+// heads select first, in a pass of their own, and the call goes on as with a given selection.
+void SelectFirst(FetchedJob& job) {
+  ThreadPool::Global().ParallelFor(size_t(job.kvHeads), [&](size_t h) { job.select->Run(int(h)); }, job.threads);
+}
+
+// The joined selection of job.select as the call's selection (offsets, ids, result mass).
+void AdoptJoined(FetchedJob& job) {
+  job.joined = job.select->Join();
+  job.chunkSize = job.joined.chunk;
+  job.offsets = job.joined.offsets.data();
+  job.chunkIds = job.joined.ids.data();
+  job.nChunks = job.joined.ids.size();
+  job.mass.assign(job.nChunks, 0.f);
+  job.chunkMass = job.mass.data();
+}
+
+void Run(FetchedJob& job) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t fixedSpans = (job.sinkEnd > 0 ? 1 : 0) + (job.tokens > job.tailStart ? 1 : 0);
+  // With select: heads whose selection cannot outgrow one part select inside the attention's pass.
+  bool inline_ = false;
+  if (job.select) {
+    const int64_t bound = job.sinkEnd + job.select->MaxIdTokens() + std::max<int64_t>(0, job.tokens - job.tailStart);
+    inline_ = bound <= kSinglePartTokens;
+    if (!inline_) {
+      SelectFirst(job);
+      AdoptJoined(job);
+      job.selectMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
   const int64_t pc = job.pageChunk, sc = job.chunkSize;
   const PageOf pageOf(pc);
   const size_t es = DtypeSize(job.dtype);
@@ -199,8 +267,10 @@ void Run(const FetchedJob& job) {
   if (job.tier) lock = std::make_unique<hot::Tier::LayerLock>(*job.tier, job.hotSeq, job.hotLayer);
   SpanLists& rs = ThreadSpanLists();
   const size_t kvHeads = size_t(job.kvHeads);
-  // At most the units plus a sink and a tail span per head.
-  rs.Reserve(size_t(job.offsets[job.kvHeads] - job.offsets[0]) + 2 * kvHeads, kvHeads);
+  // At most the units plus a sink and a tail span per head (inline: room for the most units a
+  // head's selection can hold).
+  const size_t roomPerHead = inline_ ? size_t(job.select->MaxIds()) + fixedSpans : 0;
+  rs.Reserve(inline_ ? roomPerHead * kvHeads : size_t(job.offsets[job.kvHeads] - job.offsets[0]) + 2 * kvHeads, kvHeads);
   Span* const spans = rs.spans.data();
   uint8_t* const kind = rs.source.data();
   int64_t* const firstToken = rs.first.data();
@@ -210,10 +280,25 @@ void Run(const FetchedJob& job) {
   // are listed in parallel, each by the worker that attends it (the listing looks up each unit's
   // page: in the hot tier's map, the page lists or the DRAM tier's slot maps, misses at random),
   // into the same places, in the same order.
-  const size_t fixedSpans = (job.sinkEnd > 0 ? 1 : 0) + (job.tokens > job.tailStart ? 1 : 0);
+  // Inline, each head's room is known but not its count: head h's spans start at h x room, and its
+  // listing sets its count.
   rs.start[0] = 0;
   for (size_t h = 0; h < kvHeads; ++h)
-    rs.start[h + 1] = rs.start[h] + (job.Active(int(h)) ? fixedSpans + size_t(job.offsets[h + 1] - job.offsets[h]) : 0);
+    rs.start[h + 1] = rs.start[h] + (inline_ ? roomPerHead
+                                             : job.Active(int(h)) ? fixedSpans + size_t(job.offsets[h + 1] - job.offsets[h]) : 0);
+  // Kv head h's selected units: ascending ids of `unit` tokens each.
+  struct Units {
+    const int32_t* ids;
+    int32_t n;
+    int64_t unit;
+  };
+  auto unitsOf = [&](int h) -> Units {
+    if (inline_) {
+      const SelectResult& r = job.select->Head(h);
+      return {r.ids.data(), int32_t(r.ids.size()), r.chunk};
+    }
+    return {job.chunkIds + job.offsets[h], job.offsets[h + 1] - job.offsets[h], sc};
+  };
   // dramTier: distinct pages per source and head, summed over the heads attended below.
   std::vector<std::array<int32_t, 3>> pageCount(job.pageCounts ? kvHeads : 0, {0, 0, 0});
   auto listHead = [&](size_t head) {
@@ -232,8 +317,10 @@ void Run(const FetchedJob& job) {
     const int32_t* const pageEnd = job.dram ? nullptr : job.fetchedIds + job.fetchedOffsets[h + 1];
     if (job.sinkEnd > 0)
       add(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride}, kSink, 0);
+    const Units us = unitsOf(h);
+    const int64_t su = us.unit;
     hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
-    if (pair && pair->resident > 0) pair->Touch(size_t(job.offsets[h + 1] - job.offsets[h]), hot::PairState::kRowsField);
+    if (pair && pair->resident > 0) pair->Touch(size_t(us.n), hot::PairState::kRowsField);
     // dramTier: the last page looked up (consecutive units often share one) and, per source, the
     // last page counted.
     int32_t lastDram = -1;
@@ -249,18 +336,18 @@ void Run(const FetchedJob& job) {
         ++counts[k];
       }
     };
-    for (int32_t i = job.offsets[h]; i < job.offsets[h + 1]; ++i) {
-      if (job.dram && i + kDramLookAhead < job.offsets[h + 1]) {
-        const int64_t t = std::max(int64_t(job.chunkIds[i + kDramLookAhead]) * sc, job.sinkEnd);
+    for (int32_t i = 0; i < us.n; ++i) {
+      if (job.dram && i + kDramLookAhead < us.n) {
+        const int64_t t = std::max(int64_t(us.ids[i + kDramLookAhead]) * su, job.sinkEnd);
         const int64_t c = t < job.tailBase ? pageOf(t) : -1;
         if (c >= 0 && c < job.dram->chain.chunks()) {
           const dram::Chain::At m = job.dram->chain.Locate(job.dram->layer, job.kvHeads, int32_t(c), h, segAhead);
           if (m.inside) __builtin_prefetch(job.dram->chain.maps[size_t(m.seg)].data + m.key);
         }
       }
-      const int64_t u = job.chunkIds[i];
-      const int64_t a = std::max(u * sc, job.sinkEnd);
-      const int64_t b = std::min((u + 1) * sc, job.tailStart);
+      const int64_t u = us.ids[i];
+      const int64_t a = std::max(u * su, job.sinkEnd);
+      const int64_t b = std::min((u + 1) * su, job.tailStart);
       if (b <= a) {  // clipped away entirely: an empty span keeps chunkMass aligned (mass 0)
         add(Span{job.sinkK.data, job.sinkV.data, 0, job.dim, job.dim}, kFetched, 0);
         continue;
@@ -311,9 +398,11 @@ void Run(const FetchedJob& job) {
           kTail, job.tailStart);
     }
     if (job.pageCounts) std::copy(counts, counts + 3, pageCount[head].begin());
-    if (n != rs.start[head + 1])
+    const size_t want = rs.start[head] + fixedSpans + size_t(us.n);
+    if (n != want || n > rs.start[head + 1])
       Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " listed " + std::to_string(n - rs.start[head]) + " spans, expected " +
-                              std::to_string(rs.start[head + 1] - rs.start[head]));
+                              std::to_string(want - rs.start[head]) + " (room " + std::to_string(rs.start[head + 1] - rs.start[head]) + ")");
+    if (inline_) rs.heads[head].nSpans = n - rs.start[head];  // every head packed, in order
   };
   // The heads attended, packed (headOf: packed index -> kv head), their spans still to be listed:
   // by the worker that attends each (AttendSplit's HeadLister), so the listing needs no pass of its
@@ -324,13 +413,14 @@ void Run(const FetchedJob& job) {
   maxTokens.reserve(kvHeads);
   for (size_t h = 0; h < kvHeads; ++h) {
     if (!job.Active(int(h))) continue;
-    const size_t s0 = rs.start[h], ns = rs.start[h + 1] - s0;
+    const size_t s0 = rs.start[h], ns = inline_ ? 0 : rs.start[h + 1] - s0;
     rs.heads[headOf.size()] = HeadAttn{job.q + h * headOut, spans + s0, ns, job.out + h * headOut, job.lse + h * size_t(job.group),
                                        rs.mass.data() + s0};
     headOf.push_back(h);
-    maxTokens.push_back(job.sinkEnd + int64_t(job.offsets[h + 1] - job.offsets[h]) * sc + std::max<int64_t>(0, job.tokens - job.tailStart));
+    const int64_t unitTokens = inline_ ? job.select->MaxIdTokens() : int64_t(job.offsets[h + 1] - job.offsets[h]) * sc;
+    maxTokens.push_back(job.sinkEnd + unitTokens + std::max<int64_t>(0, job.tokens - job.tailStart));
   }
-  const PackedLister<decltype(listHead)> lister(headOf, maxTokens, listHead);
+  const PackedLister<decltype(listHead)> lister(headOf, maxTokens, listHead, inline_ ? job.select.get() : nullptr);
   try {
     // Heads of at most kSinglePartTokens attended tokens are one part each: bit-identical to
     // AttendHeadsSpans at any thread count, and to attendSparse (which splits the same way). Which
@@ -348,12 +438,16 @@ void Run(const FetchedJob& job) {
   } catch (const NonFiniteRowError& ne) {
     const NonFiniteRowError e(headOf[ne.head], ne.span, ne.row, ne.inValue, ne.what());
     const size_t at = rs.start[e.head] + e.span;
-    if (at >= rs.start[e.head + 1])  // no row to name: every value finite, the weighted sum overflowed f32
+    if (e.span >= rs.heads[ne.head].nSpans)  // no row to name: every value finite, the weighted sum overflowed f32
       Throw("E_NONFINITE", job.what + ": v: kv head " + std::to_string(e.head) + ": " + e.what());
     static const char* from[] = {"sink tensor", "fetched chunk", "tail tensor", "hot-tier slot", "DRAM-tier slot"};
     Throw("E_NONFINITE", job.what + ": " + (e.inValue ? "v" : "k") + ": kv head " + std::to_string(e.head) + ", token " +
                              std::to_string(firstToken[at] + e.row) + " (" + from[kind[at]] + "): NaN/Inf in the " +
                              (e.inValue ? "value" : "key") + " row");
+  }
+  if (inline_) {
+    AdoptJoined(job);
+    job.selectMs = std::max(0.0, double(lister.LastSelected() - std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count()) / 1e6);
   }
   if (job.pageCounts) {
     std::fill(job.pageCounts, job.pageCounts + 3, 0);
@@ -551,13 +645,40 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   ReadQueryArgs(o, job, what, keep);
   job.tailBase = GetInt(o, "tailBase", what, 0, kMaxTokens);
 
-  SelectionRules rules;
-  rules.kvHeads = job.kvHeads;
-  rules.maxTokens = job.tailBase + job.tailK.tokens;
-  rules.maxSinkEnd = job.sinkK.tokens;
-  rules.minTailStart = job.tailBase;
-  rules.chunksBeforeTail = true;
-  SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
+  const Napi::Value selv = o.Get("select");
+  if (!selv.IsUndefined()) {
+    // The selection is made here (FetchedJob::select): its bounds are the index's, checked against
+    // the rows this call can read as a given selection's are.
+    const std::string sw = what + ".select";
+    if (!o.Get("selection").IsUndefined()) Throw("E_CONFIG", what + ": expected a selection or a select, got both");
+    if (!selv.IsObject()) Throw("E_TYPE", sw + ": expected { handle, budget } (a selection index's handle, tokens per kv head)");
+    const Napi::Object so = selv.As<Napi::Object>();
+    job.select = std::make_unique<HeadwiseSelect>(GetInt(so, "handle", sw, 0, INT32_MAX), job.q, job.qHeads,
+                                                  GetInt(so, "budget", sw, 1, kMaxTokens), sw);
+    const LayerIndex& ix = job.select->index();
+    if (ix.heads() != job.kvHeads || ix.dim() != job.dim)
+      Throw("E_SHAPE", sw + ".handle: expected an index of " + std::to_string(job.kvHeads) + " kv heads x dim " + std::to_string(job.dim) +
+                           " (as sink and tail), got " + std::to_string(ix.heads()) + " x " + std::to_string(ix.dim()));
+    job.tokens = ix.tokens();
+    job.sinkEnd = ix.sinkEnd();
+    job.tailStart = ix.tailStart();
+    job.chunkSize = ix.config().chunk;  // ids of a head are of this or of 1 token (a multiple of 1 either way)
+    if (job.tokens > job.tailBase + job.tailK.tokens || job.sinkEnd > job.sinkK.tokens || job.tailStart < job.tailBase)
+      Throw("E_RANGE", sw + ": expected the index's context (tokens " + std::to_string(job.tokens) + ", sinks to " + std::to_string(job.sinkEnd) +
+                           ", tail from " + std::to_string(job.tailStart) + ") within the rows given (sinks " + std::to_string(job.sinkK.tokens) +
+                           ", tail [" + std::to_string(job.tailBase) + ", " + std::to_string(job.tailBase + job.tailK.tokens) + "))");
+    for (const char* key : {"heads", "hot", "into", "landing", "fetchedMass"})
+      if (!o.Get(key).IsUndefined()) Throw("E_CONFIG", what + "." + key + ": expected none with select (it reads a DRAM tier that holds every chunk)");
+    if (o.Get("dramTier").IsUndefined()) Throw("E_CONFIG", what + ".dramTier: expected it with select (the pages the selection names)");
+  } else {
+    SelectionRules rules;
+    rules.kvHeads = job.kvHeads;
+    rules.maxTokens = job.tailBase + job.tailK.tokens;
+    rules.maxSinkEnd = job.sinkK.tokens;
+    rules.minTailStart = job.tailBase;
+    rules.chunksBeforeTail = true;
+    SetSelection(job, GetSelectionArg(o.Get("selection"), rules, what + ".selection"), keep);
+  }
   job.pageChunk = GetIntOr(o, "pageChunkSize", what, 1, kMaxChunkSize, job.chunkSize);
   if (job.pageChunk % job.chunkSize != 0)
     Throw("E_CONFIG", what + ".pageChunkSize: expected a multiple of selection.chunkSize " + std::to_string(job.chunkSize) +
@@ -651,13 +772,15 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   if (iv.IsUndefined()) {
     auto out = NewF32(env, uint64_t(job.qHeads) * uint64_t(job.dim), what + ".out");
     auto lse = NewF32(env, uint64_t(job.qHeads), what + ".lse");
-    auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
     job.out = out.Data();
     job.lse = lse.Data();
-    job.chunkMass = mass.Data();
     result.Set("out", out);
     result.Set("lse", lse);
-    result.Set("chunkMass", mass);
+    if (!job.select) {  // else sized once selected (SetSelected)
+      auto mass = NewF32(env, job.nChunks, what + ".chunkMass");
+      job.chunkMass = mass.Data();
+      result.Set("chunkMass", mass);
+    }
   } else {
     // The caller's result arrays (e.g. filled by two calls over complementary head masks).
     if (!iv.IsObject()) Throw("E_TYPE", what + ".into: expected { out, lse, chunkMass } Float32Arrays");
@@ -679,12 +802,28 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
   return job;
 }
 
+// With select: the selection made and its attention mass, on the result.
+void SetSelected(Napi::Env env, Napi::Object& result, const FetchedJob& job) {
+  result.Set("chunkMass", ToJs(env, job.mass));
+  Napi::Object sel = Napi::Object::New(env);
+  sel.Set("chunkSize", Napi::Number::New(env, double(job.joined.chunk)));
+  sel.Set("tokens", Napi::Number::New(env, double(job.tokens)));
+  sel.Set("sinkEnd", Napi::Number::New(env, double(job.sinkEnd)));
+  sel.Set("tailStart", Napi::Number::New(env, double(job.tailStart)));
+  sel.Set("offsets", ToJs(env, job.joined.offsets));
+  sel.Set("chunkIds", ToJs(env, job.joined.ids));
+  result.Set("selection", sel);
+  result.Set("bytesScored", Napi::Number::New(env, double(job.joined.bytesScored)));
+  result.Set("selectMs", Napi::Number::New(env, job.selectMs));
+}
+
 Napi::Value AttendFetched(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     std::vector<Napi::Object> keep;
     Napi::Object result;
     FetchedJob job = Prepare(info, "attendFetched", keep, result);
     Run(job);
+    if (job.select) SetSelected(info.Env(), result, job);
     return result;
   });
 }
@@ -695,7 +834,10 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
     std::vector<Napi::Object> keep;
     Napi::Object result;
     // Shared, not copied: the work function is copyable and the job owns its page pointers.
-    auto job = std::make_shared<const FetchedJob>(Prepare(info, "attendFetchedAsync", keep, result));
+    Napi::Value a0 = info.Length() > 0 ? info[0] : info.Env().Undefined();
+    if (a0.IsObject() && !a0.As<Napi::Object>().Get("select").IsUndefined())
+      Throw("E_CONFIG", "attendFetchedAsync.select: expected a selection (select is for attendFetched: it holds the index's lock on the calling thread)");
+    auto job = std::make_shared<FetchedJob>(Prepare(info, "attendFetchedAsync", keep, result));
     auto ref = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result));
     return PromiseWorker::Start(
         info.Env(), [job]() { Run(*job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -445,6 +446,21 @@ inline void SetSelection(Job& job, const SelectionArg& s, std::vector<Napi::Obje
   job.chunkIds = s.chunkIds.data;
   job.nChunks = s.chunkIds.length;
   s.Keep(keep);
+}
+
+// A copy of v as a new Float32Array (float) or Int32Array (int32_t).
+template <typename T>
+Napi::TypedArray ToJs(Napi::Env env, const std::vector<T>& v) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, int32_t>, "ToJs: float or int32_t elements");
+  if constexpr (std::is_same_v<T, float>) {
+    auto a = Napi::Float32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  } else {
+    auto a = Napi::Int32Array::New(env, v.size());
+    std::copy(v.begin(), v.end(), a.Data());
+    return a;
+  }
 }
 
 // Query vectors: a Float32Array of qHeads*dim finite values (qHeads a multiple of kvHeads).

@@ -25,6 +25,7 @@
 #include "common/async_work.h"
 #include "common/errors.h"
 #include "common/handles.h"
+#include "index/headwise_select.h"
 #include "index/index.h"
 #include "index/layer_index.h"
 #include "common/registry.h"
@@ -56,19 +57,6 @@ int64_t ArgInt(const Napi::CallbackInfo& info, size_t i, const std::string& what
 Napi::Object OptionsArg(const Napi::CallbackInfo& info, size_t i, const std::string& what) {
   if (info.Length() <= i || info[i].IsUndefined()) return Napi::Object::New(info.Env());
   return GetOptionsArg(info, i, what);
-}
-
-template <typename T>
-Napi::TypedArray ToJs(Napi::Env env, const std::vector<T>& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    auto a = Napi::Float32Array::New(env, v.size());
-    std::copy(v.begin(), v.end(), a.Data());
-    return a;
-  } else {
-    auto a = Napi::Int32Array::New(env, v.size());
-    std::copy(v.begin(), v.end(), a.Data());
-    return a;
-  }
 }
 
 // chunkMeans(k, { start, end, chunkSize = 4, head? }) -> Float32Array [heads or 1][chunks][dim]:
@@ -691,6 +679,42 @@ void InitIndex(Napi::Env env, Napi::Object exports) {
 }
 
 }  // namespace
+
+struct HeadwiseSelect::Held {
+  std::shared_ptr<SharedIndex> s;
+  std::shared_lock<std::shared_mutex> lock;
+};
+
+HeadwiseSelect::HeadwiseSelect(int64_t handle, const float* q, int qHeads, int64_t budget, const std::string& what)
+    : q_(q), qHeads_(qHeads), budget_(budget) {
+  if (handle < 1 || handle > INT32_MAX)
+    Throw("E_CLOSED", what + ".handle: expected a selection index's handle (SelectionIndex.handle()), got " + std::to_string(handle));
+  std::shared_ptr<SharedIndex> s = IndexHandles().Get(handle);
+  s->NotBusy(what.c_str());
+  held_ = std::make_unique<Held>(Held{s, std::shared_lock<std::shared_mutex>(s->mu)});
+  index_ = s->index.get();
+  if (!index_->built()) Throw("E_CONFIG", what + ": expected the index to be built first, got an index that was never built");
+  if (budget < 1) Throw("E_BUDGET", what + ".budget (tokens per kv head): expected an integer >= 1, got " + std::to_string(budget));
+  if (qHeads < 1 || qHeads % index_->heads() != 0)
+    Throw("E_SHAPE", what + ": expected qHeads a multiple of the index's " + std::to_string(index_->heads()) + " kv heads, got " +
+                         std::to_string(qHeads));
+  parts_.resize(size_t(index_->heads()));
+}
+
+HeadwiseSelect::~HeadwiseSelect() = default;
+
+void HeadwiseSelect::Run(int h) {
+  LayerIndex::HeadSelection& p = parts_[size_t(h)];
+  index_->SelectHead(q_, qHeads_, budget_, 0, nullptr, h, p);
+  const int64_t n = int64_t(p.r.ids.size());
+  if (n > MaxIds() || n * p.r.chunk > MaxIdTokens())
+    Throw("E_INTERNAL", "select: kv head " + std::to_string(h) + " selected " + std::to_string(n) + " ids of " + std::to_string(p.r.chunk) +
+                            " tokens, expected at most " + std::to_string(MaxIds()) + " ids covering " + std::to_string(MaxIdTokens()) +
+                            " tokens (budget " + std::to_string(budget_) + ")");
+}
+
+SelectResult HeadwiseSelect::Join() { return index_->JoinHeads(parts_, 0); }
+
 
 KVD_REGISTER_MODULE(InitIndex);
 

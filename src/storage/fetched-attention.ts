@@ -25,9 +25,20 @@ export interface AttendFetchedOptions {
   tailBase: number;
   /**
    * What each kv head attends (ids ascending per head, < ceil(tailStart / chunkSize)); units at or
-   * after tailBase are read from `tail` (tailBase must not fall inside a unit).
+   * after tailBase are read from `tail` (tailBase must not fall inside a unit). Exactly one of
+   * `selection` and `select`.
    */
-  selection: Selection;
+  selection?: Selection;
+  /**
+   * Instead of `selection` (with `dramTier`; not with heads, hot, into, landing or fetchedMass, and
+   * not in attendFetchedAsync): the selection made by this call on the selection index registered as
+   * `handle` (SelectionIndex.handle(), the keyless select of `budget` tokens per kv head, as
+   * selectIndex makes it), kv head by kv head in the same pass over the addon's threads as the
+   * attention, each head attended as soon as its own selection is made. The result then carries
+   * the selection, its bytesScored and selectMs. Same selection and same bits as selectIndex, then
+   * attendFetched with that selection.
+   */
+  select?: { handle: number; budget: number };
   /** Tokens per page (the tiers' chunk), a multiple of selection.chunkSize (default: selection.chunkSize). */
   pageChunkSize?: number;
   /**
@@ -138,6 +149,12 @@ export interface FetchedAttentionResult {
    * tail, from the hot tier] (a page counted once per kv head): the step's traffic per source.
    */
   pageCounts?: Int32Array;
+  /** With `select`: the selection made (what chunkMass is per entry of). */
+  selection?: Selection;
+  /** With `select`: index bytes the selection scored. */
+  bytesScored?: number;
+  /** With `select`: milliseconds from the call's start until the last kv head's selection was made. */
+  selectMs?: number;
 }
 
 /**
