@@ -130,7 +130,7 @@ function render(ev: TraceEvaluation, o: DemoCliOptions, runtimeRows: RuntimeSumm
     ...(runtimeRows.length
       ? [
           `kvdrive (runtime, mode): openRuntime as a host embeds it (memory model, DRAM only: ${bytes(runtimeRows[0]!.dramBudgetBytes)} default budget, ${ev.dtype} KV); time = whole attend() ` +
-            `(select: index extend + select on its key sketch, starting from the previous step's selection; fetch: none here, the DRAM tier holds every sealed chunk and attention reads each selected one in place, looking it up itself; attend: attention); the modes' outputs are bit-identical (checked). ` +
+            `(select: index extend + select on its key sketch, starting from the previous step's selection, until the last kv head's selection is made; fetch: none here, the DRAM tier holds every sealed chunk and attention reads each selected one in place, looking it up itself; attend: the rest of the attention, whose first kv heads run beside the last heads' selects in one call); the modes' outputs are bit-identical (checked). ` +
             `One sequence is one micro-batch, so pipelined has nothing to overlap and runs it as sequential does; \`--batch N\` shows the overlap across sequences. ` +
             `Each runtime first decodes a throwaway sequence (${warmUpShape(m).tokens} random tokens, ${warmUpShape(m).steps} steps, not timed), so V8 has compiled the step's JS before the timed steps; ` +
             `each policy object (quest, shadowkv) first indexes, selects and attends over one of the same shape, so every row times steady steps. ` +

@@ -18,7 +18,8 @@
  * Without an SSD and without a hot tier the DRAM tier holds every sealed chunk for good (the
  * memory model without an SSD), so the step has no fetch to make: attendResident passes the tier's
  * slot maps and arenas to attendFetched (`dramTier`), which looks each selected page up as it lists
- * the spans. The spans, hence the outputs, are those of the fetch path.
+ * the spans, and, unless a stage worker selected already, makes the selection too, kv head by kv
+ * head beside the attention (`select`). The spans, hence the outputs, are those of the fetch path.
  *
  * The token count advances only after attention succeeded, so a failed step retried with the same
  * input gives the output of a clean run. The stages are separate functions: appendEntry
@@ -139,21 +140,43 @@ function resultArrays(mem: KvMemory, sc: StepScratch, units: number): FetchedAtt
 
 /**
  * Select and compute stages of entry (seq, layer) when its DRAM tier holds every sealed chunk
- * (`pages`, TieredKv.residentPages) and no hot tier sits in front: one select over every kv head
- * (or `s`, a stage worker's), then attention reading each selected page from the tier's arena,
- * looked up by attendFetched itself. Nothing to fetch, pin or admit; the traffic per source comes
- * back from the attention (pageCounts). Same spans as the fetch path, so the same bits.
+ * (`pages`, TieredKv.residentPages) and no hot tier sits in front: attention reading each selected
+ * page from the tier's arena, looked up by attendFetched itself. Nothing to fetch, pin or admit;
+ * the traffic per source comes back from the attention (pageCounts). Same spans as the fetch path,
+ * so the same bits.
+ *
+ * Its selection is `s` (a stage worker's, pipelined with several sequences), or made by the
+ * attention call itself (attendFetched's `select`): the same index's same select, kv head by kv
+ * head in the same pass over the addon's threads as the attention, each head attended as soon as
+ * its own selection is made; the selection and the outputs are those of selectEntry, then
+ * attendFetched. The select time is then until the last kv head's selection was made, the compute
+ * time the rest of the call (the first heads' attention overlaps the last heads' selects).
+ * Measured against select then attend in one process (a throwaway driver switching between them
+ * at random steps, a dense pass before each step, 200 steps, five seeds): 0.965-0.990x per step in
+ * medians (bench/RESULTS.md, "One pass over the pool for the select and the attention").
  */
 async function attendResident(entry: EntryStep, offThread: boolean, pages: DramTierPages): Promise<EntryResult> {
   const { mem, seq, layer, a, q, s } = entry;
   const { lk, T } = a;
-  const gs = s ?? selectEntry(a.handle, q, mem.config.budget);
+  let gs: EntrySelection;
+  let r: FetchedAttentionResult;
+  let computeMs: number;
+  if (s || offThread) {
+    gs = s ?? selectEntry(a.handle, q, mem.config.budget);
+    const into = resultArrays(mem, scratchFor(lk, mem.config.shape.kvHeads, 0), gs.selection.chunkIds.length);
+    const args = { ...attentionInputs(mem, a, q), selection: gs.selection, dramTier: pages, into };
+    const t = performance.now();
+    r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
+    computeMs = performance.now() - t;
+  } else {
+    // Selected by the attention call (on this thread's turn: the index is not extended meanwhile).
+    const t = performance.now();
+    r = attendFetched({ ...attentionInputs(mem, a, q), select: { handle: a.handle, budget: mem.config.budget }, dramTier: pages });
+    const wall = performance.now() - t;
+    gs = { selection: r.selection!, bytesScored: r.bytesScored!, ms: r.selectMs! };
+    computeMs = wall - gs.ms;
+  }
   const tokSel = gs.selection;
-  const into = resultArrays(mem, scratchFor(lk, mem.config.shape.kvHeads, 0), tokSel.chunkIds.length);
-  const args = { ...attentionInputs(mem, a, q), selection: tokSel, dramTier: pages, into };
-  const t = performance.now();
-  const r = offThread ? await attendFetchedAsync(args) : attendFetched(args);
-  const computeMs = performance.now() - t;
   const [dram, tail, hot] = r.pageCounts!;
   const stats: EntryStepStats = {
     chunks: dram! + tail! + hot!,
