@@ -12,6 +12,7 @@ import { fileURLToPath } from 'node:url';
 import * as publicApi from '../../src/index.js';
 import { attendDense, attendSparse, mergeAttention } from '../../src/attention/kernels.js';
 import { createPolicy } from '../../src/index/policy.js';
+import { offloadedPolicyOptions } from '../../src/index/options.js';
 import { setSimdLevel } from '../../src/native.js';
 import { registerBackend } from '../../src/model/backends.js';
 import { openTrace, writeTrace } from '../../src/trace/trace.js';
@@ -176,6 +177,29 @@ interface Call {
 
 const KERNELS = ['attendDense', 'attendDenseAsync', 'attendSparse', 'attendSparseAsync', 'attentionWeights', 'mergeAttention', 'attendFetched', 'attendFetchedAsync', 'scoreCentroids'] as const;
 
+// A selection index handle per (kv heads, dim, tokens): built once on fixed keys with the
+// runtime's offloaded options, kept for the run; -1 where that shape cannot be indexed.
+const selectHandles = new Map<string, number>();
+const selectPolicies: unknown[] = [];
+function selectHandle(kvHeads: number, dim: number, tokens: number): number {
+  const key = `${kvHeads}/${dim}/${tokens}`;
+  let h = selectHandles.get(key);
+  if (h === undefined) {
+    h = -1;
+    try {
+      const p = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', { kvHeads, headDim: dim, chunkSize: 4, segmentTokens: 64 }));
+      const data = Float32Array.from({ length: tokens * kvHeads * dim }, (_, i) => Math.sin(i * 0.7) + ((i * 37) % 11) / 11);
+      p.buildSync({ data, dtype: 'f32', tokens, heads: kvHeads, dim }, tokens);
+      selectPolicies.push(p);
+      h = p.handle();
+    } catch {
+      // not indexable (the call then gets -1: E_CLOSED)
+    }
+    selectHandles.set(key, h);
+  }
+  return h;
+}
+
 function kernelCall(g: Gen): Call {
   const fn = g.pick(KERNELS);
   const s = shape(g);
@@ -273,6 +297,13 @@ function kernelCall(g: Gen): Call {
     const arenas = Array.from({ length: blocks }, () => new Uint8Array(g.int(0, perBlock) * pb + g.int(0, 1)));
     o.dramTier = { segStart, maps, layer: g.int(0, 1), arenas, slotsPerBlock: perBlock };
     if (!g.bool(0.1)) delete o.fetched;
+    if (g.bool(0.3)) {
+      // The selection made by the call (select): a real index of this shape over this many tokens,
+      // a budget of any size, or a handle and select that are not one; now and then both (E_CONFIG).
+      if (!g.bool(0.1)) delete o.selection;
+      const handle = g.bool(0.8) ? selectHandle(s.kvHeads, s.dim, tokens) : g.int(-3, 1000);
+      o.select = g.bool(0.9) ? { handle, budget: g.pick([-1, 0, 1, 3, 16, 100, 9000, 2 ** 40]) } : g.pick([null, 5, { handle }]);
+    }
   } else if (g.bool(0.3)) {
     // Reads "in flight": flags landed, failed or never set (a short timeout then leaves those heads out).
     const items = g.int(0, 4);
