@@ -12,6 +12,11 @@
 // each selected unit clipped to [sinkEnd, tailStart) in ascending id order, then the tail
 // [tailStart, tokens) — so with the same rows the output is bit-identical to attendSparse (the
 // AttendHeadSpans contract: the result depends on span contents and order, never on where they live).
+//
+// attendFetched (not the async one) can also make the selection (`select`, with a DRAM tier holding
+// every chunk): each kv head's select is a producer task of the attention's pass over the pool
+// (AttendSplit's HeadLister), and a head is listed and attended once it is selected — the same
+// selection as selectIndex's, so the same bits as selectIndex then attendFetched.
 #include <napi.h>
 
 #include <algorithm>

@@ -715,7 +715,6 @@ void HeadwiseSelect::Run(int h) {
 
 SelectResult HeadwiseSelect::Join() { return index_->JoinHeads(parts_, 0); }
 
-
 KVD_REGISTER_MODULE(InitIndex);
 
 }  // namespace kvd
