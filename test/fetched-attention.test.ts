@@ -569,5 +569,14 @@ describe('attendFetched', () => {
     expect(err({ select: 5 })).toMatch(/^E_TYPE: .*select: expected \{ handle, budget \}/);
     expect(err({ tail: { k: { ...tail.k, tokens: 2, data: tail.k.data.subarray(0, 2 * kvHeads * D) }, v: { ...tail.v, tokens: 2, data: tail.v.data.subarray(0, 2 * kvHeads * D) } } })).toMatch(/^E_RANGE: .*the index's context/);
     await expect(attendFetchedAsync({ ...o, select: { handle, budget: 256 } })).rejects.toMatchObject({ code: 'E_CONFIG' });
+    // A NaN key in the DRAM tier's page of a token the select picks: named by kv head, token and tier.
+    const sel = native.selectIndex(handle, q, 256) as Selection;
+    const t = sel.chunkIds[sel.offsets[1]! + 3]!; // kv head 1's fourth selected token
+    expect(t).toBeLessThan(tailBase);
+    const bad = arena.slice();
+    new Float32Array(bad.buffer)[((1 * chunks + Math.floor(t / cs)) * pb + (t % cs) * D * 4) / 4] = NaN;
+    expect(code(() => attendFetched({ ...o, dramTier: { ...dramTier, arenas: [bad] }, select: { handle, budget: 256 }, threads: 2 }))).toMatch(
+      new RegExp(`^E_NONFINITE: .*k: kv head 1, token ${t} \\(DRAM-tier slot\\): NaN/Inf in the key row`),
+    );
   });
 });
