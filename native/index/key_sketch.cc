@@ -836,7 +836,7 @@ __attribute__((target("avx512f"))) void SketchLogitsAvx512(float* o, size_t n, f
     const __m512 x = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(d + i), vo));
     _mm512_storeu_ps(o + i, _mm512_mul_ps(x, _mm512_mul_ps(vq, _mm512_loadu_ps(rs + i))));
   }
-  for (; i < n; ++i) o[i] = float(d[i] - off) * (qs * rs[i]);
+  SketchLogits(o + i, n - i, qs, off, rs + i);
 }
 }  // namespace
 

@@ -57,6 +57,14 @@ inline uint32_t ScoreKey(float s) {
 // per entry mispredicts at about the rate it is taken. AVX-512 compares 16 keys at once and
 // compresses the matching lanes in a register (a compress straight to memory is microcoded and slow
 // on AMD Zen 4), then stores all 16; the scalar loop writes every entry and advances over the kept.
+// The scalar body over entries [i, n), appending after the m entries already kept; returns the count.
+inline size_t KeysWithDigitFrom(const uint32_t* key, size_t i, size_t n, int shift, uint32_t digit, uint32_t* out, size_t m) {
+  for (; i < n; ++i) {
+    out[m] = key[i];
+    m += (key[i] >> shift) == digit;
+  }
+  return m;
+}
 __attribute__((target("avx512f"))) size_t KeysWithDigitAvx512(const uint32_t* key, size_t n, int shift, uint32_t digit,
                                                              uint32_t* out) {
   const __m512i d = _mm512_set1_epi32(int(digit));
@@ -68,20 +76,11 @@ __attribute__((target("avx512f"))) size_t KeysWithDigitAvx512(const uint32_t* ke
     _mm512_storeu_si512(out + m, _mm512_maskz_compress_epi32(eq, k));
     m += size_t(__builtin_popcount(eq));
   }
-  for (; i < n; ++i) {
-    out[m] = key[i];
-    m += (key[i] >> shift) == digit;
-  }
-  return m;
+  return KeysWithDigitFrom(key, i, n, shift, digit, out, m);
 }
 size_t KeysWithDigit(const uint32_t* key, size_t n, int shift, uint32_t digit, uint32_t* out) {
   if (IndexKernelLevel() == SimdLevel::Avx512) return KeysWithDigitAvx512(key, n, shift, digit, out);
-  size_t m = 0;
-  for (size_t i = 0; i < n; ++i) {
-    out[m] = key[i];
-    m += (key[i] >> shift) == digit;
-  }
-  return m;
+  return KeysWithDigitFrom(key, 0, n, shift, digit, out, 0);
 }
 
 // Splits entries [0, n) by their digit key >> shift against `prefix`: the positions i of those
