@@ -568,7 +568,8 @@ describe('attendFetched', () => {
     expect(err({ select: { handle, budget: 0 } })).toMatch(/^E_RANGE: .*budget/);
     expect(err({ select: 5 })).toMatch(/^E_TYPE: .*select: expected \{ handle, budget \}/);
     expect(err({ tail: { k: { ...tail.k, tokens: 2, data: tail.k.data.subarray(0, 2 * kvHeads * D) }, v: { ...tail.v, tokens: 2, data: tail.v.data.subarray(0, 2 * kvHeads * D) } } })).toMatch(/^E_RANGE: .*the index's context/);
-    await expect(attendFetchedAsync({ ...o, select: { handle, budget: 256 } })).rejects.toMatchObject({ code: 'E_CONFIG' });
+    expect(err({ select: undefined })).toMatch(/^E_TYPE: .*selection/);
+    await expect(attendFetchedAsync({ ...o, select: { handle, budget: 256 } })).rejects.toMatchObject({ code: 'E_CONFIG', message: expect.stringMatching(/select: expected a selection/) });
     // A NaN key in the DRAM tier's page of a token the select picks: named by kv head, token and tier.
     const sel = native.selectIndex(handle, q, 256) as Selection;
     const t = sel.chunkIds[sel.offsets[1]! + 3]!; // kv head 1's fourth selected token

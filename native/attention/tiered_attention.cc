@@ -234,15 +234,9 @@ class PackedLister final : public HeadLister {
   mutable std::atomic<int64_t> lastDone_{0};
 };
 
-// Run with job.select but heads that could outgrow one part (a budget near kSinglePartTokens): the
-// heads select first, in a pass of their own, and the call goes on as with a given selection.
-void SelectFirst(FetchedJob& job) {
-  ThreadPool::Global().ParallelFor(size_t(job.kvHeads), [&](size_t h) { job.select->Run(int(h)); }, job.threads);
-}
-
-// The joined selection of job.select as the call's selection (offsets, ids, result mass).
-void AdoptJoined(FetchedJob& job) {
-  job.joined = job.select->Join();
+// `joined`, job.select's selection of every head, as the call's selection (offsets, ids, result mass).
+void AdoptSelection(FetchedJob& job, SelectResult joined) {
+  job.joined = std::move(joined);
   job.chunkSize = job.joined.chunk;
   job.offsets = job.joined.offsets.data();
   job.chunkIds = job.joined.ids.data();
@@ -260,8 +254,9 @@ void Run(FetchedJob& job) {
     const int64_t bound = job.sinkEnd + job.select->MaxIdTokens() + std::max<int64_t>(0, job.tokens - job.tailStart);
     inline_ = bound <= kSinglePartTokens;
     if (!inline_) {
-      SelectFirst(job);
-      AdoptJoined(job);
+      // Heads that could outgrow one part (a budget near kSinglePartTokens) are cut by their spans:
+      // they select first, in a pass of their own, and the call goes on as with a given selection.
+      AdoptSelection(job, job.select->SelectAll());
       job.selectMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
   }
@@ -324,6 +319,10 @@ void Run(FetchedJob& job) {
       add(Span{job.sinkK.Row(0, h), job.sinkV.Row(0, h), job.sinkEnd, job.sinkK.tokenStride, job.sinkV.tokenStride}, kSink, 0);
     const Units us = unitsOf(h);
     const int64_t su = us.unit;
+    const size_t want = rs.start[head] + fixedSpans + size_t(us.n);
+    if (want > rs.start[head + 1])  // inline: HeadwiseSelect::Run bounds a head's ids by the room
+      Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " has " + std::to_string(us.n) + " units, room for " +
+                              std::to_string(rs.start[head + 1] - rs.start[head] - fixedSpans));
     hot::PairState* pair = job.tier ? &job.tier->Pair(job.hotSeq, job.hotLayer, h) : nullptr;
     if (pair && pair->resident > 0) pair->Touch(size_t(us.n), hot::PairState::kRowsField);
     // dramTier: the last page looked up (consecutive units often share one) and, per source, the
@@ -403,10 +402,9 @@ void Run(FetchedJob& job) {
           kTail, job.tailStart);
     }
     if (job.pageCounts) std::copy(counts, counts + 3, pageCount[head].begin());
-    const size_t want = rs.start[head] + fixedSpans + size_t(us.n);
-    if (n != want || n > rs.start[head + 1])
+    if (n != want)
       Throw("E_INTERNAL", job.what + ": kv head " + std::to_string(h) + " listed " + std::to_string(n - rs.start[head]) + " spans, expected " +
-                              std::to_string(want - rs.start[head]) + " (room " + std::to_string(rs.start[head + 1] - rs.start[head]) + ")");
+                              std::to_string(want - rs.start[head]));
     if (inline_) rs.heads[head].nSpans = n - rs.start[head];  // every head packed, in order
   };
   // The heads attended, packed (headOf: packed index -> kv head), their spans still to be listed:
@@ -451,7 +449,7 @@ void Run(FetchedJob& job) {
                              (e.inValue ? "value" : "key") + " row");
   }
   if (inline_) {
-    AdoptJoined(job);
+    AdoptSelection(job, job.select->Join());
     job.selectMs = std::max(0.0, double(lister.LastSelected() - std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count()) / 1e6);
   }
   if (job.pageCounts) {
@@ -619,7 +617,8 @@ void CheckPair(const KvView& k, const KvView& v, const std::string& what) {
                          " " + DtypeName(v.dtype));
 }
 
-FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std::vector<Napi::Object>& keep,
+// `async`: for attendFetchedAsync (no select: it holds the index's lock on the calling thread).
+FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool async, std::vector<Napi::Object>& keep,
                    Napi::Object& result) {
   Napi::Env env = info.Env();
   Napi::Object o = GetOptionsArg(info, 0, what, "{ q, qHeads, sink, tail, tailBase, selection, fetched }");
@@ -655,6 +654,8 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, std:
     // The selection is made here (FetchedJob::select): its bounds are the index's, checked against
     // the rows this call can read as a given selection's are.
     const std::string sw = what + ".select";
+    if (async)
+      Throw("E_CONFIG", sw + ": expected a selection (select is for attendFetched: it holds the index's lock on the calling thread)");
     if (!o.Get("selection").IsUndefined()) Throw("E_CONFIG", what + ": expected a selection or a select, got both");
     if (!selv.IsObject()) Throw("E_TYPE", sw + ": expected { handle, budget } (a selection index's handle, tokens per kv head)");
     const Napi::Object so = selv.As<Napi::Object>();
@@ -826,7 +827,7 @@ Napi::Value AttendFetched(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     std::vector<Napi::Object> keep;
     Napi::Object result;
-    FetchedJob job = Prepare(info, "attendFetched", keep, result);
+    FetchedJob job = Prepare(info, "attendFetched", false, keep, result);
     Run(job);
     if (job.select) SetSelected(info.Env(), result, job);
     return result;
@@ -839,10 +840,7 @@ Napi::Value AttendFetchedAsync(const Napi::CallbackInfo& info) {
     std::vector<Napi::Object> keep;
     Napi::Object result;
     // Shared, not copied: the work function is copyable and the job owns its page pointers.
-    Napi::Value a0 = info.Length() > 0 ? info[0] : info.Env().Undefined();
-    if (a0.IsObject() && !a0.As<Napi::Object>().Get("select").IsUndefined())
-      Throw("E_CONFIG", "attendFetchedAsync.select: expected a selection (select is for attendFetched: it holds the index's lock on the calling thread)");
-    auto job = std::make_shared<FetchedJob>(Prepare(info, "attendFetchedAsync", keep, result));
+    auto job = std::make_shared<FetchedJob>(Prepare(info, "attendFetchedAsync", true, keep, result));
     auto ref = std::make_shared<Napi::ObjectReference>(Napi::Persistent(result));
     return PromiseWorker::Start(
         info.Env(), [job]() { Run(*job); }, [ref](Napi::Env) -> Napi::Value { return ref->Value(); }, keep);

@@ -39,6 +39,9 @@ class HeadwiseSelect {
   const SelectResult& Head(int h) const { return parts_[size_t(h)].r; }
   // Every head's selection, concatenated as LayerIndex::Select returns it (call once all ran).
   SelectResult Join();
+  // Instead of Run per head and Join: LayerIndex::Select itself (every head on the pool, then
+  // joined), for a caller that does not overlap the heads with anything.
+  SelectResult SelectAll() const { return index_->Select(q_, qHeads_, budget_, 0); }
 
  private:
   struct Held;  // the registry's reference and the read lock (index.cc)
