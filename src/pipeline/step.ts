@@ -151,17 +151,27 @@ function resultArrays(mem: KvMemory, sc: StepScratch, units: number): FetchedAtt
  * its own selection is made; the selection and the outputs are those of selectEntry, then
  * attendFetched. The select time is then until the last kv head's selection was made, the compute
  * time the rest of the call (the first heads' attention overlaps the last heads' selects).
- * Measured against select then attend in one process (a throwaway driver switching between them
- * at random steps, a dense pass before each step, 200 steps, five seeds): 0.965-0.990x per step in
- * medians (bench/RESULTS.md, "One pass over the pool for the select and the attention").
+ * Measured against select then attend in one process (`node dist/bench/step-switch.js`, switching
+ * between them at random steps, a dense pass before each step): ~2% per step in medians
+ * (bench/RESULTS.md, "One pass over the pool for the select and the attention").
  */
+let selectInAttention = true;
+/**
+ * Whether a DRAM-only step without a stage worker's selection selects inside its attention call (on
+ * by default) or with selectEntry, then attendFetched: the same selection and the same bits either
+ * way. For bench/step-switch.ts and the test that compares the two; not part of the public API.
+ */
+export function setSelectInAttention(on: boolean): void {
+  selectInAttention = on;
+}
+
 async function attendResident(entry: EntryStep, offThread: boolean, pages: DramTierPages): Promise<EntryResult> {
   const { mem, seq, layer, a, q, s } = entry;
   const { lk, T } = a;
   let gs: EntrySelection;
   let r: FetchedAttentionResult;
   let computeMs: number;
-  if (s || offThread) {
+  if (s || offThread || !selectInAttention) {
     gs = s ?? selectEntry(a.handle, q, mem.config.budget);
     const into = resultArrays(mem, scratchFor(lk, mem.config.shape.kvHeads, 0), gs.selection.chunkIds.length);
     const args = { ...attentionInputs(mem, a, q), selection: gs.selection, dramTier: pages, into };
