@@ -138,6 +138,16 @@ function resultArrays(mem: KvMemory, sc: StepScratch, units: number): FetchedAtt
   return { out: new Float32Array(qHeads * headDim), lse: new Float32Array(qHeads), chunkMass: sc.unitMass.subarray(0, units) };
 }
 
+let selectInAttention = true;
+/**
+ * Whether a DRAM-only step without a stage worker's selection selects inside its attention call (on
+ * by default) or with selectEntry, then attendFetched: the same selection and the same bits either
+ * way. For bench/step-switch.ts and the test that compares the two; not part of the public API.
+ */
+export function setSelectInAttention(on: boolean): void {
+  selectInAttention = on;
+}
+
 /**
  * Select and compute stages of entry (seq, layer) when its DRAM tier holds every sealed chunk
  * (`pages`, TieredKv.residentPages) and no hot tier sits in front: attention reading each selected
@@ -155,16 +165,6 @@ function resultArrays(mem: KvMemory, sc: StepScratch, units: number): FetchedAtt
  * between them at random steps, a dense pass before each step): ~2% per step in medians
  * (bench/RESULTS.md, "One pass over the pool for the select and the attention").
  */
-let selectInAttention = true;
-/**
- * Whether a DRAM-only step without a stage worker's selection selects inside its attention call (on
- * by default) or with selectEntry, then attendFetched: the same selection and the same bits either
- * way. For bench/step-switch.ts and the test that compares the two; not part of the public API.
- */
-export function setSelectInAttention(on: boolean): void {
-  selectInAttention = on;
-}
-
 async function attendResident(entry: EntryStep, offThread: boolean, pages: DramTierPages): Promise<EntryResult> {
   const { mem, seq, layer, a, q, s } = entry;
   const { lk, T } = a;
