@@ -7,7 +7,10 @@ import { type PolicyOptions, type Selection } from '../src/index.js';
 import { createPolicy } from '../src/index/policy.js';
 import { indexKernelLevel } from '../src/index/kernels.js';
 import { prefixView } from '../src/eval/replay.js';
-import { expectKvdError } from './helpers.js';
+import { expectKvdError, randn } from './helpers.js';
+import { readFileSync } from 'node:fs';
+import { fromF32 } from '../src/util/f16.js';
+import { offloadedPolicyOptions } from '../src/index/options.js';
 import { traceReplay } from './trace-replay.js';
 
 // Seed 11: no default was tuned on it (the demo uses 1; bench/index-tune.ts tuned on 1, 2, 3).
@@ -70,6 +73,27 @@ describe('kvdrive key sketch', () => {
     const sel = p.select(qAt(0), 32);
     expect(sel.chunkSize).toBe(1);
     for (let h = 0; h < shape.kvHeads; h++) expect(sel.offsets[h + 1]! - sel.offsets[h]!).toBe(32);
+  });
+
+  it('a sketch of 4 MiB or more lies on 2 MiB pages over the rows it was built with, never beyond them', async () => {
+    // One kv head at 4 bits and dim 128: 64 B per token. 36,864 tokens write 2.25 MiB of rows into
+    // room for twice the context (4.75 MiB: such a block starts on a 2 MiB boundary), so exactly one
+    // whole 2 MiB page lies inside the written rows; 4,096 tokens (256 KiB in 768 KiB) hold none.
+    let thp = 'never';
+    try {
+      thp = /\[(\w+)\]/.exec(readFileSync('/sys/kernel/mm/transparent_hugepage/enabled', 'utf8'))?.[1] ?? 'never';
+    } catch {
+      // no THP in this kernel: nothing is advised
+    }
+    const one = { qHeads: 4, kvHeads: 1, headDim: 128 };
+    for (const [tokens, pages] of [[36864, 1], [4096, 0]] as const) {
+      const p = createPolicy('kvdrive', offloadedPolicyOptions('kvdrive', one));
+      await p.build({ data: fromF32(randn(tokens * 128, 5), 'f16'), dtype: 'f16', tokens, heads: 1, dim: 128 }, tokens);
+      // The native index's geometry (not part of the policy interface: read here for the test only).
+      const geo = (p as unknown as { index: { geometry(): { sketchHugePageBytes: number } } }).index.geometry();
+      expect(geo.sketchHugePageBytes, `${tokens} tokens, THP ${thp}`).toBe(thp === 'never' ? 0 : pages * (2 << 20));
+      expect(p.select(randn(4 * 128, 6), 64).chunkIds.length).toBe(64);
+    }
   });
 
   it('a NaN key is reported by the keyless re-rank (E_NONFINITE, naming the token)', async () => {

@@ -580,7 +580,7 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
     });
   }
 
-  // geometry() -> { tokens, sinkEnd, tailStart, firstChunk, endChunk, heads, dim }
+  // geometry() -> { built, tokens, sinkEnd, tailStart, firstChunk, endChunk, heads, dim, sketchHugePageBytes }
   Napi::Value Geometry(const Napi::CallbackInfo& info) {
     return Guard(info, [&]() -> Napi::Value {
       std::shared_lock<std::shared_mutex> lock(s_->mu);
@@ -595,6 +595,11 @@ class SelectionIndex : public Napi::ObjectWrap<SelectionIndex> {
       o.Set("endChunk", Napi::Number::New(env, double(index.endChunk())));
       o.Set("heads", index.heads());
       o.Set("dim", index.dim());
+      // Bytes of the key sketches on 2 MiB pages (KeySketch::hugePageBytes), summed over kv heads.
+      double huge = 0;
+      if (index.built())
+        for (int h = 0; h < index.heads(); ++h) huge += double(index.head(h).sketch.hugePageBytes);
+      o.Set("sketchHugePageBytes", Napi::Number::New(env, huge));
       return o;
     });
   }

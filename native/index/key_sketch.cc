@@ -3,6 +3,8 @@
 // exact int32 dot products.
 #include "index/key_sketch.h"
 
+#include "common/huge_pages.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -758,6 +760,11 @@ void CalibrateSketch(const KvView& kv, int h, int64_t tokens, KeySketch& s) {
   const size_t room = size_t(2 * tokens + 4096);
   s.codes.reserve(room * size_t(s.RowBytes()));
   s.rowScale.reserve(room);
+  // The re-rank reads its candidates' rows at random over the whole sketch (8 MiB per kv head at
+  // 128K, 4 bits): on 4 KiB pages nearly every run of rows was a TLB miss, a nested page walk in
+  // a VM. 2 MiB pages took the DRAM-only decode step to 0.93-0.97x (bench/RESULTS.md). PageVector
+  // starts a sketch this large on a 2 MiB boundary, so all of its written rows qualify.
+  s.hugePageBytes = int64_t(AdviseHugePages(s.codes.data(), size_t(tokens) * size_t(s.RowBytes())));
   AppendSketch(kv, h, tokens, s);
 }
 

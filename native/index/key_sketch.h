@@ -39,10 +39,14 @@ struct KeySketch {
   int dim = 0;
   int bits = 8;                     // 8 or 4 (set before CalibrateSketch)
   std::vector<float> channelScale;  // dim: c[d] > 0
-  LineVector<int8_t> codes;         // tokens x RowBytes(): int8 codes, or packed 4-bit u (see above);
+  PageVector<int8_t> codes;         // tokens x RowBytes(): int8 codes, or packed 4-bit u (see above);
                                     // line-aligned: a 4-bit row of dim 128 is one cache line (common/aligned.h)
   std::vector<float> rowScale;      // tokens: s_t
   int64_t calibratedAt = 0;         // tokens the channel scales were measured on
+  // Bytes of `codes` advised for 2 MiB pages at the last calibration (CalibrateSketch): the whole
+  // huge pages inside the rows written then, never beyond them, so the resident bytes stay the
+  // index bytes a budget counts (rows appended later stay on 4 KiB pages).
+  int64_t hugePageBytes = 0;
 
   int64_t tokens() const { return int64_t(rowScale.size()); }
   static constexpr int64_t RowBytes(int dim, int bits) { return bits == 4 ? (int64_t(dim) + 1) / 2 : int64_t(dim); }
