@@ -16,58 +16,45 @@ namespace kvd {
 
 constexpr std::size_t kCacheLine = 64;
 
-template <typename T, std::size_t Align>
+// Blocks of at least kHugeAlignFrom bytes may start on a 2 MiB boundary (HugeFrom, below).
+constexpr std::size_t kHugePage = std::size_t(2) << 20;
+constexpr std::size_t kHugeAlignFrom = std::size_t(4) << 20;
+
+// Allocates on an Align-byte boundary; with HugeFrom, blocks of at least HugeFrom bytes on a 2 MiB
+// one. Why: madvise(MADV_HUGEPAGE) (AdviseHugePages, huge_pages.h) can only back the whole 2 MiB
+// pages inside a range with huge pages, and an 8 MiB key sketch starting 64 bytes past a boundary
+// keeps a quarter of its rows on 4 KiB pages. Small blocks keep Align: a 2 MiB alignment costs
+// address space and heap they would waste. The alignment follows from the size alone, so
+// deallocate (given the same n) frees with the alignment allocate used.
+template <typename T, std::size_t Align, std::size_t HugeFrom = 0>
 struct AlignedAllocator {
   using value_type = T;
   template <typename U>
   struct rebind {
-    using other = AlignedAllocator<U, Align>;
+    using other = AlignedAllocator<U, Align, HugeFrom>;
   };
   AlignedAllocator() noexcept = default;
   template <typename U>
-  AlignedAllocator(const AlignedAllocator<U, Align>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(Align))); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t(Align)); }
+  AlignedAllocator(const AlignedAllocator<U, Align, HugeFrom>&) noexcept {}
+  static std::align_val_t AlignFor(std::size_t n) {
+    return std::align_val_t(HugeFrom > 0 && n * sizeof(T) >= HugeFrom ? kHugePage : Align);
+  }
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), AlignFor(n))); }
+  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, AlignFor(n)); }
   template <typename U>
-  bool operator==(const AlignedAllocator<U, Align>&) const noexcept { return true; }
+  bool operator==(const AlignedAllocator<U, Align, HugeFrom>&) const noexcept { return true; }
   template <typename U>
-  bool operator!=(const AlignedAllocator<U, Align>&) const noexcept { return false; }
+  bool operator!=(const AlignedAllocator<U, Align, HugeFrom>&) const noexcept { return false; }
 };
 
 // A std::vector whose elements start on a cache line.
 template <typename T>
 using LineVector = std::vector<T, AlignedAllocator<T, kCacheLine>>;
 
-// Blocks of at least kHugeAlignFrom bytes start on a 2 MiB boundary, smaller ones on a cache line.
-// Why: madvise(MADV_HUGEPAGE) (AdviseHugePages, huge_pages.h) can only back the whole 2 MiB pages
-// inside a range with huge pages; an 8 MiB key sketch starting 64 bytes past a boundary keeps a
-// quarter of its rows on 4 KiB pages. Small blocks keep the cache-line alignment: a 2 MiB alignment
-// costs address space and heap, which they would waste. The alignment follows from the size alone,
-// so deallocate (given the same n) frees with the alignment allocate used.
-constexpr std::size_t kHugePage = std::size_t(2) << 20;
-constexpr std::size_t kHugeAlignFrom = std::size_t(4) << 20;
+// A LineVector for large arrays read at random that are advised for huge pages: from 4 MiB on,
+// its elements start on a 2 MiB boundary.
 template <typename T>
-struct HugeAwareAllocator {
-  using value_type = T;
-  template <typename U>
-  struct rebind {
-    using other = HugeAwareAllocator<U>;
-  };
-  HugeAwareAllocator() noexcept = default;
-  template <typename U>
-  HugeAwareAllocator(const HugeAwareAllocator<U>&) noexcept {}
-  static std::align_val_t AlignFor(std::size_t n) { return std::align_val_t(n * sizeof(T) >= kHugeAlignFrom ? kHugePage : kCacheLine); }
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), AlignFor(n))); }
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, AlignFor(n)); }
-  template <typename U>
-  bool operator==(const HugeAwareAllocator<U>&) const noexcept { return true; }
-  template <typename U>
-  bool operator!=(const HugeAwareAllocator<U>&) const noexcept { return false; }
-};
-
-// A std::vector of large arrays read at random that may be advised for huge pages.
-template <typename T>
-using PageVector = std::vector<T, HugeAwareAllocator<T>>;
+using PageVector = std::vector<T, AlignedAllocator<T, kCacheLine, kHugeAlignFrom>>;
 
 // A byte block on a cache line, uninitialised (its pages are faulted in as they are first written,
 // as with new uint8_t[n]): for large arenas that must not be zeroed up front.
