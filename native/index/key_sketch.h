@@ -40,7 +40,8 @@ struct KeySketch {
   int bits = 8;                     // 8 or 4 (set before CalibrateSketch)
   std::vector<float> channelScale;  // dim: c[d] > 0
   PageVector<int8_t> codes;         // tokens x RowBytes(): int8 codes, or packed 4-bit u (see above);
-                                    // line-aligned: a 4-bit row of dim 128 is one cache line (common/aligned.h)
+                                    // line-aligned: a 4-bit row of dim 128 is one cache line; from 4 MiB
+                                    // on, on a 2 MiB boundary for huge pages (common/aligned.h)
   std::vector<float> rowScale;      // tokens: s_t
   int64_t calibratedAt = 0;         // tokens the channel scales were measured on
   // Bytes of `codes` advised for 2 MiB pages at the last calibration (CalibrateSketch): the whole
