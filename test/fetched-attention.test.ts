@@ -547,7 +547,7 @@ describe('attendFetched', () => {
       const sel = native.selectIndex(handle, q, budget) as Selection;
       const want = attendFetched({ ...o, selection: sel });
       for (const threads of [1, 2, 3]) {
-        const got = attendFetched({ ...o, select: { handle, budget }, threads });
+        const got = attendFetched({ ...o, select: { handle, budget, chunkMass: true }, threads });
         expect(got.selection!.chunkSize).toBe(sel.chunkSize);
         expect(Array.from(got.selection!.offsets)).toEqual(Array.from(sel.offsets));
         expect(Array.from(got.selection!.chunkIds)).toEqual(Array.from(sel.chunkIds));
@@ -559,6 +559,11 @@ describe('attendFetched', () => {
         expect(got.bytesScored).toBeGreaterThan(0);
         expect(got.selectMs).toBeGreaterThanOrEqual(0);
       }
+      // Without chunkMass the result leaves it out (the rest is the same).
+      const lean = attendFetched({ ...o, select: { handle, budget } });
+      expect(lean.chunkMass).toBeUndefined();
+      expect(bits(lean.out)).toBe(bits(want.out));
+      expect(Array.from(lean.selection!.chunkIds)).toEqual(Array.from(sel.chunkIds));
     }
     const err = (x: object) => code(() => attendFetched({ ...o, select: { handle, budget: 256 }, ...x }));
     expect(err({ selection: probe })).toMatch(/^E_CONFIG: .*a selection or a select, got both/);
@@ -566,6 +571,7 @@ describe('attendFetched', () => {
     expect(err({ heads: Uint8Array.of(1, 1) })).toMatch(/^E_CONFIG: .*heads: expected none with select/);
     expect(err({ select: { handle: 999999, budget: 256 } })).toMatch(/^E_CLOSED: /);
     expect(err({ select: { handle, budget: 0 } })).toMatch(/^E_RANGE: .*budget/);
+    expect(err({ select: { handle, budget: 256, chunkMass: 1 } })).toMatch(/^E_TYPE: attendFetched.select.chunkMass: expected a boolean/);
     expect(err({ select: 5 })).toMatch(/^E_TYPE: .*select: expected \{ handle, budget \}/);
     expect(err({ tail: { k: { ...tail.k, tokens: 2, data: tail.k.data.subarray(0, 2 * kvHeads * D) }, v: { ...tail.v, tokens: 2, data: tail.v.data.subarray(0, 2 * kvHeads * D) } } })).toMatch(/^E_RANGE: .*the index's context/);
     expect(err({ select: undefined })).toMatch(/^E_TYPE: .*selection/);

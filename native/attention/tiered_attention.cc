@@ -122,6 +122,9 @@ struct FetchedJob {
   // chunkSize / chunkMass are set by Run from the heads' joined selection (`joined`, `mass`);
   // selectMs: from Run's start until the last head's selection was made.
   std::unique_ptr<HeadwiseSelect> select;
+  // With select: whether the result carries the selection's chunkMass (select.chunkMass). The
+  // attention computes it either way; copying it out is a 64 KiB array per 128K step.
+  bool selectMass = false;
   SelectResult joined;
   std::vector<float> mass;
   double selectMs = 0;
@@ -661,6 +664,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool
     const Napi::Object so = selv.As<Napi::Object>();
     job.select = std::make_unique<HeadwiseSelect>(GetInt(so, "handle", sw, 0, INT32_MAX), job.q, job.qHeads,
                                                   GetInt(so, "budget", sw, 1, kMaxTokens), sw);
+    job.selectMass = GetBoolOr(so, "chunkMass", sw, false);
     const LayerIndex& ix = job.select->index();
     if (ix.heads() != job.kvHeads || ix.dim() != job.dim)
       Throw("E_SHAPE", sw + ".handle: expected an index of " + std::to_string(job.kvHeads) + " kv heads x dim " + std::to_string(job.dim) +
@@ -808,9 +812,9 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool
   return job;
 }
 
-// With select: the selection made and its attention mass, on the result.
+// With select: the selection made (and, if asked for, its attention mass) on the result.
 void SetSelected(Napi::Env env, Napi::Object& result, const FetchedJob& job) {
-  result.Set("chunkMass", ToJs(env, job.mass));
+  if (job.selectMass) result.Set("chunkMass", ToJs(env, job.mass));
   Napi::Object sel = Napi::Object::New(env);
   sel.Set("chunkSize", Napi::Number::New(env, double(job.joined.chunk)));
   sel.Set("tokens", Napi::Number::New(env, double(job.tokens)));

@@ -211,6 +211,14 @@ inline int64_t GetIntOr(const Napi::Object& o, const char* key, const std::strin
   return GetInt(o, key, what, min, max);
 }
 
+// o[key] as a boolean, dflt when absent (E_TYPE for any other value).
+inline bool GetBoolOr(const Napi::Object& o, const char* key, const std::string& what, bool dflt) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined()) return dflt;
+  if (!v.IsBoolean()) Throw("E_TYPE", what + "." + key + ": expected a boolean, got a " + (v.IsNumber() ? "number" : "non-boolean"));
+  return v.As<Napi::Boolean>().Value();
+}
+
 // A JS Float32Array / Int32Array of n elements for a result. Sizes beyond kMaxOutputElements are
 // E_RANGE; an allocation V8 refuses (a RangeError in JS) becomes E_NOMEM, never an untyped error.
 template <typename A>

@@ -739,13 +739,6 @@ std::shared_ptr<std::atomic<bool>> CancelFlagByHandle(int64_t h) { return Cancel
 
 namespace {
 
-bool BoolOr(const Napi::Object& o, const char* key, bool dflt, const std::string& what) {
-  Napi::Value v = o.Get(key);
-  if (v.IsUndefined()) return dflt;
-  if (!v.IsBoolean()) Throw("E_TYPE", what + "." + key + ": expected a boolean, got a " + (v.IsNumber() ? "number" : "non-boolean"));
-  return v.As<Napi::Boolean>().Value();
-}
-
 Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
   return Guard(info, [&]() -> Napi::Value {
     Napi::Env env = info.Env();
@@ -767,8 +760,8 @@ Napi::Value EngineCreate(const Napi::CallbackInfo& info) {
     opt.maxIoBytes = uint64_t(GetIntOr(o, "maxIoBytes", what, int64_t(kIoAlign), int64_t(64) << 20, int64_t(opt.maxIoBytes)));
     if (opt.maxIoBytes % kIoAlign) Throw("E_CONFIG", what + ".maxIoBytes: expected a multiple of 4096, got " + std::to_string(opt.maxIoBytes));
     opt.coalesceGapBytes = uint64_t(GetIntOr(o, "coalesceGapBytes", what, 0, int64_t(opt.maxIoBytes), 0));
-    opt.coalesce = BoolOr(o, "coalesce", true, what);
-    opt.fixedBuffers = BoolOr(o, "fixedBuffers", true, what);
+    opt.coalesce = GetBoolOr(o, "coalesce", what, true);
+    opt.fixedBuffers = GetBoolOr(o, "fixedBuffers", what, true);
     auto e = CreateIoEngine(opt);
     int32_t h = Engines().Add(e);
     Napi::Object r = Napi::Object::New(env);

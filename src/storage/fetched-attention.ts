@@ -36,9 +36,11 @@ export interface AttendFetchedOptions {
    * selectIndex makes it), kv head by kv head in the same pass over the addon's threads as the
    * attention, each head attended as soon as its own selection is made. The result then carries
    * the selection, its bytesScored and selectMs. Same selection and same bits as selectIndex, then
-   * attendFetched with that selection.
+   * attendFetched with that selection. `chunkMass: true` (default false) returns the mass per
+   * selected unit too: the runtime does not read it, and copying it out costs a fresh 64 KiB array
+   * per 128K step.
    */
-  select?: { handle: number; budget: number };
+  select?: { handle: number; budget: number; chunkMass?: boolean };
   /** Tokens per page (the tiers' chunk), a multiple of selection.chunkSize (default: selection.chunkSize). */
   pageChunkSize?: number;
   /**
@@ -141,7 +143,8 @@ export interface ReadLanding {
 export interface FetchedAttentionResult {
   out: Float32Array;
   lse: Float32Array;
-  chunkMass: Float32Array;
+  /** Attention mass per selection entry; with `select`, only when `select.chunkMass` asks for it. */
+  chunkMass?: Float32Array;
   /** With `landing`: 1 per kv head attended by the call, 0 per head left out (masked, or its read failed). */
   attended?: Uint8Array;
   /**
