@@ -1219,248 +1219,246 @@ void LayerIndex::SelectHead(const float* q, int qHeads, int64_t budget, int64_t 
                             HeadSelection& part) const {
   const int g = qHeads / heads_;
   const int64_t want = std::max(budget, pool);
-  {
-    SelectResult& out = part.r;
-    int64_t& tileVectors = part.tileVectors;
-    out.chunk = cfg_.chunk;
-    SelectScratch& sc = Scratch();
-    std::vector<Ranked>& ranked = sc.ranked;
-    std::vector<int32_t>& ids = sc.ids;
-    std::vector<float>& scores = sc.scores;
-    const HeadIndex& H = heads_data_[h];
-    const float* qh = q + size_t(h) * g * dim_;
-    ranked.clear();
-    bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
-    bool marked = false;    // level 3 marked the selected tokens in sc.bits itself (ranked empty)
-    if (cfg_.policy == PolicyKind::Kvdrive) {
-      // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
-      std::vector<float>& coef = sc.coef;
-      coef.resize(g);
-      for (int j = 0; j < g; ++j)
-        coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
-                        double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
-      const bool useVar = cfg_.varianceWeight > 0;
-      const bool useRadius = cfg_.radiusWeight > 0;
-      double qMax2 = 0;
-      for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
-      const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
-      const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
-      std::vector<float>& extra = sc.extra;
-      std::vector<float>& ones = sc.ones;
-      ones.assign(g, 1.f);
-      // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
-      // over the head's segments (segment base + cluster): unique, so ties break deterministically.
-      QuantizeQueryI8(qh, g, dim_, sc.queryI8);
-      const ClusterTable& ct = H.clusters;
-      if (ct.base.size() != H.segments.size() + 1)
-        Throw("E_INTERNAL", "select: expected the cluster table of kv head " + std::to_string(h) + " to cover its " +
-                                std::to_string(H.segments.size()) + " segments, got " + std::to_string(ct.base.size()) + " offsets");
-      const size_t totalK = size_t(ct.base.back());
-      // The spread terms of every cluster in one pass over the table: one per cluster with the
-      // group's largest |q| (the max over the group is then taken over q_j·c + that term).
-      if (useRadius) {
-        extra.resize(totalK);
-        float* e = extra.data();
-        const float* rad = ct.radius.data();
-        if (useVar) {
-          const float* var = ct.var.data();
-          for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * var[c] + radCoef * rad[c]);
-        } else {
-          for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
-        }
-      }
-      scores.resize(totalK);
-      for (size_t s = 0, e = 0; s < H.segments.size(); s = e) {
-        // Segments [s, e): all but the last of whole tiles, so their tiles, scales and cluster ids
-        // run on from one to the next: one call (every full segment at once).
-        for (e = s + 1; e < H.segments.size() && H.segments[e - 1].k % 16 == 0; ++e) {
-        }
-        for (size_t x = s; x < e; ++x)
-          if (ct.base[x + 1] - ct.base[x] != H.segments[x].k)
-            Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(x) + "'s " +
-                                    std::to_string(H.segments[x].k) + " clusters, got " + std::to_string(ct.base[x + 1] - ct.base[x]));
-        const size_t base = size_t(ct.base[s]), n = size_t(ct.base[e]) - base;
-        const uint8_t* tiles = ct.TilesOf(s, dim_);
-        const float* tileScales = ct.ScalesOf(s);
-        if (useRadius)
-          ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, extra.data() + base, ones.data());
-        else
-          ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, useVar ? ct.var.data() + base : nullptr, coef.data());
-        out.vectorsScored += int64_t(n);
-        tileVectors += int64_t(n);
-      }
-      // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
-      // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
-      // below, so the next level walks the cache forwards).
-      // With a prior selection, fewer clusters: the prior's chunks join the candidates below.
-      const std::vector<int32_t>* prior = cfg_.reuseCandidateFactor > 0 && !prior_.empty() ? &prior_[size_t(h)] : nullptr;
-      const double factor = cfg_.FactorAt(prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor, budget, tokens_);
-      const double target = std::max(factor * double(budget), double(want));
-      std::vector<uint64_t>& chosen = sc.chosen;
-      TakeClusters(scores.data(), ct.tokens.data(), totalK, target, sc.hist, sc.clusters, chosen);
-      // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
-      std::vector<uint64_t>& bits = sc.bits;
-      bits.assign(size_t(endChunk_ + 63) / 64, 0);
-      for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
-        const Segment& seg = H.segments[s];
-        if (seg.slotOrder) {
-          // A taken cluster's chunks are one run of slots (its outlier chunks are in the segment's
-          // outlier run, marked below). The taken clusters are read off `chosen` word by word
-          // (a few in eight are taken), not tested one cluster at a time.
-          const size_t end = base + size_t(seg.k);
-          for (size_t w = base >> 6; w << 6 < end; ++w) {
-            uint64_t word = chosen[w];
-            if ((w << 6) < base) word &= ~uint64_t(0) << (base & 63);
-            if (((w + 1) << 6) > end) word &= ~uint64_t(0) >> (64 - (end & 63));
-            for (; word; word &= word - 1) {
-              const size_t c = (w << 6) + size_t(__builtin_ctzll(word));
-              SetBits(bits, ct.runBegin[c], ct.runEnd[c]);
-            }
-          }
-          continue;
-        }
-        // Chunks of the taken clusters: one forward pass over the segment's assignments (rather
-        // than each taken cluster's member list).
-        const int32_t* a = seg.assign.data();
-        const int64_t n = seg.c1 - seg.c0;
-        for (int64_t i = 0; i < n; ++i) {
-          const size_t gid = base + size_t(a[i]);
-          if (chosen[gid >> 6] >> (gid & 63) & 1) {
-            const int64_t id = seg.c0 + i;
-            bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-          }
-        }
-      }
-      // Outlier chunks (highest key variance of each segment) are always candidates: one strong
-      // key among weak, opposed neighbours drags its cluster's centroid away from any query.
-      if (cfg_.outlierFraction > 0)
-        for (const Segment& seg : H.segments)
-          for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
-      size_t nIds = 0;
-      for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
-      // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
-      const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
-      const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && nIds > 0;
-      // The prior's tokens join the candidates one by one where level 3 re-ranks every candidate
-      // token by token (RerankExact adds those outside the candidate chunks: a prior of K tokens
-      // spans ~3K chunk tokens); otherwise their chunks join (at their slots).
-      const bool priorTokens = prior && cfg_.tokenGranular && rerank && RerankChunks(budget) >= nIds;
-      if (prior && !priorTokens) {
-        for (int32_t t : *prior) {
-          const int64_t j = t / cfg_.chunk;
-          if (j < firstChunk() || j >= endChunk_) continue;
-          const int64_t s = SlotOf(H, j);
-          if (!(bits[size_t(s) >> 6] >> (s & 63) & 1)) ++nIds;
-          bits[size_t(s) >> 6] |= uint64_t(1) << (s & 63);
-        }
-      }
-      if (rerank && RerankChunks(budget) >= nIds) {
-        // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
-        // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
-        // and writes every entry of `ranked`.
-        ranked.resize(nIds);
-        marked = RerankExact(qh, g, h, keys, budget, want, ranked, true, pool == 0, priorTokens ? prior : nullptr, out, sc);
-        reranked = true;
-        goto fill;
-      }
-      // ids: the candidate slots, ascending.
-      ids.resize(nIds);
-      for (size_t w = 0, at = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
-      // Level 2: re-rank the candidates' chunks by q·chunk-mean.
-      if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
-        Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
-      {
-      std::vector<int32_t>& rows = sc.rows;
-      rows.resize(ids.size());
-      for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ChunkOfSlot(H, ids[t]) - H.repsFirst);
-      scores.resize(ids.size());
-      ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
-                         useVar ? H.var.data() : nullptr, coef.data());
-      out.vectorsScored += int64_t(ids.size());
-      for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
-      if (rerank) {
-        marked = RerankExact(qh, g, h, keys, budget, want, ranked, false, pool == 0, nullptr, out, sc);
-        reranked = true;
+  SelectResult& out = part.r;
+  int64_t& tileVectors = part.tileVectors;
+  out.chunk = cfg_.chunk;
+  SelectScratch& sc = Scratch();
+  std::vector<Ranked>& ranked = sc.ranked;
+  std::vector<int32_t>& ids = sc.ids;
+  std::vector<float>& scores = sc.scores;
+  const HeadIndex& H = heads_data_[h];
+  const float* qh = q + size_t(h) * g * dim_;
+  ranked.clear();
+  bool reranked = false;  // ranked holds level-3 scores (token ids with tokenGranular)
+  bool marked = false;    // level 3 marked the selected tokens in sc.bits itself (ranked empty)
+  if (cfg_.policy == PolicyKind::Kvdrive) {
+    // Variance-term coefficients per query head: w * (s/2) * |q_j|² (null when w = 0).
+    std::vector<float>& coef = sc.coef;
+    coef.resize(g);
+    for (int j = 0; j < g; ++j)
+      coef[j] = float(cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) *
+                      double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+    const bool useVar = cfg_.varianceWeight > 0;
+    const bool useRadius = cfg_.radiusWeight > 0;
+    double qMax2 = 0;
+    for (int j = 0; j < g; ++j) qMax2 = std::max(qMax2, double(DotFixed(qh + size_t(j) * dim_, qh + size_t(j) * dim_, dim_)));
+    const double varCoefMax = cfg_.varianceWeight * 0.5 / std::sqrt(double(dim_)) * qMax2;
+    const double radCoef = cfg_.radiusWeight * std::sqrt(qMax2);
+    std::vector<float>& extra = sc.extra;
+    std::vector<float>& ones = sc.ones;
+    ones.assign(g, 1.f);
+    // Level 1: every centroid, max over the GQA group. A cluster's rank key id is its index
+    // over the head's segments (segment base + cluster): unique, so ties break deterministically.
+    QuantizeQueryI8(qh, g, dim_, sc.queryI8);
+    const ClusterTable& ct = H.clusters;
+    if (ct.base.size() != H.segments.size() + 1)
+      Throw("E_INTERNAL", "select: expected the cluster table of kv head " + std::to_string(h) + " to cover its " +
+                              std::to_string(H.segments.size()) + " segments, got " + std::to_string(ct.base.size()) + " offsets");
+    const size_t totalK = size_t(ct.base.back());
+    // The spread terms of every cluster in one pass over the table: one per cluster with the
+    // group's largest |q| (the max over the group is then taken over q_j·c + that term).
+    if (useRadius) {
+      extra.resize(totalK);
+      float* e = extra.data();
+      const float* rad = ct.radius.data();
+      if (useVar) {
+        const float* var = ct.var.data();
+        for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * var[c] + radCoef * rad[c]);
       } else {
-        for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
+        for (size_t c = 0; c < totalK; ++c) e[c] = float(varCoefMax * 0.f + radCoef * rad[c]);
       }
+    }
+    scores.resize(totalK);
+    for (size_t s = 0, e = 0; s < H.segments.size(); s = e) {
+      // Segments [s, e): all but the last of whole tiles, so their tiles, scales and cluster ids
+      // run on from one to the next: one call (every full segment at once).
+      for (e = s + 1; e < H.segments.size() && H.segments[e - 1].k % 16 == 0; ++e) {
       }
+      for (size_t x = s; x < e; ++x)
+        if (ct.base[x + 1] - ct.base[x] != H.segments[x].k)
+          Throw("E_INTERNAL", "select: expected the cluster table to hold segment " + std::to_string(x) + "'s " +
+                                  std::to_string(H.segments[x].k) + " clusters, got " + std::to_string(ct.base[x + 1] - ct.base[x]));
+      const size_t base = size_t(ct.base[s]), n = size_t(ct.base[e]) - base;
+      const uint8_t* tiles = ct.TilesOf(s, dim_);
+      const float* tileScales = ct.ScalesOf(s);
+      if (useRadius)
+        ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, extra.data() + base, ones.data());
+      else
+        ScoreTilesMax4(sc.queryI8, tiles, tileScales, n, scores.data() + base, useVar ? ct.var.data() + base : nullptr, coef.data());
+      out.vectorsScored += int64_t(n);
+      tileVectors += int64_t(n);
+    }
+    // Candidate clusters in rank order until candidateFactor x K tokens (and at least the pool).
+    // Candidate chunks are marked in a bit set over the indexed chunks (scanned in ascending order
+    // below, so the next level walks the cache forwards).
+    // With a prior selection, fewer clusters: the prior's chunks join the candidates below.
+    const std::vector<int32_t>* prior = cfg_.reuseCandidateFactor > 0 && !prior_.empty() ? &prior_[size_t(h)] : nullptr;
+    const double factor = cfg_.FactorAt(prior ? cfg_.reuseCandidateFactor : cfg_.candidateFactor, budget, tokens_);
+    const double target = std::max(factor * double(budget), double(want));
+    std::vector<uint64_t>& chosen = sc.chosen;
+    TakeClusters(scores.data(), ct.tokens.data(), totalK, target, sc.hist, sc.clusters, chosen);
+    // Candidates are marked in a bit set over slots (Segment::slotOrder; chunk ids elsewhere).
+    std::vector<uint64_t>& bits = sc.bits;
+    bits.assign(size_t(endChunk_ + 63) / 64, 0);
+    for (size_t s = 0, base = 0; s < H.segments.size(); base += size_t(H.segments[s].k), ++s) {
+      const Segment& seg = H.segments[s];
+      if (seg.slotOrder) {
+        // A taken cluster's chunks are one run of slots (its outlier chunks are in the segment's
+        // outlier run, marked below). The taken clusters are read off `chosen` word by word
+        // (a few in eight are taken), not tested one cluster at a time.
+        const size_t end = base + size_t(seg.k);
+        for (size_t w = base >> 6; w << 6 < end; ++w) {
+          uint64_t word = chosen[w];
+          if ((w << 6) < base) word &= ~uint64_t(0) << (base & 63);
+          if (((w + 1) << 6) > end) word &= ~uint64_t(0) >> (64 - (end & 63));
+          for (; word; word &= word - 1) {
+            const size_t c = (w << 6) + size_t(__builtin_ctzll(word));
+            SetBits(bits, ct.runBegin[c], ct.runEnd[c]);
+          }
+        }
+        continue;
+      }
+      // Chunks of the taken clusters: one forward pass over the segment's assignments (rather
+      // than each taken cluster's member list).
+      const int32_t* a = seg.assign.data();
+      const int64_t n = seg.c1 - seg.c0;
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t gid = base + size_t(a[i]);
+        if (chosen[gid >> 6] >> (gid & 63) & 1) {
+          const int64_t id = seg.c0 + i;
+          bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+        }
+      }
+    }
+    // Outlier chunks (highest key variance of each segment) are always candidates: one strong
+    // key among weak, opposed neighbours drags its cluster's centroid away from any query.
+    if (cfg_.outlierFraction > 0)
+      for (const Segment& seg : H.segments)
+        for (int32_t id : seg.outliers) bits[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+    size_t nIds = 0;
+    for (uint64_t w : bits) nIds += size_t(__builtin_popcountll(w));
+    // Level 3 scores the keys, or without them (or with preferSketch) the head's sketch.
+    const bool haveSketch = cfg_.keySketch && H.sketch.tokens() >= tokens_;
+    const bool rerank = (keys || haveSketch) && (haveSketch || !cfg_.preferSketch) && cfg_.rerankFactor > 0 && nIds > 0;
+    // The prior's tokens join the candidates one by one where level 3 re-ranks every candidate
+    // token by token (RerankExact adds those outside the candidate chunks: a prior of K tokens
+    // spans ~3K chunk tokens); otherwise their chunks join (at their slots).
+    const bool priorTokens = prior && cfg_.tokenGranular && rerank && RerankChunks(budget) >= nIds;
+    if (prior && !priorTokens) {
+      for (int32_t t : *prior) {
+        const int64_t j = t / cfg_.chunk;
+        if (j < firstChunk() || j >= endChunk_) continue;
+        const int64_t s = SlotOf(H, j);
+        if (!(bits[size_t(s) >> 6] >> (s & 63) & 1)) ++nIds;
+        bits[size_t(s) >> 6] |= uint64_t(1) << (s & 63);
+      }
+    }
+    if (rerank && RerankChunks(budget) >= nIds) {
+      // Level 3 re-ranks every candidate (and no candidate is left over to order): level 2's
+      // chunk-mean scores would never be read. RerankExact reads the candidates from the bit set
+      // and writes every entry of `ranked`.
+      ranked.resize(nIds);
+      marked = RerankExact(qh, g, h, keys, budget, want, ranked, true, pool == 0, priorTokens ? prior : nullptr, out, sc);
+      reranked = true;
+      goto fill;
+    }
+    // ids: the candidate slots, ascending.
+    ids.resize(nIds);
+    for (size_t w = 0, at = 0; w < bits.size(); ++w)
+      for (uint64_t b = bits[w]; b; b &= b - 1) ids[at++] = int32_t(w * 64) + __builtin_ctzll(b);
+    // Level 2: re-rank the candidates' chunks by q·chunk-mean.
+    if (cfg_.releaseChunkMeans && !ids.empty())  // construction requires what makes `rerank` true
+      Throw("E_INTERNAL", "select: expected the level-3 re-rank to cover every candidate (chunk means released), got none");
+    {
+    std::vector<int32_t>& rows = sc.rows;
+    rows.resize(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) rows[t] = int32_t(ChunkOfSlot(H, ids[t]) - H.repsFirst);
+    scores.resize(ids.size());
+    ScoreRowsMaxGather(qh, g, H.reps.data(), rows.data(), ids.size(), dim_, scores.data(),
+                       useVar ? H.var.data() : nullptr, coef.data());
+    out.vectorsScored += int64_t(ids.size());
+    for (size_t t = 0; t < ids.size(); ++t) ranked.push_back({scores[t], ids[t]});
+    if (rerank) {
+      marked = RerankExact(qh, g, h, keys, budget, want, ranked, false, pool == 0, nullptr, out, sc);
+      reranked = true;
     } else {
-      const size_t n = size_t(endChunk_ - firstChunk());
-      scores.resize(n);
-      if (cfg_.policy == PolicyKind::Quest) {
-        ScoreMinMaxMax(qh, g, H.reps.data(), H.maxs.data(), n, dim_, scores.data());
-        out.vectorsScored += int64_t(2 * n);
-      } else {
-        ScoreRowsMax(qh, g, H.reps.data(), n, dim_, scores.data());
-        out.vectorsScored += int64_t(n);
-      }
-      for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
-      if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0 && n > 0) {
-        // The outlier chunks rank first (score +inf), inside the budget but never more than a
-        // quarter of its chunks (the paper's 48 at its budget 2048 / chunk 8 = 256 chunks).
-        std::vector<Ranked>& worst = sc.tok;
-        worst.resize(n);
-        for (size_t t = 0; t < n; ++t) worst[t] = {-H.minCos[t], int32_t(t)};
-        const size_t m = std::min({n, size_t(cfg_.outlierChunks), size_t(budget / cfg_.chunk / 4)});
-        SelectBest(worst, m, sc.hist);
-        for (size_t i = 0; i < m; ++i) ranked[size_t(worst[i].id)].score = INFINITY;
-      }
+      for (Ranked& r : ranked) r.id = int32_t(ChunkOfSlot(H, r.id));
     }
-  fill:
-    // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
-    const bool tokens = reranked && cfg_.tokenGranular;
-    if (tokens) out.chunk = 1;
-    if (tokens && pool == 0) {
-      // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
-      // ranking order needed, the ids are returned ascending).
-      // Marked in a bit set over the tokens where they lie (no partition of `ranked`), read back
-      // ascending (cheaper than sorting the ids).
-      std::vector<uint64_t>& bits = sc.bits;
-      if (!marked) {
-        bits.assign(size_t(tokens_ + 63) / 64, 0);
-        MarkBest(ranked, std::min(ranked.size(), size_t(budget)), sc.hist, sc.ties, bits);
-      }
-      // Counted first, then written by index: ids grown by push_back reallocated ~12 times a head.
-      size_t count = 0;
-      for (uint64_t w : bits) count += size_t(__builtin_popcountll(w));
-      const size_t at = out.ids.size();
-      out.ids.resize(at + count);
-      int32_t* o = out.ids.data() + at;
-      for (size_t w = 0; w < bits.size(); ++w)
-        for (uint64_t b = bits[w]; b; b &= b - 1) *o++ = int32_t(w * 64) + __builtin_ctzll(b);
-      return;
     }
-    // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
-    // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
-    size_t sorted = 0;
-    const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
-    auto rankedAt = [&](size_t i) -> const Ranked& {
-      if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), sc.hist);
-      return ranked[i];
-    };
-    const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
-    bool shortSeen = tokens;
-    auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
-    int64_t used = 0, poolUsed = 0;
-    const size_t selBegin = out.ids.size();
-    for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
-      const Ranked& r = rankedAt(i);
-      const int64_t len = tokens ? 1 : ChunkTokens(r.id);
-      if (!tokens && r.id == firstChunk()) shortSeen = true;
-      if (used + len <= budget) {
-        used += len;
-        out.ids.push_back(r.id);
-      }
-      if (pool > 0 && poolUsed + len <= pool) {
-        poolUsed += len;
-        out.poolIds.push_back(r.id);
-        out.poolScores.push_back(r.score);
-      }
+  } else {
+    const size_t n = size_t(endChunk_ - firstChunk());
+    scores.resize(n);
+    if (cfg_.policy == PolicyKind::Quest) {
+      ScoreMinMaxMax(qh, g, H.reps.data(), H.maxs.data(), n, dim_, scores.data());
+      out.vectorsScored += int64_t(2 * n);
+    } else {
+      ScoreRowsMax(qh, g, H.reps.data(), n, dim_, scores.data());
+      out.vectorsScored += int64_t(n);
     }
-    std::sort(out.ids.begin() + selBegin, out.ids.end());
+    for (size_t t = 0; t < n; ++t) ranked.push_back({scores[t], int32_t(firstChunk() + int64_t(t))});
+    if (cfg_.policy == PolicyKind::ShadowKV && cfg_.outlierChunks > 0 && n > 0) {
+      // The outlier chunks rank first (score +inf), inside the budget but never more than a
+      // quarter of its chunks (the paper's 48 at its budget 2048 / chunk 8 = 256 chunks).
+      std::vector<Ranked>& worst = sc.tok;
+      worst.resize(n);
+      for (size_t t = 0; t < n; ++t) worst[t] = {-H.minCos[t], int32_t(t)};
+      const size_t m = std::min({n, size_t(cfg_.outlierChunks), size_t(budget / cfg_.chunk / 4)});
+      SelectBest(worst, m, sc.hist);
+      for (size_t i = 0; i < m; ++i) ranked[size_t(worst[i].id)].score = INFINITY;
+    }
   }
+fill:
+  // Token-granular ids (kvdrive re-rank with tokenGranular) are single tokens.
+  const bool tokens = reranked && cfg_.tokenGranular;
+  if (tokens) out.chunk = 1;
+  if (tokens && pool == 0) {
+    // Every id is one token: the selection is the best min(K, n) ids, a partial selection (no
+    // ranking order needed, the ids are returned ascending).
+    // Marked in a bit set over the tokens where they lie (no partition of `ranked`), read back
+    // ascending (cheaper than sorting the ids).
+    std::vector<uint64_t>& bits = sc.bits;
+    if (!marked) {
+      bits.assign(size_t(tokens_ + 63) / 64, 0);
+      MarkBest(ranked, std::min(ranked.size(), size_t(budget)), sc.hist, sc.ties, bits);
+    }
+    // Counted first, then written by index: ids grown by push_back reallocated ~12 times a head.
+    size_t count = 0;
+    for (uint64_t w : bits) count += size_t(__builtin_popcountll(w));
+    const size_t at = out.ids.size();
+    out.ids.resize(at + count);
+    int32_t* o = out.ids.data() + at;
+    for (size_t w = 0; w < bits.size(); ++w)
+      for (uint64_t b = bits[w]; b; b &= b - 1) *o++ = int32_t(w * 64) + __builtin_ctzll(b);
+    return;
+  }
+  // Greedy fill in rank order, sorting lazily: a chunk that does not fit is skipped (only the
+  // first chunk can be shorter than `chunk`), and the walk stops once nothing more can fit.
+  size_t sorted = 0;
+  const size_t guess = size_t(std::max(budget, pool) / (tokens ? 1 : cfg_.chunk)) + 2;
+  auto rankedAt = [&](size_t i) -> const Ranked& {
+    if (i >= sorted) sorted = ExtendSorted(ranked, sorted, std::max({i + 1, guess, sorted * 2}), sc.hist);
+    return ranked[i];
+  };
+  const int64_t shortLen = tokens ? 1 : ChunkTokens(firstChunk());
+  bool shortSeen = tokens;
+  auto roomFor = [&](int64_t used, int64_t cap) { return cap - used >= (shortSeen ? (tokens ? 1 : cfg_.chunk) : shortLen); };
+  int64_t used = 0, poolUsed = 0;
+  const size_t selBegin = out.ids.size();
+  for (size_t i = 0; i < ranked.size() && (roomFor(used, budget) || (pool > 0 && roomFor(poolUsed, pool))); ++i) {
+    const Ranked& r = rankedAt(i);
+    const int64_t len = tokens ? 1 : ChunkTokens(r.id);
+    if (!tokens && r.id == firstChunk()) shortSeen = true;
+    if (used + len <= budget) {
+      used += len;
+      out.ids.push_back(r.id);
+    }
+    if (pool > 0 && poolUsed + len <= pool) {
+      poolUsed += len;
+      out.poolIds.push_back(r.id);
+      out.poolScores.push_back(r.score);
+    }
+  }
+  std::sort(out.ids.begin() + selBegin, out.ids.end());
 }
 
 SelectResult LayerIndex::Select(const float* q, int qHeads, int64_t budget, int64_t pool, const KvView* keys, int headBegin,
