@@ -251,11 +251,12 @@ void AdoptSelection(FetchedJob& job, SelectResult joined) {
 void Run(FetchedJob& job) {
   const auto t0 = std::chrono::steady_clock::now();
   const size_t fixedSpans = (job.sinkEnd > 0 ? 1 : 0) + (job.tokens > job.tailStart ? 1 : 0);
+  // Tokens every head attends beside its units: its sinks and its tail (a head's bound adds its units').
+  const int64_t fixedTokens = job.sinkEnd + std::max<int64_t>(0, job.tokens - job.tailStart);
   // With select: heads whose selection cannot outgrow one part select inside the attention's pass.
   bool inline_ = false;
   if (job.select) {
-    const int64_t bound = job.sinkEnd + job.select->MaxIdTokens() + std::max<int64_t>(0, job.tokens - job.tailStart);
-    inline_ = bound <= kSinglePartTokens;
+    inline_ = fixedTokens + job.select->MaxIdTokens() <= kSinglePartTokens;
     if (!inline_) {
       // Heads that could outgrow one part (a budget near kSinglePartTokens) are cut by their spans:
       // they select first, in a pass of their own, and the call goes on as with a given selection.
@@ -424,7 +425,7 @@ void Run(FetchedJob& job) {
                                        rs.mass.data() + s0};
     headOf.push_back(h);
     const int64_t unitTokens = inline_ ? job.select->MaxIdTokens() : int64_t(job.offsets[h + 1] - job.offsets[h]) * sc;
-    maxTokens.push_back(job.sinkEnd + unitTokens + std::max<int64_t>(0, job.tokens - job.tailStart));
+    maxTokens.push_back(fixedTokens + unitTokens);
   }
   const PackedLister<decltype(listHead)> lister(headOf, maxTokens, listHead, inline_ ? job.select.get() : nullptr);
   try {
