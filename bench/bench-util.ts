@@ -114,6 +114,11 @@ export function median(a: readonly number[]): number {
   return [...a].sort((x, y) => x - y)[a.length >> 1]!;
 }
 
+/** The mean of `a`. */
+export function mean(a: readonly number[]): number {
+  return a.reduce((x, y) => x + y, 0) / a.length;
+}
+
 /** Whether two float arrays hold the same bits (NaN payloads and signed zeros included). */
 export function bitsEqual(x: Float32Array, y: Float32Array): boolean {
   return Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(y.buffer, y.byteOffset, y.byteLength)) === 0;

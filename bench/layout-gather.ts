@@ -25,6 +25,7 @@ import { offloadedPolicyOptions } from '../src/index/options.js';
 import { memoryGather, memoryRead } from '../src/attention/kernels.js';
 import { native } from '../src/native.js';
 import type { Selection } from '../src/index/selection.js';
+import { median } from './bench-util.js';
 
 const { values: a } = parseArgs({
   options: { context: { type: 'string', default: '131072' }, steps: { type: 'string', default: '24' }, seed: { type: 'string', default: '3' }, rounds: { type: 'string', default: '6' } },
@@ -99,7 +100,6 @@ for (let round = 0; round < ROUNDS; round++)
       ms[name].push(performance.now() - t0);
     }
   }
-const median = (x: number[]) => [...x].sort((p, q) => p - q)[x.length >> 1]!;
 const meanPages = (name: keyof typeof layouts) => layouts[name].reduce((p, r) => p + pages(r), 0) / S;
 console.log(`seed ${SEED}, context ${T}, budget ${B}, ${S} steps x ${ROUNDS} rounds; a step's K and V rows (${layouts.position[0]!.length} rows of ${ROW} B), memoryGather on 2 threads after a 256 MiB read:`);
 for (const name of ['position', 'cluster'] as const)

@@ -21,7 +21,7 @@
  * `<x-dist>`: a build's dist/ folder (e.g. another clone's, after its `npm install`).
  */
 import { resolve } from 'node:path';
-import { alternateDecode, type DecodeRuntime, importFromBuild, median } from './bench-util.js';
+import { alternateDecode, type DecodeRuntime, importFromBuild, mean, median } from './bench-util.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { toF32 } from '../src/util/f16.js';
 
@@ -100,7 +100,6 @@ try {
         }
       : undefined,
   );
-  const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
   console.log(`runtime A/B: seed ${SEED}, context ${CONTEXT}, budget ${BUDGET}, ${STEPS} steps (first ${WARM_STEPS} not timed), DRAM-only, no hot tier; between steps: ${BETWEEN === 'dense' ? "that build's dense pass" : 'nothing'}`);
   for (let k = 0; k < 2; k++) console.log(`${builds[k]}: median ${median(ms[k]!).toFixed(2)} mean ${mean(ms[k]!).toFixed(2)} ms per layer-step`);
   console.log(`B / A: median ${(median(ms[1]!) / median(ms[0]!)).toFixed(3)}, mean ${(mean(ms[1]!) / mean(ms[0]!)).toFixed(3)}; bit-identical outputs in ${identical} of ${STEPS} steps`);

@@ -18,7 +18,7 @@ import { setSelectInAttention } from '../src/pipeline/step.js';
 import { openRuntime } from '../src/runtime/runtime.js';
 import { generateSyntheticTrace } from '../src/trace/synthetic.js';
 import { toF32 } from '../src/util/f16.js';
-import { median } from './bench-util.js';
+import { mean, median } from './bench-util.js';
 
 const CONTEXT = Number(process.argv[2] ?? 131072);
 const STEPS = Number(process.argv[3] ?? 200);
@@ -59,7 +59,6 @@ try {
   setSelectInAttention(true);
   await rt.close();
 }
-const mean = (a: number[]) => a.reduce((x, y) => x + y, 0) / a.length;
 console.log(`step switch: seed ${SEED}, context ${CONTEXT}, ${STEPS} steps (first ${WARM_STEPS} not timed), each after a dense pass`);
 for (const way of ['inside', 'separate'] as const)
   console.log(`select ${way.padEnd(8)}: ${ms[way].length} steps, median ${median(ms[way]).toFixed(3)} mean ${mean(ms[way]).toFixed(3)} ms per layer-step`);
