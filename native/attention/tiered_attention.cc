@@ -816,14 +816,7 @@ FetchedJob Prepare(const Napi::CallbackInfo& info, const std::string& what, bool
 // With select: the selection made (and, if asked for, its attention mass) on the result.
 void SetSelected(Napi::Env env, Napi::Object& result, const FetchedJob& job) {
   if (job.selectMass) result.Set("chunkMass", ToJs(env, job.mass));
-  Napi::Object sel = Napi::Object::New(env);
-  sel.Set("chunkSize", Napi::Number::New(env, double(job.joined.chunk)));
-  sel.Set("tokens", Napi::Number::New(env, double(job.tokens)));
-  sel.Set("sinkEnd", Napi::Number::New(env, double(job.sinkEnd)));
-  sel.Set("tailStart", Napi::Number::New(env, double(job.tailStart)));
-  sel.Set("offsets", ToJs(env, job.joined.offsets));
-  sel.Set("chunkIds", ToJs(env, job.joined.ids));
-  result.Set("selection", sel);
+  result.Set("selection", SelectionToJs(env, job.joined, job.select->index()));
   result.Set("bytesScored", Napi::Number::New(env, double(job.joined.bytesScored)));
   result.Set("selectMs", Napi::Number::New(env, job.selectMs));
 }

@@ -8,6 +8,8 @@
 // waits until the attention is done. The select is the keyless one the runtime makes (no keys, no
 // pool): the same LayerIndex::SelectHead, so the same ids as selectIndex for every head.
 #pragma once
+#include <napi.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,5 +54,9 @@ class HeadwiseSelect {
   int64_t budget_;
   std::vector<LayerIndex::HeadSelection> parts_;
 };
+
+// A selection as JS sees it (what selectIndex returns, and attendFetched's `selection` with
+// `select`): { chunkSize, tokens, sinkEnd, tailStart, offsets, chunkIds } of `r` on `index`.
+Napi::Object SelectionToJs(Napi::Env env, const SelectResult& r, const LayerIndex& index);
 
 }  // namespace kvd

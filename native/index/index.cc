@@ -321,13 +321,7 @@ Napi::Value SelectOn(const Napi::CallbackInfo& info, size_t at, SharedIndex& s) 
   }
   SelectResult r = index.Select(q.data, int(q.length / dim), budget, pool, haveKeys ? &keys : nullptr, headBegin, headEnd);
   Napi::Env env = info.Env();
-  Napi::Object o = Napi::Object::New(env);
-  o.Set("chunkSize", r.chunk);
-  o.Set("tokens", Napi::Number::New(env, double(index.tokens())));
-  o.Set("sinkEnd", Napi::Number::New(env, double(index.sinkEnd())));
-  o.Set("tailStart", Napi::Number::New(env, double(index.tailStart())));
-  o.Set("offsets", ToJs(env, r.offsets));
-  o.Set("chunkIds", ToJs(env, r.ids));
+  Napi::Object o = SelectionToJs(env, r, index);
   if (pool > 0) {
     o.Set("poolOffsets", ToJs(env, r.poolOffsets));
     o.Set("poolIds", ToJs(env, r.poolIds));
@@ -719,6 +713,17 @@ void HeadwiseSelect::Run(int h) {
 }
 
 SelectResult HeadwiseSelect::Join() { return index_->JoinHeads(parts_, 0); }
+
+Napi::Object SelectionToJs(Napi::Env env, const SelectResult& r, const LayerIndex& index) {
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("chunkSize", Napi::Number::New(env, double(r.chunk)));
+  o.Set("tokens", Napi::Number::New(env, double(index.tokens())));
+  o.Set("sinkEnd", Napi::Number::New(env, double(index.sinkEnd())));
+  o.Set("tailStart", Napi::Number::New(env, double(index.tailStart())));
+  o.Set("offsets", ToJs(env, r.offsets));
+  o.Set("chunkIds", ToJs(env, r.ids));
+  return o;
+}
 
 KVD_REGISTER_MODULE(InitIndex);
 
