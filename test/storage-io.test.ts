@@ -182,5 +182,9 @@ describe('engine selection', () => {
     await expectKvdError(() => new IoEngine({ queueDepth: 1.5 }), 'E_CONFIG', /queueDepth/);
     await expectKvdError(() => new IoEngine({ maxBatches: 0 }), 'E_CONFIG', /maxBatches/);
     await expectKvdError(() => new IoEngine({ bogus: 1 } as never), 'E_CONFIG', /ioEngine options/);
+    await expectKvdError(() => new IoEngine({ coalesce: 1 } as never), 'E_CONFIG', /coalesce/);
+    // The binding checks again (it does not trust its caller): a boolean option given as anything else.
+    for (const key of ['coalesce', 'fixedBuffers'])
+      await expectKvdError(() => native.ioEngineCreate({ kind: 'pread', [key]: 'yes' }), 'E_TYPE', new RegExp(`ioEngine options.${key}: expected a boolean`));
   });
 });
